@@ -1,0 +1,1 @@
+"""turnstore: a persistent, multi-replica conversation backend for LLM chat."""

@@ -1,0 +1,1 @@
+"""The HTTP layer: controllers, schemas and the error envelope."""

@@ -1,0 +1,55 @@
+"""The one place where exceptions become HTTP responses, all in the contract's envelope."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from service.api.correlation import correlation_id
+from service.errors import RateLimited, TurnstoreError
+
+log = logging.getLogger("turnstore.api")
+
+_CODE_BY_STATUS = {
+    400: "invalid_input",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
+
+
+def envelope(code: str, message: str, cid: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "correlation_id": cid}}
+
+
+def _framework_message(exc: HTTPException) -> str:
+    if isinstance(exc, ValidationException) and isinstance(exc.extra, list):
+        details = "; ".join(
+            str(item.get("message")) for item in exc.extra if isinstance(item, dict)
+        )
+        return f"The request is invalid: {details}" if details else "The request is invalid."
+    return str(exc.detail)
+
+
+def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    cid = correlation_id(request.scope)
+    headers: dict[str, str] = {}
+    if isinstance(exc, TurnstoreError):
+        status, code, message = exc.status, exc.code, exc.message
+        if isinstance(exc, RateLimited) and exc.retry_after:
+            headers["Retry-After"] = exc.retry_after
+        if status >= 500:
+            log.warning("%s: %r", code, exc.__cause__ or exc, extra={"correlation_id": cid})
+    elif isinstance(exc, HTTPException) and exc.status_code < 500:
+        status = exc.status_code
+        code = _CODE_BY_STATUS.get(status, "http_error")
+        message = _framework_message(exc)
+        headers.update(exc.headers or {})
+    else:
+        log.exception("unhandled error", exc_info=exc, extra={"correlation_id": cid})
+        status, code, message = 500, "internal_error", "Internal error."
+    return Response(envelope(code, message, cid), status_code=status, headers=headers)

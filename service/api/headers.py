@@ -1,0 +1,68 @@
+"""Request and response headers shared by the controllers (and their OpenAPI text)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar.datastructures import ResponseHeader
+from litestar.params import Dependency, Parameter
+
+from service.model import Precondition
+from service.settings import Settings
+from service.store.base import ConversationStore
+from service.turns import TurnService
+
+# Injected singletons: no per-request validation (the store is a Protocol).
+Store = Annotated[ConversationStore, Dependency(skip_validation=True)]
+Turns = Annotated[TurnService, Dependency(skip_validation=True)]
+Config = Annotated[Settings, Dependency(skip_validation=True)]
+
+IfMatch = Annotated[
+    str | None,
+    Parameter(
+        header="If-Match",
+        required=False,
+        description='Strong ETag of the revision the client last saw, e.g. `"3"`; on mismatch '
+        "the request fails with 412 precondition_failed before anything else happens.",
+    ),
+]
+
+ETAG = ResponseHeader(
+    name="ETag",
+    description='The conversation\'s revision as a strong ETag, e.g. `"3"`.',
+    documentation_only=True,
+)
+CORRELATION_ID = ResponseHeader(
+    name="X-Correlation-Id",
+    description="Echoes a client-sent X-Correlation-Id of 1-128 safe characters, else a new id; "
+    "the same value as an error body's correlation_id.",
+    documentation_only=True,
+)
+CONVERSATION_ID = ResponseHeader(
+    name="X-Conversation-Id",
+    description="The conversation of this stream. For a new conversation the id is provisional: "
+    "it exists only if the turn commits (message.done with a non-null revision).",
+    documentation_only=True,
+)
+RETRY_AFTER = ResponseHeader(
+    name="Retry-After",
+    description="On 429 rate_limited, when the provider sent one.",
+    documentation_only=True,
+)
+
+
+def etag(revision: int) -> str:
+    return f'"{revision}"'
+
+
+def parse_if_match(value: str | None) -> Precondition:
+    """``*`` or absent: no precondition. Otherwise the strong ETags listed; anything that is
+    not a strong revision tag (weak tags, garbage) matches nothing."""
+    if value is None or value.strip() == "*":
+        return None
+    revisions: set[int] = set()
+    for tag in value.split(","):
+        tag = tag.strip()
+        if len(tag) > 2 and tag[0] == tag[-1] == '"' and tag[1:-1].isdigit():
+            revisions.add(int(tag[1:-1]))
+    return frozenset(revisions)

@@ -1,0 +1,108 @@
+"""The ASGI application: wiring only. ``service.app:app`` builds it from the environment."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from litestar import Litestar
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+
+from service.api.chat import ChatController
+from service.api.conversations import ConversationController
+from service.api.correlation import add_correlation_header
+from service.api.errors import error_response
+from service.api.ops import healthz, readyz
+from service.db import create_engine
+from service.migrate import upgrade
+from service.providers.base import Provider
+from service.providers.fake import FakeProvider
+from service.providers.responses import ResponsesProvider
+from service.settings import Settings
+from service.store.base import ConversationStore
+from service.store.postgres import PostgresStore
+from service.turns import TurnService
+
+
+def build_provider(settings: Settings) -> Provider:
+    if settings.llm_provider == "fake":
+        return FakeProvider()
+    return ResponsesProvider.from_settings(settings)
+
+
+def database_url(settings: Settings) -> tuple[str, Callable[[], None]]:
+    """The configured database, or the embedded one (started and migrated on first use).
+    Returns the URL and what to call at shutdown."""
+    if settings.database_url:
+        return settings.database_url, lambda: None
+    from service.embedded import ensure_embedded_postgres
+
+    server = ensure_embedded_postgres(settings.data_dir)
+    upgrade(server.url)
+    return server.url, server.stop
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    store: ConversationStore | None = None,
+    provider: Provider | None = None,
+) -> Litestar:
+    settings = settings or Settings.from_env()
+    stop_database: Callable[[], None] = lambda: None  # noqa: E731
+    if store is None:
+        url, stop_database = database_url(settings)
+        engine = create_engine(
+            url,
+            pool_size=settings.db_pool_size,
+            statement_cache_size=settings.db_statement_cache_size,
+        )
+        store = PostgresStore(engine)
+    provider = provider or build_provider(settings)
+    instructions = (
+        settings.system_prompt_file.read_text(encoding="utf-8")
+        if settings.system_prompt_file
+        else None
+    )
+    turns = TurnService(
+        store, provider, max_message_chars=settings.max_message_chars, instructions=instructions
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await provider.close()
+            await store.close()
+            stop_database()
+
+    def constant(value: Any) -> Provide:
+        return Provide(lambda: value, use_cache=True, sync_to_thread=False)
+
+    return Litestar(
+        route_handlers=[ChatController, ConversationController, healthz, readyz],
+        dependencies={
+            "settings": constant(settings),
+            "store": constant(store),
+            "turns": constant(turns),
+        },
+        exception_handlers={Exception: error_response},
+        before_send=[add_correlation_header],
+        request_max_body_size=settings.max_body_bytes,
+        lifespan=[lifespan],
+        openapi_config=OpenAPIConfig(title="turnstore", version="1", path="/schema"),
+        logging_config=None,
+        debug=False,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """``service.app:app`` for any ASGI server, built from the environment on first access."""
+    if name == "app":
+        logging.basicConfig(level=logging.INFO)
+        return create_app()
+    raise AttributeError(name)

@@ -1,0 +1,91 @@
+"""Domain errors and their one mapping to HTTP.
+
+TurnstoreError
+ +-- InvalidInput                 400 invalid_input
+ +-- ContextLengthExceeded        400 context_length_exceeded
+ +-- ConversationNotFound         404 conversation_not_found
+ +-- ConversationConflict         409 conversation_conflict
+ +-- PreconditionFailed           412 precondition_failed
+ +-- PayloadTooLarge              413 payload_too_large
+ +-- ContentFiltered              422 content_filtered
+ +-- RateLimited                  429 rate_limited (+ Retry-After)
+ +-- StorageError                 500 storage_error
+ +-- UpstreamError                502 upstream_error
+ +-- NotReady                     503 not_ready
+ +-- UpstreamTimeout              504 upstream_timeout
+
+Each error carries a message that is safe to show a client: never SQL, provider bodies,
+stack traces or secrets. The cause stays on ``__cause__`` for the logs.
+"""
+
+from __future__ import annotations
+
+
+class TurnstoreError(Exception):
+    code = "internal_error"
+    status = 500
+    default_message = "Internal error."
+
+    def __init__(self, message: str | None = None) -> None:
+        self.message = message or self.default_message
+        super().__init__(self.message)
+
+
+class InvalidInput(TurnstoreError):
+    code, status, default_message = "invalid_input", 400, "The request is invalid."
+
+
+class ContextLengthExceeded(TurnstoreError):
+    code, status = "context_length_exceeded", 400
+    default_message = "The conversation is too long for the model's context."
+
+
+class ConversationNotFound(TurnstoreError):
+    code, status, default_message = "conversation_not_found", 404, "Conversation not found."
+
+
+class ConversationConflict(TurnstoreError):
+    code, status = "conversation_conflict", 409
+    default_message = (
+        "Another turn was committed to this conversation first; nothing of this turn was kept. "
+        "Retry."
+    )
+
+
+class PreconditionFailed(TurnstoreError):
+    code, status = "precondition_failed", 412
+    default_message = "If-Match does not match the conversation's current revision."
+
+
+class PayloadTooLarge(TurnstoreError):
+    code, status, default_message = "payload_too_large", 413, "The request body is too large."
+
+
+class ContentFiltered(TurnstoreError):
+    code, status = "content_filtered", 422
+    default_message = "The provider's content filter blocked the input or the output."
+
+
+class RateLimited(TurnstoreError):
+    code, status, default_message = "rate_limited", 429, "The provider rate-limited the call."
+
+    def __init__(self, message: str | None = None, *, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class StorageError(TurnstoreError):
+    code, status, default_message = "storage_error", 500, "The database failed; nothing was kept."
+
+
+class UpstreamError(TurnstoreError):
+    code, status = "upstream_error", 502
+    default_message = "The provider failed or answered something unusable."
+
+
+class NotReady(TurnstoreError):
+    code, status, default_message = "not_ready", 503, "Not ready."
+
+
+class UpstreamTimeout(TurnstoreError):
+    code, status, default_message = "upstream_timeout", 504, "The provider did not answer in time."

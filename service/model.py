@@ -1,0 +1,63 @@
+"""The conversation as the use case sees it: committed turns and what a new turn adds.
+
+Replay items are kept as ``msgspec.Raw``: the provider's JSON bytes, never decoded into
+Python objects, so they are stored and re-sent exactly as the provider defined them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+from uuid import UUID
+
+import msgspec
+
+Role = Literal["user", "assistant"]
+
+# The revisions an If-Match header accepts; None means "no precondition".
+Precondition = frozenset[int] | None
+
+
+class Message(msgspec.Struct, frozen=True):
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One user message and the accepted reply, as it is committed."""
+
+    user_message: str
+    assistant_message: str
+    replay_items: list[msgspec.Raw]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: UUID
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+    turns: list[Turn] = field(default_factory=list)
+
+    @property
+    def transcript(self) -> list[Message]:
+        messages: list[Message] = []
+        for turn in self.turns:
+            messages.append(Message("user", turn.user_message))
+            messages.append(Message("assistant", turn.assistant_message))
+        return messages
+
+    @property
+    def replay_items(self) -> list[msgspec.Raw]:
+        return [item for turn in self.turns for item in turn.replay_items]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What the store reports after a successful append."""
+
+    revision: int
+    created_at: datetime
+    updated_at: datetime

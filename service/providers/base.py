@@ -1,0 +1,55 @@
+"""The provider port.
+
+A provider turns a request (replay items + the new user input item) into a stream of
+events: zero or more ``TextDelta`` and exactly one final ``Reply`` (the last event). With
+``stream=False`` an adapter may make a non-streaming call and yield the ``Reply`` alone.
+Failures are raised as domain errors (RateLimited, ContextLengthExceeded, ContentFiltered,
+UpstreamError, UpstreamTimeout); an adapter never retries on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import msgspec
+
+ReplyStatus = Literal["completed", "incomplete"]
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    input_items: list[msgspec.Raw]
+    instructions: str | None = None
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The provider's final answer: its text and its output items, verbatim."""
+
+    text: str
+    status: ReplyStatus
+    incomplete_reason: str | None
+    output_items: list[msgspec.Raw]
+
+
+ProviderEvent = TextDelta | Reply
+
+
+class Provider(Protocol):
+    def respond(self, request: ProviderRequest, *, stream: bool) -> AsyncIterator[ProviderEvent]:
+        """Yield the reply's events; closing the iterator early cancels the upstream call."""
+
+    async def close(self) -> None: ...
+
+
+def user_input_item(text: str) -> msgspec.Raw:
+    """The Responses API input item for a user message."""
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    return msgspec.Raw(msgspec.json.encode(item))

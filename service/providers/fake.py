@@ -1,0 +1,94 @@
+"""The built-in offline provider: ``[fake-llm] <message>`` plus ``(history=N)``.
+
+It behaves like the real Responses API where turnstore depends on it: each reply carries a
+``reasoning`` item with an opaque ``encrypted_content`` and a ``message`` item, and a
+reasoning item it gets back must be one it issued, byte for byte (otherwise it fails like
+the real API does with ``invalid_encrypted_content``), so broken replay cannot go unnoticed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from service.errors import UpstreamError
+from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
+
+_SEAL_KEY = b"turnstore-fake-provider"
+
+
+class _ItemHead(msgspec.Struct):
+    type: str | None = None
+    role: str | None = None
+    id: str | None = None
+    encrypted_content: str | None = None
+
+
+def _seal(item_id: str) -> str:
+    digest = hashlib.sha256(_SEAL_KEY + item_id.encode()).digest()
+    return base64.b64encode(digest * 4).decode()
+
+
+class FakeProvider:
+    def __init__(self, *, deltas: int = 4) -> None:
+        self._deltas = deltas
+
+    async def respond(
+        self, request: ProviderRequest, *, stream: bool
+    ) -> AsyncIterator[ProviderEvent]:
+        heads = [msgspec.json.decode(item, type=_ItemHead) for item in request.input_items]
+        for head in heads:
+            if head.type == "reasoning" and (
+                head.id is None or head.encrypted_content != _seal(head.id)
+            ):
+                raise UpstreamError("The provider could not decrypt a replayed reasoning item.")
+        history = sum(1 for h in heads[:-1] if h.role in ("user", "assistant"))
+        message = _last_user_text(request.input_items[-1])
+        text = f"[fake-llm] {message}" + (f" (history={history})" if history else "")
+        if stream:
+            for chunk in _split(text, self._deltas):
+                yield TextDelta(chunk)
+        yield Reply(text, "completed", None, _output_items(text, history))
+
+    async def close(self) -> None:
+        return None
+
+
+class _InputText(msgspec.Struct):
+    text: str = ""
+
+
+class _UserItem(msgspec.Struct):
+    content: str | list[_InputText] = ""
+
+
+def _last_user_text(item: msgspec.Raw) -> str:
+    content = msgspec.json.decode(item, type=_UserItem).content
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def _split(text: str, parts: int) -> list[str]:
+    size = max(1, -(-len(text) // parts))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _output_items(text: str, history: int) -> list[msgspec.Raw]:
+    key = hashlib.sha256(f"{history}:{text}".encode()).hexdigest()[:24]
+    reasoning_id = f"rs_{key}"
+    reasoning = {
+        "type": "reasoning",
+        "id": reasoning_id,
+        "summary": [],
+        "encrypted_content": _seal(reasoning_id),
+    }
+    message = {
+        "type": "message",
+        "id": f"msg_{key}",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    return [msgspec.Raw(msgspec.json.encode(reasoning)), msgspec.Raw(msgspec.json.encode(message))]

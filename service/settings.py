@@ -1,0 +1,76 @@
+"""Configuration from environment variables (see the README's configuration table)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None = None
+    llm_provider: str = "fake"
+    openai_base_url: str = "https://api.openai.com/v1"
+    openai_api_key: str | None = None
+    openai_model: str | None = None
+    azure_endpoint: str | None = None
+    azure_api_key: str | None = None
+    azure_deployment: str | None = None
+    upstream_connect_timeout_s: float = 10.0
+    upstream_read_timeout_s: float = 90.0
+    upstream_max_body_bytes: int = 262_144
+    max_body_bytes: int = 1_048_576
+    max_message_chars: int = 100_000
+    system_prompt_file: Path | None = None
+    data_dir: Path = Path(".turnstore")
+    db_pool_size: int = 10
+    db_statement_cache_size: int = 100
+    sse_keepalive_s: float = 15.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        provider = env.get("LLM_PROVIDER", "fake").strip().lower() or "fake"
+        if provider not in {"fake", "openai", "azure"}:
+            raise ValueError(f"LLM_PROVIDER must be fake, openai or azure, got {provider!r}")
+        prompt = env.get("SYSTEM_PROMPT_FILE", "").strip()
+        return cls(
+            database_url=env.get("DATABASE_URL") or None,
+            llm_provider=provider,
+            openai_base_url=env.get("OPENAI_BASE_URL") or cls.openai_base_url,
+            openai_api_key=env.get("OPENAI_API_KEY") or None,
+            openai_model=env.get("OPENAI_MODEL") or None,
+            azure_endpoint=env.get("AZURE_OPENAI_ENDPOINT") or None,
+            azure_api_key=env.get("AZURE_OPENAI_API_KEY") or None,
+            azure_deployment=env.get("AZURE_OPENAI_DEPLOYMENT") or None,
+            upstream_connect_timeout_s=_float(env, "UPSTREAM_CONNECT_TIMEOUT_S", 10.0),
+            upstream_read_timeout_s=_float(env, "UPSTREAM_READ_TIMEOUT_S", 90.0),
+            upstream_max_body_bytes=_int(env, "UPSTREAM_MAX_BODY_BYTES", 262_144) or 262_144,
+            max_body_bytes=_int(env, "MAX_BODY_BYTES", 1_048_576) or 1_048_576,
+            max_message_chars=_int(env, "MAX_MESSAGE_CHARS", 100_000) or 100_000,
+            system_prompt_file=Path(prompt) if prompt else None,
+            data_dir=Path(env.get("TURNSTORE_DATA_DIR") or ".turnstore"),
+            db_pool_size=_int(env, "DB_POOL_SIZE", 10) or 10,
+            db_statement_cache_size=_int(env, "DB_STATEMENT_CACHE_SIZE", 100) or 0,
+            sse_keepalive_s=_float(env, "SSE_KEEPALIVE_S", 15.0),
+        )

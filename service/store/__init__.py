@@ -1,0 +1,1 @@
+"""The conversation store: the port (``base``) and its PostgreSQL adapter (``postgres``)."""

@@ -1,0 +1,130 @@
+"""The PostgreSQL adapter: short transactions, a conditional revision bump per turn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from uuid import UUID
+
+import msgspec
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.errors import (
+    ConversationConflict,
+    ConversationNotFound,
+    PreconditionFailed,
+    StorageError,
+    TurnstoreError,
+)
+from service.model import Commit, Conversation, Precondition, Turn
+from service.store.tables import conversations as c
+from service.store.tables import turns as t
+
+_LOAD = (
+    sa.select(
+        c.c.revision, c.c.created_at, c.c.updated_at,
+        t.c.user_message, t.c.assistant_message, t.c.replay_items,
+    )
+    .select_from(c.outerjoin(t, t.c.conversation_id == c.c.id))
+    .where(c.c.id == sa.bindparam("cid"))
+    .order_by(t.c.seq)
+)  # fmt: skip
+
+_CREATE = (
+    insert(c)
+    .values(id=sa.bindparam("cid"), revision=1, created_at=sa.func.now(), updated_at=sa.func.now())
+    .on_conflict_do_nothing()
+    .returning(c.c.revision, c.c.created_at, c.c.updated_at)
+)
+
+_BUMP = (
+    sa.update(c)
+    .where(c.c.id == sa.bindparam("cid"), c.c.revision == sa.bindparam("expected"))
+    .values(revision=c.c.revision + 1, updated_at=sa.func.now())
+    .returning(c.c.revision, c.c.created_at, c.c.updated_at)
+)
+
+_INSERT_TURN = sa.insert(t).values(created_at=sa.func.now())
+
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+class PostgresStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncConnection]:
+        try:
+            async with self._engine.begin() as conn:
+                yield conn
+        except TurnstoreError:
+            raise
+        except (sa.exc.DBAPIError, sa.exc.TimeoutError, OSError, TimeoutError) as exc:
+            raise StorageError() from exc
+
+    async def load(self, conversation_id: UUID) -> Conversation | None:
+        async with self._transaction() as conn:
+            rows = (await conn.execute(_LOAD, {"cid": conversation_id})).all()
+        if not rows:
+            return None
+        first = rows[0]
+        turns = [
+            Turn(row.user_message, row.assistant_message, _ITEMS.decode(row.replay_items))
+            for row in rows
+            if row.replay_items is not None
+        ]
+        return Conversation(
+            conversation_id, first.revision, first.created_at, first.updated_at, turns
+        )
+
+    async def append(self, conversation_id: UUID, turn: Turn, expected_revision: int) -> Commit:
+        async with self._transaction() as conn:
+            if expected_revision == 0:
+                row = (await conn.execute(_CREATE, {"cid": conversation_id})).first()
+            else:
+                params = {"cid": conversation_id, "expected": expected_revision}
+                row = (await conn.execute(_BUMP, params)).first()
+            if row is None:
+                raise await self._why_not(conn, conversation_id, expected_revision)
+            await conn.execute(
+                _INSERT_TURN,
+                {
+                    "conversation_id": conversation_id,
+                    "seq": row.revision,
+                    "user_message": turn.user_message,
+                    "assistant_message": turn.assistant_message,
+                    "replay_items": msgspec.json.encode(turn.replay_items).decode(),
+                },
+            )
+        return Commit(row.revision, row.created_at, row.updated_at)
+
+    @staticmethod
+    async def _why_not(conn: AsyncConnection, conversation_id: UUID, expected: int) -> Exception:
+        if expected == 0:
+            return ConversationConflict()
+        exists = await conn.scalar(sa.select(sa.literal(1)).where(c.c.id == conversation_id))
+        return ConversationConflict() if exists else ConversationNotFound()
+
+    async def delete(self, conversation_id: UUID, if_match: Precondition = None) -> None:
+        async with self._transaction() as conn:
+            revision = await conn.scalar(
+                sa.delete(c).where(c.c.id == conversation_id).returning(c.c.revision)
+            )
+            if revision is None:
+                raise ConversationNotFound()
+            if if_match is not None and revision not in if_match:
+                raise PreconditionFailed()  # rolls the delete back
+
+    async def schema_revision(self) -> str | None:
+        async with self._transaction() as conn:
+            exists = await conn.scalar(sa.text("SELECT to_regclass('alembic_version')"))
+            if exists is None:
+                return None
+            version = await conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
+            return str(version) if version is not None else None
+
+    async def close(self) -> None:
+        await self._engine.dispose()

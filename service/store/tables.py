@@ -1,0 +1,47 @@
+"""Table definitions used by the queries (migrations own the DDL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+metadata = sa.MetaData()
+
+
+class RawJSON(sa.types.TypeDecorator[str]):
+    """A ``json`` column passed through as text: PostgreSQL's ``json`` keeps the bytes it was
+    given, and turnstore never decodes replay items, so no (de)serialisation happens here."""
+
+    impl = postgresql.JSON
+    cache_ok = True
+
+    def bind_processor(self, dialect: sa.Dialect) -> None:
+        return None
+
+    def result_processor(self, dialect: sa.Dialect, coltype: Any) -> None:
+        return None
+
+
+conversations = sa.Table(
+    "conversations",
+    metadata,
+    sa.Column("id", sa.Uuid, primary_key=True),
+    sa.Column("revision", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# One row per committed turn: the transcript pair and that turn's replay items, keyed by
+# (conversation_id, seq) where seq is the revision the turn created.
+turns = sa.Table(
+    "turns",
+    metadata,
+    sa.Column("conversation_id", sa.Uuid, primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("user_message", sa.Text, nullable=False),
+    sa.Column("assistant_message", sa.Text, nullable=False),
+    sa.Column("replay_items", RawJSON, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)

@@ -1,0 +1,172 @@
+"""The turn-commit use case, shared by the plain and the streaming chat endpoints.
+
+lock -> load -> check If-Match -> call provider -> accept or reject the reply -> conditional
+commit. Nothing is written before the reply is accepted, and the commit is one transaction
+conditional on the revision read under the lock, so a stale writer in another replica gets
+ConversationConflict and writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from service.errors import (
+    ContentFiltered,
+    ConversationNotFound,
+    InvalidInput,
+    PreconditionFailed,
+    UpstreamError,
+)
+from service.locks import KeyedLocks
+from service.model import Conversation, Precondition, Turn
+from service.providers.base import Provider, ProviderRequest, Reply, TextDelta, user_input_item
+from service.store.base import ConversationStore
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    conversation_id: uuid.UUID
+    is_new: bool
+    message: str
+    if_match: Precondition
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    conversation_id: uuid.UUID
+    message: str
+    status: str
+    incomplete_reason: str | None
+    revision: int | None  # None: nothing was committed (content filter)
+
+
+TurnEvent = TextDelta | TurnDone
+
+
+def parse_conversation_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise ConversationNotFound() from None  # malformed looks exactly like unknown
+
+
+def check_precondition(if_match: Precondition, revision: int) -> None:
+    if if_match is not None and revision not in if_match:
+        raise PreconditionFailed()
+
+
+class TurnService:
+    def __init__(
+        self,
+        store: ConversationStore,
+        provider: Provider,
+        *,
+        max_message_chars: int,
+        instructions: str | None = None,
+        locks: KeyedLocks | None = None,
+    ) -> None:
+        self.store = store
+        self.provider = provider
+        self.locks = locks or KeyedLocks()
+        self._max_message_chars = max_message_chars
+        self._instructions = instructions
+
+    def plan(self, message: str, conversation_id: str | None, if_match: Precondition) -> TurnPlan:
+        """Validate a request without I/O; a new conversation gets its id here."""
+        if not message.strip():
+            raise InvalidInput("message must not be empty or whitespace only.")
+        if len(message) > self._max_message_chars:
+            raise InvalidInput(f"message is longer than {self._max_message_chars} characters.")
+        if "\x00" in message or _has_lone_surrogate(message):
+            raise InvalidInput("message must be valid text without NUL characters.")
+        if conversation_id is None:
+            if if_match is not None:
+                raise PreconditionFailed("If-Match needs an existing conversation.")
+            return TurnPlan(uuid.uuid4(), True, message, None)
+        return TurnPlan(parse_conversation_id(conversation_id), False, message, if_match)
+
+    async def check(self, plan: TurnPlan) -> None:
+        """Fail early (before a stream starts) when the turn cannot succeed."""
+        if not plan.is_new:
+            await self._load(plan)
+
+    async def run(self, plan: TurnPlan) -> TurnDone:
+        """A non-streaming turn: the committed result, or a domain error."""
+        async for event in self.events(plan, stream=False):
+            if isinstance(event, TurnDone):
+                if event.revision is None:
+                    raise ContentFiltered()
+                return event
+        raise UpstreamError("The provider ended without a reply.")  # unreachable by contract
+
+    async def events(self, plan: TurnPlan, *, stream: bool) -> AsyncGenerator[TurnEvent, None]:
+        """The turn as events: text deltas, then one TurnDone. Closing the iterator early
+        cancels the provider call and commits nothing (unless the commit already started)."""
+        async with self.locks.hold(plan.conversation_id):
+            conversation = None if plan.is_new else await self._load(plan)
+            expected = conversation.revision if conversation else 0
+            user_item = user_input_item(plan.message)
+            history = conversation.replay_items if conversation else []
+            request = ProviderRequest([*history, user_item], self._instructions)
+            reply: Reply | None = None
+            async for event in self.provider.respond(request, stream=stream):
+                if isinstance(event, TextDelta):
+                    yield event
+                else:
+                    reply = event
+            if reply is None:
+                raise UpstreamError("The provider ended without a reply.")
+            if reply.incomplete_reason == "content_filter":
+                yield _done(plan, reply, None)
+                return
+            if not reply.text:
+                raise UpstreamError("The provider's reply was empty.")
+            turn = Turn(plan.message, reply.text, [user_item, *reply.output_items])
+            commit = await _settle(self.store.append(plan.conversation_id, turn, expected))
+            yield _done(plan, reply, commit.revision)
+
+    async def _load(self, plan: TurnPlan) -> Conversation:
+        conversation = await self.store.load(plan.conversation_id)
+        if conversation is None:
+            raise ConversationNotFound()
+        check_precondition(plan.if_match, conversation.revision)
+        return conversation
+
+
+def _done(plan: TurnPlan, reply: Reply, revision: int | None) -> TurnDone:
+    return TurnDone(
+        plan.conversation_id, reply.text, reply.status, reply.incomplete_reason, revision
+    )
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+async def _settle(awaitable: Awaitable[T]) -> T:
+    """Run a commit to its end even if the caller is cancelled meanwhile (a client that
+    disconnects mid-commit): the transaction is then either fully committed or not at all,
+    and the lock is not released while it is still in flight."""
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError()
+    return result

@@ -6,6 +6,7 @@ from typing import Any
 
 from litestar import Controller, Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from service.api.correlation import correlation_id
@@ -77,7 +78,7 @@ class ChatController(Controller):
         responses=_ERRORS,
     )
     async def chat(
-        self, request: Request[Any, Any, Any], data: ChatRequest, turns: Turns,
+        self, request: Request[Any, Any, Any], data: JSONBody[ChatRequest], turns: Turns,
         if_match: IfMatch = None,
     ) -> Response[ChatResponse]:  # fmt: skip
         plan = turns.plan(data.message, data.conversation_id, parse_if_match(if_match))
@@ -95,7 +96,7 @@ class ChatController(Controller):
         responses=_ERRORS,
     )
     async def stream(
-        self, request: Request[Any, Any, Any], data: ChatRequest, turns: Turns,
+        self, request: Request[Any, Any, Any], data: JSONBody[ChatRequest], turns: Turns,
         settings: Config, if_match: IfMatch = None,
     ) -> ServerSentEvent:  # fmt: skip
         plan = turns.plan(data.message, data.conversation_id, parse_if_match(if_match))

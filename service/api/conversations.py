@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import Controller, Response, delete, get
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath
 
 from service.api.headers import CORRELATION_ID, ETAG, IfMatch, Store, etag, parse_if_match
 from service.api.schemas import ConversationView, ErrorEnvelope
@@ -23,7 +24,7 @@ class ConversationController(Controller):
         response_headers=[ETAG, CORRELATION_ID],
         responses={**_NOT_FOUND, 500: ResponseSpec(ErrorEnvelope, description="storage_error")},
     )
-    async def read(self, conversation_id: str, store: Store) -> Response[ConversationView]:
+    async def read(self, conversation_id: FromPath[str], store: Store) -> Response[ConversationView]:
         conversation = await store.load(parse_conversation_id(conversation_id))
         if conversation is None:
             raise ConversationNotFound()
@@ -46,5 +47,5 @@ class ConversationController(Controller):
             500: ResponseSpec(ErrorEnvelope, description="storage_error"),
         },
     )
-    async def remove(self, conversation_id: str, store: Store, if_match: IfMatch = None) -> None:
+    async def remove(self, conversation_id: FromPath[str], store: Store, if_match: IfMatch = None) -> None:
         await store.delete(parse_conversation_id(conversation_id), parse_if_match(if_match))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from litestar.datastructures import ResponseHeader
-from litestar.params import Dependency, Parameter
+from litestar.di import NamedDependency
+from litestar.params import HeaderParameter, SkipValidation
 
 from service.model import Precondition
 from service.settings import Settings
@@ -13,14 +14,14 @@ from service.store.base import ConversationStore
 from service.turns import TurnService
 
 # Injected singletons: no per-request validation (the store is a Protocol).
-Store = Annotated[ConversationStore, Dependency(skip_validation=True)]
-Turns = Annotated[TurnService, Dependency(skip_validation=True)]
-Config = Annotated[Settings, Dependency(skip_validation=True)]
+Store = NamedDependency[SkipValidation[ConversationStore]]
+Turns = NamedDependency[SkipValidation[TurnService]]
+Config = NamedDependency[SkipValidation[Settings]]
 
 IfMatch = Annotated[
     str | None,
-    Parameter(
-        header="If-Match",
+    HeaderParameter(
+        name="If-Match",
         required=False,
         description='Strong ETag of the revision the client last saw, e.g. `"3"`; on mismatch '
         "the request fails with 412 precondition_failed before anything else happens.",

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import pytest
+from litestar.testing import AsyncTestClient
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import migrate
+from service.app import create_app
+from service.db import create_engine
+from service.providers.base import Provider
+from service.providers.fake import FakeProvider
+from service.settings import Settings
+from service.store.postgres import PostgresStore
+from tests.database import fresh_database, postgres_server
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    """One database for the session, migrated with the real `alembic upgrade head`."""
+    with fresh_database(server_url) as url:
+        migrate.upgrade(url)
+        yield url
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """Committed data (race tests need it), so every test starts from empty tables."""
+    engine = create_engine(database_url, pool_size=5)
+    async with engine.begin() as conn:
+        await conn.execute(text("TRUNCATE conversations, turns"))
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+def store(engine: AsyncEngine) -> PostgresStore:
+    return PostgresStore(engine)
+
+
+ClientFactory = Callable[..., AbstractAsyncContextManager[AsyncTestClient]]  # type: ignore[type-arg]
+
+
+@pytest.fixture
+def make_client(database_url: str, engine: AsyncEngine) -> ClientFactory:
+    """An app with its own pool on the test database: ``async with make_client(provider=...)``."""
+
+    @asynccontextmanager
+    async def factory(
+        provider: Provider | None = None, **settings: object
+    ) -> AsyncIterator[AsyncTestClient]:  # type: ignore[type-arg]
+        config = Settings(database_url=database_url, **settings)  # type: ignore[arg-type]
+        app = create_app(config, provider=provider or FakeProvider())
+        async with AsyncTestClient(app) as client:
+            yield client
+
+    return factory
+
+
+@pytest.fixture
+async def client(make_client: ClientFactory) -> AsyncIterator[AsyncTestClient]:  # type: ignore[type-arg]
+    async with make_client() as client:
+        yield client

@@ -1,0 +1,200 @@
+"""A fake OpenAI Responses API behind ``httpx.MockTransport``: the real ResponsesProvider
+code runs against it, and each call answers what a test scripted for it.
+
+Every call records the decoded request body; ``Script`` says how one call answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from service.providers.responses import Endpoint, ResponsesProvider
+
+
+@dataclass
+class Script:
+    text: str | None = None  # None: "reply <call number>"
+    status: str = "completed"  # completed | incomplete | failed
+    incomplete_reason: str | None = None
+    http_status: int = 200
+    error_code: str | None = None  # error.code of a non-2xx body (or of a stream's error event)
+    headers: dict[str, str] = field(default_factory=dict)
+    reasoning: bool = True
+    deltas: int = 3
+    break_stream: bool = False  # the stream ends without a terminal event
+    raw_body: bytes | None = None  # answer exactly these bytes
+    exception: Exception | None = None  # raised by the transport, e.g. httpx.ReadTimeout
+    gate: asyncio.Event | None = None  # wait for it before answering (after `started` is set)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # the client closed the stream
+
+
+class FakeResponsesAPI:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[httpx.Headers] = []
+        self.urls: list[str] = []
+        self._scripts: deque[Script] = deque()
+        self._ids = itertools.count(1)
+
+    def then(self, *scripts: Script) -> FakeResponsesAPI:
+        self._scripts.extend(scripts)
+        return self
+
+    def provider(self, **kwargs: Any) -> ResponsesProvider:
+        endpoint = Endpoint(
+            "openai",
+            "https://fake.invalid/v1/responses",
+            {"Authorization": "Bearer sk-test"},
+            "gpt-test",
+        )
+        options = {"connect_timeout_s": 1.0, "read_timeout_s": 5.0, "max_body_bytes": 262_144}
+        options.update(kwargs)
+        return ResponsesProvider(endpoint, transport=httpx.MockTransport(self.handle), **options)
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(json.loads(await request.aread()))
+        self.headers.append(request.headers)
+        self.urls.append(str(request.url))
+        script = self._scripts.popleft() if self._scripts else Script()
+        number = next(self._ids)
+        script.started.set()
+        if script.gate is not None:
+            await script.gate.wait()
+        if script.exception is not None:
+            raise script.exception
+        if script.raw_body is not None:
+            return httpx.Response(
+                script.http_status, content=script.raw_body, headers=script.headers
+            )
+        if script.http_status >= 400:
+            error = {
+                "error": {
+                    "message": "upstream says no",
+                    "type": "invalid_request_error",
+                    "code": script.error_code,
+                }
+            }
+            return httpx.Response(script.http_status, json=error, headers=script.headers)
+        text = f"reply {number}" if script.text is None else script.text
+        items = output_items(number, text, reasoning=script.reasoning)
+        response = response_object(number, script, items)
+        if self.requests[-1].get("stream"):
+            events = stream_events(response, items, text, script)
+            return httpx.Response(
+                200, headers={"content-type": "text/event-stream"}, content=_sse(events, script)
+            )
+        return httpx.Response(200, json=response, headers=script.headers)
+
+
+def output_items(number: int, text: str, *, reasoning: bool) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if reasoning:
+        items.append(
+            {
+                "id": f"rs_{number}",
+                "type": "reasoning",
+                "summary": [],
+                "encrypted_content": f"gAAA-sealed-{number}==",
+            }
+        )
+    if text:
+        items.append({
+            "id": f"msg_{number}", "type": "message", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+        })  # fmt: skip
+    return items
+
+
+def response_object(number: int, script: Script, items: list[dict[str, Any]]) -> dict[str, Any]:
+    incomplete = {"reason": script.incomplete_reason} if script.incomplete_reason else None
+    error = {"code": "server_error", "message": "boom"} if script.status == "failed" else None
+    return {
+        "id": f"resp_{number}", "object": "response", "created_at": 1764460000, "model": "gpt-test",
+        "status": script.status, "incomplete_details": incomplete, "error": error,
+        "output": items, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        "store": False, "instructions": None, "metadata": {}, "temperature": 1.0, "top_p": 1.0,
+        "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
+                  "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 2}},
+    }  # fmt: skip
+
+
+def stream_events(
+    response: dict[str, Any], items: list[dict[str, Any]], text: str, script: Script
+) -> list[dict[str, Any]]:
+    seq = itertools.count()
+    in_progress = {
+        **response,
+        "status": "in_progress",
+        "output": [],
+        "incomplete_details": None,
+        "error": None,
+    }
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": in_progress}]
+    for index, item in enumerate(items):
+        if item["type"] == "message":
+            added = {**item, "status": "in_progress", "content": []}
+            events.append(
+                {"type": "response.output_item.added", "output_index": index, "item": added}
+            )
+            size = max(1, -(-len(text) // script.deltas))
+            for start in range(0, len(text), size):
+                events.append({
+                    "type": "response.output_text.delta", "item_id": item["id"], "output_index": index,
+                    "content_index": 0, "delta": text[start : start + size], "logprobs": [],
+                })  # fmt: skip
+            events.append(
+                {
+                    "type": "response.output_text.done",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "text": text,
+                    "logprobs": [],
+                }
+            )
+        else:
+            # The .added copy of a reasoning item lacks its encrypted_content: only .done is whole.
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "encrypted_content": None},
+                }
+            )
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    if script.error_code is not None:
+        events.append(
+            {
+                "type": "error",
+                "code": script.error_code,
+                "message": "upstream says no",
+                "param": None,
+            }
+        )
+    elif not script.break_stream:
+        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
+            script.status, "response.failed"
+        )
+        events.append({"type": kind, "response": response})
+    for event in events:
+        event["sequence_number"] = next(seq)
+    return events
+
+
+async def _sse(events: list[dict[str, Any]], script: Script) -> AsyncIterator[bytes]:
+    try:
+        for event in events:
+            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+            await asyncio.sleep(0)
+    finally:
+        script.closed.set()

@@ -24,7 +24,9 @@ class ConversationController(Controller):
         response_headers=[ETAG, CORRELATION_ID],
         responses={**_NOT_FOUND, 500: ResponseSpec(ErrorEnvelope, description="storage_error")},
     )
-    async def read(self, conversation_id: FromPath[str], store: Store) -> Response[ConversationView]:
+    async def read(
+        self, conversation_id: FromPath[str], store: Store
+    ) -> Response[ConversationView]:
         conversation = await store.load(parse_conversation_id(conversation_id))
         if conversation is None:
             raise ConversationNotFound()
@@ -47,5 +49,7 @@ class ConversationController(Controller):
             500: ResponseSpec(ErrorEnvelope, description="storage_error"),
         },
     )
-    async def remove(self, conversation_id: FromPath[str], store: Store, if_match: IfMatch = None) -> None:
+    async def remove(
+        self, conversation_id: FromPath[str], store: Store, if_match: IfMatch = None
+    ) -> None:
         await store.delete(parse_conversation_id(conversation_id), parse_if_match(if_match))

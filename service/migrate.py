@@ -27,6 +27,11 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+def known_revisions() -> frozenset[str]:
+    script = ScriptDirectory.from_config(alembic_config())
+    return frozenset(rev.revision for rev in script.walk_revisions())
+
+
 def upgrade(database_url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(database_url), revision)
 

@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
+import httpx
 import pytest
-from litestar.testing import AsyncTestClient
+import uvicorn
+from litestar import Litestar
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -47,26 +52,48 @@ def store(engine: AsyncEngine) -> PostgresStore:
     return PostgresStore(engine)
 
 
-ClientFactory = Callable[..., AbstractAsyncContextManager[AsyncTestClient]]  # type: ignore[type-arg]
+ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@asynccontextmanager
+async def serve(app: Litestar) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on a loopback port, in this test's event loop (so a test can
+    pause a fake provider with an asyncio.Event), over real HTTP with real disconnects."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, lifespan="on", log_level="warning", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.005)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
 
 
 @pytest.fixture
 def make_client(database_url: str, engine: AsyncEngine) -> ClientFactory:
-    """An app with its own pool on the test database: ``async with make_client(provider=...)``."""
+    """A served app with its own pool on the test database:
+    ``async with make_client(provider=..., **settings) as client``."""
 
     @asynccontextmanager
     async def factory(
-        provider: Provider | None = None, **settings: object
-    ) -> AsyncIterator[AsyncTestClient]:  # type: ignore[type-arg]
-        config = Settings(database_url=database_url, **settings)  # type: ignore[arg-type]
+        provider: Provider | None = None, **settings: Any
+    ) -> AsyncIterator[httpx.AsyncClient]:
+        config = Settings(database_url=database_url, **settings)
         app = create_app(config, provider=provider or FakeProvider())
-        async with AsyncTestClient(app) as client:
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
             yield client
 
     return factory
 
 
 @pytest.fixture
-async def client(make_client: ClientFactory) -> AsyncIterator[AsyncTestClient]:  # type: ignore[type-arg]
+async def client(make_client: ClientFactory) -> AsyncIterator[httpx.AsyncClient]:
     async with make_client() as client:
         yield client

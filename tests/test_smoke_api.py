@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from litestar.testing import AsyncTestClient
+import httpx
 
 
-async def test_two_turns_and_read_back(client: AsyncTestClient) -> None:  # type: ignore[type-arg]
+async def test_two_turns_and_read_back(client: httpx.AsyncClient) -> None:
     first = await client.post("/api/v1/chat", json={"message": "ping"})
     assert first.status_code == 200, first.text
     body = first.json()

@@ -8,9 +8,10 @@ from litestar.openapi.datastructures import ResponseSpec
 from service.api.headers import Store
 from service.api.schemas import ErrorEnvelope
 from service.errors import NotReady, StorageError
-from service.migrate import head_revision
+from service.migrate import head_revision, known_revisions
 
 _HEAD = head_revision()
+_KNOWN = known_revisions()
 
 
 @get("/healthz", tags=["operations"], summary="The process is alive.")
@@ -29,6 +30,8 @@ async def readyz(store: Store) -> dict[str, str]:
         current = await store.schema_revision()
     except StorageError:
         raise NotReady("The database is not reachable.") from None
-    if current != _HEAD:
+    # Ready at this release's head, or at a newer one it does not know: during a rolling
+    # upgrade the old pods keep serving after the new release migrated (expand/contract).
+    if current is None or (current != _HEAD and current in _KNOWN):
         raise NotReady(f"The database schema is at {current or 'nothing'}, not at {_HEAD}.")
     return {"status": "ready", "schema": current or ""}

@@ -16,7 +16,6 @@ from service.errors import (
     ConversationNotFound,
     PreconditionFailed,
     StorageError,
-    TurnstoreError,
 )
 from service.model import Commit, Conversation, Precondition, Turn
 from service.store.tables import conversations as c
@@ -57,11 +56,17 @@ class PostgresStore:
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncConnection]:
+        """One short transaction. Any database failure becomes StorageError, and the
+        connection it happened on is discarded: after a failover or a restart the pool must
+        not hand out a session that is read-only or half-dead."""
         try:
-            async with self._engine.begin() as conn:
-                yield conn
-        except TurnstoreError:
-            raise
+            async with self._engine.connect() as conn:
+                try:
+                    async with conn.begin():
+                        yield conn
+                except sa.exc.DBAPIError:
+                    await conn.invalidate()
+                    raise
         except (sa.exc.DBAPIError, sa.exc.TimeoutError, OSError, TimeoutError) as exc:
             raise StorageError() from exc
 

@@ -1,0 +1,37 @@
+"""Small helpers shared by the API tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+CHAT = "/api/v1/chat"
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The contract's envelope, with the same correlation id in body and header."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code, error
+    assert error["message"] and isinstance(error["message"], str)
+    assert error["correlation_id"] == response.headers["x-correlation-id"]
+    assert "Traceback" not in response.text and "SELECT" not in response.text
+    return dict(error)
+
+
+async def snapshot(engine: AsyncEngine) -> list[tuple[Any, ...]]:
+    """Everything stored, to compare before and after a failed turn."""
+    async with engine.connect() as conn:
+        conversations = (await conn.execute(text("SELECT * FROM conversations ORDER BY id"))).all()
+        turns = (
+            await conn.execute(
+                text(
+                    "SELECT conversation_id, seq, user_message, assistant_message, "
+                    "replay_items::text FROM turns ORDER BY conversation_id, seq"
+                )
+            )
+        ).all()
+    return [tuple(r) for r in conversations] + [tuple(r) for r in turns]

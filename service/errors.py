@@ -11,6 +11,7 @@ TurnstoreError
  +-- RateLimited                  429 rate_limited (+ Retry-After)
  +-- StorageError                 500 storage_error
  +-- UpstreamError                502 upstream_error
+ |    +-- InvalidEncryptedContent      (sealed reasoning the provider cannot open)
  +-- NotReady                     503 not_ready
  +-- UpstreamTimeout              504 upstream_timeout
 
@@ -81,6 +82,12 @@ class StorageError(TurnstoreError):
 class UpstreamError(TurnstoreError):
     code, status = "upstream_error", 502
     default_message = "The provider failed or answered something unusable."
+
+
+class InvalidEncryptedContent(UpstreamError):
+    """The provider could not decrypt a replayed reasoning item (it was sealed elsewhere)."""
+
+    default_message = "The provider could not use the conversation's sealed reasoning."
 
 
 class NotReady(TurnstoreError):

@@ -25,12 +25,23 @@ class Message(msgspec.Struct, frozen=True):
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Which provider, endpoint and model produced a turn's replay items. Sealed reasoning
+    (``encrypted_content``) only decrypts where it was made."""
+
+    provider: str
+    endpoint: str
+    model: str
+
+
+@dataclass(frozen=True)
 class Turn:
     """One user message and the accepted reply, as it is committed."""
 
     user_message: str
     assistant_message: str
     replay_items: list[msgspec.Raw]
+    origin: Origin | None = None  # None: recorded before origins were (schema 0001)
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,31 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Awaitable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
+
+import msgspec
 
 from service.errors import (
     ContentFiltered,
     ConversationNotFound,
+    InvalidEncryptedContent,
     InvalidInput,
     PreconditionFailed,
     UpstreamError,
 )
 from service.locks import KeyedLocks
 from service.model import Conversation, Precondition, Turn
-from service.providers.base import Provider, ProviderRequest, Reply, TextDelta, user_input_item
+from service.providers.base import (
+    Provider,
+    ProviderEvent,
+    ProviderRequest,
+    Reply,
+    TextDelta,
+    is_sealed_reasoning,
+    user_input_item,
+)
 from service.store.base import ConversationStore
 
 T = TypeVar("T")
@@ -111,15 +123,28 @@ class TurnService:
         async with self.locks.hold(plan.conversation_id):
             conversation = None if plan.is_new else await self._load(plan)
             expected = conversation.revision if conversation else 0
+            turns = conversation.turns if conversation else []
             user_item = user_input_item(plan.message)
-            history = conversation.replay_items if conversation else []
-            request = ProviderRequest([*history, user_item], self._instructions)
             reply: Reply | None = None
-            async for event in self.provider.respond(request, stream=stream):
-                if isinstance(event, TextDelta):
-                    yield event
-                else:
-                    reply = event
+            streamed = False
+            for drop_all_sealed in (False, True):
+                history = self._history(turns, drop_all_sealed=drop_all_sealed)
+                try:
+                    # aclosing: a client that goes away mid-stream closes the upstream at once.
+                    async with aclosing(self._respond([*history, user_item], stream)) as events:
+                        async for event in events:
+                            if isinstance(event, TextDelta):
+                                streamed = True
+                                yield event
+                            else:
+                                reply = event
+                    break
+                except InvalidEncryptedContent:
+                    # The one retry: the provider cannot open some sealed reasoning (a key or
+                    # organisation changed). Resend the history without any, if that differs.
+                    unsealed = self._history(turns, drop_all_sealed=True)
+                    if drop_all_sealed or streamed or len(unsealed) == len(history):
+                        raise
             if reply is None:
                 raise UpstreamError("The provider ended without a reply.")
             if reply.incomplete_reason == "content_filter":
@@ -127,9 +152,29 @@ class TurnService:
                 return
             if not reply.text:
                 raise UpstreamError("The provider's reply was empty.")
-            turn = Turn(plan.message, reply.text, [user_item, *reply.output_items])
+            turn = Turn(
+                plan.message, reply.text, [user_item, *reply.output_items], self.provider.origin
+            )
             commit = await _settle(self.store.append(plan.conversation_id, turn, expected))
             yield _done(plan, reply, commit.revision)
+
+    def _respond(
+        self, items: list[msgspec.Raw], stream: bool
+    ) -> AsyncGenerator[ProviderEvent, None]:
+        request = ProviderRequest(items, self._instructions)
+        return self.provider.respond(request, stream=stream)
+
+    def _history(self, turns: list[Turn], *, drop_all_sealed: bool) -> list[msgspec.Raw]:
+        """Earlier turns' replay items, verbatim, except sealed reasoning that this provider
+        cannot open: reasoning sealed by another provider, endpoint or model is left out."""
+        here = self.provider.origin
+        items: list[msgspec.Raw] = []
+        for turn in turns:
+            if drop_all_sealed or (turn.origin is not None and turn.origin != here):
+                items.extend(item for item in turn.replay_items if not is_sealed_reasoning(item))
+            else:
+                items.extend(turn.replay_items)
+        return items
 
     async def _load(self, plan: TurnPlan) -> Conversation:
         conversation = await self.store.load(plan.conversation_id)

@@ -1,7 +1,9 @@
 """A fake OpenAI Responses API behind ``httpx.MockTransport``: the real ResponsesProvider
 code runs against it, and each call answers what a test scripted for it.
 
-Every call records the decoded request body; ``Script`` says how one call answers.
+Every call records the decoded request body; ``Script`` says how one call answers. Bodies and
+stream events follow the wire format: ``tests/test_fakeapi_wire_format.py`` checks them
+against the ``openai`` SDK's models. Like the real API, a response echoes ``store``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Script:
     raw_body: bytes | None = None  # answer exactly these bytes
     exception: Exception | None = None  # raised by the transport, e.g. httpx.ReadTimeout
     gate: asyncio.Event | None = None  # wait for it before answering (after `started` is set)
+    stall: asyncio.Event | None = None  # streaming: wait for it after sending the first delta
     started: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)  # the client closed the stream
 
@@ -42,6 +45,7 @@ class FakeResponsesAPI:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[httpx.Headers] = []
         self.urls: list[str] = []
+        self.methods: list[str] = []
         self._scripts: deque[Script] = deque()
         self._ids = itertools.count(1)
 
@@ -64,6 +68,7 @@ class FakeResponsesAPI:
         self.requests.append(json.loads(await request.aread()))
         self.headers.append(request.headers)
         self.urls.append(str(request.url))
+        self.methods.append(request.method)
         script = self._scripts.popleft() if self._scripts else Script()
         number = next(self._ids)
         script.started.set()
@@ -79,23 +84,25 @@ class FakeResponsesAPI:
             error = {
                 "error": {
                     "message": "upstream says no",
-                    "type": "invalid_request_error",
+                    "type": "invalid_request_error" if script.http_status < 500 else "server_error",
+                    "param": None,
                     "code": script.error_code,
                 }
             }
             return httpx.Response(script.http_status, json=error, headers=script.headers)
         text = f"reply {number}" if script.text is None else script.text
-        items = output_items(number, text, reasoning=script.reasoning)
+        items = output_items(number, text, reasoning=script.reasoning, status=script.status)
         response = response_object(number, script, items)
         if self.requests[-1].get("stream"):
             events = stream_events(response, items, text, script)
-            return httpx.Response(
-                200, headers={"content-type": "text/event-stream"}, content=_sse(events, script)
-            )
+            headers = {**script.headers, "content-type": "text/event-stream"}
+            return httpx.Response(200, headers=headers, stream=_SSEStream(events, script))
         return httpx.Response(200, json=response, headers=script.headers)
 
 
-def output_items(number: int, text: str, *, reasoning: bool) -> list[dict[str, Any]]:
+def output_items(
+    number: int, text: str, *, reasoning: bool, status: str = "completed"
+) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     if reasoning:
         items.append(
@@ -107,8 +114,10 @@ def output_items(number: int, text: str, *, reasoning: bool) -> list[dict[str, A
             }
         )
     if text:
+        # The message of an incomplete response (cut off by max_output_tokens) is incomplete too.
         items.append({
-            "id": f"msg_{number}", "type": "message", "status": "completed", "role": "assistant",
+            "id": f"msg_{number}", "type": "message", "role": "assistant",
+            "status": "incomplete" if status == "incomplete" else "completed",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
         })  # fmt: skip
     return items
@@ -123,7 +132,7 @@ def response_object(number: int, script: Script, items: list[dict[str, Any]]) ->
         "output": items, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
         "store": False, "instructions": None, "metadata": {}, "temperature": 1.0, "top_p": 1.0,
         "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
-                  "input_tokens_details": {"cached_tokens": 0},
+                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 2}},
     }  # fmt: skip
 
@@ -131,6 +140,10 @@ def response_object(number: int, script: Script, items: list[dict[str, Any]]) ->
 def stream_events(
     response: dict[str, Any], items: list[dict[str, Any]], text: str, script: Script
 ) -> list[dict[str, Any]]:
+    """The events of one streamed response, in the API's order: ``response.created``,
+    ``response.in_progress``, then per output item ``output_item.added`` (for a message:
+    ``content_part.added``, ``output_text.delta``..., ``output_text.done``,
+    ``content_part.done``) and ``output_item.done``; last one terminal event (or ``error``)."""
     seq = itertools.count()
     in_progress = {
         **response,
@@ -138,30 +151,33 @@ def stream_events(
         "output": [],
         "incomplete_details": None,
         "error": None,
+        "usage": None,
     }
-    events: list[dict[str, Any]] = [{"type": "response.created", "response": in_progress}]
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": in_progress},
+        {"type": "response.in_progress", "response": in_progress},
+    ]
     for index, item in enumerate(items):
         if item["type"] == "message":
             added = {**item, "status": "in_progress", "content": []}
             events.append(
                 {"type": "response.output_item.added", "output_index": index, "item": added}
             )
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            part = item["content"][0]
+            events.append(
+                {"type": "response.content_part.added", **where, "part": {**part, "text": ""}}
+            )
             size = max(1, -(-len(text) // script.deltas))
             for start in range(0, len(text), size):
-                events.append({
-                    "type": "response.output_text.delta", "item_id": item["id"], "output_index": index,
-                    "content_index": 0, "delta": text[start : start + size], "logprobs": [],
-                })  # fmt: skip
+                delta = text[start : start + size]
+                events.append(
+                    {"type": "response.output_text.delta", **where, "delta": delta, "logprobs": []}
+                )
             events.append(
-                {
-                    "type": "response.output_text.done",
-                    "item_id": item["id"],
-                    "output_index": index,
-                    "content_index": 0,
-                    "text": text,
-                    "logprobs": [],
-                }
+                {"type": "response.output_text.done", **where, "text": text, "logprobs": []}
             )
+            events.append({"type": "response.content_part.done", **where, "part": part})
         else:
             # The .added copy of a reasoning item lacks its encrypted_content: only .done is whole.
             events.append(
@@ -191,10 +207,22 @@ def stream_events(
     return events
 
 
-async def _sse(events: list[dict[str, Any]], script: Script) -> AsyncIterator[bytes]:
-    try:
-        for event in events:
+class _SSEStream(httpx.AsyncByteStream):
+    """The events as server-sent events, one per chunk. httpx closes a response's stream when
+    its body was read to the end or the client closed the response early; either sets
+    ``script.closed`` (an async generator passed as ``content`` would be closed only by the
+    garbage collector)."""
+
+    def __init__(self, events: list[dict[str, Any]], script: Script) -> None:
+        self._events = events
+        self._script = script
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for event in self._events:
             yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
             await asyncio.sleep(0)
-    finally:
-        script.closed.set()
+            if self._script.stall is not None and event["type"] == "response.output_text.delta":
+                await self._script.stall.wait()  # the client may hang up meanwhile
+
+    async def aclose(self) -> None:
+        self._script.closed.set()

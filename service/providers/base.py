@@ -9,11 +9,13 @@ UpstreamError, UpstreamTimeout); an adapter never retries on its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import msgspec
+
+from service.model import Origin
 
 ReplyStatus = Literal["completed", "incomplete"]
 
@@ -43,10 +45,25 @@ ProviderEvent = TextDelta | Reply
 
 
 class Provider(Protocol):
-    def respond(self, request: ProviderRequest, *, stream: bool) -> AsyncIterator[ProviderEvent]:
+    origin: Origin  # recorded with each turn whose replay items this provider produced
+
+    def respond(
+        self, request: ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[ProviderEvent, None]:
         """Yield the reply's events; closing the iterator early cancels the upstream call."""
 
     async def close(self) -> None: ...
+
+
+class _ItemHead(msgspec.Struct):
+    type: str | None = None
+    encrypted_content: str | None = None
+
+
+def is_sealed_reasoning(item: msgspec.Raw) -> bool:
+    """A reasoning item whose encrypted_content only the provider that made it can open."""
+    head = msgspec.json.decode(item, type=_ItemHead)
+    return head.type == "reasoning" and bool(head.encrypted_content)
 
 
 def user_input_item(text: str) -> msgspec.Raw:

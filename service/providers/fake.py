@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import msgspec
 
-from service.errors import UpstreamError
+from service.errors import InvalidEncryptedContent
+from service.model import Origin
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
 
 _SEAL_KEY = b"turnstore-fake-provider"
@@ -33,18 +34,20 @@ def _seal(item_id: str) -> str:
 
 
 class FakeProvider:
+    origin = Origin("fake", "builtin", "fake-llm")
+
     def __init__(self, *, deltas: int = 4) -> None:
         self._deltas = deltas
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncIterator[ProviderEvent]:
+    ) -> AsyncGenerator[ProviderEvent, None]:
         heads = [msgspec.json.decode(item, type=_ItemHead) for item in request.input_items]
         for head in heads:
             if head.type == "reasoning" and (
                 head.id is None or head.encrypted_content != _seal(head.id)
             ):
-                raise UpstreamError("The provider could not decrypt a replayed reasoning item.")
+                raise InvalidEncryptedContent()
         history = sum(1 for h in heads[:-1] if h.role in ("user", "assistant"))
         message = _last_user_text(request.input_items[-1])
         text = f"[fake-llm] {message}" + (f" (history={history})" if history else "")

@@ -1,15 +1,32 @@
 """OpenAI / Azure OpenAI Responses API over httpx, with ``store=false``.
 
-httpx failures map to domain errors in one place (``_translate``): connect/read/write/pool
-timeouts -> UpstreamTimeout, every other ``httpx.HTTPError`` -> UpstreamError. Provider
-bodies never reach the client: error messages are ours.
+One POST per call, never retried. With ``stream=True`` the body is read as server-sent events,
+else as one JSON response. Either way it may not grow past ``max_body_bytes`` (checked as it
+arrives), and the output items are kept as the raw bytes the provider sent.
+
+Failures become domain errors, with messages of our own (provider bodies never reach the
+client). ``_translate`` maps httpx's exception hierarchy, in one place::
+
+    httpx.HTTPError
+     +-- TimeoutException (Connect/Read/Write/PoolTimeout)   -> UpstreamTimeout
+     +-- every other one (ConnectError, ReadError,
+         RemoteProtocolError, ProxyError, DecodingError...)  -> UpstreamError
+    msgspec.DecodeError (unparsable or mis-shaped JSON)      -> UpstreamError
+
+and what the provider says maps as: HTTP 429 -> RateLimited (with a plain Retry-After); an
+HTTP 400 or a stream ``error`` event whose code is in ``_CODES`` -> that error (e.g.
+invalid_encrypted_content -> InvalidEncryptedContent, which the use case retries once without
+sealed reasoning); any other non-2xx, a ``failed`` response or a stream without terminal event
+-> UpstreamError. An ``incomplete`` reply (max_output_tokens, content_filter) is a Reply: the
+use case decides what commits.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+import re
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import httpx
 import msgspec
@@ -17,11 +34,13 @@ import msgspec
 from service.errors import (
     ContentFiltered,
     ContextLengthExceeded,
+    InvalidEncryptedContent,
     RateLimited,
     TurnstoreError,
     UpstreamError,
     UpstreamTimeout,
 )
+from service.model import Origin
 from service.providers.base import (
     ProviderEvent,
     ProviderRequest,
@@ -32,13 +51,25 @@ from service.providers.base import (
 from service.settings import Settings
 
 _INCLUDE = ["reasoning.encrypted_content"]
+_INCOMPLETE_REASONS = ("max_output_tokens", "content_filter")
+_CODES: dict[str, type[TurnstoreError]] = {
+    "context_length_exceeded": ContextLengthExceeded,
+    "content_filter": ContentFiltered,  # Azure
+    "content_policy_violation": ContentFiltered,
+    "rate_limit_exceeded": RateLimited,
+    "invalid_encrypted_content": InvalidEncryptedContent,
+}
+# Retry-After as delay-seconds or an IMF-fixdate; anything else is not passed on.
+_RETRY_AFTER = re.compile(
+    r"\d{1,9}|[A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d GMT", re.A
+)
 
 
 @dataclass(frozen=True)
 class Endpoint:
     name: str  # "openai" or "azure"
     url: str
-    headers: dict[str, str]
+    headers: dict[str, str] = field(repr=False)  # they hold the API key
     model: str
 
     @classmethod
@@ -69,7 +100,6 @@ class _RequestBody(msgspec.Struct, omit_defaults=True):
 
 class _ErrorDetail(msgspec.Struct):
     code: str | None = None
-    type: str | None = None
 
 
 class _ErrorBody(msgspec.Struct):
@@ -86,23 +116,36 @@ class _Response(msgspec.Struct):
     incomplete_details: _IncompleteDetails | None = None
 
 
-class _Content(msgspec.Struct):
+class _Item(msgspec.Struct):
+    type: str = ""
+    content: msgspec.Raw = msgspec.Raw()  # parts, read for messages only
+
+
+class _Part(msgspec.Struct):
     type: str = ""
     text: str = ""
 
 
-class _OutputItem(msgspec.Struct):
-    type: str = ""
-    content: list[_Content] | None = None
-
-
-class _StreamEvent(msgspec.Struct):
+# Stream events: the type first, then only the events used, each with only the fields used.
+class _Event(msgspec.Struct):
     type: str
-    delta: str | None = None
-    item: msgspec.Raw | None = None
-    response: _Response | None = None
+
+
+class _Delta(msgspec.Struct):
+    delta: str
+
+
+class _ItemDone(msgspec.Struct):
+    item: msgspec.Raw
+
+
+class _Finished(msgspec.Struct):
+    response: _Response
+
+
+class _Error(msgspec.Struct):
     code: str | None = None
-    error: _ErrorDetail | None = None
+    error: _ErrorDetail | None = None  # some servers nest it
 
 
 class ResponsesProvider:
@@ -116,6 +159,10 @@ class ResponsesProvider:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
+        # Where this provider's sealed reasoning can be opened again (no credentials in it).
+        url = httpx.URL(endpoint.url).copy_with(userinfo=b"")
+        self.origin = Origin(endpoint.name, str(url), endpoint.model)
+        self._headers = {**endpoint.headers, "Content-Type": "application/json"}
         self._max_body_bytes = max_body_bytes
         timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
@@ -138,7 +185,7 @@ class ResponsesProvider:
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncIterator[ProviderEvent]:
+    ) -> AsyncGenerator[ProviderEvent, None]:
         body = _RequestBody(
             model=self.endpoint.model,
             input=request.input_items,
@@ -147,118 +194,142 @@ class ResponsesProvider:
             stream=stream,
             instructions=request.instructions,
         )
-        async with self._post(msgspec.json.encode(body)) as response:
-            if stream:
-                async for event in self._read_stream(response):
-                    yield event
-            else:
-                yield _reply(msgspec.json.decode(await self._read_body(response), type=_Response))
-
-    @asynccontextmanager
-    async def _post(self, content: bytes) -> AsyncIterator[httpx.Response]:
-        headers = {**self.endpoint.headers, "Content-Type": "application/json"}
+        content = msgspec.json.encode(body)
         with _translate():
             async with self._client.stream(
-                "POST", self.endpoint.url, content=content, headers=headers
-            ) as response:
-                if response.status_code >= 400:
-                    raise _http_error(response, await self._read_body(response, strict=False))
-                yield response
-
-    async def _read_body(self, response: httpx.Response, *, strict: bool = True) -> bytes:
-        chunks: list[bytes] = []
-        async for chunk in response.aiter_bytes():
-            chunks.append(chunk)
-            if response.num_bytes_downloaded > self._max_body_bytes:
-                if strict:
-                    raise UpstreamError("The provider's response was too large.")
-                break
-        return b"".join(chunks)
-
-    async def _read_stream(self, response: httpx.Response) -> AsyncIterator[ProviderEvent]:
-        items: list[msgspec.Raw] = []
-        data: list[str] = []
-        async for line in response.aiter_lines():
-            if response.num_bytes_downloaded > self._max_body_bytes:
-                raise UpstreamError("The provider's response was too large.")
-            if line.startswith("data:"):
-                data.append(line[5:].removeprefix(" "))
-                continue
-            if line or not data:
-                continue  # "event:", "id:", comments; or a blank line with nothing pending
-            event = msgspec.json.decode("\n".join(data), type=_StreamEvent)
-            data.clear()
-            if event.type == "response.output_text.delta" and event.delta:
-                yield TextDelta(event.delta)
-            elif event.type == "response.output_item.done" and event.item is not None:
-                items.append(event.item)  # the .added copy may be incomplete
-            elif event.type in ("response.completed", "response.incomplete"):
-                final = event.response or _Response()
-                yield _reply(_Response(final.status, items, final.incomplete_details))
-                return
-            elif event.type in ("response.failed", "error"):
-                raise _error_from_code(event.code or (event.error.code if event.error else None))
+                "POST", self.endpoint.url, content=content, headers=self._headers
+            ) as response:  # leaving it (also by aclose() of this generator) closes the stream
+                if not response.is_success:
+                    raise await self._status_error(response)
+                if not stream:
+                    yield _reply(msgspec.json.decode(await self._read(response), type=_Response))
+                    return
+                events, size = _EventStream(), 0
+                async for chunk in response.aiter_bytes():
+                    size = self._count(size, chunk)
+                    for event in events.feed(chunk):
+                        yield event
+                    if events.finished:
+                        return
         raise UpstreamError("The provider's stream ended before the response was complete.")
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        body, size = [], 0
+        async for chunk in response.aiter_bytes():
+            size = self._count(size, chunk)
+            body.append(chunk)
+        return b"".join(body)
+
+    def _count(self, size: int, chunk: bytes) -> int:
+        """The body's size with ``chunk``; refuse it as soon as it is over the limit."""
+        size += len(chunk)
+        if size > self._max_body_bytes:
+            raise UpstreamError("The provider's response was too large.")
+        return size
+
+    async def _status_error(self, response: httpx.Response) -> TurnstoreError:
+        if response.status_code == 429:
+            return RateLimited(retry_after=_retry_after(response.headers.get("retry-after")))
+        if response.status_code == 400:  # the body's error code tells which 400 it is
+            try:
+                error = msgspec.json.decode(await self._read(response), type=_ErrorBody).error
+            except (msgspec.DecodeError, UpstreamError):
+                error = None
+            if error is not None and error.code in _CODES:
+                return _CODES[error.code]()
+        return UpstreamError(f"The provider answered HTTP {response.status_code}.")
+
+
+class _EventStream:
+    """Turns a streamed body, chunk by chunk, into provider events.
+
+    Server-sent events: lines end in LF or CRLF, a blank line ends an event, and only ``data``
+    lines matter (each JSON carries its ``type``). Text comes from the deltas, output items
+    from ``response.output_item.done`` (the ``.added`` copy of an item is not complete yet).
+    """
+
+    def __init__(self) -> None:
+        self.finished = False
+        self._line: list[bytes] = []  # the start of a line that has not ended yet
+        self._data: list[bytes] = []  # the data lines of the event that has not ended yet
+        self._items: list[msgspec.Raw] = []
+
+    def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
+        *ended, rest = chunk.split(b"\n")
+        for end in ended:
+            line = b"".join([*self._line, end]).removesuffix(b"\r")
+            self._line.clear()
+            if line.startswith(b"data:"):
+                self._data.append(line[5:].removeprefix(b" "))
+            elif not line and self._data:
+                event = self._event(b"\n".join(self._data))
+                self._data.clear()
+                if event is not None:
+                    yield event
+                if self.finished:
+                    return
+        if rest:
+            self._line.append(rest)
+
+    def _event(self, data: bytes) -> ProviderEvent | None:
+        kind = msgspec.json.decode(data, type=_Event).type
+        if kind == "response.output_text.delta":
+            delta = msgspec.json.decode(data, type=_Delta).delta
+            return TextDelta(delta) if delta else None
+        if kind == "response.output_item.done":
+            self._items.append(msgspec.json.decode(data, type=_ItemDone).item)
+        elif kind in ("response.completed", "response.incomplete"):
+            final = msgspec.json.decode(data, type=_Finished).response
+            self.finished = True
+            return _reply(_Response(final.status, self._items, final.incomplete_details))
+        elif kind == "response.failed":
+            raise UpstreamError("The provider failed to produce a response.")
+        elif kind == "error":
+            error = msgspec.json.decode(data, type=_Error)
+            code = error.code or (error.error.code if error.error else None)
+            raise _CODES.get(code or "", UpstreamError)()
+        return None
 
 
 def _reply(response: _Response) -> Reply:
     reason = response.incomplete_details.reason if response.incomplete_details else None
     status: ReplyStatus
     if response.status == "completed":
-        status = "completed"
-    elif response.status == "incomplete" and reason in ("max_output_tokens", "content_filter"):
+        status, reason = "completed", None
+    elif response.status == "incomplete" and reason in _INCOMPLETE_REASONS:
         status = "incomplete"
+    elif response.status == "failed":
+        raise UpstreamError("The provider failed to produce a response.")
     else:
-        raise UpstreamError(f"The provider's response was {response.status or 'unusable'}.")
-    text = "".join(
-        part.text
-        for raw in response.output
-        if (item := msgspec.json.decode(raw, type=_OutputItem)).type == "message"
-        for part in item.content or ()
-        if part.type == "output_text"
-    )
-    return Reply(text, status, reason, list(response.output))
+        raise UpstreamError("The provider's response was neither completed nor incomplete.")
+    return Reply(_text(response.output), status, reason, list(response.output))
 
 
-def _http_error(response: httpx.Response, body: bytes) -> TurnstoreError:
-    if response.status_code == 429:
-        return RateLimited(retry_after=_retry_after(response.headers.get("retry-after")))
-    try:
-        code = msgspec.json.decode(body, type=_ErrorBody).error
-    except msgspec.DecodeError:
-        code = None
-    if response.status_code == 400 and code is not None:
-        return _error_from_code(code.code)
-    return UpstreamError(f"The provider answered HTTP {response.status_code}.")
-
-
-def _error_from_code(code: str | None) -> TurnstoreError:
-    if code == "context_length_exceeded":
-        return ContextLengthExceeded()
-    if code in ("content_filter", "content_policy_violation"):
-        return ContentFiltered()
-    if code in ("rate_limit_exceeded",):
-        return RateLimited()
-    return UpstreamError("The provider reported an error.")
+def _text(items: list[msgspec.Raw]) -> str:
+    """The output text of the message items (what the SDKs call ``output_text``)."""
+    texts: list[str] = []
+    for raw in items:
+        item = msgspec.json.decode(raw, type=_Item)
+        if item.type == "message":
+            parts = msgspec.json.decode(item.content, type=list[_Part])
+            texts += [part.text for part in parts if part.type == "output_text"]
+    return "".join(texts)
 
 
 def _retry_after(value: str | None) -> str | None:
-    """Pass on a plain Retry-After (seconds or HTTP-date), nothing else."""
-    if value and len(value) <= 64 and value.isprintable():
-        return value.strip()
-    return None
+    """Pass on a plain Retry-After (delay-seconds or HTTP-date), nothing else."""
+    value = (value or "").strip()
+    return value if _RETRY_AFTER.fullmatch(value) else None
 
 
-class _translate:
+@contextmanager
+def _translate() -> Iterator[None]:
     """Map httpx's exception hierarchy and malformed JSON onto the domain's."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, httpx.TimeoutException):
-            raise UpstreamTimeout() from exc
-        if isinstance(exc, httpx.HTTPError | httpx.StreamError):
-            raise UpstreamError("The provider could not be reached or broke off.") from exc
-        if isinstance(exc, msgspec.DecodeError | msgspec.ValidationError):
-            raise UpstreamError("The provider answered something unparsable.") from exc
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimeout() from exc
+    except httpx.HTTPError as exc:
+        raise UpstreamError("The provider could not be reached or broke off.") from exc
+    except msgspec.DecodeError as exc:
+        raise UpstreamError("The provider answered something unparsable.") from exc

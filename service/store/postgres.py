@@ -17,7 +17,7 @@ from service.errors import (
     PreconditionFailed,
     StorageError,
 )
-from service.model import Commit, Conversation, Precondition, Turn
+from service.model import Commit, Conversation, Origin, Precondition, Turn
 from service.store.tables import conversations as c
 from service.store.tables import turns as t
 
@@ -25,6 +25,7 @@ _LOAD = (
     sa.select(
         c.c.revision, c.c.created_at, c.c.updated_at,
         t.c.user_message, t.c.assistant_message, t.c.replay_items,
+        t.c.provider, t.c.endpoint, t.c.model,
     )
     .select_from(c.outerjoin(t, t.c.conversation_id == c.c.id))
     .where(c.c.id == sa.bindparam("cid"))
@@ -77,7 +78,12 @@ class PostgresStore:
             return None
         first = rows[0]
         turns = [
-            Turn(row.user_message, row.assistant_message, _ITEMS.decode(row.replay_items))
+            Turn(
+                row.user_message,
+                row.assistant_message,
+                _ITEMS.decode(row.replay_items),
+                Origin(row.provider, row.endpoint, row.model) if row.provider else None,
+            )
             for row in rows
             if row.replay_items is not None
         ]
@@ -102,6 +108,9 @@ class PostgresStore:
                     "user_message": turn.user_message,
                     "assistant_message": turn.assistant_message,
                     "replay_items": msgspec.json.encode(turn.replay_items).decode(),
+                    "provider": turn.origin.provider if turn.origin else None,
+                    "endpoint": turn.origin.endpoint if turn.origin else None,
+                    "model": turn.origin.model if turn.origin else None,
                 },
             )
         return Commit(row.revision, row.created_at, row.updated_at)

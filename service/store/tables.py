@@ -44,4 +44,7 @@ turns = sa.Table(
     sa.Column("assistant_message", sa.Text, nullable=False),
     sa.Column("replay_items", RawJSON, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("provider", sa.Text),
+    sa.Column("endpoint", sa.Text),
+    sa.Column("model", sa.Text),
 )

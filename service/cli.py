@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,6 +49,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
         sys.stderr.write(
             CURL_EXAMPLE.format(host=args.host, port=args.port, provider=settings.llm_provider)
         )
+        # uvicorn re-raises SIGTERM after its graceful shutdown; turn it into SystemExit so the
+        # embedded database started above is stopped too instead of being orphaned.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         uvicorn.run(
             "service.app:app",
             host=args.host,
@@ -56,6 +60,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
             log_level="info",
             timeout_graceful_shutdown=30,
         )
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _db(action: Callable[[str], object]) -> Callable[[argparse.Namespace, Settings], None]:

@@ -53,12 +53,12 @@ class FakeResponsesAPI:
         self._scripts.extend(scripts)
         return self
 
-    def provider(self, **kwargs: Any) -> ResponsesProvider:
+    def provider(self, model: str = "gpt-test", **kwargs: Any) -> ResponsesProvider:
         endpoint = Endpoint(
             "openai",
             "https://fake.invalid/v1/responses",
             {"Authorization": "Bearer sk-test"},
-            "gpt-test",
+            model,
         )
         options = {"connect_timeout_s": 1.0, "read_timeout_s": 5.0, "max_body_bytes": 262_144}
         options.update(kwargs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,8 +15,10 @@ from service.api.chat import ChatController
 from service.api.conversations import ConversationController
 from service.api.correlation import add_correlation_header
 from service.api.errors import error_response
-from service.api.ops import healthz, readyz
+from service.api.ops import healthz, metrics, readyz
 from service.db import create_engine
+from service.logs import configure as configure_logging
+from service.logs import correlation_middleware
 from service.migrate import upgrade
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
@@ -84,7 +86,7 @@ def create_app(
         return Provide(lambda: value, use_cache=True, sync_to_thread=False)
 
     return Litestar(
-        route_handlers=[ChatController, ConversationController, healthz, readyz],
+        route_handlers=[ChatController, ConversationController, healthz, readyz, metrics],
         dependencies={
             "settings": constant(settings),
             "store": constant(store),
@@ -92,6 +94,7 @@ def create_app(
         },
         exception_handlers={Exception: error_response},
         before_send=[add_correlation_header],
+        middleware=[correlation_middleware],
         request_max_body_size=settings.max_body_bytes,
         lifespan=[lifespan],
         openapi_config=OpenAPIConfig(title="turnstore", version="1", path="/schema"),
@@ -103,6 +106,6 @@ def create_app(
 def __getattr__(name: str) -> Any:
     """``service.app:app`` for any ASGI server, built from the environment on first access."""
     if name == "app":
-        logging.basicConfig(level=logging.INFO)
+        configure_logging(os.environ.get("LOG_FORMAT", "json"))
         return create_app()
     raise AttributeError(name)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -11,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from service import migrate
+from service.logs import configure as configure_logging
 from service.settings import Settings
 
 CURL_EXAMPLE = """\
@@ -57,7 +57,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
             host=args.host,
             port=args.port,
             workers=args.workers,
-            log_level="info",
+            log_config=configure_logging(os.environ.get("LOG_FORMAT", "json")),
             timeout_graceful_shutdown=30,
         )
 
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(os.environ.get("LOG_FORMAT", "json"))
     args = build_parser().parse_args(argv)
     args.run(args, Settings.from_env())
 

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import msgspec
 
+from service import metrics
 from service.errors import (
     ContentFiltered,
     ConversationNotFound,
@@ -110,59 +111,69 @@ class TurnService:
 
     async def run(self, plan: TurnPlan) -> TurnDone:
         """A non-streaming turn: the committed result, or a domain error."""
-        async for event in self.events(plan, stream=False):
-            if isinstance(event, TurnDone):
-                if event.revision is None:
-                    raise ContentFiltered()
-                return event
-        raise UpstreamError("The provider ended without a reply.")  # unreachable by contract
+        done: TurnDone | None = None
+        async for event in self.events(plan, stream=False):  # drained: the turn ends cleanly
+            done = event if isinstance(event, TurnDone) else done
+        if done is None:
+            raise UpstreamError("The provider ended without a reply.")
+        if done.revision is None:
+            raise ContentFiltered()  # the only TurnDone without a commit
+        return done
 
     async def events(self, plan: TurnPlan, *, stream: bool) -> AsyncGenerator[TurnEvent, None]:
         """The turn as events: text deltas, then one TurnDone. Closing the iterator early
         cancels the provider call and commits nothing (unless the commit already started)."""
+        mode = "stream" if stream else "chat"
         async with self.locks.hold(plan.conversation_id):
-            conversation = None if plan.is_new else await self._load(plan)
-            expected = conversation.revision if conversation else 0
-            turns = conversation.turns if conversation else []
-            user_item = user_input_item(plan.message)
-            reply: Reply | None = None
-            streamed = False
+            with metrics.turn_outcome(mode):
+                conversation = None if plan.is_new else await self._load(plan)
+                turns = conversation.turns if conversation else []
+                user_item = user_input_item(plan.message)
+                reply: Reply | None = None
+                async with aclosing(self._ask(turns, user_item, stream)) as provider_events:
+                    async for event in provider_events:
+                        if isinstance(event, TextDelta):
+                            yield event
+                        else:
+                            reply = event
+                if reply is None:
+                    raise UpstreamError("The provider ended without a reply.")
+                if reply.incomplete_reason == "content_filter":
+                    metrics.TURNS_NOT_COMMITTED.labels(mode, ContentFiltered.code).inc()
+                    yield _done(plan, reply, None)
+                    return
+                if not reply.text:
+                    raise UpstreamError("The provider's reply was empty.")
+                items = [user_item, *reply.output_items]
+                turn = Turn(plan.message, reply.text, items, self.provider.origin)
+                expected = conversation.revision if conversation else 0
+                with metrics.COMMIT_SECONDS.time():
+                    commit = await _settle(self.store.append(plan.conversation_id, turn, expected))
+                metrics.TURNS_COMMITTED.labels(mode).inc()
+                yield _done(plan, reply, commit.revision)
+
+    async def _ask(
+        self, turns: list[Turn], user_item: msgspec.Raw, stream: bool
+    ) -> AsyncGenerator[ProviderEvent, None]:
+        """The provider's events for this turn, with the one retry without sealed reasoning."""
+        streamed = False
+        with metrics.PROVIDER_SECONDS.time():
             for drop_all_sealed in (False, True):
                 history = self._history(turns, drop_all_sealed=drop_all_sealed)
+                request = ProviderRequest([*history, user_item], self._instructions)
                 try:
                     # aclosing: a client that goes away mid-stream closes the upstream at once.
-                    async with aclosing(self._respond([*history, user_item], stream)) as events:
+                    async with aclosing(self.provider.respond(request, stream=stream)) as events:
                         async for event in events:
-                            if isinstance(event, TextDelta):
-                                streamed = True
-                                yield event
-                            else:
-                                reply = event
-                    break
+                            streamed = streamed or isinstance(event, TextDelta)
+                            yield event
+                    return
                 except InvalidEncryptedContent:
-                    # The one retry: the provider cannot open some sealed reasoning (a key or
-                    # organisation changed). Resend the history without any, if that differs.
+                    # The provider cannot open some sealed reasoning (a key or organisation
+                    # changed): resend the history without any, once, if that differs.
                     unsealed = self._history(turns, drop_all_sealed=True)
                     if drop_all_sealed or streamed or len(unsealed) == len(history):
                         raise
-            if reply is None:
-                raise UpstreamError("The provider ended without a reply.")
-            if reply.incomplete_reason == "content_filter":
-                yield _done(plan, reply, None)
-                return
-            if not reply.text:
-                raise UpstreamError("The provider's reply was empty.")
-            turn = Turn(
-                plan.message, reply.text, [user_item, *reply.output_items], self.provider.origin
-            )
-            commit = await _settle(self.store.append(plan.conversation_id, turn, expected))
-            yield _done(plan, reply, commit.revision)
-
-    def _respond(
-        self, items: list[msgspec.Raw], stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
-        request = ProviderRequest(items, self._instructions)
-        return self.provider.respond(request, stream=stream)
 
     def _history(self, turns: list[Turn], *, drop_all_sealed: bool) -> list[msgspec.Raw]:
         """Earlier turns' replay items, verbatim, except sealed reasoning that this provider

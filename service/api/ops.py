@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from litestar import get
+from litestar import Response, get
 from litestar.openapi.datastructures import ResponseSpec
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api.headers import Store
 from service.api.schemas import ErrorEnvelope
 from service.errors import NotReady, StorageError
+from service.metrics import POOL_IN_USE, REGISTRY
 from service.migrate import head_revision, known_revisions
 
 _HEAD = head_revision()
@@ -17,6 +19,17 @@ _KNOWN = known_revisions()
 @get("/healthz", tags=["operations"], summary="The process is alive.")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@get(
+    "/metrics",
+    tags=["operations"],
+    summary="Prometheus metrics of this process.",
+    media_type="text/plain; version=0.0.4; charset=utf-8",
+)
+async def metrics(store: Store) -> Response[bytes]:
+    POOL_IN_USE.set(store.pool_in_use())
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
 @get(

@@ -33,4 +33,7 @@ class ConversationStore(Protocol):
     async def schema_revision(self) -> str | None:
         """The migration revision the database is at (None before the first migration)."""
 
+    def pool_in_use(self) -> int:
+        """Database connections this process has checked out now (for /metrics)."""
+
     async def close(self) -> None: ...

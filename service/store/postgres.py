@@ -140,5 +140,8 @@ class PostgresStore:
             version = await conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
             return str(version) if version is not None else None
 
+    def pool_in_use(self) -> int:
+        return self._engine.sync_engine.pool.checkedout()  # type: ignore[attr-defined,no-any-return]
+
     async def close(self) -> None:
         await self._engine.dispose()

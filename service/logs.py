@@ -1,0 +1,69 @@
+"""Structured logs: one JSON object per line, each with the request's correlation id.
+
+Log records carry ids, codes and timings only: never message text, provider bodies or
+secrets (nothing in turnstore logs them; keep it that way).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.config
+import time
+from contextvars import ContextVar
+from typing import Any
+
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+correlation_id_var: ContextVar[str | None] = ContextVar("correlation_id", default=None)
+
+
+class JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            "correlation_id": getattr(record, "correlation_id", None) or correlation_id_var.get(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure(log_format: str = "json", level: str = "INFO") -> dict[str, Any]:
+    """Configure logging for this process; the returned dict also serves as uvicorn's
+    ``log_config`` so its access and error lines are JSON with the correlation id too."""
+    formatter: dict[str, Any] = (
+        {"()": JSONFormatter}
+        if log_format == "json"
+        else {"format": "%(levelname)s %(name)s: %(message)s"}
+    )
+    config: dict[str, Any] = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"default": formatter},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "default"}},
+        "root": {"handlers": ["stderr"], "level": level},
+        "loggers": {
+            name: {"handlers": ["stderr"], "level": level, "propagate": False}
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+        },
+    }
+    logging.config.dictConfig(config)
+    return config
+
+
+def correlation_middleware(app: ASGIApp) -> ASGIApp:
+    """Make the request's correlation id visible to every log line of its handling."""
+    from service.api.correlation import correlation_id
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == ScopeType.HTTP:
+            correlation_id_var.set(correlation_id(scope))
+        await app(scope, receive, send)
+
+    return middleware

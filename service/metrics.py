@@ -1,0 +1,56 @@
+"""Prometheus metrics of the turn loop (one registry per process; scrape each replica)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from service.errors import TurnstoreError
+
+REGISTRY = CollectorRegistry()
+
+TURNS_COMMITTED = Counter(
+    "turnstore_turns_committed_total", "Turns committed.", ["mode"], registry=REGISTRY
+)
+TURNS_NOT_COMMITTED = Counter(
+    "turnstore_turns_not_committed_total",
+    "Turns that ended without a commit, by reason (an error code, or disconnect).",
+    ["mode", "reason"],
+    registry=REGISTRY,
+)
+PROVIDER_SECONDS = Histogram(
+    "turnstore_provider_seconds",
+    "Time from the provider request to its final reply.",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 90),
+    registry=REGISTRY,
+)
+COMMIT_SECONDS = Histogram(
+    "turnstore_commit_seconds",
+    "Time of the turn-commit transaction.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+    registry=REGISTRY,
+)
+OPEN_STREAMS = Gauge("turnstore_open_streams", "SSE streams open now.", registry=REGISTRY)
+POOL_IN_USE = Gauge(
+    "turnstore_db_pool_in_use", "Database connections checked out now.", registry=REGISTRY
+)
+
+
+@contextmanager
+def turn_outcome(mode: str) -> Iterator[None]:
+    """Count a turn that ends without a commit by why it ended (commits are counted where
+    they happen)."""
+    try:
+        yield
+    except TurnstoreError as exc:
+        TURNS_NOT_COMMITTED.labels(mode, exc.code).inc()
+        raise
+    except (GeneratorExit, asyncio.CancelledError):
+        TURNS_NOT_COMMITTED.labels(mode, "disconnect").inc()
+        raise
+    except Exception:
+        TURNS_NOT_COMMITTED.labels(mode, "internal_error").inc()
+        raise

@@ -1,0 +1,68 @@
+"""/metrics counts turns by outcome; log lines are JSON with the correlation id and no
+message text."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.logs import JSONFormatter
+from tests.conftest import ClientFactory
+from tests.fakeapi import FakeResponsesAPI, Script
+from tests.helpers import CHAT
+
+
+async def scrape(client: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+async def test_metrics_count_turns_by_outcome(make_client: ClientFactory) -> None:
+    api = FakeResponsesAPI()
+    async with make_client(provider=api.provider()) as client:
+        before = await scrape(client)
+        await client.post(CHAT, json={"message": "ok"})
+        api.then(Script(http_status=429))
+        await client.post(CHAT, json={"message": "limited"})
+        api.then(Script(status="incomplete", incomplete_reason="content_filter", text="x"))
+        await client.post(CHAT, json={"message": "filtered"})
+        after = await scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("turnstore_turns_committed_total", mode="chat") == 1
+    assert delta("turnstore_turns_not_committed_total", mode="chat", reason="rate_limited") == 1
+    assert delta("turnstore_turns_not_committed_total", mode="chat", reason="content_filtered") == 1
+    assert delta("turnstore_turns_not_committed_total", mode="chat", reason="disconnect") == 0
+    assert delta("turnstore_provider_seconds_count") == 3
+    assert delta("turnstore_commit_seconds_count") == 1
+    assert ("turnstore_db_pool_in_use", ()) in after
+    assert ("turnstore_open_streams", ()) in after
+
+
+async def test_log_lines_are_json_with_the_correlation_id(
+    make_client: ClientFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = FakeResponsesAPI().then(Script(http_status=500))
+    caplog.set_level(logging.INFO)
+    async with make_client(provider=api.provider()) as client:
+        response = await client.post(
+            CHAT, json={"message": "secret words"}, headers={"X-Correlation-Id": "trace-42"}
+        )
+    assert response.status_code == 502
+    lines = [JSONFormatter().format(record) for record in caplog.records]
+    ours = [json.loads(line) for line in lines if "upstream_error" in line]
+    assert ours and all(entry["correlation_id"] == "trace-42" for entry in ours)
+    assert not any("secret words" in line for line in lines)

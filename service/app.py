@@ -16,6 +16,7 @@ from service.api.conversations import ConversationController
 from service.api.correlation import add_correlation_header
 from service.api.errors import error_response
 from service.api.ops import healthz, metrics, readyz
+from service.context import Budget, SystemPrompt
 from service.db import create_engine
 from service.logs import configure as configure_logging
 from service.logs import correlation_middleware
@@ -24,7 +25,9 @@ from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.responses import ResponsesProvider
 from service.settings import Settings
+from service.shutdown import shutdown_on_signals
 from service.store.base import ConversationStore
+from service.store.cache import CachedStore
 from service.store.postgres import PostgresStore
 from service.turns import TurnService
 
@@ -63,24 +66,28 @@ def create_app(
             statement_cache_size=settings.db_statement_cache_size,
         )
         store = PostgresStore(engine)
+        if settings.history_cache_bytes > 0:
+            store = CachedStore(store, settings.history_cache_bytes)
     provider = provider or build_provider(settings)
-    instructions = (
-        settings.system_prompt_file.read_text(encoding="utf-8")
-        if settings.system_prompt_file
-        else None
-    )
+    prompt = settings.system_prompt_file
     turns = TurnService(
-        store, provider, max_message_chars=settings.max_message_chars, instructions=instructions
+        store,
+        provider,
+        max_message_chars=settings.max_message_chars,
+        system_prompt=SystemPrompt.from_file(prompt) if prompt else None,
+        budget=Budget(settings.context_max_turns, settings.context_max_request_bytes),
     )
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            await provider.close()
-            await store.close()
-            stop_database()
+        # SIGTERM/SIGINT also end open streams (service/shutdown.py); everything else drains.
+        with shutdown_on_signals():
+            try:
+                yield
+            finally:
+                await provider.close()
+                await store.close()
+                stop_database()
 
     def constant(value: Any) -> Provide:
         return Provide(lambda: value, use_cache=True, sync_to_thread=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -14,21 +16,39 @@ def async_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def _unnamed() -> str:
+    return ""  # the protocol's unnamed statement: it lives until the next Parse, never longer
+
+
 def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 100) -> AsyncEngine:
+    """``statement_cache_size`` sizes both prepared-statement caches per connection: asyncpg's
+    and the SQLAlchemy dialect's. 0 is for PgBouncer in transaction pooling mode, where
+    consecutive transactions of one connection may run on different server connections, so no
+    prepared statement may outlive its transaction: both caches are off and every statement is
+    prepared unnamed. asyncpg >= 0.31 does that by itself once its cache is off; older versions
+    name them ``__asyncpg_stmt_<n>__``, counting per connection, so two clients collide on one
+    server connection. SQLAlchemy's documented recipe, unique names from
+    ``prepared_statement_name_func``, avoids the collision but leaves every statement behind
+    on the server connection until PgBouncer closes it (tests/test_pgbouncer.py checks both)."""
+    connect_args: dict[str, Any] = {
+        "statement_cache_size": statement_cache_size,
+        "prepared_statement_cache_size": statement_cache_size,
+        "command_timeout": 30,
+        "server_settings": {"application_name": "turnstore"},
+    }
+    if statement_cache_size == 0:
+        connect_args["prepared_statement_name_func"] = _unnamed
     return create_async_engine(
         async_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_timeout=10,
         # A stale connection (database restarted, backend terminated) is replaced at checkout
-        # instead of failing a request.
+        # instead of failing a request. Behind PgBouncer the ping is BEGIN; ";"; ROLLBACK (the
+        # dialect wraps it in a transaction), so it runs on one server connection and holds it
+        # no longer than that.
         pool_pre_ping=True,
         # json columns hold replay items that turnstore never decodes: read them as text.
         json_deserializer=lambda text: text,
-        # statement_cache_size=0 is what PgBouncer in transaction mode needs.
-        connect_args={
-            "statement_cache_size": statement_cache_size,
-            "command_timeout": 30,
-            "server_settings": {"application_name": "turnstore"},
-        },
+        connect_args=connect_args,
     )

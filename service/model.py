@@ -19,11 +19,6 @@ Role = Literal["user", "assistant"]
 Precondition = frozenset[int] | None
 
 
-class Message(msgspec.Struct, frozen=True):
-    role: Role
-    content: str
-
-
 @dataclass(frozen=True)
 class Origin:
     """Which provider, endpoint and model produced a turn's replay items. Sealed reasoning
@@ -42,6 +37,8 @@ class Turn:
     assistant_message: str
     replay_items: list[msgspec.Raw]
     origin: Origin | None = None  # None: recorded before origins were (schema 0001)
+    context_from: int = 1  # the first earlier turn the model saw for this turn
+    prompt_version: str | None = None  # the system prompt's version, if there was one
 
 
 @dataclass(frozen=True)
@@ -51,14 +48,7 @@ class Conversation:
     created_at: datetime
     updated_at: datetime
     turns: list[Turn] = field(default_factory=list)
-
-    @property
-    def transcript(self) -> list[Message]:
-        messages: list[Message] = []
-        for turn in self.turns:
-            messages.append(Message("user", turn.user_message))
-            messages.append(Message("assistant", turn.assistant_message))
-        return messages
+    context_start: int = 1  # turns before this one are outside the model's context
 
     @property
     def replay_items(self) -> list[msgspec.Raw]:

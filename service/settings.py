@@ -42,10 +42,14 @@ class Settings:
     max_body_bytes: int = 1_048_576
     max_message_chars: int = 100_000
     system_prompt_file: Path | None = None
+    context_max_turns: int | None = None
+    context_max_request_bytes: int = 1_048_576
     data_dir: Path = Path(".turnstore")
     db_pool_size: int = 10
     db_statement_cache_size: int = 100
     sse_keepalive_s: float = 15.0
+    shutdown_grace_s: float = 30.0  # SIGTERM: how long open requests may still run
+    history_cache_bytes: int = 64 * 1024 * 1024  # per process; 0 switches the cache off
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -69,8 +73,13 @@ class Settings:
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 1_048_576) or 1_048_576,
             max_message_chars=_int(env, "MAX_MESSAGE_CHARS", 100_000) or 100_000,
             system_prompt_file=Path(prompt) if prompt else None,
+            context_max_turns=_int(env, "CONTEXT_MAX_TURNS", None),
+            context_max_request_bytes=_int(env, "CONTEXT_MAX_REQUEST_BYTES", 1_048_576)
+            or 1_048_576,
             data_dir=Path(env.get("TURNSTORE_DATA_DIR") or ".turnstore"),
             db_pool_size=_int(env, "DB_POOL_SIZE", 10) or 10,
             db_statement_cache_size=_int(env, "DB_STATEMENT_CACHE_SIZE", 100) or 0,
             sse_keepalive_s=_float(env, "SSE_KEEPALIVE_S", 15.0),
+            shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 30.0),
+            history_cache_bytes=_int(env, "HISTORY_CACHE_BYTES", 64 * 1024 * 1024) or 0,
         )

@@ -18,6 +18,7 @@ from typing import TypeVar
 import msgspec
 
 from service import metrics
+from service.context import Budget, SystemPrompt, turn_bytes, window_start
 from service.errors import (
     ContentFiltered,
     ConversationNotFound,
@@ -81,14 +82,17 @@ class TurnService:
         provider: Provider,
         *,
         max_message_chars: int,
-        instructions: str | None = None,
+        system_prompt: SystemPrompt | None = None,
+        budget: Budget | None = None,
         locks: KeyedLocks | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
         self.locks = locks or KeyedLocks()
         self._max_message_chars = max_message_chars
-        self._instructions = instructions
+        self._prompt = system_prompt
+        self._instructions = system_prompt.text if system_prompt else None
+        self._budget = budget or Budget()
 
     def plan(self, message: str, conversation_id: str | None, if_match: Precondition) -> TurnPlan:
         """Validate a request without I/O; a new conversation gets its id here."""
@@ -127,8 +131,9 @@ class TurnService:
         async with self.locks.hold(plan.conversation_id):
             with metrics.turn_outcome(mode):
                 conversation = None if plan.is_new else await self._load(plan)
-                turns = conversation.turns if conversation else []
                 user_item = user_input_item(plan.message)
+                start = self._window(conversation, user_item, stream)
+                turns = conversation.turns[start - 1 :] if conversation else []
                 reply: Reply | None = None
                 async with aclosing(self._ask(turns, user_item, stream)) as provider_events:
                     async for event in provider_events:
@@ -145,7 +150,8 @@ class TurnService:
                 if not reply.text:
                     raise UpstreamError("The provider's reply was empty.")
                 items = [user_item, *reply.output_items]
-                turn = Turn(plan.message, reply.text, items, self.provider.origin)
+                version = self._prompt.version if self._prompt else None
+                turn = Turn(plan.message, reply.text, items, self.provider.origin, start, version)
                 expected = conversation.revision if conversation else 0
                 with metrics.COMMIT_SECONDS.time():
                     commit = await _settle(self.store.append(plan.conversation_id, turn, expected))
@@ -175,17 +181,31 @@ class TurnService:
                     if drop_all_sealed or streamed or len(unsealed) == len(history):
                         raise
 
+    def _window(
+        self, conversation: Conversation | None, user_item: msgspec.Raw, stream: bool
+    ) -> int:
+        """The first earlier turn to send (see service/context.py): never before the
+        committed window start; only committed together with this turn."""
+        if conversation is None:
+            committed, sizes = 1, []
+        else:
+            committed = conversation.context_start
+            sizes = [turn_bytes(self._sendable(turn)) for turn in conversation.turns]
+        fixed = self.provider.request_overhead(self._instructions, stream=stream) + len(user_item)
+        return window_start(sizes, committed, fixed, self._budget)
+
+    def _sendable(self, turn: Turn, *, drop_all_sealed: bool = False) -> list[msgspec.Raw]:
+        """A turn's replay items, verbatim, except sealed reasoning this provider cannot open:
+        reasoning sealed by another provider, endpoint or model is left out."""
+        foreign = turn.origin is not None and turn.origin != self.provider.origin
+        if drop_all_sealed or foreign:
+            return [item for item in turn.replay_items if not is_sealed_reasoning(item)]
+        return turn.replay_items
+
     def _history(self, turns: list[Turn], *, drop_all_sealed: bool) -> list[msgspec.Raw]:
-        """Earlier turns' replay items, verbatim, except sealed reasoning that this provider
-        cannot open: reasoning sealed by another provider, endpoint or model is left out."""
-        here = self.provider.origin
-        items: list[msgspec.Raw] = []
-        for turn in turns:
-            if drop_all_sealed or (turn.origin is not None and turn.origin != here):
-                items.extend(item for item in turn.replay_items if not is_sealed_reasoning(item))
-            else:
-                items.extend(turn.replay_items)
-        return items
+        return [
+            item for turn in turns for item in self._sendable(turn, drop_all_sealed=drop_all_sealed)
+        ]
 
     async def _load(self, plan: TurnPlan) -> Conversation:
         conversation = await self.store.load(plan.conversation_id)

@@ -43,6 +43,7 @@ class Script:
 class FakeResponsesAPI:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.bodies: list[bytes] = []  # the raw request bodies, for byte budgets
         self.headers: list[httpx.Headers] = []
         self.urls: list[str] = []
         self.methods: list[str] = []
@@ -65,7 +66,8 @@ class FakeResponsesAPI:
         return ResponsesProvider(endpoint, transport=httpx.MockTransport(self.handle), **options)
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(json.loads(await request.aread()))
+        self.bodies.append(await request.aread())
+        self.requests.append(json.loads(self.bodies[-1]))
         self.headers.append(request.headers)
         self.urls.append(str(request.url))
         self.methods.append(request.method)

@@ -79,7 +79,11 @@ async def test_max_output_tokens_commits_the_text_received(
         assert response.status_code == 200
         assert (body["status"], body["incomplete_reason"]) == ("incomplete", "max_output_tokens")
         read = await client.get(f"/api/v1/conversations/{body['conversation_id']}")
-        assert read.json()["messages"][-1] == {"role": "assistant", "content": "cut sho"}
+        assert read.json()["messages"][-1] == {
+            "role": "assistant",
+            "content": "cut sho",
+            "in_context": True,
+        }
 
 
 async def test_second_turn_resends_first_turn_verbatim(make_client: ClientFactory) -> None:

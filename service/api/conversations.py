@@ -30,14 +30,9 @@ class ConversationController(Controller):
         conversation = await store.load(parse_conversation_id(conversation_id))
         if conversation is None:
             raise ConversationNotFound()
-        view = ConversationView(
-            conversation_id=str(conversation.id),
-            revision=conversation.revision,
-            created_at=conversation.created_at,
-            updated_at=conversation.updated_at,
-            messages=conversation.transcript,
+        return Response(
+            ConversationView.of(conversation), headers={"ETag": etag(conversation.revision)}
         )
-        return Response(view, headers={"ETag": etag(conversation.revision)})
 
     @delete(
         "/{conversation_id:str}",

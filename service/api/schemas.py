@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from service.model import Message
+from service.model import Conversation, Role
 
 
 class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -29,12 +29,56 @@ class ChatResponse(msgspec.Struct):
     correlation_id: str
 
 
+class TranscriptMessage(msgspec.Struct):
+    role: Role
+    content: str
+    in_context: Annotated[
+        bool,
+        msgspec.Meta(
+            description="False once the message's turn left the model's context window: it is "
+            "kept for display and audit, but no longer sent to the model."
+        ),
+    ]
+
+
+class TurnRecord(msgspec.Struct):
+    turn: Annotated[int, msgspec.Meta(description="The turn's number (the revision it made).")]
+    context_from: Annotated[
+        int, msgspec.Meta(description="The first earlier turn the model saw for this turn.")
+    ]
+    prompt_version: str | None
+
+
 class ConversationView(msgspec.Struct):
     conversation_id: str
     revision: int
     created_at: datetime
     updated_at: datetime
-    messages: list[Message]
+    messages: list[TranscriptMessage]
+    context_start: Annotated[
+        int, msgspec.Meta(description="The first turn the next request will still carry.")
+    ]
+    turns: list[TurnRecord]
+
+    @classmethod
+    def of(cls, conversation: Conversation) -> ConversationView:
+        messages: list[TranscriptMessage] = []
+        for number, turn in enumerate(conversation.turns, start=1):
+            seen = number >= conversation.context_start
+            messages.append(TranscriptMessage("user", turn.user_message, seen))
+            messages.append(TranscriptMessage("assistant", turn.assistant_message, seen))
+        return cls(
+            conversation_id=str(conversation.id),
+            revision=conversation.revision,
+            created_at=conversation.created_at,
+            updated_at=conversation.updated_at,
+            messages=messages,
+            context_start=conversation.context_start,
+            turns=[
+                TurnRecord(number, turn.context_from, turn.prompt_version)
+                for number, turn in enumerate(conversation.turns, start=1)
+            ],
+        )
 
 
 class ErrorDetail(msgspec.Struct):

@@ -44,8 +44,34 @@ class Reply:
 ProviderEvent = TextDelta | Reply
 
 
+class RequestBody(msgspec.Struct, omit_defaults=True):
+    """A Responses API request. ``input`` holds raw items: msgspec splices them as they are."""
+
+    model: str
+    input: list[msgspec.Raw]
+    store: bool
+    include: list[str]
+    stream: bool
+    instructions: str | None = None
+
+
+def encode_request(model: str, request: ProviderRequest, *, stream: bool) -> bytes:
+    body = RequestBody(
+        model=model,
+        input=request.input_items,
+        store=False,
+        include=["reasoning.encrypted_content"],
+        stream=stream,
+        instructions=request.instructions,
+    )
+    return msgspec.json.encode(body)
+
+
 class Provider(Protocol):
     origin: Origin  # recorded with each turn whose replay items this provider produced
+
+    def request_overhead(self, instructions: str | None, *, stream: bool) -> int:
+        """Bytes of this provider's serialised request with an empty ``input`` list."""
 
     def respond(
         self, request: ProviderRequest, *, stream: bool

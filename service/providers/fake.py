@@ -16,7 +16,13 @@ import msgspec
 
 from service.errors import InvalidEncryptedContent
 from service.model import Origin
-from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
+from service.providers.base import (
+    ProviderEvent,
+    ProviderRequest,
+    Reply,
+    TextDelta,
+    encode_request,
+)
 
 _SEAL_KEY = b"turnstore-fake-provider"
 
@@ -55,6 +61,11 @@ class FakeProvider:
             for chunk in _split(text, self._deltas):
                 yield TextDelta(chunk)
         yield Reply(text, "completed", None, _output_items(text, history))
+
+    def request_overhead(self, instructions: str | None, *, stream: bool) -> int:
+        # Sized like a Responses API request, so the context budget behaves as in production.
+        empty = ProviderRequest([], instructions)
+        return len(encode_request(self.origin.model, empty, stream=stream))
 
     async def close(self) -> None:
         return None

@@ -47,10 +47,10 @@ from service.providers.base import (
     Reply,
     ReplyStatus,
     TextDelta,
+    encode_request,
 )
 from service.settings import Settings
 
-_INCLUDE = ["reasoning.encrypted_content"]
 _INCOMPLETE_REASONS = ("max_output_tokens", "content_filter")
 _CODES: dict[str, type[TurnstoreError]] = {
     "context_length_exceeded": ContextLengthExceeded,
@@ -87,15 +87,6 @@ class Endpoint:
         url = settings.openai_base_url.rstrip("/") + "/responses"
         headers = {"Authorization": f"Bearer {settings.openai_api_key}"}
         return cls("openai", url, headers, settings.openai_model)
-
-
-class _RequestBody(msgspec.Struct, omit_defaults=True):
-    model: str
-    input: list[msgspec.Raw]
-    store: bool
-    include: list[str]
-    stream: bool
-    instructions: str | None = None
 
 
 class _ErrorDetail(msgspec.Struct):
@@ -180,21 +171,17 @@ class ResponsesProvider:
             transport=transport,
         )
 
+    def request_overhead(self, instructions: str | None, *, stream: bool) -> int:
+        empty = ProviderRequest([], instructions)
+        return len(encode_request(self.endpoint.model, empty, stream=stream))
+
     async def close(self) -> None:
         await self._client.aclose()
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:
-        body = _RequestBody(
-            model=self.endpoint.model,
-            input=request.input_items,
-            store=False,
-            include=_INCLUDE,
-            stream=stream,
-            instructions=request.instructions,
-        )
-        content = msgspec.json.encode(body)
+        content = encode_request(self.endpoint.model, request, stream=stream)
         with _translate():
             async with self._client.stream(
                 "POST", self.endpoint.url, content=content, headers=self._headers

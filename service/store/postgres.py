@@ -23,18 +23,28 @@ from service.store.tables import turns as t
 
 _LOAD = (
     sa.select(
-        c.c.revision, c.c.created_at, c.c.updated_at,
+        c.c.revision, c.c.created_at, c.c.updated_at, c.c.context_start,
         t.c.user_message, t.c.assistant_message, t.c.replay_items,
-        t.c.provider, t.c.endpoint, t.c.model,
+        t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
     )
-    .select_from(c.outerjoin(t, t.c.conversation_id == c.c.id))
+    # Only the turns after :after (0: all of them); the conversation row comes back even when
+    # none is newer, so a cache can revalidate with one query.
+    .select_from(
+        c.outerjoin(t, sa.and_(t.c.conversation_id == c.c.id, t.c.seq > sa.bindparam("after")))
+    )
     .where(c.c.id == sa.bindparam("cid"))
     .order_by(t.c.seq)
 )  # fmt: skip
 
 _CREATE = (
     insert(c)
-    .values(id=sa.bindparam("cid"), revision=1, created_at=sa.func.now(), updated_at=sa.func.now())
+    .values(
+        id=sa.bindparam("cid"),
+        revision=1,
+        created_at=sa.func.now(),
+        updated_at=sa.func.now(),
+        context_start=sa.bindparam("context_start"),
+    )
     .on_conflict_do_nothing()
     .returning(c.c.revision, c.c.created_at, c.c.updated_at)
 )
@@ -42,7 +52,12 @@ _CREATE = (
 _BUMP = (
     sa.update(c)
     .where(c.c.id == sa.bindparam("cid"), c.c.revision == sa.bindparam("expected"))
-    .values(revision=c.c.revision + 1, updated_at=sa.func.now())
+    .values(
+        revision=c.c.revision + 1,
+        updated_at=sa.func.now(),
+        # The window start only advances, and only together with a committed turn.
+        context_start=sa.func.greatest(c.c.context_start, sa.bindparam("context_start")),
+    )
     .returning(c.c.revision, c.c.created_at, c.c.updated_at)
 )
 
@@ -71,9 +86,11 @@ class PostgresStore:
         except (sa.exc.DBAPIError, sa.exc.TimeoutError, OSError, TimeoutError) as exc:
             raise StorageError() from exc
 
-    async def load(self, conversation_id: UUID) -> Conversation | None:
+    async def load(self, conversation_id: UUID, after_revision: int = 0) -> Conversation | None:
+        """The conversation with its turns after ``after_revision`` (all turns by default)."""
         async with self._transaction() as conn:
-            rows = (await conn.execute(_LOAD, {"cid": conversation_id})).all()
+            params = {"cid": conversation_id, "after": after_revision}
+            rows = (await conn.execute(_LOAD, params)).all()
         if not rows:
             return None
         first = rows[0]
@@ -83,20 +100,31 @@ class PostgresStore:
                 row.assistant_message,
                 _ITEMS.decode(row.replay_items),
                 Origin(row.provider, row.endpoint, row.model) if row.provider else None,
+                row.context_from or 1,
+                row.prompt_version,
             )
             for row in rows
             if row.replay_items is not None
         ]
         return Conversation(
-            conversation_id, first.revision, first.created_at, first.updated_at, turns
+            conversation_id,
+            first.revision,
+            first.created_at,
+            first.updated_at,
+            turns,
+            first.context_start,
         )
 
     async def append(self, conversation_id: UUID, turn: Turn, expected_revision: int) -> Commit:
         async with self._transaction() as conn:
+            params = {
+                "cid": conversation_id,
+                "expected": expected_revision,
+                "context_start": turn.context_from,
+            }
             if expected_revision == 0:
-                row = (await conn.execute(_CREATE, {"cid": conversation_id})).first()
+                row = (await conn.execute(_CREATE, params)).first()
             else:
-                params = {"cid": conversation_id, "expected": expected_revision}
                 row = (await conn.execute(_BUMP, params)).first()
             if row is None:
                 raise await self._why_not(conn, conversation_id, expected_revision)
@@ -111,6 +139,8 @@ class PostgresStore:
                     "provider": turn.origin.provider if turn.origin else None,
                     "endpoint": turn.origin.endpoint if turn.origin else None,
                     "model": turn.origin.model if turn.origin else None,
+                    "context_from": turn.context_from,
+                    "prompt_version": turn.prompt_version,
                 },
             )
         return Commit(row.revision, row.created_at, row.updated_at)

@@ -31,6 +31,7 @@ conversations = sa.Table(
     sa.Column("revision", sa.Integer, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("context_start", sa.Integer, nullable=False),
 )
 
 # One row per committed turn: the transcript pair and that turn's replay items, keyed by
@@ -47,4 +48,6 @@ turns = sa.Table(
     sa.Column("provider", sa.Text),
     sa.Column("endpoint", sa.Text),
     sa.Column("model", sa.Text),
+    sa.Column("context_from", sa.Integer),
+    sa.Column("prompt_version", sa.Text),
 )

@@ -1,0 +1,140 @@
+"""A replica-local history cache in front of the PostgreSQL store.
+
+Every load still asks the database, in one query, for the conversation row and only the turns
+committed after the revision cached here: nothing more when the cache is current, a few rows
+when another replica committed meanwhile. This is correct because committed turns never
+change and only disappear together with their conversation; the conversation row itself is
+always read fresh, so its revision, timestamps and any other conversation-level field are
+never served from memory. Only turns are cached, bounded by their bytes, least recently used
+out first. Nothing here changes what clients see.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from datetime import datetime
+from uuid import UUID
+
+from service.model import Commit, Conversation, Precondition, Turn
+from service.store.postgres import PostgresStore
+
+
+@dataclass(frozen=True)
+class _Entry:
+    revision: int
+    created_at: datetime  # tells a conversation from a later one that reuses its id
+    turns: list[Turn]  # never mutated: every change builds a new list
+    size: int
+
+
+def turn_size(turn: Turn) -> int:
+    """What a turn costs in memory, roughly: its replay items' bytes plus its two messages."""
+    items = sum(len(item) for item in turn.replay_items)
+    return items + len(turn.user_message) + len(turn.assistant_message)
+
+
+class CachedStore:
+    """The ConversationStore port over ``inner``, remembering up to ``max_bytes`` of turns
+    (0 switches caching off: every call goes straight through)."""
+
+    def __init__(self, inner: PostgresStore, max_bytes: int) -> None:
+        self._inner = inner
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[UUID, _Entry] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._bytes
+
+    def cached_revision(self, conversation_id: UUID) -> int | None:
+        entry = self._entries.get(conversation_id)
+        return entry.revision if entry else None
+
+    async def load(self, conversation_id: UUID) -> Conversation | None:
+        entry = self._entries.get(conversation_id)
+        after = entry.revision if entry else 0
+        fresh = await self._inner.load(conversation_id, after_revision=after)
+        if fresh is None:
+            self._evict(conversation_id)
+            return None
+        if entry is not None and not _continues(entry, fresh):
+            # The id names another conversation now, or rows are missing: start over.
+            self._evict(conversation_id)
+            entry = None
+            fresh = await self._inner.load(conversation_id)
+            if fresh is None:
+                return None
+        if entry is None:
+            turns, size = fresh.turns, sum(map(turn_size, fresh.turns))
+        else:
+            turns = [*entry.turns, *fresh.turns] if fresh.turns else entry.turns
+            size = entry.size + sum(map(turn_size, fresh.turns))
+        self._remember(conversation_id, _Entry(fresh.revision, fresh.created_at, turns, size))
+        # Every conversation-level field comes from the row just read; the copy of the list
+        # keeps a caller from changing what is cached.
+        return replace(fresh, turns=list(turns))
+
+    async def append(self, conversation_id: UUID, turn: Turn, expected_revision: int) -> Commit:
+        try:
+            commit = await self._inner.append(conversation_id, turn, expected_revision)
+        except BaseException:
+            # Conflict, not found, storage error or cancellation: the next load reads afresh.
+            self._evict(conversation_id)
+            raise
+        # The commit made revision expected + 1 out of exactly the cached turns plus this one.
+        entry = self._entries.get(conversation_id)
+        if commit.revision != expected_revision + 1:
+            self._evict(conversation_id)
+        elif expected_revision == 0:
+            self._remember(conversation_id, _Entry(1, commit.created_at, [turn], turn_size(turn)))
+        elif entry is not None and entry.revision == expected_revision:
+            turns, size = [*entry.turns, turn], entry.size + turn_size(turn)
+            self._remember(conversation_id, _Entry(commit.revision, entry.created_at, turns, size))
+        return commit
+
+    async def delete(self, conversation_id: UUID, if_match: Precondition = None) -> None:
+        try:
+            await self._inner.delete(conversation_id, if_match)
+        finally:
+            # Also after a failed delete: a load racing with it may have cached what is gone.
+            self._evict(conversation_id)
+
+    async def schema_revision(self) -> str | None:
+        return await self._inner.schema_revision()
+
+    def pool_in_use(self) -> int:
+        return self._inner.pool_in_use()
+
+    async def close(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+        await self._inner.close()
+
+    def _remember(self, conversation_id: UUID, entry: _Entry) -> None:
+        current = self._entries.get(conversation_id)
+        if current is not None and current.revision > entry.revision:
+            # A concurrent load or append got further meanwhile; keep the newer one.
+            self._entries.move_to_end(conversation_id)
+            return
+        self._evict(conversation_id)
+        if self._max_bytes <= 0 or entry.size > self._max_bytes:
+            return  # caching is off, or this alone is larger than the whole cache
+        self._entries[conversation_id] = entry
+        self._bytes += entry.size
+        while self._bytes > self._max_bytes:
+            _, oldest = self._entries.popitem(last=False)
+            self._bytes -= oldest.size
+
+    def _evict(self, conversation_id: UUID) -> None:
+        entry = self._entries.pop(conversation_id, None)
+        if entry is not None:
+            self._bytes -= entry.size
+
+
+def _continues(entry: _Entry, fresh: Conversation) -> bool:
+    """Whether ``fresh`` (the turns after entry.revision) extends the cached turns."""
+    return fresh.created_at == entry.created_at and fresh.revision == entry.revision + len(
+        fresh.turns
+    )

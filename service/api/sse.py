@@ -3,6 +3,11 @@
 A client disconnect cancels this generator; its ``finally`` then closes the turn's event
 iterator, which cancels the provider call and releases the conversation lock. Exactly one
 terminal event (``message.done`` or ``error``) ends a stream that runs to its end.
+
+When the process is told to stop (service/shutdown.py), an open stream ends the same way as
+on a disconnect, and then sends an ``error`` event with code ``not_ready`` instead of being
+cut off: graceful shutdown waits for open requests, so a stream must end for the process to.
+A turn whose commit had already begun is committed first (the commit is never interrupted).
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 import anyio
@@ -20,10 +26,17 @@ from litestar.response import ServerSentEventMessage
 from service.api.errors import envelope
 from service.errors import TurnstoreError
 from service.providers.base import TextDelta
+from service.shutdown import SHUTDOWN
 from service.turns import TurnDone, TurnEvent
 
 T = TypeVar("T")
 log = logging.getLogger("turnstore.api")
+
+SHUTTING_DOWN = "The server is shutting down; the turn was not completed. Retry."
+
+
+class Stopped(Exception):
+    """``with_keepalive`` was told to stop before its source ended."""
 
 
 def _event(name: str, data: Any) -> ServerSentEventMessage:
@@ -34,13 +47,18 @@ async def sse_events(
     events: AsyncGenerator[TurnEvent, None], correlation_id: str, keepalive_s: float
 ) -> AsyncIterator[ServerSentEventMessage]:
     try:
-        async for event in with_keepalive(events, keepalive_s):
-            if event is None:
-                yield ServerSentEventMessage(comment="keep-alive")
-            elif isinstance(event, TextDelta):
-                yield _event("message.delta", {"delta": event.text})
-            elif isinstance(event, TurnDone):
-                yield _event("message.done", _done_data(event))
+        async with aclosing(with_keepalive(events, keepalive_s, SHUTDOWN.wait)) as items:
+            async for event in items:
+                if event is None:
+                    yield ServerSentEventMessage(comment="keep-alive")
+                elif isinstance(event, TextDelta):
+                    yield _event("message.delta", {"delta": event.text})
+                elif isinstance(event, TurnDone):
+                    yield _event("message.done", _done_data(event))
+                    return  # the terminal event: a shutdown now must not add another
+    except Stopped:
+        log.info("stream ended: shutting down", extra={"correlation_id": correlation_id})
+        yield _event("error", envelope("not_ready", SHUTTING_DOWN, correlation_id))
     except TurnstoreError as exc:
         yield _event("error", envelope(exc.code, exc.message, correlation_id))
     except Exception:
@@ -58,22 +76,31 @@ def _done_data(done: TurnDone) -> dict[str, Any]:
 
 
 async def with_keepalive(
-    source: AsyncGenerator[T, None], interval_s: float
+    source: AsyncGenerator[T, None],
+    interval_s: float,
+    stop: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[T | None]:
-    """Items of ``source``, with None whenever it stays silent for ``interval_s``.
+    """Items of ``source``, with None whenever it stays silent for ``interval_s``; raises
+    Stopped (after closing ``source``) as soon as ``stop()`` completes.
 
     The pending ``__anext__`` runs as a task that a timeout does not cancel, so a slow
-    source is never interrupted by a keep-alive.
+    source is never interrupted by a keep-alive. An item that is ready wins over ``stop``.
     """
     pending: asyncio.Future[T] | None = None
+    stopping = asyncio.ensure_future(stop()) if stop is not None else None
     try:
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(anext(source))
-            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            waiting = {pending} if stopping is None else {pending, stopping}
+            done, _ = await asyncio.wait(
+                waiting, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED
+            )
             if not done:
                 yield None
                 continue
+            if pending not in done:
+                raise Stopped()
             finished, pending = pending, None
             try:
                 item = finished.result()
@@ -82,8 +109,9 @@ async def with_keepalive(
             yield item
     finally:
         with anyio.CancelScope(shield=True):
-            if pending is not None:
-                pending.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await pending
+            for task in (stopping, pending):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
             await source.aclose()

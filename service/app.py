@@ -18,6 +18,7 @@ from service.api.errors import error_response
 from service.api.ops import healthz, metrics, readyz
 from service.context import Budget, SystemPrompt
 from service.db import create_engine
+from service.exchange import Tooling
 from service.logs import configure as configure_logging
 from service.logs import correlation_middleware
 from service.migrate import upgrade
@@ -29,6 +30,8 @@ from service.shutdown import shutdown_on_signals
 from service.store.base import ConversationStore
 from service.store.cache import CachedStore
 from service.store.postgres import PostgresStore
+from service.tools.base import ToolRegistry
+from service.tools.gate import ToolExecutor
 from service.turns import TurnService
 
 
@@ -48,6 +51,19 @@ def database_url(settings: Settings) -> tuple[str, Callable[[], None]]:
     server = ensure_embedded_postgres(settings.data_dir)
     upgrade(server.url)
     return server.url, server.stop
+
+
+def build_tooling(settings: Settings) -> Tooling | None:
+    registry = ToolRegistry.from_spec(settings.tools)
+    if not len(registry):
+        return None
+    return Tooling(
+        registry,
+        ToolExecutor(settings.tool_workers),
+        call_budget=settings.tool_call_budget,
+        timeout_s=settings.tool_timeout_s,
+        max_rounds=settings.tool_max_rounds,
+    )
 
 
 def create_app(
@@ -70,12 +86,14 @@ def create_app(
             store = CachedStore(store, settings.history_cache_bytes)
     provider = provider or build_provider(settings)
     prompt = settings.system_prompt_file
+    tooling = build_tooling(settings)
     turns = TurnService(
         store,
         provider,
         max_message_chars=settings.max_message_chars,
         system_prompt=SystemPrompt.from_file(prompt) if prompt else None,
         budget=Budget(settings.context_max_turns, settings.context_max_request_bytes),
+        tooling=tooling,
     )
 
     @asynccontextmanager
@@ -88,6 +106,8 @@ def create_app(
                 await provider.close()
                 await store.close()
                 stop_database()
+                if tooling is not None:
+                    tooling.executor.shutdown()
 
     def constant(value: Any) -> Provide:
         return Provide(lambda: value, use_cache=True, sync_to_thread=False)

@@ -6,12 +6,15 @@ Python objects, so they are stored and re-sent exactly as the provider defined t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 from uuid import UUID
 
 import msgspec
+
+from service.tools.gate import ToolCallRecord
 
 Role = Literal["user", "assistant"]
 
@@ -39,6 +42,7 @@ class Turn:
     origin: Origin | None = None  # None: recorded before origins were (schema 0001)
     context_from: int = 1  # the first earlier turn the model saw for this turn
     prompt_version: str | None = None  # the system prompt's version, if there was one
+    tool_calls: Sequence[ToolCallRecord] = ()  # every tool call of the turn, in order
 
 
 @dataclass(frozen=True)

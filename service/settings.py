@@ -43,6 +43,11 @@ class Settings:
     max_message_chars: int = 100_000
     system_prompt_file: Path | None = None
     context_max_turns: int | None = None
+    tools: str | None = None
+    tool_max_rounds: int = 4
+    tool_timeout_s: float = 5.0
+    tool_workers: int = 1
+    tool_call_budget: int = 8
     context_max_request_bytes: int = 1_048_576
     data_dir: Path = Path(".turnstore")
     db_pool_size: int = 10
@@ -74,6 +79,11 @@ class Settings:
             max_message_chars=_int(env, "MAX_MESSAGE_CHARS", 100_000) or 100_000,
             system_prompt_file=Path(prompt) if prompt else None,
             context_max_turns=_int(env, "CONTEXT_MAX_TURNS", None),
+            tools=env.get("TOOLS") or None,
+            tool_max_rounds=_int(env, "TOOL_MAX_ROUNDS", 4) or 4,
+            tool_timeout_s=_float(env, "TOOL_TIMEOUT_S", 5.0),
+            tool_workers=_int(env, "TOOL_WORKERS", 1) or 1,
+            tool_call_budget=_int(env, "TOOL_CALL_BUDGET", 8) or 0,
             context_max_request_bytes=_int(env, "CONTEXT_MAX_REQUEST_BYTES", 1_048_576)
             or 1_048_576,
             data_dir=Path(env.get("TURNSTORE_DATA_DIR") or ".turnstore"),

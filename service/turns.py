@@ -22,17 +22,15 @@ from service.context import Budget, SystemPrompt, turn_bytes, window_start
 from service.errors import (
     ContentFiltered,
     ConversationNotFound,
-    InvalidEncryptedContent,
     InvalidInput,
     PreconditionFailed,
     UpstreamError,
 )
+from service.exchange import Answer, Exchange, ToolCalled, Tooling
 from service.locks import KeyedLocks
 from service.model import Conversation, Precondition, Turn
 from service.providers.base import (
     Provider,
-    ProviderEvent,
-    ProviderRequest,
     Reply,
     TextDelta,
     is_sealed_reasoning,
@@ -60,7 +58,7 @@ class TurnDone:
     revision: int | None  # None: nothing was committed (content filter)
 
 
-TurnEvent = TextDelta | TurnDone
+TurnEvent = TextDelta | ToolCalled | TurnDone
 
 
 def parse_conversation_id(raw: str) -> uuid.UUID:
@@ -84,6 +82,7 @@ class TurnService:
         max_message_chars: int,
         system_prompt: SystemPrompt | None = None,
         budget: Budget | None = None,
+        tooling: Tooling | None = None,
         locks: KeyedLocks | None = None,
     ) -> None:
         self.store = store
@@ -93,6 +92,7 @@ class TurnService:
         self._prompt = system_prompt
         self._instructions = system_prompt.text if system_prompt else None
         self._budget = budget or Budget()
+        self._tooling = tooling
 
     def plan(self, message: str, conversation_id: str | None, if_match: Precondition) -> TurnPlan:
         """Validate a request without I/O; a new conversation gets its id here."""
@@ -134,52 +134,44 @@ class TurnService:
                 user_item = user_input_item(plan.message)
                 start = self._window(conversation, user_item, stream)
                 turns = conversation.turns[start - 1 :] if conversation else []
-                reply: Reply | None = None
-                async with aclosing(self._ask(turns, user_item, stream)) as provider_events:
-                    async for event in provider_events:
-                        if isinstance(event, TextDelta):
-                            yield event
+                exchange = Exchange(
+                    self.provider,
+                    lambda drop_all_sealed: self._history(turns, drop_all_sealed=drop_all_sealed),
+                    user_item,
+                    instructions=self._instructions,
+                    tooling=self._tooling,
+                    stream=stream,
+                )
+                answer: Answer | None = None
+                async with aclosing(exchange.events()) as exchange_events:
+                    async for event in exchange_events:
+                        if isinstance(event, Answer):
+                            answer = event
                         else:
-                            reply = event
-                if reply is None:
+                            yield event
+                if answer is None:
                     raise UpstreamError("The provider ended without a reply.")
+                reply = answer.reply
                 if reply.incomplete_reason == "content_filter":
                     metrics.TURNS_NOT_COMMITTED.labels(mode, ContentFiltered.code).inc()
                     yield _done(plan, reply, None)
                     return
                 if not reply.text:
                     raise UpstreamError("The provider's reply was empty.")
-                items = [user_item, *reply.output_items]
-                version = self._prompt.version if self._prompt else None
-                turn = Turn(plan.message, reply.text, items, self.provider.origin, start, version)
+                turn = Turn(
+                    plan.message,
+                    reply.text,
+                    [user_item, *answer.items],
+                    self.provider.origin,
+                    start,
+                    self._prompt.version if self._prompt else None,
+                    answer.tool_calls,
+                )
                 expected = conversation.revision if conversation else 0
                 with metrics.COMMIT_SECONDS.time():
                     commit = await _settle(self.store.append(plan.conversation_id, turn, expected))
                 metrics.TURNS_COMMITTED.labels(mode).inc()
                 yield _done(plan, reply, commit.revision)
-
-    async def _ask(
-        self, turns: list[Turn], user_item: msgspec.Raw, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
-        """The provider's events for this turn, with the one retry without sealed reasoning."""
-        streamed = False
-        with metrics.PROVIDER_SECONDS.time():
-            for drop_all_sealed in (False, True):
-                history = self._history(turns, drop_all_sealed=drop_all_sealed)
-                request = ProviderRequest([*history, user_item], self._instructions)
-                try:
-                    # aclosing: a client that goes away mid-stream closes the upstream at once.
-                    async with aclosing(self.provider.respond(request, stream=stream)) as events:
-                        async for event in events:
-                            streamed = streamed or isinstance(event, TextDelta)
-                            yield event
-                    return
-                except InvalidEncryptedContent:
-                    # The provider cannot open some sealed reasoning (a key or organisation
-                    # changed): resend the history without any, once, if that differs.
-                    unsealed = self._history(turns, drop_all_sealed=True)
-                    if drop_all_sealed or streamed or len(unsealed) == len(history):
-                        raise
 
     def _window(
         self, conversation: Conversation | None, user_item: msgspec.Raw, stream: bool
@@ -191,7 +183,9 @@ class TurnService:
         else:
             committed = conversation.context_start
             sizes = [turn_bytes(self._sendable(turn)) for turn in conversation.turns]
-        fixed = self.provider.request_overhead(self._instructions, stream=stream) + len(user_item)
+        tools = self._tooling.definitions if self._tooling else None
+        overhead = self.provider.request_overhead(self._instructions, tools, stream=stream)
+        fixed = overhead + len(user_item)
         return window_start(sizes, committed, fixed, self._budget)
 
     def _sendable(self, turn: Turn, *, drop_all_sealed: bool = False) -> list[msgspec.Raw]:

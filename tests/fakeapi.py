@@ -34,6 +34,7 @@ class Script:
     break_stream: bool = False  # the stream ends without a terminal event
     raw_body: bytes | None = None  # answer exactly these bytes
     exception: Exception | None = None  # raised by the transport, e.g. httpx.ReadTimeout
+    calls: list[tuple[str, str]] | None = None  # function calls (name, arguments) instead of text
     gate: asyncio.Event | None = None  # wait for it before answering (after `started` is set)
     stall: asyncio.Event | None = None  # streaming: wait for it after sending the first delta
     started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -93,7 +94,13 @@ class FakeResponsesAPI:
             }
             return httpx.Response(script.http_status, json=error, headers=script.headers)
         text = f"reply {number}" if script.text is None else script.text
+        if script.calls is not None:
+            text = ""
         items = output_items(number, text, reasoning=script.reasoning, status=script.status)
+        items += [
+            function_call(number, i, name, args)
+            for i, (name, args) in enumerate(script.calls or ())
+        ]
         response = response_object(number, script, items)
         if self.requests[-1].get("stream"):
             events = stream_events(response, items, text, script)
@@ -123,6 +130,13 @@ def output_items(
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
         })  # fmt: skip
     return items
+
+
+def function_call(number: int, index: int, name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": f"fc_{number}_{index}", "type": "function_call", "status": "completed",
+        "call_id": f"call_{number}_{index}", "name": name, "arguments": arguments,
+    }  # fmt: skip
 
 
 def response_object(number: int, script: Script, items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -180,6 +194,25 @@ def stream_events(
                 {"type": "response.output_text.done", **where, "text": text, "logprobs": []}
             )
             events.append({"type": "response.content_part.done", **where, "part": part})
+        elif item["type"] == "function_call":
+            added = {**item, "status": "in_progress", "arguments": ""}
+            events.append(
+                {"type": "response.output_item.added", "output_index": index, "item": added}
+            )
+            where = {"item_id": item["id"], "output_index": index}
+            half = len(item["arguments"]) // 2
+            for delta in (item["arguments"][:half], item["arguments"][half:]):
+                events.append(
+                    {"type": "response.function_call_arguments.delta", **where, "delta": delta}
+                )
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    **where,
+                    "arguments": item["arguments"],
+                    "name": item["name"],
+                }
+            )
         else:
             # The .added copy of a reasoning item lacks its encrypted_content: only .done is whole.
             events.append(

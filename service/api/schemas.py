@@ -41,12 +41,26 @@ class TranscriptMessage(msgspec.Struct):
     ]
 
 
+class ToolCallView(msgspec.Struct):
+    name: Annotated[str, msgspec.Meta(description="The tool the model asked for.")]
+    arguments: Annotated[str, msgspec.Meta(description="The arguments as the model proposed.")]
+    accepted: Annotated[bool, msgspec.Meta(description="Whether the gate accepted them.")]
+    status: Annotated[
+        str,
+        msgspec.Meta(
+            description="OK, INVALID, UNKNOWN_TOOL, BUSY, BUDGET, NOT_FOUND, TIMEOUT or TOOL_ERROR."
+        ),
+    ]
+    duration_ms: float
+
+
 class TurnRecord(msgspec.Struct):
     turn: Annotated[int, msgspec.Meta(description="The turn's number (the revision it made).")]
     context_from: Annotated[
         int, msgspec.Meta(description="The first earlier turn the model saw for this turn.")
     ]
     prompt_version: str | None
+    tool_calls: list[ToolCallView]
 
 
 class ConversationView(msgspec.Struct):
@@ -75,7 +89,15 @@ class ConversationView(msgspec.Struct):
             messages=messages,
             context_start=conversation.context_start,
             turns=[
-                TurnRecord(number, turn.context_from, turn.prompt_version)
+                TurnRecord(
+                    number,
+                    turn.context_from,
+                    turn.prompt_version,
+                    [
+                        ToolCallView(c.name, c.arguments, c.accepted, str(c.status), c.duration_ms)
+                        for c in turn.tool_calls
+                    ],
+                )
                 for number, turn in enumerate(conversation.turns, start=1)
             ],
         )

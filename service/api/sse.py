@@ -25,6 +25,7 @@ from litestar.response import ServerSentEventMessage
 
 from service.api.errors import envelope
 from service.errors import TurnstoreError
+from service.exchange import ToolCalled
 from service.providers.base import TextDelta
 from service.shutdown import SHUTDOWN
 from service.turns import TurnDone, TurnEvent
@@ -53,6 +54,8 @@ async def sse_events(
                     yield ServerSentEventMessage(comment="keep-alive")
                 elif isinstance(event, TextDelta):
                     yield _event("message.delta", {"delta": event.text})
+                elif isinstance(event, ToolCalled):
+                    yield _event("tool.call", {"name": event.name, "status": event.status})
                 elif isinstance(event, TurnDone):
                     yield _event("message.done", _done_data(event))
                     return  # the terminal event: a shutdown now must not add another
@@ -79,7 +82,7 @@ async def with_keepalive(
     source: AsyncGenerator[T, None],
     interval_s: float,
     stop: Callable[[], Awaitable[None]] | None = None,
-) -> AsyncIterator[T | None]:
+) -> AsyncGenerator[T | None, None]:
     """Items of ``source``, with None whenever it stays silent for ``interval_s``; raises
     Stopped (after closing ``source``) as soon as ``stop()`` completes.
 
@@ -92,7 +95,9 @@ async def with_keepalive(
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(anext(source))
-            waiting = {pending} if stopping is None else {pending, stopping}
+            waiting: set[asyncio.Future[Any]] = (
+                {pending} if stopping is None else {pending, stopping}
+            )
             done, _ = await asyncio.wait(
                 waiting, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED
             )

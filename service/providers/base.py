@@ -24,6 +24,7 @@ ReplyStatus = Literal["completed", "incomplete"]
 class ProviderRequest:
     input_items: list[msgspec.Raw]
     instructions: str | None = None
+    tools: msgspec.Raw | None = None  # the function tools advertised, already encoded
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class RequestBody(msgspec.Struct, omit_defaults=True):
     include: list[str]
     stream: bool
     instructions: str | None = None
+    tools: msgspec.Raw | None = None
 
 
 def encode_request(model: str, request: ProviderRequest, *, stream: bool) -> bytes:
@@ -63,6 +65,7 @@ def encode_request(model: str, request: ProviderRequest, *, stream: bool) -> byt
         include=["reasoning.encrypted_content"],
         stream=stream,
         instructions=request.instructions,
+        tools=request.tools,
     )
     return msgspec.json.encode(body)
 
@@ -70,7 +73,9 @@ def encode_request(model: str, request: ProviderRequest, *, stream: bool) -> byt
 class Provider(Protocol):
     origin: Origin  # recorded with each turn whose replay items this provider produced
 
-    def request_overhead(self, instructions: str | None, *, stream: bool) -> int:
+    def request_overhead(
+        self, instructions: str | None, tools: msgspec.Raw | None, *, stream: bool
+    ) -> int:
         """Bytes of this provider's serialised request with an empty ``input`` list."""
 
     def respond(
@@ -84,6 +89,33 @@ class Provider(Protocol):
 class _ItemHead(msgspec.Struct):
     type: str | None = None
     encrypted_content: str | None = None
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    call_id: str
+    name: str
+    arguments: str  # the model's JSON text, unparsed: the tool gate judges it
+
+
+class _FunctionCallItem(msgspec.Struct):
+    type: str | None = None
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
+    """The ``function_call`` items among a reply's output items, in order."""
+    heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
+    return [
+        FunctionCall(h.call_id, h.name, h.arguments) for h in heads if h.type == "function_call"
+    ]
+
+
+def function_call_output(call_id: str, output: str) -> msgspec.Raw:
+    item = {"type": "function_call_output", "call_id": call_id, "output": output}
+    return msgspec.Raw(msgspec.json.encode(item))
 
 
 def is_sealed_reasoning(item: msgspec.Raw) -> bool:

@@ -32,6 +32,11 @@ class _ItemHead(msgspec.Struct):
     role: str | None = None
     id: str | None = None
     encrypted_content: str | None = None
+    output: str | None = None  # of a function_call_output
+
+
+class _ToolName(msgspec.Struct):
+    name: str = ""
 
 
 def _seal(item_id: str) -> str:
@@ -54,17 +59,27 @@ class FakeProvider:
                 head.id is None or head.encrypted_content != _seal(head.id)
             ):
                 raise InvalidEncryptedContent()
-        history = sum(1 for h in heads[:-1] if h.role in ("user", "assistant"))
-        message = _last_user_text(request.input_items[-1])
+        current = max(i for i, h in enumerate(heads) if h.role == "user")
+        history = sum(1 for h in heads[:current] if h.role in ("user", "assistant"))
+        message = _last_user_text(request.input_items[current])
+        tool_outputs = [h.output for h in heads[current:] if h.type == "function_call_output"]
+        if message.startswith("lookup ") and not tool_outputs and _offers(request, "lookup"):
+            # "lookup <key>" asks the lookup tool first, so `make run` can show a tool turn.
+            arguments = msgspec.json.encode({"key": message[7:].strip()}).decode()
+            yield Reply("", "completed", None, _call_items("lookup", arguments, history))
+            return
         text = f"[fake-llm] {message}" + (f" (history={history})" if history else "")
+        text += "".join(f" [tool: {output}]" for output in tool_outputs)
         if stream:
             for chunk in _split(text, self._deltas):
                 yield TextDelta(chunk)
         yield Reply(text, "completed", None, _output_items(text, history))
 
-    def request_overhead(self, instructions: str | None, *, stream: bool) -> int:
+    def request_overhead(
+        self, instructions: str | None, tools: msgspec.Raw | None, *, stream: bool
+    ) -> int:
         # Sized like a Responses API request, so the context budget behaves as in production.
-        empty = ProviderRequest([], instructions)
+        empty = ProviderRequest([], instructions, tools)
         return len(encode_request(self.origin.model, empty, stream=stream))
 
     async def close(self) -> None:
@@ -82,6 +97,31 @@ class _UserItem(msgspec.Struct):
 def _last_user_text(item: msgspec.Raw) -> str:
     content = msgspec.json.decode(item, type=_UserItem).content
     return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def _offers(request: ProviderRequest, name: str) -> bool:
+    tools = msgspec.json.decode(request.tools, type=list[_ToolName]) if request.tools else []
+    return any(tool.name == name for tool in tools)
+
+
+def _call_items(name: str, arguments: str, history: int) -> list[msgspec.Raw]:
+    key = hashlib.sha256(f"{history}:{name}:{arguments}".encode()).hexdigest()[:24]
+    reasoning_id = f"rs_{key}"
+    reasoning = {
+        "type": "reasoning",
+        "id": reasoning_id,
+        "summary": [],
+        "encrypted_content": _seal(reasoning_id),
+    }
+    call = {
+        "type": "function_call",
+        "id": f"fc_{key}",
+        "call_id": f"call_{key}",
+        "name": name,
+        "arguments": arguments,
+        "status": "completed",
+    }
+    return [msgspec.Raw(msgspec.json.encode(reasoning)), msgspec.Raw(msgspec.json.encode(call))]
 
 
 def _split(text: str, parts: int) -> list[str]:

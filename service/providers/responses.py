@@ -171,8 +171,10 @@ class ResponsesProvider:
             transport=transport,
         )
 
-    def request_overhead(self, instructions: str | None, *, stream: bool) -> int:
-        empty = ProviderRequest([], instructions)
+    def request_overhead(
+        self, instructions: str | None, tools: msgspec.Raw | None, *, stream: bool
+    ) -> int:
+        empty = ProviderRequest([], instructions, tools)
         return len(encode_request(self.endpoint.model, empty, stream=stream))
 
     async def close(self) -> None:

@@ -20,12 +20,14 @@ from service.errors import (
 from service.model import Commit, Conversation, Origin, Precondition, Turn
 from service.store.tables import conversations as c
 from service.store.tables import turns as t
+from service.tools.gate import ToolCallRecord
 
 _LOAD = (
     sa.select(
         c.c.revision, c.c.created_at, c.c.updated_at, c.c.context_start,
         t.c.user_message, t.c.assistant_message, t.c.replay_items,
         t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
+        t.c.tool_calls,
     )
     # Only the turns after :after (0: all of them); the conversation row comes back even when
     # none is newer, so a cache can revalidate with one query.
@@ -64,6 +66,7 @@ _BUMP = (
 _INSERT_TURN = sa.insert(t).values(created_at=sa.func.now())
 
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_CALLS = msgspec.json.Decoder(list[ToolCallRecord])
 
 
 class PostgresStore:
@@ -102,6 +105,7 @@ class PostgresStore:
                 Origin(row.provider, row.endpoint, row.model) if row.provider else None,
                 row.context_from or 1,
                 row.prompt_version,
+                _CALLS.decode(row.tool_calls) if row.tool_calls else (),
             )
             for row in rows
             if row.replay_items is not None
@@ -141,6 +145,9 @@ class PostgresStore:
                     "model": turn.origin.model if turn.origin else None,
                     "context_from": turn.context_from,
                     "prompt_version": turn.prompt_version,
+                    "tool_calls": msgspec.json.encode(turn.tool_calls).decode()
+                    if turn.tool_calls
+                    else None,
                 },
             )
         return Commit(row.revision, row.created_at, row.updated_at)

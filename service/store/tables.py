@@ -50,4 +50,5 @@ turns = sa.Table(
     sa.Column("model", sa.Text),
     sa.Column("context_from", sa.Integer),
     sa.Column("prompt_version", sa.Text),
+    sa.Column("tool_calls", RawJSON),
 )

@@ -1,0 +1,142 @@
+"""One turn's exchange with the provider: model -> tool calls -> model ... -> final answer.
+
+Yields text deltas and tool-call results as they happen, then one ``Answer`` holding the
+final reply, every output item and function_call_output of the turn in order, and the
+record of each tool call. Nothing here touches storage: the turn service commits the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+import msgspec
+
+from service import metrics
+from service.errors import InvalidEncryptedContent, UpstreamError
+from service.providers.base import (
+    Provider,
+    ProviderRequest,
+    Reply,
+    TextDelta,
+    function_call_output,
+    function_calls,
+)
+from service.tools.base import ToolRegistry
+from service.tools.gate import ToolCallRecord, ToolExecutor, ToolGate
+
+
+@dataclass(frozen=True)
+class Tooling:
+    """Server-side tools: what is advertised and how calls are gated."""
+
+    registry: ToolRegistry
+    executor: ToolExecutor
+    call_budget: int = 8
+    timeout_s: float = 5.0
+    max_rounds: int = 4
+    definitions: msgspec.Raw = field(init=False)
+
+    def __post_init__(self) -> None:
+        encoded = msgspec.Raw(msgspec.json.encode(self.registry.definitions()))
+        object.__setattr__(self, "definitions", encoded)
+
+
+@dataclass(frozen=True)
+class ToolCalled:
+    name: str
+    status: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    reply: Reply
+    items: list[msgspec.Raw]  # this turn's output items and tool outputs, in order
+    tool_calls: list[ToolCallRecord]
+
+
+ExchangeEvent = TextDelta | ToolCalled | Answer
+History = Callable[[bool], list[msgspec.Raw]]  # drop_all_sealed -> earlier turns' items
+
+
+class Exchange:
+    def __init__(
+        self,
+        provider: Provider,
+        history: History,
+        user_item: msgspec.Raw,
+        *,
+        instructions: str | None,
+        tooling: Tooling | None,
+        stream: bool,
+    ) -> None:
+        self._provider = provider
+        self._history = history
+        self._user_item = user_item
+        self._instructions = instructions
+        self._tooling = tooling
+        self._stream = stream
+        self._drop_sealed = False
+        self._streamed = False
+
+    async def events(self) -> AsyncGenerator[ExchangeEvent, None]:
+        tooling, gate, max_rounds = self._tooling, None, 1
+        if tooling is not None:  # the per-turn call budget lives in this turn's gate
+            budget, timeout_s = tooling.call_budget, tooling.timeout_s
+            gate = ToolGate(tooling.registry, tooling.executor, budget=budget, timeout_s=timeout_s)
+            max_rounds = tooling.max_rounds
+        items: list[msgspec.Raw] = []
+        records: list[ToolCallRecord] = []
+        for round_number in range(1, max_rounds + 1):
+            reply: Reply | None = None
+            async with aclosing(self._round(items)) as round_events:
+                async for event in round_events:
+                    if isinstance(event, TextDelta):
+                        yield event
+                    else:
+                        reply = event
+            if reply is None:
+                raise UpstreamError("The provider ended without a reply.")
+            items.extend(reply.output_items)
+            calls = function_calls(reply.output_items)
+            if not calls or gate is None:
+                yield Answer(reply, items, records)
+                return
+            if round_number == max_rounds:
+                break
+            for call in calls:  # one after another, through the whole gate
+                record = await gate.call(call.call_id, call.name, call.arguments)
+                records.append(record)
+                items.append(function_call_output(call.call_id, record.output()))
+                yield ToolCalled(record.name, record.status)
+        raise UpstreamError("The model still wanted tools after TOOL_MAX_ROUNDS rounds.")
+
+    async def _round(
+        self, turn_items: list[msgspec.Raw]
+    ) -> AsyncGenerator[TextDelta | Reply, None]:
+        """One provider call, with the one retry without sealed reasoning."""
+        while True:
+            history = self._history(self._drop_sealed)
+            request = ProviderRequest(
+                [*history, self._user_item, *turn_items],
+                self._instructions,
+                self._tooling.definitions if self._tooling else None,
+            )
+            try:
+                with metrics.PROVIDER_SECONDS.time():
+                    # aclosing: a client that goes away closes the upstream request at once.
+                    async with aclosing(
+                        self._provider.respond(request, stream=self._stream)
+                    ) as events:
+                        async for event in events:
+                            self._streamed = self._streamed or isinstance(event, TextDelta)
+                            yield event
+                return
+            except InvalidEncryptedContent:
+                # The provider cannot open some sealed reasoning (a key or organisation
+                # changed): resend without any, once, if that changes the request.
+                unsealed = self._history(True)
+                if self._drop_sealed or self._streamed or len(unsealed) == len(history):
+                    raise
+                self._drop_sealed = True

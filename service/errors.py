@@ -3,11 +3,14 @@
 TurnstoreError
  +-- InvalidInput                 400 invalid_input
  +-- ContextLengthExceeded        400 context_length_exceeded
+ +-- Unauthorized                 401 unauthorized (+ WWW-Authenticate)
  +-- ConversationNotFound         404 conversation_not_found
  +-- ConversationConflict         409 conversation_conflict
+ +-- RequestInProgress            409 request_in_progress
  +-- PreconditionFailed           412 precondition_failed
  +-- PayloadTooLarge              413 payload_too_large
  +-- ContentFiltered              422 content_filtered
+ +-- IdempotencyKeyReused         422 idempotency_key_reused
  +-- RateLimited                  429 rate_limited (+ Retry-After)
  +-- StorageError                 500 storage_error
  +-- UpstreamError                502 upstream_error
@@ -41,6 +44,15 @@ class ContextLengthExceeded(TurnstoreError):
     default_message = "The conversation is too long for the model's context."
 
 
+class Unauthorized(TurnstoreError):
+    code, status = "unauthorized", 401
+    default_message = "Credentials are required: Authorization: Bearer <key or token>."
+
+    def __init__(self, message: str | None = None, *, token_sent: bool = False) -> None:
+        super().__init__(message)
+        self.token_sent = token_sent  # a credential was sent but refused (RFC 6750 invalid_token)
+
+
 class ConversationNotFound(TurnstoreError):
     code, status, default_message = "conversation_not_found", 404, "Conversation not found."
 
@@ -51,6 +63,16 @@ class ConversationConflict(TurnstoreError):
         "Another turn was committed to this conversation first; nothing of this turn was kept. "
         "Retry."
     )
+
+
+class RequestInProgress(TurnstoreError):
+    code, status = "request_in_progress", 409
+    default_message = "A request with this Idempotency-Key is still running; retry later."
+
+
+class IdempotencyKeyReused(TurnstoreError):
+    code, status = "idempotency_key_reused", 422
+    default_message = "This Idempotency-Key was used before with a different request."
 
 
 class PreconditionFailed(TurnstoreError):

@@ -18,6 +18,8 @@ from service.tools.gate import ToolCallRecord
 
 Role = Literal["user", "assistant"]
 
+ANONYMOUS = "anonymous"  # the one owner when AUTH_MODE=none
+
 # The revisions an If-Match header accepts; None means "no precondition".
 Precondition = frozenset[int] | None
 
@@ -53,10 +55,28 @@ class Conversation:
     updated_at: datetime
     turns: list[Turn] = field(default_factory=list)
     context_start: int = 1  # turns before this one are outside the model's context
+    owner: str = ANONYMOUS
 
     @property
     def replay_items(self) -> list[msgspec.Raw]:
         return [item for turn in self.turns for item in turn.replay_items]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A conversation in a listing (no turns)."""
+
+    id: UUID
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class IdempotencyKey:
+    owner: str
+    key: str
+    request_hash: str  # of what the request asked, so a reused key with another body is caught
 
 
 @dataclass(frozen=True)

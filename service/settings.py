@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -26,6 +26,11 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {raw!r}") from None
 
 
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name, "").strip()
+    return Path(raw) if raw else None
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
@@ -44,6 +49,8 @@ class Settings:
     system_prompt_file: Path | None = None
     context_max_turns: int | None = None
     tools: str | None = None
+    retention_days: float | None = None
+    idempotency_ttl_s: float = 86_400.0
     tool_max_rounds: int = 4
     tool_timeout_s: float = 5.0
     tool_workers: int = 1
@@ -55,6 +62,13 @@ class Settings:
     sse_keepalive_s: float = 15.0
     shutdown_grace_s: float = 30.0  # SIGTERM: how long open requests may still run
     history_cache_bytes: int = 64 * 1024 * 1024  # per process; 0 switches the cache off
+    # Authentication (service/auth.py). Secrets stay out of repr, so out of any log line.
+    auth_mode: str = "none"
+    jwt_secret: str | None = field(default=None, repr=False)
+    jwt_secret_file: Path | None = None
+    jwt_public_key_file: Path | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -63,6 +77,9 @@ class Settings:
         if provider not in {"fake", "openai", "azure"}:
             raise ValueError(f"LLM_PROVIDER must be fake, openai or azure, got {provider!r}")
         prompt = env.get("SYSTEM_PROMPT_FILE", "").strip()
+        auth_mode = env.get("AUTH_MODE", "none").strip().lower() or "none"
+        if auth_mode not in {"none", "api_key", "jwt"}:
+            raise ValueError(f"AUTH_MODE must be none, api_key or jwt, got {auth_mode!r}")
         return cls(
             database_url=env.get("DATABASE_URL") or None,
             llm_provider=provider,
@@ -80,6 +97,8 @@ class Settings:
             system_prompt_file=Path(prompt) if prompt else None,
             context_max_turns=_int(env, "CONTEXT_MAX_TURNS", None),
             tools=env.get("TOOLS") or None,
+            retention_days=_float(env, "RETENTION_DAYS", 0.0) or None,
+            idempotency_ttl_s=_float(env, "IDEMPOTENCY_TTL_S", 86_400.0),
             tool_max_rounds=_int(env, "TOOL_MAX_ROUNDS", 4) or 4,
             tool_timeout_s=_float(env, "TOOL_TIMEOUT_S", 5.0),
             tool_workers=_int(env, "TOOL_WORKERS", 1) or 1,
@@ -92,4 +111,10 @@ class Settings:
             sse_keepalive_s=_float(env, "SSE_KEEPALIVE_S", 15.0),
             shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 30.0),
             history_cache_bytes=_int(env, "HISTORY_CACHE_BYTES", 64 * 1024 * 1024) or 0,
+            auth_mode=auth_mode,
+            jwt_secret=env.get("JWT_SECRET") or None,
+            jwt_secret_file=_path(env, "JWT_SECRET_FILE"),
+            jwt_public_key_file=_path(env, "JWT_PUBLIC_KEY_FILE"),
+            jwt_issuer=env.get("JWT_ISSUER") or None,
+            jwt_audience=env.get("JWT_AUDIENCE") or None,
         )

@@ -9,6 +9,8 @@ ConversationConflict and writes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import uuid
 from collections.abc import AsyncGenerator, Awaitable
 from contextlib import aclosing
@@ -24,11 +26,12 @@ from service.errors import (
     ConversationNotFound,
     InvalidInput,
     PreconditionFailed,
+    StorageError,
     UpstreamError,
 )
 from service.exchange import Answer, Exchange, ToolCalled, Tooling
 from service.locks import KeyedLocks
-from service.model import Conversation, Precondition, Turn
+from service.model import ANONYMOUS, Conversation, IdempotencyKey, Precondition, Turn
 from service.providers.base import (
     Provider,
     Reply,
@@ -37,6 +40,7 @@ from service.providers.base import (
     user_input_item,
 )
 from service.store.base import ConversationStore
+from service.store.idempotency import IdempotencyStore
 
 T = TypeVar("T")
 
@@ -47,6 +51,8 @@ class TurnPlan:
     is_new: bool
     message: str
     if_match: Precondition
+    owner: str = ANONYMOUS
+    idempotency: IdempotencyKey | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class TurnService:
         system_prompt: SystemPrompt | None = None,
         budget: Budget | None = None,
         tooling: Tooling | None = None,
+        idempotency: IdempotencyStore | None = None,
         locks: KeyedLocks | None = None,
     ) -> None:
         self.store = store
@@ -93,8 +100,17 @@ class TurnService:
         self._instructions = system_prompt.text if system_prompt else None
         self._budget = budget or Budget()
         self._tooling = tooling
+        self._idempotency = idempotency
 
-    def plan(self, message: str, conversation_id: str | None, if_match: Precondition) -> TurnPlan:
+    def plan(
+        self,
+        message: str,
+        conversation_id: str | None,
+        if_match: Precondition,
+        *,
+        owner: str = ANONYMOUS,
+        idempotency_key: str | None = None,
+    ) -> TurnPlan:
         """Validate a request without I/O; a new conversation gets its id here."""
         if not message.strip():
             raise InvalidInput("message must not be empty or whitespace only.")
@@ -102,11 +118,18 @@ class TurnService:
             raise InvalidInput(f"message is longer than {self._max_message_chars} characters.")
         if "\x00" in message or _has_lone_surrogate(message):
             raise InvalidInput("message must be valid text without NUL characters.")
+        idempotency = None
+        if idempotency_key is not None:
+            if self._idempotency is None:
+                raise InvalidInput("Idempotency-Key is not enabled on this server.")
+            asked = msgspec.json.encode([message, conversation_id])
+            idempotency = IdempotencyKey(owner, idempotency_key, hashlib.sha256(asked).hexdigest())
         if conversation_id is None:
             if if_match is not None:
                 raise PreconditionFailed("If-Match needs an existing conversation.")
-            return TurnPlan(uuid.uuid4(), True, message, None)
-        return TurnPlan(parse_conversation_id(conversation_id), False, message, if_match)
+            return TurnPlan(uuid.uuid4(), True, message, None, owner, idempotency)
+        cid = parse_conversation_id(conversation_id)
+        return TurnPlan(cid, False, message, if_match, owner, idempotency)
 
     async def check(self, plan: TurnPlan) -> None:
         """Fail early (before a stream starts) when the turn cannot succeed."""
@@ -126,7 +149,33 @@ class TurnService:
 
     async def events(self, plan: TurnPlan, *, stream: bool) -> AsyncGenerator[TurnEvent, None]:
         """The turn as events: text deltas, then one TurnDone. Closing the iterator early
-        cancels the provider call and commits nothing (unless the commit already started)."""
+        cancels the provider call and commits nothing (unless the commit already started).
+
+        With an Idempotency-Key, a retry of a committed turn replays its result without
+        calling the provider, and a turn that does not commit frees the key again."""
+        key, keys = plan.idempotency, self._idempotency
+        if key is None or keys is None:
+            async with aclosing(self._turn(plan, stream)) as events:
+                async for event in events:
+                    yield event
+            return
+        stored = await keys.claim(key)
+        if stored is not None:
+            for event in _replay(stored, stream):
+                yield event
+            return
+        committed = False
+        try:
+            async with aclosing(self._turn(plan, stream)) as events:
+                async for event in events:
+                    committed = isinstance(event, TurnDone) and event.revision is not None
+                    yield event
+        finally:
+            if not committed:
+                with contextlib.suppress(StorageError):  # the claim's lease runs out anyway
+                    await _settle(keys.release(key))
+
+    async def _turn(self, plan: TurnPlan, stream: bool) -> AsyncGenerator[TurnEvent, None]:
         mode = "stream" if stream else "chat"
         async with self.locks.hold(plan.conversation_id):
             with metrics.turn_outcome(mode):
@@ -168,8 +217,17 @@ class TurnService:
                     answer.tool_calls,
                 )
                 expected = conversation.revision if conversation else 0
+                done = _done(plan, reply, expected + 1)  # what the commit makes, if it succeeds
+                key = plan.idempotency
+                append = self.store.append(
+                    plan.conversation_id,
+                    turn,
+                    expected,
+                    owner=plan.owner,
+                    idempotency=(key, _STORED.encode(done).decode()) if key else None,
+                )
                 with metrics.COMMIT_SECONDS.time():
-                    commit = await _settle(self.store.append(plan.conversation_id, turn, expected))
+                    commit = await _settle(append)
                 metrics.TURNS_COMMITTED.labels(mode).inc()
                 yield _done(plan, reply, commit.revision)
 
@@ -203,8 +261,8 @@ class TurnService:
 
     async def _load(self, plan: TurnPlan) -> Conversation:
         conversation = await self.store.load(plan.conversation_id)
-        if conversation is None:
-            raise ConversationNotFound()
+        if conversation is None or conversation.owner != plan.owner:
+            raise ConversationNotFound()  # another owner's conversation looks like no conversation
         check_precondition(plan.if_match, conversation.revision)
         return conversation
 
@@ -213,6 +271,15 @@ def _done(plan: TurnPlan, reply: Reply, revision: int | None) -> TurnDone:
     return TurnDone(
         plan.conversation_id, reply.text, reply.status, reply.incomplete_reason, revision
     )
+
+
+_STORED = msgspec.json.Encoder()
+
+
+def _replay(stored: str, stream: bool) -> list[TurnEvent]:
+    """The committed result of an earlier attempt with the same Idempotency-Key."""
+    done = msgspec.json.decode(stored, type=TurnDone)
+    return [TextDelta(done.message), done] if stream else [done]
 
 
 def _has_lone_surrogate(text: str) -> bool:

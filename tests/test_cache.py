@@ -204,7 +204,7 @@ async def test_a_failed_delete_evicts_and_keeps_the_conversation(
     await grow(cache, cid, 2)
 
     with pytest.raises(PreconditionFailed):
-        await cache.delete(cid, frozenset({1}))
+        await cache.delete(cid, if_match=frozenset({1}))
 
     assert cache.cached_revision(cid) is None
     assert await cache.load(cid) == await store.load(cid)

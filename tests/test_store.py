@@ -97,9 +97,9 @@ async def test_delete_honours_if_match(store: PostgresStore) -> None:
     cid = uuid.uuid4()
     await store.append(cid, turn(1), 0)
     with pytest.raises(PreconditionFailed):
-        await store.delete(cid, frozenset({2}))
+        await store.delete(cid, if_match=frozenset({2}))
     assert await store.load(cid) is not None
-    await store.delete(cid, frozenset({1}))
+    await store.delete(cid, if_match=frozenset({1}))
     assert await store.load(cid) is None
 
 

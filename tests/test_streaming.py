@@ -159,10 +159,12 @@ class PausingStore(PostgresStore):
         self.proceed = asyncio.Event()
         self.committed = asyncio.Event()
 
-    async def append(self, conversation_id: Any, turn: Turn, expected_revision: int) -> Commit:
+    async def append(
+        self, conversation_id: Any, turn: Turn, expected_revision: int, **kwargs: Any
+    ) -> Commit:
         self.committing.set()
         await self.proceed.wait()
-        commit = await super().append(conversation_id, turn, expected_revision)
+        commit = await super().append(conversation_id, turn, expected_revision, **kwargs)
         self.committed.set()
         return commit
 

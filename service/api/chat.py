@@ -16,7 +16,9 @@ from service.api.headers import (
     ETAG,
     RETRY_AFTER,
     Config,
+    IdempotencyKey,
     IfMatch,
+    Owner,
     Turns,
     etag,
     parse_if_match,
@@ -31,11 +33,12 @@ _ERRORS = {
     status: ResponseSpec(ErrorEnvelope, description=text)
     for status, text in {
         400: "invalid_input or context_length_exceeded",
+        401: "unauthorized",
         404: "conversation_not_found",
-        409: "conversation_conflict",
+        409: "conversation_conflict or request_in_progress",
         412: "precondition_failed",
         413: "payload_too_large",
-        422: "content_filtered",
+        422: "content_filtered or idempotency_key_reused",
         429: "rate_limited",
         500: "storage_error",
         502: "upstream_error",
@@ -79,9 +82,12 @@ class ChatController(Controller):
     )
     async def chat(
         self, request: Request[Any, Any, Any], data: JSONBody[ChatRequest], turns: Turns,
-        if_match: IfMatch = None,
+        owner: Owner, if_match: IfMatch = None, idempotency_key: IdempotencyKey = None,
     ) -> Response[ChatResponse]:  # fmt: skip
-        plan = turns.plan(data.message, data.conversation_id, parse_if_match(if_match))
+        plan = turns.plan(
+            data.message, data.conversation_id, parse_if_match(if_match),
+            owner=owner, idempotency_key=idempotency_key,
+        )  # fmt: skip
         return chat_response(await turns.run(plan), correlation_id(request.scope))
 
     @post(
@@ -97,9 +103,13 @@ class ChatController(Controller):
     )
     async def stream(
         self, request: Request[Any, Any, Any], data: JSONBody[ChatRequest], turns: Turns,
-        settings: Config, if_match: IfMatch = None,
+        settings: Config, owner: Owner, if_match: IfMatch = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> ServerSentEvent:  # fmt: skip
-        plan = turns.plan(data.message, data.conversation_id, parse_if_match(if_match))
+        plan = turns.plan(
+            data.message, data.conversation_id, parse_if_match(if_match),
+            owner=owner, idempotency_key=idempotency_key,
+        )  # fmt: skip
         await turns.check(plan)
         events = sse_events(
             turns.events(plan, stream=True), correlation_id(request.scope), settings.sse_keepalive_s

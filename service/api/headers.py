@@ -17,6 +17,22 @@ from service.turns import TurnService
 Store = NamedDependency[SkipValidation[ConversationStore]]
 Turns = NamedDependency[SkipValidation[TurnService]]
 Config = NamedDependency[SkipValidation[Settings]]
+Owner = NamedDependency[SkipValidation[str]]  # who is asking: from authentication (service/auth.py)
+
+IdempotencyKey = Annotated[
+    str | None,
+    HeaderParameter(
+        name="Idempotency-Key",
+        required=False,
+        min_length=1,
+        max_length=255,
+        pattern=r"^[\x21-\x7e]+$",
+        description="A client-chosen key (1-255 visible ASCII characters). A retry with the same "
+        "key and body returns the original committed result without calling the model; the "
+        "same key with another body is 422 idempotency_key_reused; while the first request "
+        "runs, 409 request_in_progress. Turns that fail do not use the key up.",
+    ),
+]
 
 IfMatch = Annotated[
     str | None,

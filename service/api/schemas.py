@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from service.model import Conversation, Role
+from service.model import Conversation, Role, Summary
 
 
 class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -101,6 +101,25 @@ class ConversationView(msgspec.Struct):
                 for number, turn in enumerate(conversation.turns, start=1)
             ],
         )
+
+
+class ConversationSummary(msgspec.Struct):
+    conversation_id: str
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class ConversationList(msgspec.Struct):
+    conversations: list[ConversationSummary]
+    next: Annotated[str | None, msgspec.Meta(description="Cursor of the next page, if any.")]
+
+    @classmethod
+    def of(cls, page: list[Summary], cursor: str | None) -> ConversationList:
+        items = [
+            ConversationSummary(str(s.id), s.revision, s.created_at, s.updated_at) for s in page
+        ]
+        return cls(items, cursor)
 
 
 class ErrorDetail(msgspec.Struct):

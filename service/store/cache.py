@@ -16,7 +16,15 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from uuid import UUID
 
-from service.model import Commit, Conversation, Precondition, Turn
+from service.model import (
+    ANONYMOUS,
+    Commit,
+    Conversation,
+    IdempotencyKey,
+    Precondition,
+    Summary,
+    Turn,
+)
 from service.store.postgres import PostgresStore
 
 
@@ -76,9 +84,19 @@ class CachedStore:
         # keeps a caller from changing what is cached.
         return replace(fresh, turns=list(turns))
 
-    async def append(self, conversation_id: UUID, turn: Turn, expected_revision: int) -> Commit:
+    async def append(
+        self,
+        conversation_id: UUID,
+        turn: Turn,
+        expected_revision: int,
+        *,
+        owner: str = ANONYMOUS,
+        idempotency: tuple[IdempotencyKey, str] | None = None,
+    ) -> Commit:
         try:
-            commit = await self._inner.append(conversation_id, turn, expected_revision)
+            commit = await self._inner.append(
+                conversation_id, turn, expected_revision, owner=owner, idempotency=idempotency
+            )
         except BaseException:
             # Conflict, not found, storage error or cancellation: the next load reads afresh.
             self._evict(conversation_id)
@@ -94,12 +112,22 @@ class CachedStore:
             self._remember(conversation_id, _Entry(commit.revision, entry.created_at, turns, size))
         return commit
 
-    async def delete(self, conversation_id: UUID, if_match: Precondition = None) -> None:
+    async def delete(
+        self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
+    ) -> None:
         try:
-            await self._inner.delete(conversation_id, if_match)
+            await self._inner.delete(conversation_id, owner, if_match)
         finally:
             # Also after a failed delete: a load racing with it may have cached what is gone.
             self._evict(conversation_id)
+
+    async def list_conversations(
+        self, owner: str, limit: int, after: str | None = None
+    ) -> tuple[list[Summary], str | None]:
+        return await self._inner.list_conversations(owner, limit, after)
+
+    async def purge(self, batch: int = 500) -> int:
+        return await self._inner.purge(batch)  # expired entries already fail revalidation
 
     async def schema_revision(self) -> str | None:
         return await self._inner.schema_revision()

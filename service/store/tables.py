@@ -32,6 +32,7 @@ conversations = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("context_start", sa.Integer, nullable=False),
+    sa.Column("owner", sa.Text, nullable=False),
 )
 
 # One row per committed turn: the transcript pair and that turn's replay items, keyed by
@@ -51,4 +52,16 @@ turns = sa.Table(
     sa.Column("context_from", sa.Integer),
     sa.Column("prompt_version", sa.Text),
     sa.Column("tool_calls", RawJSON),
+)
+
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("owner", sa.Text, primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("request_hash", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("response", RawJSON),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
 )

@@ -3,12 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint bench clean
+.PHONY: help install system-deps run test lint bench clean
 
 help: ## show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,13 +22,35 @@ install: $(STAMP) ## create .venv and install turnstore with its dev tools
 run: $(STAMP) ## serve on http://127.0.0.1:8000 (fake provider, embedded PostgreSQL in .turnstore/)
 	$(BIN)/turnstore serve --host 127.0.0.1 --port 8000
 
-test: $(STAMP) ## run the whole test suite against real PostgreSQL
+# The multi-process tests (tests/test_cluster.py) put nginx and PgBouncer in front of real
+# replicas. Installed from Debian when missing and possible (root); else those tests skip.
+system-deps: ## install nginx-light and pgbouncer with apt-get when missing
+	@export PATH="$$PATH:/usr/sbin:/sbin"; pkgs=""; \
+	command -v nginx >/dev/null || pkgs="$$pkgs nginx-light"; \
+	command -v pgbouncer >/dev/null || pkgs="$$pkgs pgbouncer"; \
+	if [ -z "$$pkgs" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "apt-get install$$pkgs"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $$pkgs >/dev/null; \
+	else \
+		echo "note:$$pkgs not installed (needs root and apt-get): the tests using them skip"; \
+	fi
+
+test: $(STAMP) system-deps ## run the whole test suite against real PostgreSQL
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict service
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict service
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[bench]'
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP) ## turnstore vs a plain-asyncpg baseline and three peers; HTTP; 1,000 streams (~3 min)
+	$(BIN)/python -m bench
 
 clean: ## remove .venv and the embedded database
 	rm -rf $(VENV) .turnstore

@@ -67,8 +67,9 @@ class FakeResponsesAPI:
         return ResponsesProvider(endpoint, transport=httpx.MockTransport(self.handle), **options)
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
-        self.bodies.append(await request.aread())
-        self.requests.append(json.loads(self.bodies[-1]))
+        body = await request.aread()
+        self.bodies.append(body)
+        self.requests.append(json.loads(body))
         self.headers.append(request.headers)
         self.urls.append(str(request.url))
         self.methods.append(request.method)
@@ -102,7 +103,7 @@ class FakeResponsesAPI:
             for i, (name, args) in enumerate(script.calls or ())
         ]
         response = response_object(number, script, items)
-        if self.requests[-1].get("stream"):
+        if json.loads(body).get("stream"):  # this request's own body: calls may interleave
             events = stream_events(response, items, text, script)
             headers = {**script.headers, "content-type": "text/event-stream"}
             return httpx.Response(200, headers=headers, stream=_SSEStream(events, script))

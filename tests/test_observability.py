@@ -66,3 +66,20 @@ async def test_log_lines_are_json_with_the_correlation_id(
     ours = [json.loads(line) for line in lines if "upstream_error" in line]
     assert ours and all(entry["correlation_id"] == "trace-42" for entry in ours)
     assert not any("secret words" in line for line in lines)
+
+
+async def test_open_streams_gauge_follows_streams(make_client: ClientFactory) -> None:
+    import asyncio
+
+    api = FakeResponsesAPI()
+    gate = asyncio.Event()
+    held = Script(gate=gate)
+    api.then(held)
+    async with make_client(provider=api.provider()) as client:
+        idle = (await scrape(client))[("turnstore_open_streams", ())]
+        async with client.stream("POST", f"{CHAT}/stream", json={"message": "hold"}) as response:
+            await held.started.wait()
+            assert (await scrape(client))[("turnstore_open_streams", ())] == idle + 1
+            gate.set()
+            await response.aread()
+        assert (await scrape(client))[("turnstore_open_streams", ())] == idle

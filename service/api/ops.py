@@ -11,6 +11,7 @@ from service.api.schemas import ErrorEnvelope
 from service.errors import NotReady, StorageError
 from service.metrics import POOL_IN_USE, REGISTRY
 from service.migrate import head_revision, known_revisions
+from service.shutdown import SHUTDOWN
 
 _HEAD = head_revision()
 _KNOWN = known_revisions()
@@ -39,6 +40,8 @@ async def metrics(store: Store) -> Response[bytes]:
     responses={503: ResponseSpec(ErrorEnvelope, description="not_ready")},
 )
 async def readyz(store: Store) -> dict[str, str]:
+    if SHUTDOWN.is_set():  # draining: the load balancer should stop sending new work here
+        raise NotReady("This replica is shutting down.")
     try:
         current = await store.schema_revision()
     except StorageError:

@@ -25,6 +25,7 @@ from litestar.response import ServerSentEventMessage
 
 from service.api.errors import envelope
 from service.errors import TurnstoreError
+from service.metrics import OPEN_STREAMS
 from service.exchange import ToolCalled
 from service.providers.base import TextDelta
 from service.shutdown import SHUTDOWN
@@ -33,7 +34,7 @@ from service.turns import TurnDone, TurnEvent
 T = TypeVar("T")
 log = logging.getLogger("turnstore.api")
 
-SHUTTING_DOWN = "The server is shutting down; the turn was not completed. Retry."
+SHUTTING_DOWN = "The server is shutting down; the stream ended before the turn completed. Retry."
 
 
 class Stopped(Exception):
@@ -47,6 +48,7 @@ def _event(name: str, data: Any) -> ServerSentEventMessage:
 async def sse_events(
     events: AsyncGenerator[TurnEvent, None], correlation_id: str, keepalive_s: float
 ) -> AsyncIterator[ServerSentEventMessage]:
+    OPEN_STREAMS.inc()
     try:
         async with aclosing(with_keepalive(events, keepalive_s, SHUTDOWN.wait)) as items:
             async for event in items:
@@ -67,6 +69,8 @@ async def sse_events(
     except Exception:
         log.exception("stream failed", extra={"correlation_id": correlation_id})
         yield _event("error", envelope("internal_error", "Internal error.", correlation_id))
+    finally:
+        OPEN_STREAMS.dec()
 
 
 def _done_data(done: TurnDone) -> dict[str, Any]:

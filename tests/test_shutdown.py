@@ -1,0 +1,183 @@
+"""SIGTERM to a real `turnstore serve`: it stops accepting, lets a non-streaming turn in flight
+finish, ends an open stream with an `error` event (committing nothing), closes its pools and
+exits 0 within the grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from httpx_sse import ServerSentEvent, aconnect_sse
+from sqlalchemy import text
+
+from service import migrate
+from service.api.sse import sse_events
+from service.db import create_engine
+from service.providers.base import TextDelta
+from service.shutdown import SHUTDOWN
+from service.turns import TurnDone, TurnEvent
+from tests.cluster import fake_api, provider_env, replica, turnstore_env, wait_ready, wait_until
+from tests.database import fresh_database
+from tests.fakeapi import FakeResponsesAPI, Script
+
+CHAT = "/api/v1/chat"
+GRACE_S = 10
+
+
+@pytest.fixture
+def database(server_url: str) -> Iterator[str]:
+    with fresh_database(server_url) as url:
+        migrate.upgrade(url)
+        yield url
+
+
+async def _stored(url: str) -> list[tuple[str, int, int]]:
+    """(conversation id, revision, number of turns) of every conversation."""
+    engine = create_engine(url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    "SELECT c.id::text, c.revision, count(t.seq) FROM conversations c "
+                    "LEFT JOIN turns t ON t.conversation_id = c.id GROUP BY c.id ORDER BY c.id"
+                )
+            )
+            return [(row[0], row[1], row[2]) for row in rows]
+    finally:
+        await engine.dispose()
+
+
+async def _refuses_connections(url: str) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=2) as client:
+            await client.get(f"{url}/healthz")
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+async def test_sigterm_drains_turns_and_ends_streams_with_an_error_event(
+    database: str, tmp_path: Path
+) -> None:
+    api = FakeResponsesAPI()
+    gate, stall = asyncio.Event(), asyncio.Event()
+    slow = Script(text="slow reply", gate=gate)
+    stalled = Script(text="this stream is cut short", deltas=4, stall=stall)
+    api.then(Script(text="first reply"), stalled, slow)
+    log = tmp_path / "serve.log"
+    try:
+        async with fake_api(api) as base_url:
+            env = turnstore_env(
+                DATABASE_URL=database, SHUTDOWN_GRACE_S=str(GRACE_S), **provider_env(base_url)
+            )
+            with replica(env, log) as server:
+                await wait_ready(server)
+                async with (
+                    httpx.AsyncClient(base_url=server.url, timeout=20) as first,
+                    httpx.AsyncClient(base_url=server.url, timeout=20) as waiting,
+                    httpx.AsyncClient(base_url=server.url, timeout=20) as streaming,
+                ):
+                    created = await first.post(CHAT, json={"message": "first"})
+                    assert created.status_code == 200, created.text
+                    cid = created.json()["conversation_id"]
+
+                    # A stream on that conversation, stalled after its first delta...
+                    body = {"message": "streamed", "conversation_id": cid}
+                    async with aconnect_sse(streaming, "POST", f"{CHAT}/stream", json=body) as sse:
+                        events = sse.aiter_sse()
+                        assert (await anext(events)).event == "message.delta"
+                        # ...and a non-streaming turn of a new conversation, held by the provider.
+                        slow_turn = asyncio.create_task(
+                            waiting.post(CHAT, json={"message": "slow"})
+                        )
+                        await asyncio.wait_for(slow.started.wait(), 10)
+
+                        server.process.signal(signal.SIGTERM)
+                        sigterm_at = time.monotonic()
+                        rest = await asyncio.wait_for(_collect(events), GRACE_S / 2)
+
+                    # The stream ended at once with exactly one terminal event: an error.
+                    assert [event.event for event in rest] == ["error"], rest
+                    error = json.loads(rest[0].data)["error"]
+                    assert error["code"] == "not_ready", error
+                    assert "shutting down" in error["message"]
+                    await asyncio.wait_for(stalled.closed.wait(), 5)  # upstream call closed
+
+                    # No new connections, while the slow turn is still being served...
+                    await wait_until(lambda: _refuses_connections(server.url), "refusal", 5)
+                    assert not slow_turn.done()
+                    # ...and once the provider answers, it completes and commits.
+                    gate.set()
+                    response = await asyncio.wait_for(slow_turn, 10)
+                    assert response.status_code == 200, response.text + server.process.tail()
+                    assert response.json()["message"] == "slow reply"
+                    assert response.json()["revision"] == 1
+
+                status = await server.process.wait(GRACE_S)
+                assert status == 0, server.process.tail()
+                assert time.monotonic() - sigterm_at < GRACE_S
+                output = log.read_text()
+                assert "Application shutdown complete" in output  # lifespan ran: pools closed
+                assert "Cancel" not in output  # nothing was cut off at the grace deadline
+    finally:
+        gate.set()
+        stall.set()
+
+    # The stream's turn left no trace; the drained turn is there.
+    stored = dict((c, (revision, turns)) for c, revision, turns in await _stored(database))
+    assert stored.pop(cid) == (1, 1)
+    assert list(stored.values()) == [(1, 1)]
+
+
+async def _collect(events: AsyncIterator[ServerSentEvent]) -> list[ServerSentEvent]:
+    return [event async for event in events]
+
+
+# --- the same, in process: what the stream does when the shutdown flag is set --------------
+
+
+async def _turn(closed: asyncio.Event, *, done: bool) -> AsyncGenerator[TurnEvent, None]:
+    try:
+        yield TextDelta("partial")
+        if done:
+            yield TurnDone(uuid.uuid4(), "partial", "completed", None, 1)
+            await asyncio.sleep(0.01)  # some clean-up after the last event
+            return
+        await asyncio.Event().wait()  # a provider that never answers
+    finally:
+        closed.set()
+
+
+async def test_a_shutdown_ends_an_open_stream_with_one_error_event() -> None:
+    closed = asyncio.Event()
+    try:
+        stream = sse_events(_turn(closed, done=False), "cid-1", keepalive_s=60)
+        assert (await anext(stream)).event == "message.delta"
+        SHUTDOWN.set()
+        rest = [message async for message in stream]
+    finally:
+        SHUTDOWN.clear()
+    assert [m.event for m in rest] == ["error"]
+    assert json.loads(str(rest[0].data))["error"]["code"] == "not_ready"
+    assert closed.is_set()  # the turn was closed: cancelled, nothing committed
+
+
+async def test_a_shutdown_after_message_done_adds_nothing() -> None:
+    closed = asyncio.Event()
+    try:
+        stream = sse_events(_turn(closed, done=True), "cid-2", keepalive_s=60)
+        assert [(await anext(stream)).event for _ in range(2)] == ["message.delta", "message.done"]
+        SHUTDOWN.set()
+        for _ in range(3):  # let the stream's watcher see the flag before it is resumed
+            await asyncio.sleep(0)
+        assert [message async for message in stream] == []
+    finally:
+        SHUTDOWN.clear()
+    assert closed.is_set()

@@ -1,0 +1,1 @@
+"""`make bench`: turnstore against a plain-asyncpg baseline and three peers, one PostgreSQL."""

@@ -1,0 +1,84 @@
+"""`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
+
+Options: --parts store,e2e,holding  --subjects turnstore,asyncpg-baseline,...  --rounds N
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import e2e, holding, report
+from bench.database import fresh_database, server, server_version
+from bench.store import StoreConfig, StoreResult, run_subject
+from bench.stores import SUBJECTS
+from bench.workload import describe
+
+
+def _say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--parts", default="store,e2e,holding")
+    parser.add_argument("--subjects", default=",".join(SUBJECTS))
+    parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
+    parser.add_argument("--streams", type=int, default=1000)
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    # 1,000 client sockets here plus as many in the server (which inherits this limit).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    logs = Path(tempfile.mkdtemp(prefix="turnstore-bench-"))
+    started = time.monotonic()
+    with server() as server_url, fresh_database(server_url) as url:
+        _say(
+            f"turnstore bench: PostgreSQL {asyncio.run(server_version(url))}, "
+            f"{os.cpu_count()} CPUs, Python {platform.python_version()}, server logs in {logs}"
+        )
+        _say(f"workload per turn: {describe()}")
+        results: dict[str, StoreResult] = {}
+        if "store" in parts:
+            config = StoreConfig(rounds=args.rounds)
+            _say(
+                f"\n1. Store: {config.conversations} conversations x {config.turns} turns at "
+                f"concurrency {config.concurrency} (best of {config.rounds} rounds); latency: "
+                f"{config.ladder_conversations} conversations grown one turn at a time to 205 "
+                "turns, median over 5 turns per point; stored bytes from pg_total_relation_size"
+            )
+            for label in args.subjects.split(","):
+                _say(f"   measuring {label} ...")
+                results[label] = asyncio.run(run_subject(label, url, config))
+            _say()
+            for line in report.store_table(list(results.values())):
+                _say(line)
+        e2e_result = None
+        if "e2e" in parts or "holding" in parts:
+            _say(
+                "\n2. End to end: `turnstore serve`, fake provider, 64 x 20 turns at concurrency 32"
+            )
+            e2e_result = e2e.run(url, logs, args.streams if "holding" in parts else 0)
+            for line in report.e2e_lines(e2e_result, results):
+                _say(line)
+        hold = None
+        if "holding" in parts and e2e_result:
+            _say(f"\n3. Holding power: {args.streams} concurrent streams, provider takes 2 s")
+            hold = holding.run(url, logs, e2e_result.seeded)
+            for line in report.holding_lines(hold):
+                _say(line)
+        _say("\nTargets (ratios from this run)")
+        for line in report.targets(results, e2e_result, hold):
+            _say(line)
+    _say(f"\nbench finished in {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The one PostgreSQL server of a bench run and the fresh database it works in.
+
+BENCH_DATABASE_URL (a superuser URL of a server's maintenance database) if set, else an
+embedded server of the bench's own under .turnstore/bench (so a test run sharing the
+project's embedded server can never stop it halfway)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from service import migrate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def server() -> Iterator[str]:
+    if url := os.environ.get("BENCH_DATABASE_URL"):
+        yield url
+        return
+    from service.embedded import ensure_embedded_postgres
+
+    embedded = ensure_embedded_postgres(REPO / ".turnstore" / "bench")
+    try:
+        yield embedded.url
+    finally:
+        embedded.stop()
+
+
+def sqlalchemy_url(url: str) -> str:
+    return make_url(url).set(drivername="postgresql+asyncpg").render_as_string(False)
+
+
+def libpq_url(url: str) -> str:
+    """For asyncpg and psycopg."""
+    return make_url(url).set(drivername="postgresql").render_as_string(False)
+
+
+async def _admin(url: str, statement: str) -> None:
+    conn = await asyncpg.connect(libpq_url(url))
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@contextmanager
+def fresh_database(server_url: str) -> Iterator[str]:
+    """A new database migrated to turnstore's head, dropped afterwards."""
+    name = f"turnstore_bench_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(server_url, f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name).render_as_string(False)
+    try:
+        migrate.upgrade(sqlalchemy_url(url))
+        yield url
+    finally:
+        asyncio.run(_admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def relation_bytes(url: str, tables: tuple[str, ...]) -> int:
+    """Heap, TOAST and indexes of ``tables`` (pg_total_relation_size)."""
+    conn = await asyncpg.connect(libpq_url(url))
+    try:
+        size = await conn.fetchval(
+            "SELECT coalesce(sum(pg_total_relation_size(to_regclass(name))), 0)::bigint"
+            " FROM unnest($1::text[]) AS name",
+            list(tables),
+        )
+        return int(size)
+    finally:
+        await conn.close()
+
+
+async def settle(url: str) -> None:
+    """Flush what earlier work left dirty, so it does not slow down the next measurement
+    (without it the first turns after a throughput run are measurably slower, for every
+    subject). Needs superuser or pg_checkpoint; skipped without."""
+    conn = await asyncpg.connect(libpq_url(url))
+    try:
+        await conn.execute("CHECKPOINT")
+    except asyncpg.InsufficientPrivilegeError:
+        pass
+    finally:
+        await conn.close()
+    await asyncio.sleep(0.5)
+
+
+async def server_version(url: str) -> str:
+    conn = await asyncpg.connect(libpq_url(url))
+    try:
+        return str(await conn.fetchval("SHOW server_version"))
+    finally:
+        await conn.close()

@@ -1,0 +1,109 @@
+"""The printed figures: one table per part, then the issue's targets as measured ratios."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from bench.e2e import E2EResult
+from bench.holding import HoldingResult
+from bench.store import HISTORY_POINTS, SIZE_SPANS, StoreResult
+
+CACHED, UNCACHED, BASELINE = "turnstore", "turnstore-nocache", "asyncpg-baseline"
+
+
+def store_table(results: list[StoreResult]) -> Iterator[str]:
+    points = " / ".join(str(h) for h in HISTORY_POINTS)
+    spans = ", ".join(f"h {a}-{b}" for a, b in SIZE_SPANS)
+    yield (
+        f"{'subject':19} {'turns/s best (rounds)':>25} {'client CPU':>11}   "
+        f"ms/turn at history {points:<26} B/turn ({spans})"
+    )
+    for r in results:
+        if r.error:
+            yield f"{r.name:19} not measured: {r.error}"
+            continue
+        rounds = ", ".join(f"{x:.0f}" for x in r.turns_per_s)
+        cpu = f"{min(r.cpu_us):.0f} us/turn"
+        latency = " / ".join(f"{r.latency_ms[h]:.1f}" for h in HISTORY_POINTS)
+        sizes = ", ".join(f"{r.bytes_per_turn[s]:,.0f}" for s in SIZE_SPANS)
+        throughput = f"{r.best_turns_per_s:5.0f} ({rounds:>17})"
+        yield f"{r.name:19} {throughput} {cpu:>12}   {latency:>45}   {sizes}"
+
+
+def e2e_lines(e2e: E2EResult, results: dict[str, StoreResult]) -> Iterator[str]:
+    yield (
+        f"HTTP turns/s {e2e.turns_per_s:.0f}, "
+        f"latency p50 {e2e.p50_ms:.1f} ms, p99 {e2e.p99_ms:.1f} ms; "
+        f"server CPU {e2e.server_cpu_ms:.2f} ms per turn"
+    )
+    for name in (CACHED, BASELINE):
+        if name in results and not results[name].error:
+            store = results[name].best_turns_per_s
+            yield f"  beside the store figure of this run: {name} {store:.0f} turns/s"
+
+
+def holding_lines(h: HoldingResult) -> Iterator[str]:
+    problems = {k: v for k, v in h.outcomes.items() if k != "done"}
+    yield (
+        f"{h.completed} of {h.streams} streams committed in {h.seconds:.1f} s; "
+        f"other outcomes: {problems or 'none'}"
+    )
+    yield (
+        f"server RSS {h.rss_before_mb:.0f} MB before, {h.rss_peak_mb:.0f} MB peak "
+        f"(+{h.rss_growth_mb:.0f} MB)"
+    )
+    yield (
+        f"database connections: at most {h.connections_open_max} open, "
+        f"{h.connections_busy_max} busy at once (DB_POOL_SIZE {h.pool_size}, "
+        f"pool limit {2 * h.pool_size} with overflow)"
+    )
+
+
+def _check(label: str, value: float, limit: float, at_least: bool, unit: str = "x") -> str:
+    met = value >= limit if at_least else value <= limit
+    sign = ">=" if at_least else "<="
+    verdict = "met" if met else "MISSED"
+    return f"  {label:55} {value:8.2f}{unit:<3} (target {sign} {limit:g}{unit})  {verdict}"
+
+
+def targets(
+    results: dict[str, StoreResult], e2e: E2EResult | None, hold: HoldingResult | None
+) -> Iterator[str]:
+    ours = results.get(CACHED)
+    if ours is None or ours.error:
+        yield "  turnstore's store was not measured: no ratios"
+        return
+
+    def ratio_to(name: str) -> float | None:
+        other = results.get(name)
+        if other is None or other.error or not other.best_turns_per_s:
+            return None
+        return ours.best_turns_per_s / other.best_turns_per_s
+
+    for name, limit in ((BASELINE, 0.9), ("agents-sqlalchemy", 2), ("langgraph", 5)):
+        value = ratio_to(name)
+        label = f"store throughput vs {name}"
+        yield _check(label, value, limit, True) if value else f"  {label}: not measured"
+    first, last = HISTORY_POINTS[0], HISTORY_POINTS[-1]
+    growth = ours.latency_ms[last] / ours.latency_ms[first]
+    yield _check(f"store latency at {last} vs {first} turns of history", growth, 1.5, False)
+    late = SIZE_SPANS[-1]
+    baseline = results.get(BASELINE)
+    if baseline and not baseline.error:
+        size = ours.bytes_per_turn[late] / baseline.bytes_per_turn[late]
+        yield _check("stored bytes per turn vs the baseline's (h 150-200)", size, 1.1, False)
+    flat = ours.bytes_per_turn[late] / ours.bytes_per_turn[SIZE_SPANS[0]]
+    yield _check("stored bytes per turn, h 150-200 vs h 0-50", flat, 1.1, False)
+    if e2e and baseline and not baseline.error:
+        value = e2e.turns_per_s / baseline.best_turns_per_s
+        yield _check("end-to-end HTTP turns/s vs the store baseline's", value, 0.5, True)
+    if hold:
+        yield _check("holding: streams not committed", hold.streams - hold.completed, 0, False, "")
+        yield _check(
+            "holding: max connections open vs DB_POOL_SIZE",
+            hold.connections_open_max,
+            hold.pool_size,
+            False,
+            "",
+        )
+        yield _check("holding: peak RSS growth", hold.rss_growth_mb, 150, False, "MB")

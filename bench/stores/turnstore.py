@@ -1,0 +1,47 @@
+"""turnstore's own store: CachedStore over PostgresStore (as served), and PostgresStore alone."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import msgspec
+
+from bench.database import sqlalchemy_url
+from bench.workload import Payload
+from service.db import create_engine
+from service.model import Origin, Turn
+from service.store.base import ConversationStore
+from service.store.cache import CachedStore
+from service.store.postgres import PostgresStore
+
+ORIGIN = Origin("openai", "https://api.openai.com/v1", "gpt-5-mini")
+POOL_SIZE = 10  # turnstore's default DB_POOL_SIZE (plus as many overflow): 20 at most
+
+
+class TurnstoreSubject:
+    tables = ("conversations", "turns")
+
+    def __init__(self, name: str, store: ConversationStore) -> None:
+        self.name = name
+        self.store = store
+
+    async def turn(self, conversation: UUID, payload: Payload, history: int) -> None:
+        loaded = await self.store.load(conversation)
+        revision = loaded.revision if loaded else 0
+        assert len(loaded.turns if loaded else []) == history
+        items = [msgspec.Raw(raw) for raw in payload.raw_items]
+        turn = Turn(payload.user_text, payload.assistant_text, items, ORIGIN)
+        await self.store.append(conversation, turn, revision)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+async def open_cached(url: str) -> TurnstoreSubject:
+    store = PostgresStore(create_engine(sqlalchemy_url(url), pool_size=POOL_SIZE))
+    return TurnstoreSubject("turnstore", CachedStore(store, 64 * 1024 * 1024))
+
+
+async def open_uncached(url: str) -> TurnstoreSubject:
+    store = PostgresStore(create_engine(sqlalchemy_url(url), pool_size=POOL_SIZE))
+    return TurnstoreSubject("turnstore-nocache", store)

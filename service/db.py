@@ -42,7 +42,9 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
     return create_async_engine(
         async_url(url),
         pool_size=pool_size,
-        max_overflow=pool_size,
+        # DB_POOL_SIZE is the hard limit per process: a turn holds a connection only to load and
+        # to commit, never while the provider works, so a small pool serves many turns.
+        max_overflow=0,
         pool_timeout=10,
         # A stale connection (database restarted, backend terminated) is replaced at checkout
         # instead of failing a request. Behind PgBouncer the ping is BEGIN; ";"; ROLLBACK (the

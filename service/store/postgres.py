@@ -35,7 +35,7 @@ from service.model import (
 from service.store.idempotency import complete
 from service.store.tables import conversations as c
 from service.store.tables import turns as t
-from service.store.tx import transaction
+from service.store.tx import read, transaction
 from service.tools.gate import ToolCallRecord
 
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
@@ -138,7 +138,7 @@ class PostgresStore:
 
     async def load(self, conversation_id: UUID, after_revision: int = 0) -> Conversation | None:
         """The conversation with its turns after ``after_revision`` (all turns by default)."""
-        async with transaction(self._engine) as conn:
+        async with read(self._engine) as conn:
             params = {"cid": conversation_id, "after": after_revision}
             rows = (await conn.execute(self._sql.load, params)).all()
         if not rows:
@@ -218,7 +218,7 @@ class PostgresStore:
         """The owner's conversations, newest first, and the cursor of the next page."""
         before_at, before_id = _decode_cursor(after)
         params = {"b_owner": owner, "limit": limit, "before_at": before_at, "before_id": before_id}
-        async with transaction(self._engine) as conn:
+        async with read(self._engine) as conn:
             rows = (await conn.execute(self._sql.page, params)).all()
         page = [Summary(r.id, r.revision, r.created_at, r.updated_at) for r in rows]
         cursor = _encode_cursor(page[-1]) if len(page) == limit else None

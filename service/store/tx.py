@@ -12,6 +12,22 @@ from service.errors import StorageError
 
 
 @asynccontextmanager
+async def read(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A one-statement read: autocommit, so no BEGIN/COMMIT round trips (one statement sees
+    one snapshot anyway). Failures map and discard as in ``transaction``."""
+    try:
+        async with engine.connect() as conn:
+            autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                yield autocommit
+            except sa.exc.DBAPIError:
+                await conn.invalidate()
+                raise
+    except (sa.exc.DBAPIError, sa.exc.TimeoutError, OSError, TimeoutError) as exc:
+        raise StorageError() from exc
+
+
+@asynccontextmanager
 async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """One short transaction. Any database failure becomes StorageError, and the connection
     it happened on is discarded: after a failover or a restart the pool must not hand out a

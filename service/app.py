@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from litestar import Litestar
+from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
@@ -15,10 +15,13 @@ from service.api.chat import ChatController
 from service.api.conversations import ConversationController
 from service.api.correlation import add_correlation_header
 from service.api.errors import error_response
+from service.api.limits import head_limit_middleware
 from service.api.ops import healthz, metrics, readyz
+from service.auth import authentication, build_authenticator, openapi_security
 from service.context import Budget, SystemPrompt
 from service.db import create_engine
 from service.exchange import Tooling
+from service.keys import ApiKeyStore
 from service.logs import configure as configure_logging
 from service.logs import correlation_middleware
 from service.migrate import upgrade
@@ -29,6 +32,7 @@ from service.settings import Settings
 from service.shutdown import shutdown_on_signals
 from service.store.base import ConversationStore
 from service.store.cache import CachedStore
+from service.store.idempotency import IdempotencyStore
 from service.store.postgres import PostgresStore
 from service.tools.base import ToolRegistry
 from service.tools.gate import ToolExecutor
@@ -71,9 +75,11 @@ def create_app(
     *,
     store: ConversationStore | None = None,
     provider: Provider | None = None,
+    api_keys: ApiKeyStore | None = None,
 ) -> Litestar:
     settings = settings or Settings.from_env()
     stop_database: Callable[[], None] = lambda: None  # noqa: E731
+    idempotency: IdempotencyStore | None = None
     if store is None:
         url, stop_database = database_url(settings)
         engine = create_engine(
@@ -81,9 +87,18 @@ def create_app(
             pool_size=settings.db_pool_size,
             statement_cache_size=settings.db_statement_cache_size,
         )
-        store = PostgresStore(engine)
+        store = PostgresStore(
+            engine,
+            retention_days=settings.retention_days,
+            idempotency_ttl_s=settings.idempotency_ttl_s,
+        )
+        # A claimed key whose replica died is taken over once the longest turn is surely over.
+        lease_s = settings.upstream_read_timeout_s * settings.tool_max_rounds + 60
+        idempotency = IdempotencyStore(engine, ttl_s=settings.idempotency_ttl_s, lease_s=lease_s)
+        api_keys = api_keys or ApiKeyStore(engine)
         if settings.history_cache_bytes > 0:
             store = CachedStore(store, settings.history_cache_bytes)
+    guard, owner = authentication(build_authenticator(settings, api_keys))
     provider = provider or build_provider(settings)
     prompt = settings.system_prompt_file
     tooling = build_tooling(settings)
@@ -94,6 +109,7 @@ def create_app(
         system_prompt=SystemPrompt.from_file(prompt) if prompt else None,
         budget=Budget(settings.context_max_turns, settings.context_max_request_bytes),
         tooling=tooling,
+        idempotency=idempotency,
     )
 
     @asynccontextmanager
@@ -112,19 +128,30 @@ def create_app(
     def constant(value: Any) -> Provide:
         return Provide(lambda: value, use_cache=True, sync_to_thread=False)
 
+    # The operations that have an owner: authenticated (by the guard, before the body is read).
+    components, security = openapi_security(settings)
+    owned = Router(
+        "/",
+        route_handlers=[ChatController, ConversationController],
+        guards=[guard],
+        security=security,
+    )
     return Litestar(
-        route_handlers=[ChatController, ConversationController, healthz, readyz, metrics],
+        route_handlers=[owned, healthz, readyz, metrics],
         dependencies={
             "settings": constant(settings),
             "store": constant(store),
             "turns": constant(turns),
+            "owner": Provide(owner),  # the guard's result (service/auth.py)
         },
         exception_handlers={Exception: error_response},
         before_send=[add_correlation_header],
-        middleware=[correlation_middleware],
+        middleware=[correlation_middleware, head_limit_middleware],
         request_max_body_size=settings.max_body_bytes,
         lifespan=[lifespan],
-        openapi_config=OpenAPIConfig(title="turnstore", version="1", path="/schema"),
+        openapi_config=OpenAPIConfig(
+            title="turnstore", version="1", path="/schema", components=components
+        ),
         logging_config=None,
         debug=False,
     )

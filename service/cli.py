@@ -1,8 +1,10 @@
-"""The `turnstore` command: serve, and Alembic migrations for operators."""
+"""The `turnstore` command: serve, Alembic migrations and API keys for operators."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import math
 import os
 import signal
 import sys
@@ -10,8 +12,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from service import migrate
+from service.auth import check_serving
+from service.db import create_engine
+from service.http_server import HTTP_LIMITS
+from service.keys import run_with_keys
 from service.logs import configure as configure_logging
 from service.settings import Settings
+from service.store.postgres import PostgresStore
 
 CURL_EXAMPLE = """\
 turnstore is serving on http://{host}:{port} (provider: {provider}). Try:
@@ -44,26 +51,35 @@ def _database(settings: Settings, *, migrate_embedded: bool) -> Iterator[str]:
 def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
 
+    try:
+        explicit = os.environ.get("AUTH_MODE", "").strip().lower() == "none"
+        check_serving(settings, args.host, none_is_explicit=explicit)
+    except (ValueError, OSError) as exc:
+        sys.exit(f"turnstore serve: {exc}")
     with _database(settings, migrate_embedded=True) as url:
         os.environ["DATABASE_URL"] = url  # workers (other processes) share this server
         sys.stderr.write(
             CURL_EXAMPLE.format(host=args.host, port=args.port, provider=settings.llm_provider)
         )
         # uvicorn re-raises SIGTERM after its graceful shutdown; turn it into SystemExit so the
-        # embedded database started above is stopped too instead of being orphaned.
+        # embedded database started above is stopped too instead of being orphaned. A drained
+        # shutdown is a clean exit (status 0), as with --workers, whose supervisor handles
+        # SIGTERM itself. uvicorn stops accepting and waits up to the grace period for open
+        # requests; open streams end at once with an `error` event (service/shutdown.py).
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
         uvicorn.run(
             "service.app:app",
             host=args.host,
             port=args.port,
             workers=args.workers,
+            **HTTP_LIMITS,
             log_config=configure_logging(os.environ.get("LOG_FORMAT", "json")),
-            timeout_graceful_shutdown=30,
+            timeout_graceful_shutdown=max(1, math.ceil(settings.shutdown_grace_s)),
         )
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise SystemExit(0)
 
 
 def _db(action: Callable[[str], object]) -> Callable[[argparse.Namespace, Settings], None]:
@@ -74,6 +90,42 @@ def _db(action: Callable[[str], object]) -> Callable[[argparse.Namespace, Settin
                 print(result)
 
     return run
+
+
+def _purge(args: argparse.Namespace, settings: Settings) -> None:
+    """Delete conversations idle past RETENTION_DAYS, in small batches (safe from cron on
+    any replica, concurrently too)."""
+    if not settings.retention_days:
+        sys.exit("turnstore purge: RETENTION_DAYS is not set; nothing expires")
+
+    async def purge(url: str) -> int:
+        store = PostgresStore(
+            create_engine(url, pool_size=1), retention_days=settings.retention_days
+        )
+        try:
+            return await store.purge(args.batch)
+        finally:
+            await store.close()
+
+    with _database(settings, migrate_embedded=False) as url:
+        print(f"purged {asyncio.run(purge(url))} conversations")
+
+
+def _keys_create(args: argparse.Namespace, settings: Settings) -> None:
+    with _database(settings, migrate_embedded=True) as url:
+        try:
+            key = run_with_keys(url, lambda keys: keys.create(args.owner))
+        except ValueError as exc:
+            sys.exit(f"turnstore keys create: {exc}")
+    sys.stderr.write(f"New API key of {args.owner!r}, shown only now (only its hash is kept):\n")
+    print(key)  # alone on the last line of stdout, for scripts
+
+
+def _keys_revoke(args: argparse.Namespace, settings: Settings) -> None:
+    with _database(settings, migrate_embedded=True) as url:
+        if not run_with_keys(url, lambda keys: keys.revoke(args.key)):
+            sys.exit("turnstore keys revoke: no such key")
+    sys.stderr.write("Revoked: every replica refuses the key from its next request on.\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser("current", help="print the schema's revision").set_defaults(
         run=_db(migrate.current)
     )
+
+    purge = commands.add_parser("purge", help="delete conversations past RETENTION_DAYS")
+    purge.add_argument("--batch", type=int, default=500, help="rows per short transaction")
+    purge.set_defaults(run=_purge)
+
+    keys = commands.add_parser("keys", help="API keys for AUTH_MODE=api_key")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_commands.add_parser("create", help="print a new key (only its hash is kept)")
+    create.add_argument("--owner", required=True, help="whose conversations the key reaches")
+    create.set_defaults(run=_keys_create)
+    revoke = keys_commands.add_parser("revoke", help="refuse KEY from now on, on every replica")
+    revoke.add_argument("key", metavar="KEY")
+    revoke.set_defaults(run=_keys_revoke)
     return parser
 
 

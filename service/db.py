@@ -53,5 +53,6 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
         pool_pre_ping=True,
         # json columns hold replay items that turnstore never decodes: read them as text.
         json_deserializer=lambda text: text,
+        hide_parameters=True,  # SQL errors must not carry message text into logs
         connect_args=connect_args,
     )

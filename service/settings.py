@@ -36,10 +36,10 @@ class Settings:
     database_url: str | None = None
     llm_provider: str = "fake"
     openai_base_url: str = "https://api.openai.com/v1"
-    openai_api_key: str | None = None
+    openai_api_key: str | None = field(default=None, repr=False)
     openai_model: str | None = None
     azure_endpoint: str | None = None
-    azure_api_key: str | None = None
+    azure_api_key: str | None = field(default=None, repr=False)
     azure_deployment: str | None = None
     upstream_connect_timeout_s: float = 10.0
     upstream_read_timeout_s: float = 90.0

@@ -1,13 +1,19 @@
-"""Strict JSON: one value, no duplicate object keys, no trailing content.
+"""Strict JSON: one value, no duplicate object keys, no trailing content, nothing that is not
+JSON (NaN, Infinity, numbers too large for a float), and at most MAX_DEPTH levels of nesting.
 
 msgspec (and the stdlib by default) keep the last of duplicate keys silently; a request
-with ``{"message": "a", "message": "b"}`` is ambiguous, so it is rejected instead.
+with ``{"message": "a", "message": "b"}`` is ambiguous, so it is rejected instead. The
+stdlib also accepts ``NaN`` and ``Infinity`` and turns ``1e999`` into ``inf``; none of them is
+JSON.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
+
+MAX_DEPTH = 32  # far beyond any request or tool arguments turnstore expects
 
 
 class StrictJSONError(ValueError):
@@ -23,11 +29,39 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+def _no_constant(name: str) -> Any:
+    raise StrictJSONError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise StrictJSONError("a number is out of range")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def loads(raw: str | bytes) -> Any:
     """Parse ``raw`` or raise StrictJSONError with a message safe to show a client."""
     try:
-        return json.loads(raw, object_pairs_hook=_unique_keys)
+        value = json.loads(
+            raw, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite
+        )
     except StrictJSONError:
         raise
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise StrictJSONError("malformed JSON") from exc
+    if _depth(value) > MAX_DEPTH:
+        raise StrictJSONError(f"nested deeper than {MAX_DEPTH} levels")
+    return value

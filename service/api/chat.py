@@ -93,6 +93,7 @@ class ChatController(Controller):
     @post(
         "/stream",
         status_code=200,
+        media_type="text/event-stream",
         before_request=reject_duplicate_keys,
         summary="Send a message and stream the reply as Server-Sent Events.",
         description="Events: message.delta {delta}, then exactly one of message.done "

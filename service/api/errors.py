@@ -9,7 +9,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from service.api.correlation import correlation_id
-from service.errors import RateLimited, TurnstoreError
+from service.errors import RateLimited, TurnstoreError, Unauthorized
 
 log = logging.getLogger("turnstore.api")
 
@@ -42,8 +42,16 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
         status, code, message = exc.status, exc.code, exc.message
         if isinstance(exc, RateLimited) and exc.retry_after:
             headers["Retry-After"] = exc.retry_after
+        if isinstance(exc, Unauthorized):
+            headers["WWW-Authenticate"] = 'Bearer realm="turnstore"' + (
+                ', error="invalid_token"' if exc.token_sent else ""
+            )
         if status >= 500:
-            log.warning("%s: %r", code, exc.__cause__ or exc, extra={"correlation_id": cid})
+            # The cause's class and SQLSTATE only: a driver error's text can quote user data.
+            cause = exc.__cause__
+            detail = type(cause).__name__ if cause else "-"
+            state = getattr(getattr(cause, "orig", None), "sqlstate", None)
+            log.warning("%s: %s sqlstate=%s", code, detail, state, extra={"correlation_id": cid})
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
         status = exc.status_code
         code = _CODE_BY_STATUS.get(status, "http_error")

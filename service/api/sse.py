@@ -25,8 +25,8 @@ from litestar.response import ServerSentEventMessage
 
 from service.api.errors import envelope
 from service.errors import TurnstoreError
-from service.metrics import OPEN_STREAMS
 from service.exchange import ToolCalled
+from service.metrics import OPEN_STREAMS
 from service.providers.base import TextDelta
 from service.shutdown import SHUTDOWN
 from service.turns import TurnDone, TurnEvent

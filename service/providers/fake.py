@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 
 import msgspec
 
@@ -106,13 +106,6 @@ def _offers(request: ProviderRequest, name: str) -> bool:
 
 def _call_items(name: str, arguments: str, history: int) -> list[msgspec.Raw]:
     key = hashlib.sha256(f"{history}:{name}:{arguments}".encode()).hexdigest()[:24]
-    reasoning_id = f"rs_{key}"
-    reasoning = {
-        "type": "reasoning",
-        "id": reasoning_id,
-        "summary": [],
-        "encrypted_content": _seal(reasoning_id),
-    }
     call = {
         "type": "function_call",
         "id": f"fc_{key}",
@@ -121,7 +114,7 @@ def _call_items(name: str, arguments: str, history: int) -> list[msgspec.Raw]:
         "arguments": arguments,
         "status": "completed",
     }
-    return [msgspec.Raw(msgspec.json.encode(reasoning)), msgspec.Raw(msgspec.json.encode(call))]
+    return _sealed_reasoning_then(key, call)
 
 
 def _split(text: str, parts: int) -> list[str]:
@@ -131,13 +124,6 @@ def _split(text: str, parts: int) -> list[str]:
 
 def _output_items(text: str, history: int) -> list[msgspec.Raw]:
     key = hashlib.sha256(f"{history}:{text}".encode()).hexdigest()[:24]
-    reasoning_id = f"rs_{key}"
-    reasoning = {
-        "type": "reasoning",
-        "id": reasoning_id,
-        "summary": [],
-        "encrypted_content": _seal(reasoning_id),
-    }
     message = {
         "type": "message",
         "id": f"msg_{key}",
@@ -145,4 +131,16 @@ def _output_items(text: str, history: int) -> list[msgspec.Raw]:
         "role": "assistant",
         "content": [{"type": "output_text", "text": text, "annotations": []}],
     }
-    return [msgspec.Raw(msgspec.json.encode(reasoning)), msgspec.Raw(msgspec.json.encode(message))]
+    return _sealed_reasoning_then(key, message)
+
+
+def _sealed_reasoning_then(key: str, item: Mapping[str, object]) -> list[msgspec.Raw]:
+    """A reasoning item sealed by this fake, then the item it precedes."""
+    reasoning_id = f"rs_{key}"
+    reasoning = {
+        "type": "reasoning",
+        "id": reasoning_id,
+        "summary": [],
+        "encrypted_content": _seal(reasoning_id),
+    }
+    return [msgspec.Raw(msgspec.json.encode(reasoning)), msgspec.Raw(msgspec.json.encode(item))]

@@ -54,8 +54,7 @@ def holding_lines(h: HoldingResult) -> Iterator[str]:
     )
     yield (
         f"database connections: at most {h.connections_open_max} open, "
-        f"{h.connections_busy_max} busy at once (DB_POOL_SIZE {h.pool_size}, "
-        f"pool limit {2 * h.pool_size} with overflow)"
+        f"{h.connections_busy_max} busy at once (DB_POOL_SIZE {h.pool_size}, no overflow)"
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import uuid
 from collections.abc import AsyncGenerator, Awaitable
 from contextlib import aclosing
@@ -25,13 +24,13 @@ from service.errors import (
     ContentFiltered,
     ConversationNotFound,
     InvalidInput,
-    PreconditionFailed,
     StorageError,
     UpstreamError,
 )
 from service.exchange import Answer, Exchange, ToolCalled, Tooling
 from service.locks import KeyedLocks
-from service.model import ANONYMOUS, Conversation, IdempotencyKey, Precondition, Turn
+from service.model import ANONYMOUS, Conversation, Precondition, Turn
+from service.plans import TurnPlan, check_precondition, make_plan
 from service.providers.base import (
     Provider,
     Reply,
@@ -46,16 +45,6 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class TurnPlan:
-    conversation_id: uuid.UUID
-    is_new: bool
-    message: str
-    if_match: Precondition
-    owner: str = ANONYMOUS
-    idempotency: IdempotencyKey | None = None
-
-
-@dataclass(frozen=True)
 class TurnDone:
     conversation_id: uuid.UUID
     message: str
@@ -65,18 +54,6 @@ class TurnDone:
 
 
 TurnEvent = TextDelta | ToolCalled | TurnDone
-
-
-def parse_conversation_id(raw: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise ConversationNotFound() from None  # malformed looks exactly like unknown
-
-
-def check_precondition(if_match: Precondition, revision: int) -> None:
-    if if_match is not None and revision not in if_match:
-        raise PreconditionFailed()
 
 
 class TurnService:
@@ -112,24 +89,16 @@ class TurnService:
         idempotency_key: str | None = None,
     ) -> TurnPlan:
         """Validate a request without I/O; a new conversation gets its id here."""
-        if not message.strip():
-            raise InvalidInput("message must not be empty or whitespace only.")
-        if len(message) > self._max_message_chars:
-            raise InvalidInput(f"message is longer than {self._max_message_chars} characters.")
-        if "\x00" in message or _has_lone_surrogate(message):
-            raise InvalidInput("message must be valid text without NUL characters.")
-        idempotency = None
-        if idempotency_key is not None:
-            if self._idempotency is None:
-                raise InvalidInput("Idempotency-Key is not enabled on this server.")
-            asked = msgspec.json.encode([message, conversation_id])
-            idempotency = IdempotencyKey(owner, idempotency_key, hashlib.sha256(asked).hexdigest())
-        if conversation_id is None:
-            if if_match is not None:
-                raise PreconditionFailed("If-Match needs an existing conversation.")
-            return TurnPlan(uuid.uuid4(), True, message, None, owner, idempotency)
-        cid = parse_conversation_id(conversation_id)
-        return TurnPlan(cid, False, message, if_match, owner, idempotency)
+        if idempotency_key is not None and self._idempotency is None:
+            raise InvalidInput("Idempotency-Key is not enabled on this server.")
+        return make_plan(
+            message,
+            conversation_id,
+            if_match,
+            max_message_chars=self._max_message_chars,
+            owner=owner,
+            idempotency_key=idempotency_key,
+        )
 
     async def check(self, plan: TurnPlan) -> None:
         """Fail early (before a stream starts) when the turn cannot succeed."""
@@ -280,14 +249,6 @@ def _replay(stored: str, stream: bool) -> list[TurnEvent]:
     """The committed result of an earlier attempt with the same Idempotency-Key."""
     done = msgspec.json.decode(stored, type=TurnDone)
     return [TextDelta(done.message), done] if stream else [done]
-
-
-def _has_lone_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 async def _settle(awaitable: Awaitable[T]) -> T:

@@ -11,7 +11,7 @@ from litestar.params import FromPath, QueryParameter
 from service.api.headers import CORRELATION_ID, ETAG, IfMatch, Owner, Store, etag, parse_if_match
 from service.api.schemas import ConversationList, ConversationView, ErrorEnvelope
 from service.errors import ConversationNotFound
-from service.turns import parse_conversation_id
+from service.plans import parse_conversation_id
 
 _NOT_FOUND = {404: ResponseSpec(ErrorEnvelope, description="conversation_not_found")}
 _STORAGE = {500: ResponseSpec(ErrorEnvelope, description="storage_error")}

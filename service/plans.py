@@ -1,0 +1,72 @@
+"""A turn request, validated before any I/O: what the turn service is asked to do."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+
+import msgspec
+
+from service.errors import ConversationNotFound, InvalidInput, PreconditionFailed
+from service.model import ANONYMOUS, IdempotencyKey, Precondition
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    conversation_id: uuid.UUID
+    is_new: bool  # a new conversation's id is provisional until its first turn commits
+    message: str
+    if_match: Precondition
+    owner: str = ANONYMOUS
+    idempotency: IdempotencyKey | None = None
+
+
+def make_plan(
+    message: str,
+    conversation_id: str | None,
+    if_match: Precondition,
+    *,
+    max_message_chars: int,
+    owner: str = ANONYMOUS,
+    idempotency_key: str | None = None,
+) -> TurnPlan:
+    if not message.strip():
+        raise InvalidInput("message must not be empty or whitespace only.")
+    if len(message) > max_message_chars:
+        raise InvalidInput(f"message is longer than {max_message_chars} characters.")
+    if "\x00" in message or not _encodable(message):
+        raise InvalidInput("message must be valid text without NUL characters.")
+    idempotency = None
+    if idempotency_key is not None:
+        asked = msgspec.json.encode(
+            [message, conversation_id]
+        )  # endpoint-agnostic: retries may switch
+        idempotency = IdempotencyKey(owner, idempotency_key, hashlib.sha256(asked).hexdigest())
+    if conversation_id is None:
+        if if_match is not None:
+            raise PreconditionFailed("If-Match needs an existing conversation.")
+        return TurnPlan(uuid.uuid4(), True, message, None, owner, idempotency)
+    cid = parse_conversation_id(conversation_id)
+    return TurnPlan(cid, False, message, if_match, owner, idempotency)
+
+
+def parse_conversation_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise ConversationNotFound() from None  # malformed looks exactly like unknown
+
+
+def check_precondition(if_match: Precondition, revision: int) -> None:
+    if if_match is not None and revision not in if_match:
+        raise PreconditionFailed()
+
+
+def _encodable(text: str) -> bool:
+    """False for lone surrogates, which JSON allows and PostgreSQL cannot store."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -27,10 +27,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from sqlalchemy.engine import make_url
 
 from tests.fakeapi import FakeResponsesAPI
+from tests.helpers import serve
 
 REPO = Path(__file__).resolve().parents[1]
 TURNSTORE = str(Path(sys.executable).with_name("turnstore"))
@@ -222,27 +222,12 @@ class FakeAPIApp:
 @asynccontextmanager
 async def fake_api(api: FakeResponsesAPI, delay_s: float = 0.0) -> AsyncIterator[str]:
     """Serve ``api`` on a loopback port in this event loop; yields OPENAI_BASE_URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        FakeAPIApp(api, delay_s),
-        lifespan="off",
-        log_level="warning",
-        timeout_graceful_shutdown=2,
-        timeout_keep_alive=30,  # longer than any test: no keep-alive race with the replicas
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.005)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+    app = FakeAPIApp(api, delay_s)
+    # Keep-alive longer than any test: no keep-alive race with the replicas.
+    async with serve(
+        app, lifespan="off", timeout_graceful_shutdown=2, timeout_keep_alive=30
+    ) as url:
+        yield f"{url}/v1"
 
 
 def provider_env(base_url: str) -> dict[str, str]:

@@ -1,15 +1,11 @@
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from litestar import Litestar
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,6 +17,7 @@ from service.providers.fake import FakeProvider
 from service.settings import Settings
 from service.store.postgres import PostgresStore
 from tests.database import fresh_database, postgres_server
+from tests.helpers import serve
 
 
 @pytest.fixture(scope="session")
@@ -53,27 +50,6 @@ def store(engine: AsyncEngine) -> PostgresStore:
 
 
 ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
-
-
-@asynccontextmanager
-async def serve(app: Litestar) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on a loopback port, in this test's event loop (so a test can
-    pause a fake provider with an asyncio.Event), over real HTTP with real disconnects."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, lifespan="on", log_level="warning", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.005)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from service import migrate
 from service.app import create_app
 from service.db import create_engine
 from service.settings import Settings
-from tests.conftest import serve
 from tests.database import fresh_database
+from tests.helpers import serve
 
 
 async def _tables(url: str) -> set[str]:

@@ -15,10 +15,10 @@ from service.app import create_app
 from service.model import Commit, Turn
 from service.settings import Settings
 from service.store.postgres import PostgresStore
-from tests.conftest import ClientFactory, serve
+from tests.conftest import ClientFactory
 from tests.database import admin
 from tests.fakeapi import FakeResponsesAPI, Script
-from tests.helpers import CHAT, assert_error, snapshot
+from tests.helpers import CHAT, assert_error, serve, snapshot
 
 STREAM = f"{CHAT}/stream"
 

@@ -54,5 +54,8 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
         # json columns hold replay items that turnstore never decodes: read them as text.
         json_deserializer=lambda text: text,
         hide_parameters=True,  # SQL errors must not carry message text into logs
+        # Autocommit by default: a one-statement read needs no BEGIN/COMMIT, and the pre-ping
+        # is one round trip instead of three. Writes open a real transaction (store/tx.py).
+        isolation_level="AUTOCOMMIT",
         connect_args=connect_args,
     )

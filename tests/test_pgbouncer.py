@@ -7,13 +7,14 @@ The whole service through PgBouncer is in tests/test_cluster.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.db import create_engine
 from tests.cluster import pgbouncer
@@ -67,6 +68,15 @@ async def test_statement_cache_off_leaves_nothing_on_the_server_connections(
                 await engine.dispose()
 
 
+@asynccontextmanager
+async def _in_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A real transaction (the engine autocommits), holding one server connection throughout."""
+    async with engine.connect() as conn:
+        writing = await conn.execution_options(isolation_level="READ COMMITTED")
+        async with writing.begin():
+            yield writing
+
+
 async def test_the_default_statement_cache_breaks_under_transaction_pooling(
     database: str,
 ) -> None:
@@ -78,13 +88,13 @@ async def test_the_default_statement_cache_breaks_under_transaction_pooling(
         dsn = asyncpg_dsn(pooled)
         first, second = [await asyncpg.connect(dsn, statement_cache_size=0) for _ in range(2)]
         try:
-            async with engine.begin() as conn:  # prepares and caches on server connection A
+            async with _in_transaction(engine) as conn:  # prepares and caches on server conn A
                 await conn.execute(sa.select(_PROBE.c.value).where(_PROBE.c.id == 1))
                 await first.execute("BEGIN")  # A is busy: this one holds B
             await second.execute("BEGIN")  # now this one holds A...
             await first.execute("COMMIT")  # ...and B is the only free one
             with pytest.raises(sa.exc.DBAPIError, match="prepared statement"):
-                async with engine.begin() as conn:
+                async with _in_transaction(engine) as conn:
                     await conn.execute(sa.select(_PROBE.c.value).where(_PROBE.c.id == 2))
         finally:
             for raw in (first, second):

@@ -132,6 +132,7 @@ async def test_two_real_transactions_race_exactly_one_wins(
     stores = [PostgresStore(e) for e in replicas]
     try:
         async with engine.connect() as blocker:
+            blocker = await blocker.execution_options(isolation_level="READ COMMITTED")
             await blocker.begin()
             if existing:
                 await blocker.execute(

@@ -13,13 +13,12 @@ from service.errors import StorageError
 
 @asynccontextmanager
 async def read(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A one-statement read: autocommit, so no BEGIN/COMMIT round trips (one statement sees
-    one snapshot anyway). Failures map and discard as in ``transaction``."""
+    """A one-statement read on the engine's autocommit connection: no BEGIN/COMMIT round trips
+    (one statement sees one snapshot anyway). Failures map and discard as in ``transaction``."""
     try:
         async with engine.connect() as conn:
-            autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
             try:
-                yield autocommit
+                yield conn
             except sa.exc.DBAPIError:
                 await conn.invalidate()
                 raise
@@ -35,8 +34,10 @@ async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     try:
         async with engine.connect() as conn:
             try:
-                async with conn.begin():
-                    yield conn
+                # The engine autocommits (service/db.py); a write gets a real transaction.
+                writing = await conn.execution_options(isolation_level="READ COMMITTED")
+                async with writing.begin():
+                    yield writing
             except sa.exc.DBAPIError:
                 await conn.invalidate()
                 raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.errors import IdempotencyKeyReused, RequestInProgress
 from service.model import IdempotencyKey
@@ -49,7 +49,7 @@ _RELEASE = sa.delete(k).where(
     k.c.owner == sa.bindparam("b_owner"), k.c.key == sa.bindparam("b_key"), k.c.state == "running"
 )
 
-_COMPLETE = (
+COMPLETE = (
     sa.update(k)
     .where(k.c.owner == sa.bindparam("b_owner"), k.c.key == sa.bindparam("b_key"))
     .values(
@@ -88,7 +88,7 @@ class IdempotencyStore:
             await conn.execute(_RELEASE, {"b_owner": key.owner, "b_key": key.key})
 
 
-async def complete(conn: AsyncConnection, key: IdempotencyKey, response: str, ttl_s: float) -> None:
-    """Inside the turn's commit: the key now answers with this response until its TTL."""
-    params = {"b_owner": key.owner, "b_key": key.key, "b_response": response, "ttl": ttl_s}
-    await conn.execute(_COMPLETE, params)
+def completion(key: IdempotencyKey, response: str, ttl_s: float) -> dict[str, object]:
+    """The parameters of ``COMPLETE``, run inside the turn's commit: the key now answers with
+    this response until its TTL."""
+    return {"b_owner": key.owner, "b_key": key.key, "b_response": response, "ttl": ttl_s}

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import base64
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 import msgspec
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.errors import (
     ConversationConflict,
@@ -32,10 +33,10 @@ from service.model import (
     Summary,
     Turn,
 )
-from service.store.idempotency import complete
+from service.store.idempotency import COMPLETE, completion
 from service.store.tables import conversations as c
 from service.store.tables import turns as t
-from service.store.tx import read, transaction
+from service.store.tx import Compiled, driver, read, transaction
 from service.tools.gate import ToolCallRecord
 
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
@@ -133,38 +134,46 @@ class PostgresStore:
     ) -> None:
         self._engine = engine
         self._sql = _Statements(retention_days)
+        # The two statements of every turn go straight to the driver (see store/tx.py).
+        dialect = engine.dialect
+        self._load = Compiled(self._sql.load, dialect)
+        self._create = Compiled(self._sql.create, dialect)
+        self._bump = Compiled(self._sql.bump, dialect)
+        self._insert_turn = Compiled(self._sql.insert_turn, dialect, list(TURN_COLUMNS))
+        self._complete = Compiled(COMPLETE, dialect)
+        self._exists = Compiled(self._sql.exists, dialect)
         self._retention = retention_days
         self._idempotency_ttl_s = idempotency_ttl_s
 
     async def load(self, conversation_id: UUID, after_revision: int = 0) -> Conversation | None:
         """The conversation with its turns after ``after_revision`` (all turns by default)."""
-        async with read(self._engine) as conn:
-            params = {"cid": conversation_id, "after": after_revision}
-            rows = (await conn.execute(self._sql.load, params)).all()
+        async with driver(self._engine, write=False) as conn:
+            args = self._load.args({"cid": conversation_id, "after": after_revision})
+            rows = await conn.fetch(self._load.sql, *args)
         if not rows:
             return None
         first = rows[0]
         turns = [
             Turn(
-                row.user_message,
-                row.assistant_message,
-                _ITEMS.decode(row.replay_items),
-                Origin(row.provider, row.endpoint, row.model) if row.provider else None,
-                row.context_from or 1,
-                row.prompt_version,
-                _CALLS.decode(row.tool_calls) if row.tool_calls else (),
+                row["user_message"],
+                row["assistant_message"],
+                _ITEMS.decode(row["replay_items"]),
+                Origin(row["provider"], row["endpoint"], row["model"]) if row["provider"] else None,
+                row["context_from"] or 1,
+                row["prompt_version"],
+                _CALLS.decode(row["tool_calls"]) if row["tool_calls"] else (),
             )
             for row in rows
-            if row.replay_items is not None
+            if row["replay_items"] is not None
         ]
         return Conversation(
             conversation_id,
-            first.revision,
-            first.created_at,
-            first.updated_at,
+            first["revision"],
+            first["created_at"],
+            first["updated_at"],
             turns,
-            first.context_start,
-            first.owner,
+            first["context_start"],
+            first["owner"],
         )
 
     async def append(
@@ -176,29 +185,28 @@ class PostgresStore:
         owner: str = ANONYMOUS,
         idempotency: tuple[IdempotencyKey, str] | None = None,
     ) -> Commit:
-        async with transaction(self._engine) as conn:
-            params = {
-                "cid": conversation_id,
-                "expected": expected_revision,
-                "context_start": turn.context_from,
-                "b_owner": owner,
-            }
-            statement = self._sql.create if expected_revision == 0 else self._sql.bump
-            row = (await conn.execute(statement, params)).first()
+        params = {
+            "cid": conversation_id,
+            "expected": expected_revision,
+            "context_start": turn.context_from,
+            "b_owner": owner,
+        }
+        statement = self._create if expected_revision == 0 else self._bump
+        async with driver(self._engine, write=True) as conn:
+            row = await conn.fetchrow(statement.sql, *statement.args(params))
             if row is None:
                 raise await self._why_not(conn, params)
-            await conn.execute(
-                self._sql.insert_turn, _turn_row(conversation_id, row.revision, turn)
-            )
+            new_turn = _turn_row(conversation_id, row["revision"], turn)
+            await conn.execute(self._insert_turn.sql, *self._insert_turn.args(new_turn))
             if idempotency is not None:
-                key, response = idempotency
-                await complete(conn, key, response, self._idempotency_ttl_s)
-        return Commit(row.revision, row.created_at, row.updated_at)
+                done = completion(*idempotency, self._idempotency_ttl_s)
+                await conn.execute(self._complete.sql, *self._complete.args(done))
+        return Commit(row["revision"], row["created_at"], row["updated_at"])
 
-    async def _why_not(self, conn: AsyncConnection, params: dict[str, object]) -> Exception:
+    async def _why_not(self, conn: Any, params: dict[str, Any]) -> Exception:
         if params["expected"] == 0:
             return ConversationConflict()
-        exists = await conn.scalar(self._sql.exists, params)
+        exists = await conn.fetchval(self._exists.sql, *self._exists.args(params))
         return ConversationConflict() if exists else ConversationNotFound()
 
     async def delete(
@@ -251,6 +259,12 @@ class PostgresStore:
 
     async def close(self) -> None:
         await self._engine.dispose()
+
+
+TURN_COLUMNS = (
+    "conversation_id", "seq", "user_message", "assistant_message", "replay_items",
+    "provider", "endpoint", "model", "context_from", "prompt_version", "tool_calls",
+)  # fmt: skip
 
 
 def _turn_row(conversation_id: UUID, seq: int, turn: Turn) -> dict[str, object]:

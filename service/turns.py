@@ -104,6 +104,8 @@ class TurnService:
         """Fail early (before a stream starts) when the turn cannot succeed."""
         if not plan.is_new:
             await self._load(plan)
+        if plan.idempotency is not None and self._idempotency is not None:
+            await self._idempotency.check(plan.idempotency)
 
     async def run(self, plan: TurnPlan) -> TurnDone:
         """A non-streaming turn: the committed result, or a domain error."""

@@ -172,3 +172,23 @@ def test_the_purge_command(
     monkeypatch.setenv("RETENTION_DAYS", "30")
     main(["purge"])
     assert capsys.readouterr().out.strip().startswith("purged ")
+
+
+async def test_the_stream_reports_idempotency_conflicts_as_json_before_it_starts(
+    make_client: ClientFactory,
+) -> None:
+    api = FakeResponsesAPI()
+    gate = asyncio.Event()
+    held = Script(gate=gate)
+    api.then(held)
+    async with make_client(provider=api.provider()) as client:
+        headers = {"Idempotency-Key": "stream-key"}
+        first = asyncio.create_task(client.post(CHAT, json={"message": "a"}, headers=headers))
+        await held.started.wait()
+        running = await client.post(f"{CHAT}/stream", json={"message": "a"}, headers=headers)
+        assert_error(running, 409, "request_in_progress")
+        gate.set()
+        assert (await first).status_code == 200
+        reused = await client.post(f"{CHAT}/stream", json={"message": "b"}, headers=headers)
+        assert_error(reused, 422, "idempotency_key_reused")
+    assert len(api.requests) == 1

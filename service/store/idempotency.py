@@ -7,6 +7,8 @@ lease or TTL ran out is taken over, so a crashed replica never blocks a key for 
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -14,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.errors import IdempotencyKeyReused, RequestInProgress
 from service.model import IdempotencyKey
 from service.store.tables import idempotency_keys as k
-from service.store.tx import transaction
+from service.store.tx import read, transaction
 
 _CLAIM = (
     insert(k)
@@ -44,6 +46,8 @@ _CLAIM = (
 _EXISTING = sa.select(k.c.request_hash, k.c.state, k.c.response).where(
     k.c.owner == sa.bindparam("b_owner"), k.c.key == sa.bindparam("b_key")
 )
+
+_LIVE = _EXISTING.where(k.c.expires_at >= sa.func.now())
 
 _RELEASE = sa.delete(k).where(
     k.c.owner == sa.bindparam("b_owner"), k.c.key == sa.bindparam("b_key"), k.c.state == "running"
@@ -76,16 +80,29 @@ class IdempotencyStore:
             if claimed is not None:
                 return None
             row = (await conn.execute(_EXISTING, params)).one()
-        if row.request_hash != key.request_hash:
-            raise IdempotencyKeyReused()
-        if row.state != "done":
-            raise RequestInProgress()
-        return str(row.response)
+        return _answer(row, key)
+
+    async def check(self, key: IdempotencyKey) -> None:
+        """Raise now what ``claim`` would raise, without claiming: a stream reports these as
+        JSON errors before it starts (``claim`` inside the turn still decides races)."""
+        params = {"b_owner": key.owner, "b_key": key.key}
+        async with read(self._engine) as conn:
+            row = (await conn.execute(_LIVE, params)).first()
+        if row is not None:
+            _answer(row, key)
 
     async def release(self, key: IdempotencyKey) -> None:
         """A failed attempt does not use the key up."""
         async with transaction(self._engine) as conn:
             await conn.execute(_RELEASE, {"b_owner": key.owner, "b_key": key.key})
+
+
+def _answer(row: Any, key: IdempotencyKey) -> str:
+    if row.request_hash != key.request_hash:
+        raise IdempotencyKeyReused()
+    if row.state != "done":
+        raise RequestInProgress()
+    return str(row.response)
 
 
 def completion(key: IdempotencyKey, response: str, ttl_s: float) -> dict[str, object]:

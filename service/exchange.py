@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from service import metrics
-from service.errors import InvalidEncryptedContent, UpstreamError
+from service.errors import ContextLengthExceeded, InvalidEncryptedContent, UpstreamError
 from service.providers.base import (
     Provider,
     ProviderRequest,
@@ -70,6 +70,7 @@ class Exchange:
         instructions: str | None,
         tooling: Tooling | None,
         stream: bool,
+        max_request_bytes: int | None = None,
     ) -> None:
         self._provider = provider
         self._history = history
@@ -77,6 +78,7 @@ class Exchange:
         self._instructions = instructions
         self._tooling = tooling
         self._stream = stream
+        self._max_request_bytes = max_request_bytes
         self._drop_sealed = False
         self._streamed = False
 
@@ -112,6 +114,21 @@ class Exchange:
                 yield ToolCalled(record.name, record.status)
         raise UpstreamError("The model still wanted tools after TOOL_MAX_ROUNDS rounds.")
 
+    def _check_size(self, request: ProviderRequest) -> None:
+        """A tool round adds this turn's items to a window chosen for the first round: the
+        byte budget still holds (the window is never trimmed mid-turn)."""
+        if self._max_request_bytes is None:
+            return
+        size = (
+            self._provider.request_overhead(
+                request.instructions, request.tools, stream=self._stream
+            )
+            + sum(len(item) + 1 for item in request.input_items)
+            - 1
+        )
+        if size > self._max_request_bytes:
+            raise ContextLengthExceeded("The tool results no longer fit the context budget.")
+
     async def _round(
         self, turn_items: list[msgspec.Raw]
     ) -> AsyncGenerator[TextDelta | Reply, None]:
@@ -123,6 +140,8 @@ class Exchange:
                 self._instructions,
                 self._tooling.definitions if self._tooling else None,
             )
+            if turn_items:
+                self._check_size(request)
             try:
                 with metrics.PROVIDER_SECONDS.time():
                     # aclosing: a client that goes away closes the upstream request at once.

@@ -161,6 +161,7 @@ class TurnService:
                     instructions=self._instructions,
                     tooling=self._tooling,
                     stream=stream,
+                    max_request_bytes=self._budget.max_request_bytes,
                 )
                 answer: Answer | None = None
                 async with aclosing(exchange.events()) as exchange_events:

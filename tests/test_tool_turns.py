@@ -160,3 +160,19 @@ async def test_the_fake_provider_uses_the_lookup_tool(
         assert "Paris" in body["message"] and '"status": "OK"' in body["message"]
         view = (await client.get(f"/api/v1/conversations/{body['conversation_id']}")).json()
     assert view["turns"][0]["tool_calls"][0]["status"] == "OK"
+
+
+async def test_tool_results_that_outgrow_the_byte_budget_end_the_turn(
+    make_client: ClientFactory, engine: AsyncEngine
+) -> None:
+    big = "y" * 3000
+    api = FakeResponsesAPI().then(Script(calls=[("shout", json.dumps({"text": big}))]))
+    async with make_client(
+        provider=api.provider(), tools=TOOLS, context_max_request_bytes=4000
+    ) as client:
+        before = await snapshot(engine)
+        response = await client.post(CHAT, json={"message": "shout this"})
+        assert_error(response, 400, "context_length_exceeded")
+        assert await snapshot(engine) == before
+    assert len(api.requests) == 1  # the second round was never sent
+    assert len(api.bodies[0]) <= 4000

@@ -10,6 +10,7 @@ from typing import Any
 from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 
 from service.api.chat import ChatController
 from service.api.conversations import ConversationController
@@ -150,7 +151,16 @@ def create_app(
         request_max_body_size=settings.max_body_bytes,
         lifespan=[lifespan],
         openapi_config=OpenAPIConfig(
-            title="turnstore", version="1", path="/schema", components=components
+            title="turnstore",
+            version="1",
+            path="/schema",
+            components=components,
+            # GET /schema is the OpenAPI document itself (the contract); a browsable UI is at
+            # /schema/swagger.
+            render_plugins=[
+                JsonRenderPlugin(path=["/", "/openapi.json"]),
+                SwaggerRenderPlugin(path="/swagger"),
+            ],
         ),
         logging_config=None,
         debug=False,

@@ -26,7 +26,7 @@ turnstore is serving on http://{host}:{port} (provider: {provider}). Try:
        -d '{{"message": "ping"}}'
   curl -N http://{host}:{port}/api/v1/chat/stream -H 'Content-Type: application/json' \\
        -d '{{"message": "ping"}}'
-OpenAPI: http://{host}:{port}/schema   Stop: Ctrl-C
+OpenAPI: http://{host}:{port}/schema (browse: /schema/swagger)   Stop: Ctrl-C
 """
 
 

@@ -126,7 +126,10 @@ async def test_health_readiness_and_openapi(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     ready = await client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
-    schema = (await client.get("/schema/openapi.json")).json()
+    document = await client.get("/schema")  # the contract's path serves the document itself
+    assert document.status_code == 200 and "json" in document.headers["content-type"]
+    schema = document.json()
+    assert (await client.get("/schema/openapi.json")).json() == schema
     text = str(schema)
     for header in ("If-Match", "ETag", "X-Correlation-Id", "X-Conversation-Id", "Retry-After"):
         assert header in text, header

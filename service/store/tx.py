@@ -12,42 +12,48 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.errors import StorageError
 
-
-@asynccontextmanager
-async def read(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A one-statement read on the engine's autocommit connection: no BEGIN/COMMIT round trips
-    (one statement sees one snapshot anyway). Failures map and discard as in ``transaction``."""
-    try:
-        async with engine.connect() as conn:
-            try:
-                yield conn
-            except sa.exc.DBAPIError:
-                await conn.invalidate()
-                raise
-    except (sa.exc.DBAPIError, sa.exc.TimeoutError, OSError, TimeoutError) as exc:
-        raise StorageError() from exc
+# What a database failure looks like, from SQLAlchemy or from the driver underneath it.
+_FAILURES = (
+    sa.exc.DBAPIError,
+    sa.exc.TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    TimeoutError,
+)
 
 
 @asynccontextmanager
-async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """One short transaction. Any database failure becomes StorageError, and the connection
-    it happened on is discarded: after a failover or a restart the pool must not hand out a
+async def _checked_out(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A pooled connection. Any database failure becomes StorageError, and the connection it
+    happened on is discarded: after a failover or a restart the pool must not hand out a
     session that is read-only or half-dead."""
     try:
         async with engine.connect() as conn:
             try:
-                # The engine autocommits (service/db.py); a write gets a real transaction.
-                writing = await conn.execution_options(isolation_level="READ COMMITTED")
-                async with writing.begin():
-                    yield writing
-            except sa.exc.DBAPIError:
+                yield conn
+            except _FAILURES:
                 await conn.invalidate()
                 raise
-    except (sa.exc.DBAPIError, sa.exc.TimeoutError, OSError, TimeoutError) as exc:
+    except _FAILURES as exc:
         raise StorageError() from exc
 
 
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError)
+@asynccontextmanager
+async def read(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A one-statement read on the engine's autocommit connection: no BEGIN/COMMIT round trips
+    (one statement sees one snapshot anyway)."""
+    async with _checked_out(engine) as conn:
+        yield conn
+
+
+@asynccontextmanager
+async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """One short transaction (the engine autocommits, see service/db.py)."""
+    async with _checked_out(engine) as conn:
+        writing = await conn.execution_options(isolation_level="READ COMMITTED")
+        async with writing.begin():
+            yield writing
 
 
 @asynccontextmanager
@@ -55,21 +61,14 @@ async def driver(engine: AsyncEngine, *, write: bool) -> AsyncIterator[asyncpg.C
     """The asyncpg connection under a pooled SQLAlchemy one, for the hot path's statements
     (compiled once by SQLAlchemy Core, see ``Compiled``): the same pool, pre-ping and failure
     mapping, without Core's per-execution work. ``write`` runs it in one transaction."""
-    try:
-        async with engine.connect() as conn:
-            connection = (await conn.get_raw_connection()).driver_connection
-            assert connection is not None  # a checked-out connection always has one
-            try:
-                if write:
-                    async with connection.transaction():
-                        yield connection
-                else:
-                    yield connection
-            except (*_DRIVER_ERRORS, sa.exc.DBAPIError):
-                await conn.invalidate()
-                raise
-    except (*_DRIVER_ERRORS, sa.exc.DBAPIError, sa.exc.TimeoutError, OSError, TimeoutError) as exc:
-        raise StorageError() from exc
+    async with _checked_out(engine) as conn:
+        connection = (await conn.get_raw_connection()).driver_connection
+        assert connection is not None  # a checked-out connection always has one
+        if not write:
+            yield connection
+            return
+        async with connection.transaction():
+            yield connection
 
 
 class Compiled:

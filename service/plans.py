@@ -10,6 +10,7 @@ import msgspec
 
 from service.errors import ConversationNotFound, InvalidInput, PreconditionFailed
 from service.model import ANONYMOUS, IdempotencyKey, Precondition
+from service.strictjson import is_encodable
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def make_plan(
         raise InvalidInput("message must not be empty or whitespace only.")
     if len(message) > max_message_chars:
         raise InvalidInput(f"message is longer than {max_message_chars} characters.")
-    if "\x00" in message or not _encodable(message):
+    if "\x00" in message or not is_encodable(message):
         raise InvalidInput("message must be valid text without NUL characters.")
     idempotency = None
     if idempotency_key is not None:
@@ -61,12 +62,3 @@ def parse_conversation_id(raw: str) -> uuid.UUID:
 def check_precondition(if_match: Precondition, revision: int) -> None:
     if if_match is not None and revision not in if_match:
         raise PreconditionFailed()
-
-
-def _encodable(text: str) -> bool:
-    """False for lone surrogates, which JSON allows and PostgreSQL cannot store."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

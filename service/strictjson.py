@@ -65,3 +65,13 @@ def loads(raw: str | bytes) -> Any:
     if _depth(value) > MAX_DEPTH:
         raise StrictJSONError(f"nested deeper than {MAX_DEPTH} levels")
     return value
+
+
+def is_encodable(text: str) -> bool:
+    """False for lone surrogates: JSON escapes allow them, but no provider can be sent them
+    and PostgreSQL cannot store them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from service.strictjson import StrictJSONError, loads
+from service.strictjson import StrictJSONError, is_encodable, loads
 from service.tools.base import Tool, ToolRegistry, run_cancellable
 
 MAX_ARGUMENT_CHARS = 4096
@@ -235,21 +235,12 @@ def _judge(name: str, call_id: str, value: object) -> tuple[ToolStatus, str | No
         problem = f"returned {type(value).__name__}, not str"
     elif len(value) > MAX_RESULT_CHARS:
         problem = f"returned {len(value)} characters, over the cap of {MAX_RESULT_CHARS}"
-    elif not _encodable(value):
+    elif not is_encodable(value):
         problem = "returned text that is not valid Unicode (lone surrogates)"
     else:
         return ToolStatus.OK, value
     logger.warning("tool %s call %s %s", name, call_id, problem)
     return ToolStatus.TOOL_ERROR, None
-
-
-def _encodable(text: str) -> bool:
-    # Lone surrogates cannot be sent to the provider or stored as UTF-8.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _has_non_finite(value: Any) -> bool:

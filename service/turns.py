@@ -152,11 +152,15 @@ class TurnService:
             with metrics.turn_outcome(mode):
                 conversation = None if plan.is_new else await self._load(plan)
                 user_item = user_input_item(plan.message)
-                start = self._window(conversation, user_item, stream)
-                turns = conversation.turns[start - 1 :] if conversation else []
+                earlier = conversation.turns if conversation else []
+                sendable = [self._sendable(turn) for turn in earlier]  # once per turn
+                committed = conversation.context_start if conversation else 1
+                start = self._window(committed, sendable, user_item, stream)
+                window = earlier[start - 1 :]
+                history = [item for items in sendable[start - 1 :] for item in items]
                 exchange = Exchange(
                     self.provider,
-                    lambda drop_all_sealed: self._history(turns, drop_all_sealed=drop_all_sealed),
+                    lambda drop_all_sealed: _unsealed(window) if drop_all_sealed else history,
                     user_item,
                     instructions=self._instructions,
                     tooling=self._tooling,
@@ -204,32 +208,26 @@ class TurnService:
                 yield _done(plan, reply, commit.revision)
 
     def _window(
-        self, conversation: Conversation | None, user_item: msgspec.Raw, stream: bool
+        self,
+        committed: int,
+        sendable: list[list[msgspec.Raw]],
+        user_item: msgspec.Raw,
+        stream: bool,
     ) -> int:
         """The first earlier turn to send (see service/context.py): never before the
         committed window start; only committed together with this turn."""
-        if conversation is None:
-            committed, sizes = 1, []
-        else:
-            committed = conversation.context_start
-            sizes = [turn_bytes(self._sendable(turn)) for turn in conversation.turns]
+        sizes = [turn_bytes(items) for items in sendable]
         tools = self._tooling.definitions if self._tooling else None
         overhead = self.provider.request_overhead(self._instructions, tools, stream=stream)
         fixed = overhead + len(user_item)
         return window_start(sizes, committed, fixed, self._budget)
 
-    def _sendable(self, turn: Turn, *, drop_all_sealed: bool = False) -> list[msgspec.Raw]:
+    def _sendable(self, turn: Turn) -> list[msgspec.Raw]:
         """A turn's replay items, verbatim, except sealed reasoning this provider cannot open:
         reasoning sealed by another provider, endpoint or model is left out."""
-        foreign = turn.origin is not None and turn.origin != self.provider.origin
-        if drop_all_sealed or foreign:
+        if turn.origin is not None and turn.origin != self.provider.origin:
             return [item for item in turn.replay_items if not is_sealed_reasoning(item)]
         return turn.replay_items
-
-    def _history(self, turns: list[Turn], *, drop_all_sealed: bool) -> list[msgspec.Raw]:
-        return [
-            item for turn in turns for item in self._sendable(turn, drop_all_sealed=drop_all_sealed)
-        ]
 
     async def _load(self, plan: TurnPlan) -> Conversation:
         conversation = await self.store.load(plan.conversation_id)
@@ -237,6 +235,11 @@ class TurnService:
             raise ConversationNotFound()  # another owner's conversation looks like no conversation
         check_precondition(plan.if_match, conversation.revision)
         return conversation
+
+
+def _unsealed(turns: list[Turn]) -> list[msgspec.Raw]:
+    """The turns' replay items without any sealed reasoning (the one retry's history)."""
+    return [item for turn in turns for item in turn.replay_items if not is_sealed_reasoning(item)]
 
 
 def _done(plan: TurnPlan, reply: Reply, revision: int | None) -> TurnDone:

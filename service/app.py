@@ -20,12 +20,11 @@ from service.api.limits import head_limit_middleware
 from service.api.ops import healthz, metrics, readyz
 from service.auth import authentication, build_authenticator, openapi_security
 from service.context import Budget, SystemPrompt
-from service.db import create_engine
+from service.db import create_engine, resolve_database
 from service.exchange import Tooling
 from service.keys import ApiKeyStore
 from service.logs import configure as configure_logging
 from service.logs import correlation_middleware
-from service.migrate import upgrade
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.responses import ResponsesProvider
@@ -44,18 +43,6 @@ def build_provider(settings: Settings) -> Provider:
     if settings.llm_provider == "fake":
         return FakeProvider()
     return ResponsesProvider.from_settings(settings)
-
-
-def database_url(settings: Settings) -> tuple[str, Callable[[], None]]:
-    """The configured database, or the embedded one (started and migrated on first use).
-    Returns the URL and what to call at shutdown."""
-    if settings.database_url:
-        return settings.database_url, lambda: None
-    from service.embedded import ensure_embedded_postgres
-
-    server = ensure_embedded_postgres(settings.data_dir)
-    upgrade(server.url)
-    return server.url, server.stop
 
 
 def build_tooling(settings: Settings) -> Tooling | None:
@@ -82,7 +69,7 @@ def create_app(
     stop_database: Callable[[], None] = lambda: None  # noqa: E731
     idempotency: IdempotencyStore | None = None
     if store is None:
-        url, stop_database = database_url(settings)
+        url, stop_database = resolve_database(settings)
         engine = create_engine(
             url,
             pool_size=settings.db_pool_size,

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from service import migrate
 from service.auth import check_serving
-from service.db import create_engine
+from service.db import create_engine, resolve_database
 from service.http_server import HTTP_LIMITS
 from service.keys import run_with_keys
 from service.logs import configure as configure_logging
@@ -32,20 +32,12 @@ OpenAPI: http://{host}:{port}/schema (browse: /schema/swagger)   Stop: Ctrl-C
 
 @contextmanager
 def _database(settings: Settings, *, migrate_embedded: bool) -> Iterator[str]:
-    """DATABASE_URL, or the embedded server under the data dir (stopped on exit if we started
-    it). Only the embedded database is migrated automatically."""
-    if settings.database_url:
-        yield settings.database_url
-        return
-    from service.embedded import ensure_embedded_postgres
-
-    server = ensure_embedded_postgres(settings.data_dir)
+    """The database for a command (see ``resolve_database``), released on exit."""
+    url, stop = resolve_database(settings, migrate=migrate_embedded)
     try:
-        if migrate_embedded:
-            migrate.upgrade(server.url)
-        yield server.url
+        yield url
     finally:
-        server.stop()
+        stop()
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from service.settings import Settings
 
 
 def async_url(url: str) -> str:
@@ -59,3 +62,18 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
         isolation_level="AUTOCOMMIT",
         connect_args=connect_args,
     )
+
+
+def resolve_database(settings: Settings, *, migrate: bool = True) -> tuple[str, Callable[[], None]]:
+    """DATABASE_URL, or the embedded server under the data dir (started on first use, and
+    migrated when ``migrate``: only the embedded database is migrated automatically).
+    Returns the URL and what to call at shutdown (stops the server if this call started it)."""
+    if settings.database_url:
+        return settings.database_url, lambda: None
+    from service.embedded import ensure_embedded_postgres
+    from service.migrate import upgrade
+
+    server = ensure_embedded_postgres(settings.data_dir)
+    if migrate:
+        upgrade(server.url)
+    return server.url, server.stop

@@ -53,7 +53,6 @@ class _Statements:
             if retention_days
             else sa.true()
         )
-        self.live = live
         self.load = (
             sa.select(
                 c.c.revision, c.c.created_at, c.c.updated_at, c.c.context_start, c.c.owner,

@@ -1,48 +1,76 @@
-"""The ASGI application: wiring only. ``service.app:app`` builds it from the environment."""
+"""The ASGI application: wiring only. ``service.app:app`` builds it from the environment.
+
+This is the one module that names concrete adapters (PostgreSQL, the history cache, the
+Responses API); everything else sees ports.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Callable
+import asyncio
+import functools
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from litestar import Litestar, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
+from litestar.openapi.spec import Components
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.chat import ChatController
 from service.api.conversations import ConversationController
-from service.api.correlation import add_correlation_header
+from service.api.correlation import add_correlation_header, correlation_middleware
 from service.api.errors import error_response
 from service.api.limits import head_limit_middleware
 from service.api.ops import healthz, metrics, readyz
 from service.auth import authentication, build_authenticator, openapi_security
-from service.context import Budget, SystemPrompt
 from service.db import create_engine, resolve_database
 from service.exchange import Tooling
-from service.keys import ApiKeyStore
 from service.logs import configure as configure_logging
-from service.logs import correlation_middleware
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
-from service.providers.responses import ResponsesProvider
-from service.settings import Settings
+from service.providers.responses import Endpoint, ResponsesProvider
+from service.settings import Settings, SettingsError
 from service.shutdown import shutdown_on_signals
-from service.store.base import ConversationStore
+from service.store.base import ApiKeys, ConversationStore, IdempotencyStore, Operations
 from service.store.cache import CachedStore
-from service.store.idempotency import IdempotencyStore
+from service.store.keys import ApiKeyStore
 from service.store.postgres import PostgresStore
-from service.tools.base import ToolRegistry
-from service.tools.gate import ToolExecutor
+from service.tools.executor import ToolExecutor
+from service.tools.registry import ToolRegistry
 from service.turns import TurnService
+from service.window import Budget, SystemPrompt
+
+T = TypeVar("T")
+
+
+def build_endpoint(settings: Settings) -> Endpoint:
+    """The Responses API endpoint the settings name; ValueError naming what is missing."""
+    if settings.llm_provider == "azure":
+        endpoint, key, deployment = (
+            settings.azure_endpoint, settings.azure_api_key, settings.azure_deployment
+        )  # fmt: skip
+        if not (endpoint and key and deployment):
+            raise ValueError("azure needs AZURE_OPENAI_ENDPOINT, _API_KEY and _DEPLOYMENT")
+        return Endpoint.azure(endpoint, key, deployment)
+    if not (settings.openai_api_key and settings.openai_model):
+        raise ValueError("openai needs OPENAI_API_KEY and OPENAI_MODEL")
+    return Endpoint.openai(settings.openai_base_url, settings.openai_api_key, settings.openai_model)
 
 
 def build_provider(settings: Settings) -> Provider:
     if settings.llm_provider == "fake":
         return FakeProvider()
-    return ResponsesProvider.from_settings(settings)
+    return ResponsesProvider(
+        build_endpoint(settings),
+        connect_timeout_s=settings.upstream_connect_timeout_s,
+        read_timeout_s=settings.upstream_read_timeout_s,
+        max_body_bytes=settings.upstream_max_body_bytes,
+    )
 
 
 def build_tooling(settings: Settings) -> Tooling | None:
@@ -58,38 +86,81 @@ def build_tooling(settings: Settings) -> Tooling | None:
     )
 
 
-def create_app(
-    settings: Settings | None = None,
+def postgres_store(engine: AsyncEngine, settings: Settings) -> PostgresStore:
+    """The PostgreSQL store ports (also for the CLI's commands)."""
+    # A claimed Idempotency-Key whose replica died is taken over once the longest turn is
+    # surely over.
+    lease_s = settings.upstream_read_timeout_s * settings.tool_max_rounds + 60
+    return PostgresStore(
+        engine,
+        retention_days=settings.retention_days,
+        idempotency_ttl_s=settings.idempotency_ttl_s,
+        idempotency_lease_s=lease_s,
+    )
+
+
+def run_with_api_keys(url: str, action: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
+    """Run one API key operation against ``url`` with a pool of its own (for the CLI)."""
+
+    async def main() -> T:
+        engine = create_engine(url, pool_size=1)
+        try:
+            return await action(ApiKeyStore(engine))
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+@dataclass
+class Services:
+    """Everything the HTTP layer is wired to, and how to let it go at shutdown."""
+
+    store: ConversationStore
+    ops: Operations
+    turns: TurnService
+    api_keys: ApiKeys | None
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in reversed(self.closers):
+            await close()
+
+
+def build_services(
+    settings: Settings,
     *,
     store: ConversationStore | None = None,
     provider: Provider | None = None,
-    api_keys: ApiKeyStore | None = None,
-) -> Litestar:
-    settings = settings or Settings.from_env()
-    stop_database: Callable[[], None] = lambda: None  # noqa: E731
+    api_keys: ApiKeys | None = None,
+) -> Services:
+    """The store (PostgreSQL unless one is handed in), the provider, the tools and the turn
+    service over them."""
+    closers: list[Callable[[], Awaitable[None]]] = []
     idempotency: IdempotencyStore | None = None
+    ops: Operations
     if store is None:
         url, stop_database = resolve_database(settings)
+        closers.append(_async(stop_database))
         engine = create_engine(
             url,
             pool_size=settings.db_pool_size,
             statement_cache_size=settings.db_statement_cache_size,
         )
-        store = PostgresStore(
-            engine,
-            retention_days=settings.retention_days,
-            idempotency_ttl_s=settings.idempotency_ttl_s,
-        )
-        # A claimed key whose replica died is taken over once the longest turn is surely over.
-        lease_s = settings.upstream_read_timeout_s * settings.tool_max_rounds + 60
-        idempotency = IdempotencyStore(engine, ttl_s=settings.idempotency_ttl_s, lease_s=lease_s)
+        postgres = postgres_store(engine, settings)
+        store = idempotency = ops = postgres
         api_keys = api_keys or ApiKeyStore(engine)
         if settings.history_cache_bytes > 0:
             store = CachedStore(store, settings.history_cache_bytes)
-    guard, owner = authentication(build_authenticator(settings, api_keys))
+    else:
+        ops = store if isinstance(store, Operations) else _NoOperations()
+    closers.append(store.close)
     provider = provider or build_provider(settings)
-    prompt = settings.system_prompt_file
+    closers.append(provider.close)
     tooling = build_tooling(settings)
+    if tooling is not None:
+        closers.append(_async(tooling.executor.shutdown))
+    prompt = settings.system_prompt_file
     turns = TurnService(
         store,
         provider,
@@ -99,6 +170,20 @@ def create_app(
         tooling=tooling,
         idempotency=idempotency,
     )
+    return Services(store, ops, turns, api_keys, closers)
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    store: ConversationStore | None = None,
+    provider: Provider | None = None,
+    api_keys: ApiKeys | None = None,
+) -> Litestar:
+    """The app. ``store`` replaces the PostgreSQL store (and with it idempotency, operations
+    and API keys, which then need ``api_keys`` for AUTH_MODE=api_key)."""
+    settings = settings or Settings.from_env()
+    services = build_services(settings, store=store, provider=provider, api_keys=api_keys)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -107,16 +192,10 @@ def create_app(
             try:
                 yield
             finally:
-                await provider.close()
-                await store.close()
-                stop_database()
-                if tooling is not None:
-                    tooling.executor.shutdown()
-
-    def constant(value: Any) -> Provide:
-        return Provide(lambda: value, use_cache=True, sync_to_thread=False)
+                await services.close()
 
     # The operations that have an owner: authenticated (by the guard, before the body is read).
+    guard, owner = authentication(build_authenticator(settings, services.api_keys))
     components, security = openapi_security(settings)
     owned = Router(
         "/",
@@ -127,9 +206,10 @@ def create_app(
     return Litestar(
         route_handlers=[owned, healthz, readyz, metrics],
         dependencies={
-            "settings": constant(settings),
-            "store": constant(store),
-            "turns": constant(turns),
+            "store": _constant(services.store),
+            "ops": _constant(services.ops),
+            "turns": _constant(services.turns),
+            "sse_keepalive_s": _constant(settings.sse_keepalive_s),
             "owner": Provide(owner),  # the guard's result (service/auth.py)
         },
         exception_handlers={Exception: error_response},
@@ -137,26 +217,61 @@ def create_app(
         middleware=[correlation_middleware, head_limit_middleware],
         request_max_body_size=settings.max_body_bytes,
         lifespan=[lifespan],
-        openapi_config=OpenAPIConfig(
-            title="turnstore",
-            version="1",
-            path="/schema",
-            components=components,
-            # GET /schema is the OpenAPI document itself (the contract); a browsable UI is at
-            # /schema/swagger.
-            render_plugins=[
-                JsonRenderPlugin(path=["/", "/openapi.json"]),
-                SwaggerRenderPlugin(path="/swagger"),
-            ],
-        ),
+        openapi_config=_openapi(components),
         logging_config=None,
         debug=False,
     )
 
 
+def _openapi(components: Components) -> OpenAPIConfig:
+    # GET /schema is the OpenAPI document itself (the contract); a browsable UI is at
+    # /schema/swagger.
+    plugins = [JsonRenderPlugin(path=["/", "/openapi.json"]), SwaggerRenderPlugin(path="/swagger")]
+    return OpenAPIConfig(
+        title="turnstore", version="1", path="/schema", components=components,
+        render_plugins=plugins,
+    )  # fmt: skip
+
+
+def _constant(value: Any) -> Provide:
+    return Provide(lambda: value, use_cache=True, sync_to_thread=False)
+
+
+def _async(action: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    async def run() -> None:
+        action()
+
+    return run
+
+
+class _NoOperations:
+    """Operations of a store handed in without any (tests): ready, nothing to purge."""
+
+    async def schema_revision(self) -> str | None:
+        from service.migrate import head_revision
+
+        return head_revision()
+
+    def pool_in_use(self) -> int:
+        return 0
+
+    async def purge(self, batch: int = 500) -> int:
+        return 0
+
+
+@functools.cache
+def _app_from_environment() -> Litestar:
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        sys.stderr.write(f"turnstore: {exc}\n")
+        raise SystemExit(2) from None
+    configure_logging(settings.log_format)
+    return create_app(settings)
+
+
 def __getattr__(name: str) -> Any:
     """``service.app:app`` for any ASGI server, built from the environment on first access."""
     if name == "app":
-        configure_logging(os.environ.get("LOG_FORMAT", "json"))
-        return create_app()
+        return _app_from_environment()
     raise AttributeError(name)

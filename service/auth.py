@@ -2,7 +2,7 @@
 
 none     every caller is the one owner ``anonymous`` (refused off loopback unless explicit)
 api_key  ``Authorization: Bearer ts_...``, looked up by its SHA-256 on every request
-         (service/keys.py), so a revoked key is refused by every replica at once
+         (service/store/keys.py), so a revoked key is refused by every replica at once
 jwt      ``Authorization: Bearer <JWT>``: HS256 with JWT_SECRET(_FILE), or RS256 with the
          public key(s) in JWT_PUBLIC_KEY_FILE. The configuration picks the algorithm, never the
          token; exp, iss, aud and sub are required; the owner is ``sub``.
@@ -30,9 +30,9 @@ from litestar.openapi.spec import Components, SecurityRequirement, SecuritySchem
 from litestar.types import Guard
 
 from service.errors import Unauthorized
-from service.keys import ApiKeyStore
 from service.model import ANONYMOUS
 from service.settings import Settings
+from service.store.base import ApiKeys
 
 Connection = ASGIConnection[Any, Any, Any, Any]
 Authenticator = Callable[[Connection], Awaitable[str]]
@@ -136,7 +136,7 @@ def jwt_verifier(settings: Settings) -> JWTVerifier:
     return JWTVerifier(algorithm, keys, settings.jwt_issuer, settings.jwt_audience)
 
 
-def build_authenticator(settings: Settings, api_keys: ApiKeyStore | None) -> Authenticator:
+def build_authenticator(settings: Settings, api_keys: ApiKeys | None) -> Authenticator:
     """``async (connection) -> owner``, or Unauthorized."""
     if settings.auth_mode == "none":
 

@@ -12,13 +12,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from service import migrate
+from service.app import postgres_store, run_with_api_keys
 from service.auth import check_serving
 from service.db import create_engine, resolve_database
 from service.http_server import HTTP_LIMITS
-from service.keys import run_with_keys
 from service.logs import configure as configure_logging
-from service.settings import Settings
-from service.store.postgres import PostgresStore
+from service.settings import Settings, SettingsError
 
 CURL_EXAMPLE = """\
 turnstore is serving on http://{host}:{port} (provider: {provider}). Try:
@@ -65,7 +64,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
             port=args.port,
             workers=args.workers,
             **HTTP_LIMITS,
-            log_config=configure_logging(os.environ.get("LOG_FORMAT", "json")),
+            log_config=configure_logging(settings.log_format),
             timeout_graceful_shutdown=max(1, math.ceil(settings.shutdown_grace_s)),
         )
 
@@ -85,28 +84,27 @@ def _db(action: Callable[[str], object]) -> Callable[[argparse.Namespace, Settin
 
 
 def _purge(args: argparse.Namespace, settings: Settings) -> None:
-    """Delete conversations idle past RETENTION_DAYS, in small batches (safe from cron on
-    any replica, concurrently too)."""
-    if not settings.retention_days:
-        sys.exit("turnstore purge: RETENTION_DAYS is not set; nothing expires")
+    """Delete what has expired: Idempotency-Key records past their TTL, and conversations
+    idle past RETENTION_DAYS in small batches (safe from cron on any replica, concurrently
+    too)."""
 
     async def purge(url: str) -> int:
-        store = PostgresStore(
-            create_engine(url, pool_size=1), retention_days=settings.retention_days
-        )
+        store = postgres_store(create_engine(url, pool_size=1), settings)
         try:
             return await store.purge(args.batch)
         finally:
             await store.close()
 
     with _database(settings, migrate_embedded=False) as url:
-        print(f"purged {asyncio.run(purge(url))} conversations")
+        purged = asyncio.run(purge(url))
+    kept = "" if settings.retention_days else " (RETENTION_DAYS is not set: none expire)"
+    print(f"purged {purged} conversations{kept} and the expired Idempotency-Key records")
 
 
 def _keys_create(args: argparse.Namespace, settings: Settings) -> None:
     with _database(settings, migrate_embedded=True) as url:
         try:
-            key = run_with_keys(url, lambda keys: keys.create(args.owner))
+            key = run_with_api_keys(url, lambda keys: keys.create(args.owner))
         except ValueError as exc:
             sys.exit(f"turnstore keys create: {exc}")
     sys.stderr.write(f"New API key of {args.owner!r}, shown only now (only its hash is kept):\n")
@@ -115,7 +113,7 @@ def _keys_create(args: argparse.Namespace, settings: Settings) -> None:
 
 def _keys_revoke(args: argparse.Namespace, settings: Settings) -> None:
     with _database(settings, migrate_embedded=True) as url:
-        if not run_with_keys(url, lambda keys: keys.revoke(args.key)):
+        if not run_with_api_keys(url, lambda keys: keys.revoke(args.key)):
             sys.exit("turnstore keys revoke: no such key")
     sys.stderr.write("Revoked: every replica refuses the key from its next request on.\n")
 
@@ -158,9 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    configure_logging(os.environ.get("LOG_FORMAT", "json"))
     args = build_parser().parse_args(argv)
-    args.run(args, Settings.from_env())
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        sys.stderr.write(f"turnstore: {exc}\n")
+        sys.exit(2)
+    configure_logging(settings.log_format)
+    args.run(args, settings)
 
 
 if __name__ == "__main__":

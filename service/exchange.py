@@ -7,7 +7,7 @@ record of each tool call. Nothing here touches storage: the turn service commits
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -15,6 +15,7 @@ import msgspec
 
 from service import metrics
 from service.errors import ContextLengthExceeded, InvalidEncryptedContent, UpstreamError
+from service.model import ToolCallRecord
 from service.providers.base import (
     Provider,
     ProviderRequest,
@@ -23,8 +24,10 @@ from service.providers.base import (
     function_call_output,
     function_calls,
 )
-from service.tools.base import ToolRegistry
-from service.tools.gate import ToolCallRecord, ToolExecutor, ToolGate
+from service.tools.executor import ToolExecutor
+from service.tools.gate import ToolGate
+from service.tools.registry import ToolRegistry
+from service.window import Window, request_bytes
 
 
 @dataclass(frozen=True)
@@ -57,27 +60,28 @@ class Answer:
 
 
 ExchangeEvent = TextDelta | ToolCalled | Answer
-History = Callable[[bool], list[msgspec.Raw]]  # drop_all_sealed -> earlier turns' items
 
 
 class Exchange:
     def __init__(
         self,
         provider: Provider,
-        history: History,
+        window: Window,
         user_item: msgspec.Raw,
         *,
         instructions: str | None,
         tooling: Tooling | None,
         stream: bool,
-        max_request_bytes: int | None = None,
+        overhead: int,
+        max_request_bytes: int,
     ) -> None:
         self._provider = provider
-        self._history = history
+        self._window = window
         self._user_item = user_item
         self._instructions = instructions
         self._tooling = tooling
         self._stream = stream
+        self._overhead = overhead  # the request's bytes besides its input items
         self._max_request_bytes = max_request_bytes
         self._drop_sealed = False
         self._streamed = False
@@ -117,16 +121,7 @@ class Exchange:
     def _check_size(self, request: ProviderRequest) -> None:
         """A tool round adds this turn's items to a window chosen for the first round: the
         byte budget still holds (the window is never trimmed mid-turn)."""
-        if self._max_request_bytes is None:
-            return
-        size = (
-            self._provider.request_overhead(
-                request.instructions, request.tools, stream=self._stream
-            )
-            + sum(len(item) + 1 for item in request.input_items)
-            - 1
-        )
-        if size > self._max_request_bytes:
+        if request_bytes(self._overhead, request.input_items) > self._max_request_bytes:
             raise ContextLengthExceeded("The tool results no longer fit the context budget.")
 
     async def _round(
@@ -134,7 +129,8 @@ class Exchange:
     ) -> AsyncGenerator[TextDelta | Reply, None]:
         """One provider call, with the one retry without sealed reasoning."""
         while True:
-            history = self._history(self._drop_sealed)
+            window = self._window
+            history = window.unsealed if self._drop_sealed else window.items
             request = ProviderRequest(
                 [*history, self._user_item, *turn_items],
                 self._instructions,
@@ -155,7 +151,6 @@ class Exchange:
             except InvalidEncryptedContent:
                 # The provider cannot open some sealed reasoning (a key or organisation
                 # changed): resend without any, once, if that changes the request.
-                unsealed = self._history(True)
-                if self._drop_sealed or self._streamed or len(unsealed) == len(history):
+                if self._drop_sealed or self._streamed or len(window.unsealed) == len(history):
                     raise
                 self._drop_sealed = True

@@ -13,9 +13,6 @@ import time
 from contextvars import ContextVar
 from typing import Any
 
-from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Receive, Scope, Send
-
 correlation_id_var: ContextVar[str | None] = ContextVar("correlation_id", default=None)
 
 
@@ -55,15 +52,3 @@ def configure(log_format: str = "json", level: str = "INFO") -> dict[str, Any]:
     }
     logging.config.dictConfig(config)
     return config
-
-
-def correlation_middleware(app: ASGIApp) -> ASGIApp:
-    """Make the request's correlation id visible to every log line of its handling."""
-    from service.api.correlation import correlation_id
-
-    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == ScopeType.HTTP:
-            correlation_id_var.set(correlation_id(scope))
-        await app(scope, receive, send)
-
-    return middleware

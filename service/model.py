@@ -6,22 +6,56 @@ Python objects, so they are stored and re-sent exactly as the provider defined t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal
 from uuid import UUID
 
 import msgspec
 
-from service.tools.gate import ToolCallRecord
-
 Role = Literal["user", "assistant"]
+ReplyStatus = Literal["completed", "incomplete"]
 
 ANONYMOUS = "anonymous"  # the one owner when AUTH_MODE=none
 
 # The revisions an If-Match header accepts; None means "no precondition".
 Precondition = frozenset[int] | None
+
+MAX_ARGUMENT_CHARS = 4096  # a tool call's arguments, as the model proposed them
+
+
+class ToolStatus(StrEnum):
+    OK = "OK"
+    INVALID = "INVALID"
+    UNKNOWN_TOOL = "UNKNOWN_TOOL"
+    BUSY = "BUSY"
+    BUDGET = "BUDGET"
+    NOT_FOUND = "NOT_FOUND"
+    TIMEOUT = "TIMEOUT"
+    TOOL_ERROR = "TOOL_ERROR"
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """One tool call as proposed and as decided (service/tools/gate.py). ``name`` and
+    ``arguments`` are clipped, so a record is bounded whatever the model sent; ``result`` is
+    set for OK only."""
+
+    call_id: str
+    name: str
+    arguments: str
+    accepted: bool  # passed size, strict JSON, registry and schema
+    status: ToolStatus
+    result: str | None
+    duration_ms: float  # in the gate, from the call to its record
+
+    def output(self) -> str:
+        """The ``output`` of the function_call_output item sent back to the model."""
+        result = self.result if self.status is ToolStatus.OK else None
+        return json.dumps({"status": str(self.status), "result": result}, ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -45,6 +79,8 @@ class Turn:
     context_from: int = 1  # the first earlier turn the model saw for this turn
     prompt_version: str | None = None  # the system prompt's version, if there was one
     tool_calls: Sequence[ToolCallRecord] = ()  # every tool call of the turn, in order
+    status: ReplyStatus = "completed"
+    incomplete_reason: str | None = None  # with status "incomplete": max_output_tokens
 
 
 @dataclass(frozen=True)
@@ -53,7 +89,7 @@ class Conversation:
     revision: int
     created_at: datetime
     updated_at: datetime
-    turns: list[Turn] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)  # all of them, or those after a revision
     context_start: int = 1  # turns before this one are outside the model's context
     owner: str = ANONYMOUS
 
@@ -80,9 +116,30 @@ class IdempotencyKey:
 
 
 @dataclass(frozen=True)
+class Append:
+    """A turn to commit to ``owner``'s conversation, if it is still at ``expected_revision``
+    (0: create the conversation with this turn). ``idempotency``, claimed before, is completed
+    in the same transaction."""
+
+    conversation_id: UUID
+    turn: Turn
+    expected_revision: int
+    owner: str = ANONYMOUS
+    idempotency: IdempotencyKey | None = None
+
+
+@dataclass(frozen=True)
 class Commit:
     """What the store reports after a successful append."""
 
     revision: int
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Committed:
+    """Where an earlier attempt with the same Idempotency-Key committed its turn."""
+
+    conversation_id: UUID
+    revision: int

@@ -40,16 +40,21 @@ def make_plan(
         raise InvalidInput("message must be valid text without NUL characters.")
     idempotency = None
     if idempotency_key is not None:
-        asked = msgspec.json.encode(
-            [message, conversation_id]
-        )  # endpoint-agnostic: retries may switch
+        # Endpoint-agnostic: a retry may switch between /chat and /chat/stream.
+        asked = msgspec.json.encode([message, conversation_id])
         idempotency = IdempotencyKey(owner, idempotency_key, hashlib.sha256(asked).hexdigest())
-    if conversation_id is None:
-        if if_match is not None:
-            raise PreconditionFailed("If-Match needs an existing conversation.")
-        return TurnPlan(uuid.uuid4(), True, message, None, owner, idempotency)
-    cid = parse_conversation_id(conversation_id)
-    return TurnPlan(cid, False, message, if_match, owner, idempotency)
+    if conversation_id is None and if_match is not None:
+        raise PreconditionFailed("If-Match needs an existing conversation.")
+    return TurnPlan(
+        conversation_id=(
+            uuid.uuid4() if conversation_id is None else parse_conversation_id(conversation_id)
+        ),
+        is_new=conversation_id is None,
+        message=message,
+        if_match=if_match,
+        owner=owner,
+        idempotency=idempotency,
+    )
 
 
 def parse_conversation_id(raw: str) -> uuid.UUID:

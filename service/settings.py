@@ -1,120 +1,291 @@
-"""Configuration from environment variables (see the README's configuration table)."""
+"""Configuration from environment variables: one declaration per setting.
+
+Each field of ``Settings`` names its variable, its one default, its allowed values and the
+README's sentence about it. ``Settings.from_env`` parses and checks every variable, and any
+``Settings(...)`` is checked too, so a bad value stops the process at start-up with one line
+naming the variable and what it accepts (``SettingsError``; the CLI exits with status 2). The
+README's configuration table is generated from these declarations
+(``python -m service.settings``) and a test keeps the two equal.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+class SettingsError(ValueError):
+    """A variable is malformed or out of range; the message names it and what it accepts."""
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+def _setting(
+    env: str,
+    default: Any,
+    doc: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    above: float | None = None,
+    choices: tuple[str, ...] = (),
+    secret: bool = False,
+    shown: str | None = None,
+) -> Any:
+    """A field of Settings. ``low``/``high`` bound a number inclusively, ``above`` exclusively;
+    ``shown`` is the default as the README states it (when the value itself says little)."""
+    meta: dict[str, Any] = {"env": env, "doc": doc, "low": low, "high": high, "above": above}
+    meta |= {"choices": choices, "shown": shown}
+    return field(default=default, repr=not secret, metadata=meta)
 
 
-def _path(env: Mapping[str, str], name: str) -> Path | None:
-    raw = env.get(name, "").strip()
-    return Path(raw) if raw else None
+_KIB, _MIB = 1024, 1024 * 1024
 
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str | None = None
-    llm_provider: str = "fake"
-    openai_base_url: str = "https://api.openai.com/v1"
-    openai_api_key: str | None = field(default=None, repr=False)
-    openai_model: str | None = None
-    azure_endpoint: str | None = None
-    azure_api_key: str | None = field(default=None, repr=False)
-    azure_deployment: str | None = None
-    upstream_connect_timeout_s: float = 10.0
-    upstream_read_timeout_s: float = 90.0
-    upstream_max_body_bytes: int = 262_144
-    max_body_bytes: int = 1_048_576
-    max_message_chars: int = 100_000
-    system_prompt_file: Path | None = None
-    context_max_turns: int | None = None
-    tools: str | None = None
-    retention_days: float | None = None
-    idempotency_ttl_s: float = 86_400.0
-    tool_max_rounds: int = 4
-    tool_timeout_s: float = 5.0
-    tool_workers: int = 1
-    tool_call_budget: int = 8
-    context_max_request_bytes: int = 1_048_576
-    data_dir: Path = Path(".turnstore")
-    db_pool_size: int = 10
-    db_statement_cache_size: int = 100
-    sse_keepalive_s: float = 15.0
-    shutdown_grace_s: float = 30.0  # SIGTERM: how long open requests may still run
-    history_cache_bytes: int = 64 * 1024 * 1024  # per process; 0 switches the cache off
+    database_url: str | None = _setting(
+        "DATABASE_URL",
+        None,
+        "`postgresql+asyncpg://…` (`postgres://` and `postgresql://` are accepted)",
+        secret=True,
+        shown="unset: embedded PostgreSQL",
+    )
+    llm_provider: str = _setting(
+        "LLM_PROVIDER", "fake", "`fake`, `openai` or `azure`", choices=("fake", "openai", "azure")
+    )
+    openai_base_url: str = _setting(
+        "OPENAI_BASE_URL",
+        "https://api.openai.com/v1",
+        "requests go to `{base}/responses` with `Authorization: Bearer`",
+    )
+    openai_api_key: str | None = _setting("OPENAI_API_KEY", None, "for `openai`", secret=True)
+    openai_model: str | None = _setting("OPENAI_MODEL", None, "for `openai`")
+    azure_endpoint: str | None = _setting(
+        "AZURE_OPENAI_ENDPOINT", None, "for `azure`: `{endpoint}/openai/v1/responses`"
+    )
+    azure_api_key: str | None = _setting(
+        "AZURE_OPENAI_API_KEY", None, "for `azure` (sent as the `api-key` header)", secret=True
+    )
+    azure_deployment: str | None = _setting(
+        "AZURE_OPENAI_DEPLOYMENT", None, "for `azure`: the deployment (the model)"
+    )
+    upstream_connect_timeout_s: float = _setting(
+        "UPSTREAM_CONNECT_TIMEOUT_S", 10.0, "provider connect timeout (seconds)", above=0, high=600
+    )
+    upstream_read_timeout_s: float = _setting(
+        "UPSTREAM_READ_TIMEOUT_S", 90.0, "provider read timeout (seconds)", above=0, high=3600
+    )
+    upstream_max_body_bytes: int = _setting(
+        "UPSTREAM_MAX_BODY_BYTES",
+        262_144,
+        "a larger provider response is `upstream_error` (enforced while reading)",
+        low=1,
+        high=1024 * _MIB,
+    )
+    max_body_bytes: int = _setting(
+        "MAX_BODY_BYTES",
+        _MIB,
+        "larger request bodies get `413 payload_too_large`",
+        low=1,
+        high=64 * _MIB,
+    )
+    max_message_chars: int = _setting(
+        "MAX_MESSAGE_CHARS",
+        100_000,
+        "longer messages get `400 invalid_input`",
+        low=1,
+        high=16 * _MIB,
+    )
+    system_prompt_file: Path | None = _setting(
+        "SYSTEM_PROMPT_FILE",
+        None,
+        "versioned system prompt sent as `instructions`; never stored in history",
+    )
+    context_max_turns: int | None = _setting(
+        "CONTEXT_MAX_TURNS",
+        None,
+        "at most this many earlier turns in a provider request",
+        low=0,
+        high=1_000_000,
+        shown="unlimited",
+    )
+    context_max_request_bytes: int = _setting(
+        "CONTEXT_MAX_REQUEST_BYTES",
+        _MIB,
+        "the serialised provider request's size limit (the context window, below)",
+        low=1,
+        high=1024 * _MIB,
+    )
+    tools: str | None = _setting(
+        "TOOLS", None, "comma-separated import paths of read-only tools (Tools, below)"
+    )
+    tool_max_rounds: int = _setting(
+        "TOOL_MAX_ROUNDS",
+        4,
+        "provider rounds per turn before the turn fails with `upstream_error`",
+        low=1,
+        high=64,
+    )
+    tool_timeout_s: float = _setting(
+        "TOOL_TIMEOUT_S", 5.0, "how long one tool call is waited for", above=0, high=3600
+    )
+    tool_workers: int = _setting(
+        "TOOL_WORKERS", 1, "tool executor threads per process (no queue)", low=1, high=1024
+    )
+    tool_call_budget: int = _setting(
+        "TOOL_CALL_BUDGET", 8, "admitted tool calls per turn", low=0, high=1024
+    )
+    retention_days: float | None = _setting(
+        "RETENTION_DAYS",
+        None,
+        "idle conversations older than this are gone (404) at once and removed by "
+        "`turnstore purge`",
+        above=0,
+        high=36_500,
+    )
+    idempotency_ttl_s: float = _setting(
+        "IDEMPOTENCY_TTL_S",
+        86_400.0,
+        "how long an `Idempotency-Key` is remembered",
+        above=0,
+        high=365 * 86_400,
+    )
+    data_dir: Path = _setting(
+        "TURNSTORE_DATA_DIR", Path(".turnstore"), "where the embedded PostgreSQL keeps its data"
+    )
+    db_pool_size: int = _setting(
+        "DB_POOL_SIZE",
+        10,
+        "database connections per process (a hard limit: no overflow)",
+        low=1,
+        high=1000,
+    )
+    db_statement_cache_size: int = _setting(
+        "DB_STATEMENT_CACHE_SIZE",
+        100,
+        "prepared statements cached per connection; 0 turns the caches off and prepares "
+        "every statement unnamed, as PgBouncer in transaction mode needs (`deploy/README.md`)",
+        low=0,
+        high=100_000,
+    )
+    sse_keepalive_s: float = _setting(
+        "SSE_KEEPALIVE_S",
+        15.0,
+        "a `: keep-alive` comment after this long without an event",
+        low=0.01,
+        high=3600,
+    )
+    shutdown_grace_s: float = _setting(
+        "SHUTDOWN_GRACE_S",
+        30.0,
+        "on SIGTERM, how long requests in flight may still run",
+        low=0,
+        high=3600,
+    )
+    history_cache_bytes: int = _setting(
+        "HISTORY_CACHE_BYTES",
+        64 * _MIB,
+        "replica-local history cache (LRU by bytes); 0 turns it off",
+        low=0,
+        high=1 << 40,
+    )
+    log_format: str = _setting(
+        "LOG_FORMAT",
+        "json",
+        "`json` (one object per line, with `correlation_id`) or `text`",
+        choices=("json", "text"),
+    )
     # Authentication (service/auth.py). Secrets stay out of repr, so out of any log line.
-    auth_mode: str = "none"
-    jwt_secret: str | None = field(default=None, repr=False)
-    jwt_secret_file: Path | None = None
-    jwt_public_key_file: Path | None = None
-    jwt_issuer: str | None = None
-    jwt_audience: str | None = None
+    auth_mode: str = _setting(
+        "AUTH_MODE",
+        "none",
+        "`none`, `api_key` or `jwt` (Security, below)",
+        choices=("none", "api_key", "jwt"),
+    )
+    jwt_secret: str | None = _setting(
+        "JWT_SECRET", None, "HS256 secret (at least 32 bytes) for `jwt`", secret=True
+    )
+    jwt_secret_file: Path | None = _setting(
+        "JWT_SECRET_FILE", None, "a file holding the HS256 secret, instead of `JWT_SECRET`"
+    )
+    jwt_public_key_file: Path | None = _setting(
+        "JWT_PUBLIC_KEY_FILE", None, "PEM RSA public key(s) or certificates for RS256"
+    )
+    jwt_issuer: str | None = _setting("JWT_ISSUER", None, "the required `iss` of a JWT")
+    jwt_audience: str | None = _setting("JWT_AUDIENCE", None, "the required `aud` of a JWT")
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            _check(spec.metadata, getattr(self, spec.name))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings the environment gives; SettingsError for the first bad variable."""
         env = os.environ if env is None else env
-        provider = env.get("LLM_PROVIDER", "fake").strip().lower() or "fake"
-        if provider not in {"fake", "openai", "azure"}:
-            raise ValueError(f"LLM_PROVIDER must be fake, openai or azure, got {provider!r}")
-        prompt = env.get("SYSTEM_PROMPT_FILE", "").strip()
-        auth_mode = env.get("AUTH_MODE", "none").strip().lower() or "none"
-        if auth_mode not in {"none", "api_key", "jwt"}:
-            raise ValueError(f"AUTH_MODE must be none, api_key or jwt, got {auth_mode!r}")
-        return cls(
-            database_url=env.get("DATABASE_URL") or None,
-            llm_provider=provider,
-            openai_base_url=env.get("OPENAI_BASE_URL") or cls.openai_base_url,
-            openai_api_key=env.get("OPENAI_API_KEY") or None,
-            openai_model=env.get("OPENAI_MODEL") or None,
-            azure_endpoint=env.get("AZURE_OPENAI_ENDPOINT") or None,
-            azure_api_key=env.get("AZURE_OPENAI_API_KEY") or None,
-            azure_deployment=env.get("AZURE_OPENAI_DEPLOYMENT") or None,
-            upstream_connect_timeout_s=_float(env, "UPSTREAM_CONNECT_TIMEOUT_S", 10.0),
-            upstream_read_timeout_s=_float(env, "UPSTREAM_READ_TIMEOUT_S", 90.0),
-            upstream_max_body_bytes=_int(env, "UPSTREAM_MAX_BODY_BYTES", 262_144) or 262_144,
-            max_body_bytes=_int(env, "MAX_BODY_BYTES", 1_048_576) or 1_048_576,
-            max_message_chars=_int(env, "MAX_MESSAGE_CHARS", 100_000) or 100_000,
-            system_prompt_file=Path(prompt) if prompt else None,
-            context_max_turns=_int(env, "CONTEXT_MAX_TURNS", None),
-            tools=env.get("TOOLS") or None,
-            retention_days=_float(env, "RETENTION_DAYS", 0.0) or None,
-            idempotency_ttl_s=_float(env, "IDEMPOTENCY_TTL_S", 86_400.0),
-            tool_max_rounds=_int(env, "TOOL_MAX_ROUNDS", 4) or 4,
-            tool_timeout_s=_float(env, "TOOL_TIMEOUT_S", 5.0),
-            tool_workers=_int(env, "TOOL_WORKERS", 1) or 1,
-            tool_call_budget=_int(env, "TOOL_CALL_BUDGET", 8) or 0,
-            context_max_request_bytes=_int(env, "CONTEXT_MAX_REQUEST_BYTES", 1_048_576)
-            or 1_048_576,
-            data_dir=Path(env.get("TURNSTORE_DATA_DIR") or ".turnstore"),
-            db_pool_size=_int(env, "DB_POOL_SIZE", 10) or 10,
-            db_statement_cache_size=_int(env, "DB_STATEMENT_CACHE_SIZE", 100) or 0,
-            sse_keepalive_s=_float(env, "SSE_KEEPALIVE_S", 15.0),
-            shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 30.0),
-            history_cache_bytes=_int(env, "HISTORY_CACHE_BYTES", 64 * 1024 * 1024) or 0,
-            auth_mode=auth_mode,
-            jwt_secret=env.get("JWT_SECRET") or None,
-            jwt_secret_file=_path(env, "JWT_SECRET_FILE"),
-            jwt_public_key_file=_path(env, "JWT_PUBLIC_KEY_FILE"),
-            jwt_issuer=env.get("JWT_ISSUER") or None,
-            jwt_audience=env.get("JWT_AUDIENCE") or None,
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            raw = env.get(spec.metadata["env"], "").strip()
+            if raw:
+                values[spec.name] = _parse(spec.metadata, spec.type, raw)
+        return cls(**values)
+
+
+def _parse(meta: Mapping[str, Any], kind: Any, raw: str) -> Any:
+    name, kind = meta["env"], str(kind)
+    try:
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be {_accepted(meta, kind)}, got {raw!r}") from None
+    if kind.startswith("Path"):
+        return Path(raw)
+    return raw.lower() if meta["choices"] else raw
+
+
+def _check(meta: Mapping[str, Any], value: Any) -> None:
+    if value is None or (isinstance(value, str | Path) and not meta["choices"]):
+        return
+    name, low, high, above = meta["env"], meta["low"], meta["high"], meta["above"]
+    if meta["choices"]:
+        ok = value in meta["choices"]
+    else:
+        ok = (
+            value == value  # not NaN
+            and (low is None or value >= low)
+            and (high is None or value <= high)
+            and (above is None or value > above)
         )
+    if not ok:
+        kind = "float" if isinstance(value, float) else "int"
+        raise SettingsError(f"{name} must be {_accepted(meta, kind)}, got {value!r}")
+
+
+def _accepted(meta: Mapping[str, Any], kind: str) -> str:
+    if meta["choices"]:
+        return "one of " + ", ".join(meta["choices"])
+    what = "an integer" if kind.startswith("int") else "a number"
+    low, high, above = meta["low"], meta["high"], meta["above"]
+    if above is not None:
+        return f"{what} above {above:g} and at most {high:g}"
+    if low is not None and high is not None:
+        return f"{what} from {low:g} to {high:g}"
+    return what
+
+
+def markdown_table() -> str:
+    """The README's configuration table, from the declarations above."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for spec in fields(Settings):
+        meta = spec.metadata
+        default = meta["shown"] or ("—" if spec.default is None else f"`{spec.default}`")
+        rows.append(f"| `{meta['env']}` | {default} | {meta['doc']} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table() + "\n")

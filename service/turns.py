@@ -1,9 +1,9 @@
 """The turn-commit use case, shared by the plain and the streaming chat endpoints.
 
-lock -> load -> check If-Match -> call provider -> accept or reject the reply -> conditional
-commit. Nothing is written before the reply is accepted, and the commit is one transaction
-conditional on the revision read under the lock, so a stale writer in another replica gets
-ConversationConflict and writes nothing.
+lock -> load -> check If-Match -> window -> exchange with the provider -> accept or reject the
+reply -> conditional commit. Nothing is written before the reply is accepted, and the commit
+is one transaction conditional on the revision read under the lock, so a stale writer in
+another replica gets ConversationConflict and writes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import TypeVar
 import msgspec
 
 from service import metrics
-from service.context import Budget, SystemPrompt, turn_bytes, window_start
 from service.errors import (
     ContentFiltered,
     ConversationNotFound,
@@ -29,17 +28,19 @@ from service.errors import (
 )
 from service.exchange import Answer, Exchange, ToolCalled, Tooling
 from service.locks import KeyedLocks
-from service.model import ANONYMOUS, Conversation, Precondition, Turn
-from service.plans import TurnPlan, check_precondition, make_plan
-from service.providers.base import (
-    Provider,
-    Reply,
-    TextDelta,
-    is_sealed_reasoning,
-    user_input_item,
+from service.model import (
+    ANONYMOUS,
+    Append,
+    Committed,
+    Conversation,
+    Precondition,
+    ReplyStatus,
+    Turn,
 )
-from service.store.base import ConversationStore
-from service.store.idempotency import IdempotencyStore
+from service.plans import TurnPlan, check_precondition, make_plan
+from service.providers.base import Provider, TextDelta, request_overhead, user_input_item
+from service.store.base import ConversationStore, IdempotencyStore
+from service.window import Budget, SystemPrompt, Window, choose_window
 
 T = TypeVar("T")
 
@@ -48,7 +49,7 @@ T = TypeVar("T")
 class TurnDone:
     conversation_id: uuid.UUID
     message: str
-    status: str
+    status: ReplyStatus
     incomplete_reason: str | None
     revision: int | None  # None: nothing was committed (content filter)
 
@@ -74,7 +75,6 @@ class TurnService:
         self.locks = locks or KeyedLocks()
         self._max_message_chars = max_message_chars
         self._prompt = system_prompt
-        self._instructions = system_prompt.text if system_prompt else None
         self._budget = budget or Budget()
         self._tooling = tooling
         self._idempotency = idempotency
@@ -130,19 +130,21 @@ class TurnService:
                 async for event in events:
                     yield event
             return
-        stored = await keys.claim(key)
-        if stored is not None:
-            for event in _replay(stored, stream):
-                yield event
+        committed = await keys.claim(key)
+        if committed is not None:
+            done = await self._replay(plan, committed)
+            if stream:
+                yield TextDelta(done.message)
+            yield done
             return
-        committed = False
+        done_ok = False
         try:
             async with aclosing(self._turn(plan, stream)) as events:
                 async for event in events:
-                    committed = isinstance(event, TurnDone) and event.revision is not None
+                    done_ok = isinstance(event, TurnDone) and event.revision is not None
                     yield event
         finally:
-            if not committed:
+            if not done_ok:
                 with contextlib.suppress(StorageError):  # the claim's lease runs out anyway
                     await _settle(keys.release(key))
 
@@ -152,109 +154,124 @@ class TurnService:
             with metrics.turn_outcome(mode):
                 conversation = None if plan.is_new else await self._load(plan)
                 user_item = user_input_item(plan.message)
-                earlier = conversation.turns if conversation else []
-                sendable = [self._sendable(turn) for turn in earlier]  # once per turn
-                committed = conversation.context_start if conversation else 1
-                start = self._window(committed, sendable, user_item, stream)
-                window = earlier[start - 1 :]
-                history = [item for items in sendable[start - 1 :] for item in items]
-                exchange = Exchange(
-                    self.provider,
-                    lambda drop_all_sealed: _unsealed(window) if drop_all_sealed else history,
-                    user_item,
-                    instructions=self._instructions,
-                    tooling=self._tooling,
-                    stream=stream,
-                    max_request_bytes=self._budget.max_request_bytes,
-                )
+                window = self._window(conversation, user_item, stream)
                 answer: Answer | None = None
-                async with aclosing(exchange.events()) as exchange_events:
-                    async for event in exchange_events:
+                async with aclosing(self._exchange(window, user_item, stream)) as exchange:
+                    async for event in exchange:
                         if isinstance(event, Answer):
                             answer = event
                         else:
                             yield event
-                if answer is None:
-                    raise UpstreamError("The provider ended without a reply.")
-                reply = answer.reply
-                if reply.incomplete_reason == "content_filter":
+                turn = self._accept(plan, window, user_item, answer)
+                if turn is None:
                     metrics.TURNS_NOT_COMMITTED.labels(mode, ContentFiltered.code).inc()
-                    yield _done(plan, reply, None)
+                    yield _done(plan, answer, None)
                     return
-                if not reply.text:
-                    raise UpstreamError("The provider's reply was empty.")
-                turn = Turn(
-                    plan.message,
-                    reply.text,
-                    [user_item, *answer.items],
-                    self.provider.origin,
-                    start,
-                    self._prompt.version if self._prompt else None,
-                    answer.tool_calls,
-                )
-                expected = conversation.revision if conversation else 0
-                done = _done(plan, reply, expected + 1)  # what the commit makes, if it succeeds
-                key = plan.idempotency
-                append = self.store.append(
-                    plan.conversation_id,
-                    turn,
-                    expected,
-                    owner=plan.owner,
-                    idempotency=(key, _STORED.encode(done).decode()) if key else None,
-                )
-                with metrics.COMMIT_SECONDS.time():
-                    commit = await _settle(append)
+                revision = await self._commit(plan, conversation, turn)
                 metrics.TURNS_COMMITTED.labels(mode).inc()
-                yield _done(plan, reply, commit.revision)
-
-    def _window(
-        self,
-        committed: int,
-        sendable: list[list[msgspec.Raw]],
-        user_item: msgspec.Raw,
-        stream: bool,
-    ) -> int:
-        """The first earlier turn to send (see service/context.py): never before the
-        committed window start; only committed together with this turn."""
-        sizes = [turn_bytes(items) for items in sendable]
-        tools = self._tooling.definitions if self._tooling else None
-        overhead = self.provider.request_overhead(self._instructions, tools, stream=stream)
-        fixed = overhead + len(user_item)
-        return window_start(sizes, committed, fixed, self._budget)
-
-    def _sendable(self, turn: Turn) -> list[msgspec.Raw]:
-        """A turn's replay items, verbatim, except sealed reasoning this provider cannot open:
-        reasoning sealed by another provider, endpoint or model is left out."""
-        if turn.origin is not None and turn.origin != self.provider.origin:
-            return [item for item in turn.replay_items if not is_sealed_reasoning(item)]
-        return turn.replay_items
+                yield _done(plan, answer, revision)
 
     async def _load(self, plan: TurnPlan) -> Conversation:
-        conversation = await self.store.load(plan.conversation_id)
-        if conversation is None or conversation.owner != plan.owner:
-            raise ConversationNotFound()  # another owner's conversation looks like no conversation
+        conversation = await self.store.load(plan.conversation_id, plan.owner)
+        if conversation is None:
+            raise ConversationNotFound()
         check_precondition(plan.if_match, conversation.revision)
         return conversation
 
+    def _window(
+        self, conversation: Conversation | None, user_item: msgspec.Raw, stream: bool
+    ) -> Window:
+        """The earlier turns to send (service/window.py): never before the committed window
+        start; only committed together with this turn."""
+        turns = conversation.turns if conversation else []
+        committed = conversation.context_start if conversation else 1
+        fixed = self._overhead(stream) + len(user_item)
+        return choose_window(turns, committed, self.provider.origin, fixed, self._budget)
 
-def _unsealed(turns: list[Turn]) -> list[msgspec.Raw]:
-    """The turns' replay items without any sealed reasoning (the one retry's history)."""
-    return [item for turn in turns for item in turn.replay_items if not is_sealed_reasoning(item)]
+    def _exchange(
+        self, window: Window, user_item: msgspec.Raw, stream: bool
+    ) -> AsyncGenerator[TextDelta | ToolCalled | Answer, None]:
+        exchange = Exchange(
+            self.provider,
+            window,
+            user_item,
+            instructions=self._prompt.text if self._prompt else None,
+            tooling=self._tooling,
+            stream=stream,
+            overhead=self._overhead(stream),
+            max_request_bytes=self._budget.max_request_bytes,
+        )
+        return exchange.events()
+
+    def _accept(
+        self, plan: TurnPlan, window: Window, user_item: msgspec.Raw, answer: Answer | None
+    ) -> Turn | None:
+        """The turn to commit, or None when the reply was filtered (nothing commits)."""
+        if answer is None:
+            raise UpstreamError("The provider ended without a reply.")
+        reply = answer.reply
+        if reply.incomplete_reason == "content_filter":
+            return None
+        if not reply.text:
+            raise UpstreamError("The provider's reply was empty.")
+        return Turn(
+            user_message=plan.message,
+            assistant_message=reply.text,
+            replay_items=[user_item, *answer.items],
+            origin=self.provider.origin,
+            context_from=window.start,
+            prompt_version=self._prompt.version if self._prompt else None,
+            tool_calls=answer.tool_calls,
+            status=reply.status,
+            incomplete_reason=reply.incomplete_reason,
+        )
+
+    async def _commit(self, plan: TurnPlan, conversation: Conversation | None, turn: Turn) -> int:
+        append = self.store.append(
+            Append(
+                conversation_id=plan.conversation_id,
+                turn=turn,
+                expected_revision=conversation.revision if conversation else 0,
+                owner=plan.owner,
+                idempotency=plan.idempotency,
+            )
+        )
+        with metrics.COMMIT_SECONDS.time():
+            return (await _settle(append)).revision
+
+    async def _replay(self, plan: TurnPlan, committed: Committed) -> TurnDone:
+        """The committed result of an earlier attempt with the same Idempotency-Key."""
+        after = committed.revision - 1
+        conversation = await self.store.load(
+            committed.conversation_id, plan.owner, after_revision=after
+        )
+        if conversation is None or not conversation.turns:
+            raise ConversationNotFound()  # deleted or expired since
+        turn = conversation.turns[0]
+        return TurnDone(
+            conversation_id=committed.conversation_id,
+            message=turn.assistant_message,
+            status=turn.status,
+            incomplete_reason=turn.incomplete_reason,
+            revision=committed.revision,
+        )
+
+    def _overhead(self, stream: bool) -> int:
+        tools = self._tooling.definitions if self._tooling else None
+        instructions = self._prompt.text if self._prompt else None
+        return request_overhead(self.provider.origin.model, instructions, tools, stream=stream)
 
 
-def _done(plan: TurnPlan, reply: Reply, revision: int | None) -> TurnDone:
+def _done(plan: TurnPlan, answer: Answer | None, revision: int | None) -> TurnDone:
+    assert answer is not None  # _accept has refused a turn without an answer
+    reply = answer.reply
     return TurnDone(
-        plan.conversation_id, reply.text, reply.status, reply.incomplete_reason, revision
+        conversation_id=plan.conversation_id,
+        message=reply.text,
+        status=reply.status,
+        incomplete_reason=reply.incomplete_reason,
+        revision=revision,
     )
-
-
-_STORED = msgspec.json.Encoder()
-
-
-def _replay(stored: str, stream: bool) -> list[TurnEvent]:
-    """The committed result of an earlier attempt with the same Idempotency-Key."""
-    done = msgspec.json.decode(stored, type=TurnDone)
-    return [TextDelta(done.message), done] if stream else [done]
 
 
 async def _settle(awaitable: Awaitable[T]) -> T:

@@ -27,9 +27,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import cli
 from service.auth import check_serving, is_loopback, jwt_verifier
 from service.http_server import HTTP_LIMITS
-from service.keys import ApiKeyStore
 from service.logs import JSONFormatter
 from service.settings import Settings
+from service.store.keys import ApiKeyStore
 from tests.conftest import ClientFactory
 from tests.helpers import CHAT, assert_error
 

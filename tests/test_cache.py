@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.app import create_app
 from service.db import create_engine
 from service.errors import ConversationConflict, ConversationNotFound, PreconditionFailed
-from service.model import Conversation, Turn
+from service.model import ANONYMOUS, Append, Conversation, Turn
 from service.settings import Settings
 from service.store.cache import CachedStore, turn_size
 from service.store.postgres import PostgresStore
@@ -32,8 +32,10 @@ class CountingStore(PostgresStore):
         super().__init__(engine)
         self.reads: list[tuple[int, int]] = []
 
-    async def load(self, conversation_id: UUID, after_revision: int = 0) -> Conversation | None:
-        conversation = await super().load(conversation_id, after_revision)
+    async def load(
+        self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
+    ) -> Conversation | None:
+        conversation = await super().load(conversation_id, owner, after_revision=after_revision)
         self.reads.append((after_revision, len(conversation.turns) if conversation else 0))
         return conversation
 
@@ -49,7 +51,7 @@ def make_turn(n: int, *, size: int = 100) -> Turn:
 
 async def grow(store: CachedStore | PostgresStore, cid: UUID, turns: int, start: int = 0) -> None:
     for n in range(start, start + turns):
-        await store.append(cid, make_turn(n), n)
+        await store.append(Append(cid, make_turn(n), n))
 
 
 @pytest.fixture
@@ -144,7 +146,7 @@ async def test_two_replicas_interleaving_stay_correct(
         assert loaded == await store.load(cid)
         expected = loaded.revision if loaded else 0
         assert expected == revisions[cid]
-        commit = await replica.append(cid, make_turn(step), expected)
+        commit = await replica.append(Append(cid, make_turn(step), expected))
         revisions[cid] = commit.revision
     for replica in replicas:
         for cid in conversations:
@@ -159,10 +161,10 @@ async def test_a_conflict_evicts_and_the_next_load_reads_afresh(
     cid = uuid.uuid4()
     await grow(here, cid, 2)
     await there.load(cid)
-    await there.append(cid, make_turn(2), 2)
+    await there.append(Append(cid, make_turn(2), 2))
 
     with pytest.raises(ConversationConflict):
-        await here.append(cid, make_turn(99), 2)  # stale: revision 3 exists
+        await here.append(Append(cid, make_turn(99), 2))  # stale: revision 3 exists
 
     assert here.cached_revision(cid) is None
     assert await here.load(cid) == await store.load(cid)
@@ -178,7 +180,7 @@ async def test_not_found_on_append_evicts(
     await PostgresStore(other_engine).delete(cid)  # deleted by another replica
 
     with pytest.raises(ConversationNotFound):
-        await here.append(cid, make_turn(2), 2)
+        await here.append(Append(cid, make_turn(2), 2))
 
     assert here.cached_revision(cid) is None
     assert await here.load(cid) is None
@@ -232,7 +234,7 @@ async def test_an_id_reused_by_a_new_conversation_is_not_mixed_up(
     await grow(cache, cid, 2)
     await store.delete(cid)
     for n in range(3):
-        await store.append(cid, make_turn(100 + n), n)
+        await store.append(Append(cid, make_turn(100 + n), n))
 
     loaded = await cache.load(cid)
 

@@ -27,9 +27,8 @@ from schemathesis.specs.openapi.checks import (
     positive_data_acceptance,
 )
 
-from service.app import create_app
+from service.app import create_app, run_with_api_keys
 from service.http_server import HTTP_LIMITS
-from service.keys import run_with_keys
 from service.settings import Settings
 from tests.helpers import CHAT, assert_error
 
@@ -154,7 +153,7 @@ def test_the_whole_api_under_fuzzing(
     modes = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
     if auth == "api_key":
         base_url = request.getfixturevalue("api_key_url")
-        key = run_with_keys(database_url, lambda keys: keys.create("fuzzer"))
+        key = run_with_api_keys(database_url, lambda keys: keys.create("fuzzer"))
         headers, modes = {"Authorization": f"Bearer {key}"}, [GenerationMode.POSITIVE]
     else:
         base_url = request.getfixturevalue("base_url")

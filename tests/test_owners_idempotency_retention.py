@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.errors import ConversationNotFound
-from service.model import Turn
+from service.model import Append, Turn
 from service.providers.base import user_input_item
 from service.store.postgres import PostgresStore
 from tests.conftest import ClientFactory
@@ -26,24 +26,24 @@ def turn(text_: str) -> Turn:
 
 async def test_another_owners_conversation_is_not_found_everywhere(store: PostgresStore) -> None:
     cid = uuid.uuid4()
-    await store.append(cid, turn("alice's"), 0, owner="alice")
-    loaded = await store.load(cid)
+    await store.append(Append(cid, turn("alice's"), 0, owner="alice"))
+    loaded = await store.load(cid, "alice")
     assert loaded is not None and loaded.owner == "alice"
     with pytest.raises(ConversationNotFound):
-        await store.append(cid, turn("bob's"), 1, owner="bob")
+        await store.append(Append(cid, turn("bob's"), 1, owner="bob"))
     with pytest.raises(ConversationNotFound):
         await store.delete(cid, "bob")
     page, _ = await store.list_conversations("bob", 10)
     assert page == []
     await store.delete(cid, "alice")
-    assert await store.load(cid) is None
+    assert await store.load(cid, "alice") is None
 
 
 async def test_listing_pages_newest_first_with_a_cursor(store: PostgresStore) -> None:
     ids = [uuid.uuid4() for _ in range(5)]
     for cid in ids:  # created one after another: created_at increases
-        await store.append(cid, turn("x"), 0, owner="carol")
-    await store.append(uuid.uuid4(), turn("not carol's"), 0, owner="dave")
+        await store.append(Append(cid, turn("x"), 0, owner="carol"))
+    await store.append(Append(uuid.uuid4(), turn("not carol's"), 0, owner="dave"))
     seen: list[uuid.UUID] = []
     cursor: str | None = None
     for _ in range(5):

@@ -16,6 +16,7 @@ import httpx
 import msgspec
 import pytest
 
+from service.app import build_endpoint
 from service.errors import (
     ContentFiltered,
     ContextLengthExceeded,
@@ -186,7 +187,7 @@ async def test_request_shape_azure(stream: bool) -> None:
         azure_deployment="my-gpt-deployment",
     )
     provider = ResponsesProvider(
-        Endpoint.from_settings(settings),
+        build_endpoint(settings),
         connect_timeout_s=1.0,
         read_timeout_s=5.0,
         max_body_bytes=262_144,
@@ -228,7 +229,7 @@ def test_openai_endpoint_from_settings() -> None:
         openai_api_key="sk-abc",
         openai_model="gpt-x",
     )
-    endpoint = Endpoint.from_settings(settings)
+    endpoint = build_endpoint(settings)
     assert (endpoint.name, endpoint.url, endpoint.model) == (
         "openai",
         "https://proxy.example/v1/responses",
@@ -237,7 +238,7 @@ def test_openai_endpoint_from_settings() -> None:
     assert endpoint.headers == {"Authorization": "Bearer sk-abc"}
     assert "sk-abc" not in repr(endpoint)  # the key stays out of logs
     default = Settings(llm_provider="openai", openai_api_key="k", openai_model="m")
-    assert Endpoint.from_settings(default).url == "https://api.openai.com/v1/responses"
+    assert build_endpoint(default).url == "https://api.openai.com/v1/responses"
 
 
 @pytest.mark.parametrize(
@@ -250,7 +251,7 @@ def test_openai_endpoint_from_settings() -> None:
 )
 def test_incomplete_settings_are_refused(settings: Settings) -> None:
     with pytest.raises(ValueError):
-        Endpoint.from_settings(settings)
+        build_endpoint(settings)
 
 
 # --- the reply ----------------------------------------------------------------------------

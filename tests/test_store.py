@@ -1,4 +1,6 @@
-"""The store contract, against real PostgreSQL: conditional append, races, delete, failures."""
+"""The store contract: conditional append, delete, owners, listing and Idempotency-Key claims,
+run against both stores (real PostgreSQL and the in-memory one the fast tests use); races of
+real transactions and database failures against PostgreSQL alone."""
 
 from __future__ import annotations
 
@@ -14,11 +16,32 @@ from service.db import create_engine
 from service.errors import (
     ConversationConflict,
     ConversationNotFound,
+    IdempotencyKeyReused,
+    InvalidInput,
     PreconditionFailed,
+    RequestInProgress,
     StorageError,
 )
-from service.model import Turn
+from service.model import ANONYMOUS, Append, Committed, IdempotencyKey, Turn
+from service.store.memory import MemoryStore
 from service.store.postgres import PostgresStore
+
+AnyStore = PostgresStore | MemoryStore
+
+
+@pytest.fixture(params=["postgres", "memory"])
+def contract_store(request: pytest.FixtureRequest) -> AnyStore:
+    """Each contract test runs against both stores."""
+    if request.param == "memory":
+        return MemoryStore()
+    return PostgresStore(request.getfixturevalue("engine"))
+
+
+async def stored_turns(store: AnyStore) -> int:
+    """Turn rows the store holds, whatever conversation they belong to."""
+    if isinstance(store, MemoryStore):
+        return sum(len(c.turns) for c in store._conversations.values())
+    return await count(store._engine, "turns")
 
 
 def turn(n: int) -> Turn:
@@ -37,14 +60,15 @@ async def count(engine: AsyncEngine, table: str) -> int:
         return int(await conn.scalar(text(f"SELECT count(*) FROM {table}")) or 0)
 
 
-async def test_unknown_conversation_loads_as_none(store: PostgresStore) -> None:
-    assert await store.load(uuid.uuid4()) is None
+async def test_unknown_conversation_loads_as_none(contract_store: AnyStore) -> None:
+    assert await contract_store.load(uuid.uuid4()) is None
 
 
-async def test_appends_turns_in_order_and_keeps_replay_bytes(store: PostgresStore) -> None:
+async def test_appends_turns_in_order_and_keeps_replay_bytes(contract_store: AnyStore) -> None:
+    store = contract_store
     cid = uuid.uuid4()
     for n in range(1, 4):
-        commit = await store.append(cid, turn(n), expected_revision=n - 1)
+        commit = await store.append(Append(cid, turn(n), n - 1))
         assert commit.revision == n
     loaded = await store.load(cid)
     assert loaded is not None
@@ -55,47 +79,49 @@ async def test_appends_turns_in_order_and_keeps_replay_bytes(store: PostgresStor
 
 
 async def test_stale_expected_revision_conflicts_and_writes_nothing(
-    store: PostgresStore, engine: AsyncEngine
+    contract_store: AnyStore,
 ) -> None:
+    store = contract_store
     cid = uuid.uuid4()
-    await store.append(cid, turn(1), 0)
-    await store.append(cid, turn(2), 1)
+    await store.append(Append(cid, turn(1), 0))
+    await store.append(Append(cid, turn(2), 1))
     with pytest.raises(ConversationConflict):
-        await store.append(cid, turn(3), 1)
+        await store.append(Append(cid, turn(3), 1))
     with pytest.raises(ConversationConflict):
-        await store.append(cid, turn(3), 0)  # "new" conversation whose id exists
+        await store.append(Append(cid, turn(3), 0))  # "new" conversation whose id exists
     loaded = await store.load(cid)
     assert loaded is not None and loaded.revision == 2
-    assert await count(engine, "turns") == 2
+    assert await stored_turns(store) == 2
 
 
-async def test_append_to_deleted_conversation_is_not_found(store: PostgresStore) -> None:
+async def test_append_to_deleted_conversation_is_not_found(contract_store: AnyStore) -> None:
+    store = contract_store
     cid = uuid.uuid4()
-    await store.append(cid, turn(1), 0)
+    await store.append(Append(cid, turn(1), 0))
     await store.delete(cid)
     with pytest.raises(ConversationNotFound):
-        await store.append(cid, turn(2), 1)
+        await store.append(Append(cid, turn(2), 1))
 
 
-async def test_delete_removes_transcript_and_replay_items(
-    store: PostgresStore, engine: AsyncEngine
-) -> None:
+async def test_delete_removes_transcript_and_replay_items(contract_store: AnyStore) -> None:
+    store = contract_store
     keep, gone = uuid.uuid4(), uuid.uuid4()
     for cid in (keep, gone):
-        await store.append(cid, turn(1), 0)
-        await store.append(cid, turn(2), 1)
+        await store.append(Append(cid, turn(1), 0))
+        await store.append(Append(cid, turn(2), 1))
     await store.delete(gone)
     assert await store.load(gone) is None
-    assert await count(engine, "turns") == 2
+    assert await stored_turns(store) == 2
     with pytest.raises(ConversationNotFound):
         await store.delete(gone)
     loaded = await store.load(keep)
     assert loaded is not None and loaded.revision == 2
 
 
-async def test_delete_honours_if_match(store: PostgresStore) -> None:
+async def test_delete_honours_if_match(contract_store: AnyStore) -> None:
+    store = contract_store
     cid = uuid.uuid4()
-    await store.append(cid, turn(1), 0)
+    await store.append(Append(cid, turn(1), 0))
     with pytest.raises(PreconditionFailed):
         await store.delete(cid, if_match=frozenset({2}))
     assert await store.load(cid) is not None
@@ -124,7 +150,7 @@ async def test_two_real_transactions_race_exactly_one_wins(
     cid = uuid.uuid4()
     expected = 0
     if existing:
-        await store.append(cid, turn(1), 0)
+        await store.append(Append(cid, turn(1), 0))
         expected = 1
     # Two replicas: separate pools. A third connection holds the row (or the key) so both
     # appends are provably inside their transactions, blocked, before either can commit.
@@ -143,7 +169,7 @@ async def test_two_real_transactions_race_exactly_one_wins(
                     text("INSERT INTO conversations VALUES (:id, 99, now(), now())"), {"id": cid}
                 )
             racers = [
-                asyncio.create_task(s.append(cid, turn(n), expected))
+                asyncio.create_task(s.append(Append(cid, turn(n), expected)))
                 for n, s in zip((7, 8), stores, strict=True)
             ]
             await _wait_for_lock_waiters(engine, 2)
@@ -170,6 +196,89 @@ async def test_unreachable_database_is_a_storage_error() -> None:
         with pytest.raises(StorageError):
             await store.load(uuid.uuid4())
         with pytest.raises(StorageError):
-            await store.append(uuid.uuid4(), turn(1), 0)
+            await store.append(Append(uuid.uuid4(), turn(1), 0))
     finally:
         await store.close()
+
+
+# --- owners, listing, Idempotency-Key records: the same contract for both stores ----------
+
+
+async def test_another_owners_conversation_is_never_returned(contract_store: AnyStore) -> None:
+    store, cid = contract_store, uuid.uuid4()
+    await store.append(Append(cid, turn(1), 0, owner="alice"))
+    assert await store.load(cid, "bob") is None
+    assert await store.load(cid) is None  # nor the anonymous owner's
+    with pytest.raises(ConversationNotFound):
+        await store.append(Append(cid, turn(2), 1, owner="bob"))
+    with pytest.raises(ConversationNotFound):
+        await store.delete(cid, "bob")
+    loaded = await store.load(cid, "alice")
+    assert loaded is not None and loaded.owner == "alice" and loaded.revision == 1
+
+
+async def test_load_after_a_revision_returns_only_newer_turns(contract_store: AnyStore) -> None:
+    store, cid = contract_store, uuid.uuid4()
+    for n in range(1, 4):
+        await store.append(Append(cid, turn(n), n - 1))
+    newer = await store.load(cid, after_revision=2)
+    assert newer is not None and newer.revision == 3
+    assert [t.user_message for t in newer.turns] == [turn(3).user_message]
+    current = await store.load(cid, after_revision=3)
+    assert current is not None and current.turns == [] and current.revision == 3
+
+
+async def test_listing_pages_newest_first_and_refuses_foreign_cursors(
+    contract_store: AnyStore,
+) -> None:
+    store = contract_store
+    ids = [uuid.uuid4() for _ in range(3)]
+    for cid in ids:
+        await store.append(Append(cid, turn(1), 0, owner="carol"))
+    await store.append(Append(uuid.uuid4(), turn(1), 0, owner="dave"))
+    first, cursor = await store.list_conversations("carol", 2)
+    second, end = await store.list_conversations("carol", 2, cursor)
+    assert [s.id for s in first + second] == ids[::-1] and end is None
+    # The second: year 9999 at -14:00 (past the largest UTC instant) with a valid id.
+    far = "OTk5OS0xMi0zMVQyMzo1OTo1OS0xNDowMHwwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDE"
+    for crafted in ("garbage!", far):
+        with pytest.raises(InvalidInput):
+            await store.list_conversations("carol", 2, crafted)
+
+
+def key(name: str = "k", asked: str = "h1", owner: str = ANONYMOUS) -> IdempotencyKey:
+    return IdempotencyKey(owner, name, asked)
+
+
+async def test_an_idempotency_key_is_claimed_once_and_names_its_commit(
+    contract_store: AnyStore,
+) -> None:
+    store, cid = contract_store, uuid.uuid4()
+    assert await store.claim(key()) is None
+    with pytest.raises(RequestInProgress):
+        await store.claim(key())
+    with pytest.raises(RequestInProgress):
+        await store.check(key())
+    with pytest.raises(IdempotencyKeyReused):
+        await store.claim(key(asked="h2"))
+    commit = await store.append(Append(cid, turn(1), 0, idempotency=key()))
+    assert await store.claim(key()) == Committed(cid, commit.revision)
+    await store.check(key())  # done: nothing to raise
+    assert await store.claim(key(owner="eve")) is None  # keys are per owner
+
+
+async def test_a_released_key_can_be_claimed_again(contract_store: AnyStore) -> None:
+    store = contract_store
+    assert await store.claim(key("r")) is None
+    await store.release(key("r"))
+    assert await store.claim(key("r", asked="other")) is None
+
+
+async def test_deleting_a_conversation_forgets_the_keys_that_committed_to_it(
+    contract_store: AnyStore,
+) -> None:
+    store, cid = contract_store, uuid.uuid4()
+    assert await store.claim(key("gone")) is None
+    await store.append(Append(cid, turn(1), 0, idempotency=key("gone")))
+    await store.delete(cid)
+    assert await store.claim(key("gone", asked="anything")) is None  # no record left

@@ -12,7 +12,7 @@ from httpx_sse import aconnect_sse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app
-from service.model import Commit, Turn
+from service.model import Append, Commit
 from service.settings import Settings
 from service.store.postgres import PostgresStore
 from tests.conftest import ClientFactory
@@ -159,12 +159,10 @@ class PausingStore(PostgresStore):
         self.proceed = asyncio.Event()
         self.committed = asyncio.Event()
 
-    async def append(
-        self, conversation_id: Any, turn: Turn, expected_revision: int, **kwargs: Any
-    ) -> Commit:
+    async def append(self, append: Append) -> Commit:
         self.committing.set()
         await self.proceed.wait()
-        commit = await super().append(conversation_id, turn, expected_revision, **kwargs)
+        commit = await super().append(append)
         self.committed.set()
         return commit
 

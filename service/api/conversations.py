@@ -5,17 +5,20 @@ from __future__ import annotations
 from typing import Annotated
 
 from litestar import Controller, Response, delete, get
-from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, QueryParameter
 
-from service.api.headers import CORRELATION_ID, ETAG, IfMatch, Owner, Store, etag, parse_if_match
-from service.api.schemas import ConversationList, ConversationView, ErrorEnvelope
-from service.errors import ConversationNotFound
+from service.api.deps import Owner, Store
+from service.api.errors import documented
+from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
+from service.api.schemas import ConversationList, ConversationView
+from service.errors import (
+    ConversationNotFound,
+    InvalidInput,
+    PreconditionFailed,
+    StorageError,
+    Unauthorized,
+)
 from service.plans import parse_conversation_id
-
-_NOT_FOUND = {404: ResponseSpec(ErrorEnvelope, description="conversation_not_found")}
-_STORAGE = {500: ResponseSpec(ErrorEnvelope, description="storage_error")}
-_AUTH = {401: ResponseSpec(ErrorEnvelope, description="unauthorized")}
 
 Limit = Annotated[int, QueryParameter(ge=1, le=100, description="Page size (1-100).")]
 After = Annotated[
@@ -32,7 +35,7 @@ class ConversationController(Controller):
         "/",
         summary="The caller's conversations, newest first, with cursor pagination.",
         response_headers=[CORRELATION_ID],
-        responses={400: ResponseSpec(ErrorEnvelope, description="invalid_input"), **_AUTH},
+        responses=documented(InvalidInput, Unauthorized, StorageError),
     )
     async def page(
         self, store: Store, owner: Owner, limit: Limit = 20, after: After = None
@@ -43,13 +46,13 @@ class ConversationController(Controller):
         "/{conversation_id:str}",
         summary="The conversation's transcript and revision.",
         response_headers=[ETAG, CORRELATION_ID],
-        responses={**_NOT_FOUND, **_STORAGE, **_AUTH},
+        responses=documented(Unauthorized, ConversationNotFound, StorageError),
     )
     async def read(
         self, conversation_id: FromPath[str], store: Store, owner: Owner
     ) -> Response[ConversationView]:
-        conversation = await store.load(parse_conversation_id(conversation_id))
-        if conversation is None or conversation.owner != owner:
+        conversation = await store.load(parse_conversation_id(conversation_id), owner)
+        if conversation is None:
             raise ConversationNotFound()
         return Response(
             ConversationView.of(conversation), headers={"ETag": etag(conversation.revision)}
@@ -59,12 +62,7 @@ class ConversationController(Controller):
         "/{conversation_id:str}",
         summary="Delete the conversation: transcript and replay items.",
         response_headers=[CORRELATION_ID],
-        responses={
-            **_NOT_FOUND,
-            412: ResponseSpec(ErrorEnvelope, description="precondition_failed"),
-            **_STORAGE,
-            **_AUTH,
-        },
+        responses=documented(Unauthorized, ConversationNotFound, PreconditionFailed, StorageError),
     )
     async def remove(
         self, conversation_id: FromPath[str], store: Store, owner: Owner, if_match: IfMatch = None

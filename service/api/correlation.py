@@ -6,7 +6,10 @@ import re
 import uuid
 
 from litestar.datastructures import MutableScopeHeaders
-from litestar.types import Message, Scope
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.logs import correlation_id_var
 
 HEADER = "X-Correlation-Id"
 _SAFE = re.compile(r"[A-Za-z0-9._~:/+=@-]{1,128}")
@@ -29,3 +32,14 @@ async def add_correlation_header(message: Message, scope: Scope) -> None:
     """A ``before_send`` hook: it sees every response, the framework's own errors included."""
     if message["type"] == "http.response.start":
         MutableScopeHeaders.from_message(message)[HEADER] = correlation_id(scope)
+
+
+def correlation_middleware(app: ASGIApp) -> ASGIApp:
+    """Make the request's correlation id visible to every log line of its handling."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == ScopeType.HTTP:
+            correlation_id_var.set(correlation_id(scope))
+        await app(scope, receive, send)
+
+    return middleware

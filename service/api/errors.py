@@ -7,8 +7,10 @@ from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
 
 from service.api.correlation import correlation_id
+from service.api.schemas import ErrorEnvelope
 from service.errors import RateLimited, TurnstoreError, Unauthorized
 
 log = logging.getLogger("turnstore.api")
@@ -20,6 +22,18 @@ _CODE_BY_STATUS = {
     405: "method_not_allowed",
     413: "payload_too_large",
 }
+
+
+def documented(*errors: type[TurnstoreError]) -> dict[int, ResponseSpec]:
+    """The OpenAPI responses of an operation that may raise ``errors``: one entry per status,
+    naming the codes (derived from the error classes, so the document cannot drift)."""
+    codes: dict[int, list[str]] = {}
+    for error in errors:
+        codes.setdefault(error.status, []).append(error.code)
+    return {
+        status: ResponseSpec(ErrorEnvelope, description=" or ".join(names))
+        for status, names in sorted(codes.items())
+    }
 
 
 def envelope(code: str, message: str, cid: str) -> dict[str, Any]:

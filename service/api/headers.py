@@ -5,19 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from litestar.datastructures import ResponseHeader
-from litestar.di import NamedDependency
-from litestar.params import HeaderParameter, SkipValidation
+from litestar.params import HeaderParameter
 
 from service.model import Precondition
-from service.settings import Settings
-from service.store.base import ConversationStore
-from service.turns import TurnService
-
-# Injected singletons: no per-request validation (the store is a Protocol).
-Store = NamedDependency[SkipValidation[ConversationStore]]
-Turns = NamedDependency[SkipValidation[TurnService]]
-Config = NamedDependency[SkipValidation[Settings]]
-Owner = NamedDependency[SkipValidation[str]]  # who is asking: from authentication (service/auth.py)
 
 IdempotencyKey = Annotated[
     str | None,

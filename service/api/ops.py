@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from litestar import Response, get
-from litestar.openapi.datastructures import ResponseSpec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.api.headers import Store
-from service.api.schemas import ErrorEnvelope
+from service.api.deps import Ops
+from service.api.errors import documented
 from service.errors import NotReady, StorageError
 from service.metrics import POOL_IN_USE, REGISTRY
 from service.migrate import head_revision, known_revisions
@@ -28,8 +27,8 @@ async def healthz() -> dict[str, str]:
     summary="Prometheus metrics of this process.",
     media_type="text/plain; version=0.0.4; charset=utf-8",
 )
-async def metrics(store: Store) -> Response[bytes]:
-    POOL_IN_USE.set(store.pool_in_use())
+async def metrics(ops: Ops) -> Response[bytes]:
+    POOL_IN_USE.set(ops.pool_in_use())
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -37,13 +36,13 @@ async def metrics(store: Store) -> Response[bytes]:
     "/readyz",
     tags=["operations"],
     summary="The database is reachable and its schema is at the migration head.",
-    responses={503: ResponseSpec(ErrorEnvelope, description="not_ready")},
+    responses=documented(NotReady),
 )
-async def readyz(store: Store) -> dict[str, str]:
+async def readyz(ops: Ops) -> dict[str, str]:
     if SHUTDOWN.is_set():  # draining: the load balancer should stop sending new work here
         raise NotReady("This replica is shutting down.")
     try:
-        current = await store.schema_revision()
+        current = await ops.schema_revision()
     except StorageError:
         raise NotReady("The database is not reachable.") from None
     # Ready at this release's head, or at a newer one it does not know: during a rolling

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from service.model import Conversation, Role, Summary
+from service.model import Conversation, ReplyStatus, Role, Summary
+from service.turns import TurnDone
 
 
 class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -23,10 +24,40 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
 class ChatResponse(msgspec.Struct):
     conversation_id: str
     message: str
-    status: Literal["completed", "incomplete"]
+    status: ReplyStatus
     incomplete_reason: Literal["max_output_tokens"] | None
     revision: int
     correlation_id: str
+
+    @classmethod
+    def of(cls, done: TurnDone, correlation_id: str) -> ChatResponse:
+        assert done.revision is not None  # a plain turn answers only what it committed
+        return cls(
+            conversation_id=str(done.conversation_id),
+            message=done.message,
+            status=done.status,
+            incomplete_reason=done.incomplete_reason,  # type: ignore[arg-type]
+            revision=done.revision,
+            correlation_id=correlation_id,
+        )
+
+
+class MessageDone(msgspec.Struct):
+    """SSE ``message.done``: how the turn ended (``revision`` null: nothing was committed)."""
+
+    status: ReplyStatus
+    incomplete_reason: Literal["max_output_tokens", "content_filter"] | None
+    conversation_id: str
+    revision: int | None
+
+    @classmethod
+    def of(cls, done: TurnDone) -> MessageDone:
+        return cls(
+            status=done.status,
+            incomplete_reason=done.incomplete_reason,  # type: ignore[arg-type]
+            conversation_id=str(done.conversation_id),
+            revision=done.revision,
+        )
 
 
 class TranscriptMessage(msgspec.Struct):

@@ -24,6 +24,7 @@ import msgspec
 from litestar.response import ServerSentEventMessage
 
 from service.api.errors import envelope
+from service.api.schemas import MessageDone
 from service.errors import TurnstoreError
 from service.exchange import ToolCalled
 from service.metrics import OPEN_STREAMS
@@ -59,7 +60,7 @@ async def sse_events(
                 elif isinstance(event, ToolCalled):
                     yield _event("tool.call", {"name": event.name, "status": event.status})
                 elif isinstance(event, TurnDone):
-                    yield _event("message.done", _done_data(event))
+                    yield _event("message.done", MessageDone.of(event))
                     return  # the terminal event: a shutdown now must not add another
     except Stopped:
         log.info("stream ended: shutting down", extra={"correlation_id": correlation_id})
@@ -71,15 +72,6 @@ async def sse_events(
         yield _event("error", envelope("internal_error", "Internal error.", correlation_id))
     finally:
         OPEN_STREAMS.dec()
-
-
-def _done_data(done: TurnDone) -> dict[str, Any]:
-    return {
-        "status": done.status,
-        "incomplete_reason": done.incomplete_reason,
-        "conversation_id": str(done.conversation_id),
-        "revision": done.revision,
-    }
 
 
 async def with_keepalive(

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import msgspec
 
-from service.model import Origin
-
-ReplyStatus = Literal["completed", "incomplete"]
+from service.model import Origin, ReplyStatus
 
 
 @dataclass(frozen=True)
@@ -70,13 +68,16 @@ def encode_request(model: str, request: ProviderRequest, *, stream: bool) -> byt
     return msgspec.json.encode(body)
 
 
+def request_overhead(
+    model: str, instructions: str | None, tools: msgspec.Raw | None, *, stream: bool
+) -> int:
+    """Bytes of a serialised request with an empty ``input`` list (every provider sends the
+    Responses API's shape; the fake is sized like it, so budgets behave as in production)."""
+    return len(encode_request(model, ProviderRequest([], instructions, tools), stream=stream))
+
+
 class Provider(Protocol):
     origin: Origin  # recorded with each turn whose replay items this provider produced
-
-    def request_overhead(
-        self, instructions: str | None, tools: msgspec.Raw | None, *, stream: bool
-    ) -> int:
-        """Bytes of this provider's serialised request with an empty ``input`` list."""
 
     def respond(
         self, request: ProviderRequest, *, stream: bool

@@ -21,7 +21,6 @@ from service.providers.base import (
     ProviderRequest,
     Reply,
     TextDelta,
-    encode_request,
 )
 
 _SEAL_KEY = b"turnstore-fake-provider"
@@ -74,13 +73,6 @@ class FakeProvider:
             for chunk in _split(text, self._deltas):
                 yield TextDelta(chunk)
         yield Reply(text, "completed", None, _output_items(text, history))
-
-    def request_overhead(
-        self, instructions: str | None, tools: msgspec.Raw | None, *, stream: bool
-    ) -> int:
-        # Sized like a Responses API request, so the context budget behaves as in production.
-        empty = ProviderRequest([], instructions, tools)
-        return len(encode_request(self.origin.model, empty, stream=stream))
 
     async def close(self) -> None:
         return None

@@ -40,16 +40,14 @@ from service.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.model import Origin
+from service.model import Origin, ReplyStatus
 from service.providers.base import (
     ProviderEvent,
     ProviderRequest,
     Reply,
-    ReplyStatus,
     TextDelta,
     encode_request,
 )
-from service.settings import Settings
 
 _INCOMPLETE_REASONS = ("max_output_tokens", "content_filter")
 _CODES: dict[str, type[TurnstoreError]] = {
@@ -73,20 +71,14 @@ class Endpoint:
     model: str
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Endpoint:
-        if settings.llm_provider == "azure":
-            if not (
-                settings.azure_endpoint and settings.azure_api_key and settings.azure_deployment
-            ):
-                raise ValueError("azure needs AZURE_OPENAI_ENDPOINT, _API_KEY and _DEPLOYMENT")
-            url = settings.azure_endpoint.rstrip("/") + "/openai/v1/responses"
-            headers = {"api-key": settings.azure_api_key}
-            return cls("azure", url, headers, settings.azure_deployment)
-        if not (settings.openai_api_key and settings.openai_model):
-            raise ValueError("openai needs OPENAI_API_KEY and OPENAI_MODEL")
-        url = settings.openai_base_url.rstrip("/") + "/responses"
-        headers = {"Authorization": f"Bearer {settings.openai_api_key}"}
-        return cls("openai", url, headers, settings.openai_model)
+    def openai(cls, base_url: str, api_key: str, model: str) -> Endpoint:
+        url = base_url.rstrip("/") + "/responses"
+        return cls("openai", url, {"Authorization": f"Bearer {api_key}"}, model)
+
+    @classmethod
+    def azure(cls, endpoint: str, api_key: str, deployment: str) -> Endpoint:
+        url = endpoint.rstrip("/") + "/openai/v1/responses"
+        return cls("azure", url, {"api-key": api_key}, deployment)
 
 
 class _ErrorDetail(msgspec.Struct):
@@ -158,24 +150,6 @@ class ResponsesProvider:
         timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
-
-    @classmethod
-    def from_settings(
-        cls, settings: Settings, transport: httpx.AsyncBaseTransport | None = None
-    ) -> ResponsesProvider:
-        return cls(
-            Endpoint.from_settings(settings),
-            connect_timeout_s=settings.upstream_connect_timeout_s,
-            read_timeout_s=settings.upstream_read_timeout_s,
-            max_body_bytes=settings.upstream_max_body_bytes,
-            transport=transport,
-        )
-
-    def request_overhead(
-        self, instructions: str | None, tools: msgspec.Raw | None, *, stream: bool
-    ) -> int:
-        empty = ProviderRequest([], instructions, tools)
-        return len(encode_request(self.endpoint.model, empty, stream=stream))
 
     async def close(self) -> None:
         await self._client.aclose()

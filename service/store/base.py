@@ -1,61 +1,86 @@
-"""The store port. Every adapter raises only the domain errors named here."""
+"""The store ports. Every adapter raises only the domain errors named here.
+
+``ConversationStore`` is what the use case needs of conversations; ``IdempotencyStore`` keeps
+Idempotency-Key claims (completed inside the turn's own commit, see ``append``);
+``Operations`` is for operators and probes, not for the domain. The owner rule lives in the
+adapters' queries: a conversation of another owner is never returned, exactly like one that
+does not exist.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 from uuid import UUID
 
 from service.model import (
     ANONYMOUS,
+    Append,
     Commit,
+    Committed,
     Conversation,
     IdempotencyKey,
     Precondition,
     Summary,
-    Turn,
 )
 
 
 class ConversationStore(Protocol):
-    async def load(self, conversation_id: UUID) -> Conversation | None:
-        """The conversation with every committed turn in order, or None (unknown, deleted or
-        expired). Its ``owner`` is for the caller to check. Raises StorageError."""
+    async def load(
+        self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
+    ) -> Conversation | None:
+        """``owner``'s conversation with its committed turns after ``after_revision`` (0: all
+        of them), in order; None when it is unknown, deleted, expired or another owner's.
+        Raises StorageError."""
 
-    async def append(
-        self,
-        conversation_id: UUID,
-        turn: Turn,
-        expected_revision: int,
-        *,
-        owner: str = ANONYMOUS,
-        idempotency: tuple[IdempotencyKey, str] | None = None,
-    ) -> Commit:
-        """Commit ``turn`` if ``owner``'s conversation is still at ``expected_revision``.
-
-        ``expected_revision == 0`` creates the conversation with this first turn, in the same
-        transaction. ``idempotency`` (key, response) marks the key done in that transaction
-        too. Raises ConversationConflict (nothing written) when another writer got there
-        first, ConversationNotFound when it was deleted or expired meanwhile, StorageError.
-        """
+    async def append(self, append: Append) -> Commit:
+        """Commit the turn in one transaction (see ``Append``); a completed Idempotency-Key
+        then names this commit. Raises ConversationConflict (nothing written) when another
+        writer got there first, ConversationNotFound when it was deleted or expired meanwhile,
+        StorageError."""
 
     async def delete(
         self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
     ) -> None:
-        """Remove the owner's conversation and everything of it, if its revision is in
-        ``if_match``. Raises ConversationNotFound, PreconditionFailed, StorageError."""
+        """Remove the owner's conversation and everything of it (its Idempotency-Key records
+        too), if its revision is in ``if_match``. Raises ConversationNotFound,
+        PreconditionFailed, StorageError."""
 
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None
     ) -> tuple[list[Summary], str | None]:
-        """A page of the owner's conversations, newest first, and the next page's cursor."""
+        """A page of the owner's conversations, newest first, and the next page's cursor.
+        Raises InvalidInput for a cursor this store did not make."""
 
-    async def purge(self, batch: int = 500) -> int:
-        """Delete conversations past the retention period; the number deleted."""
+    async def close(self) -> None: ...
 
+
+class IdempotencyStore(Protocol):
+    async def claim(self, key: IdempotencyKey) -> Committed | None:
+        """Claim ``key`` for a new attempt (None), or say where the first attempt committed.
+        Raises RequestInProgress while that attempt runs, IdempotencyKeyReused when the key
+        came with another request."""
+
+    async def check(self, key: IdempotencyKey) -> None:
+        """Raise now what ``claim`` would raise, without claiming (a stream reports these as
+        JSON errors before it starts; ``claim`` still decides races)."""
+
+    async def release(self, key: IdempotencyKey) -> None:
+        """A failed attempt does not use the key up."""
+
+
+@runtime_checkable
+class Operations(Protocol):
     async def schema_revision(self) -> str | None:
         """The migration revision the database is at (None before the first migration)."""
 
     def pool_in_use(self) -> int:
         """Database connections this process has checked out now (for /metrics)."""
 
-    async def close(self) -> None: ...
+    async def purge(self, batch: int = 500) -> int:
+        """Delete what has expired (conversations past the retention, Idempotency-Key
+        records past their TTL); the number of conversations deleted."""
+
+
+class ApiKeys(Protocol):
+    async def owner_of(self, key: str) -> str | None:
+        """The owner of a live API key; None for anything else (unknown, revoked, garbage)."""

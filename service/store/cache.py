@@ -18,14 +18,14 @@ from uuid import UUID
 
 from service.model import (
     ANONYMOUS,
+    Append,
     Commit,
     Conversation,
-    IdempotencyKey,
     Precondition,
     Summary,
     Turn,
 )
-from service.store.postgres import PostgresStore
+from service.store.base import ConversationStore
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class CachedStore:
     """The ConversationStore port over ``inner``, remembering up to ``max_bytes`` of turns
     (0 switches caching off: every call goes straight through)."""
 
-    def __init__(self, inner: PostgresStore, max_bytes: int) -> None:
+    def __init__(self, inner: ConversationStore, max_bytes: int) -> None:
         self._inner = inner
         self._max_bytes = max_bytes
         self._entries: OrderedDict[UUID, _Entry] = OrderedDict()
@@ -60,10 +60,14 @@ class CachedStore:
         entry = self._entries.get(conversation_id)
         return entry.revision if entry else None
 
-    async def load(self, conversation_id: UUID) -> Conversation | None:
+    async def load(
+        self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
+    ) -> Conversation | None:
+        if after_revision:  # a few recent turns: not what this cache is for
+            return await self._inner.load(conversation_id, owner, after_revision=after_revision)
         entry = self._entries.get(conversation_id)
         after = entry.revision if entry else 0
-        fresh = await self._inner.load(conversation_id, after_revision=after)
+        fresh = await self._inner.load(conversation_id, owner, after_revision=after)
         if fresh is None:
             self._evict(conversation_id)
             return None
@@ -71,7 +75,7 @@ class CachedStore:
             # The id names another conversation now, or rows are missing: start over.
             self._evict(conversation_id)
             entry = None
-            fresh = await self._inner.load(conversation_id)
+            fresh = await self._inner.load(conversation_id, owner)
             if fresh is None:
                 return None
         if entry is None:
@@ -84,19 +88,12 @@ class CachedStore:
         # keeps a caller from changing what is cached.
         return replace(fresh, turns=list(turns))
 
-    async def append(
-        self,
-        conversation_id: UUID,
-        turn: Turn,
-        expected_revision: int,
-        *,
-        owner: str = ANONYMOUS,
-        idempotency: tuple[IdempotencyKey, str] | None = None,
-    ) -> Commit:
+    async def append(self, append: Append) -> Commit:
+        conversation_id, turn, expected_revision = (
+            append.conversation_id, append.turn, append.expected_revision
+        )  # fmt: skip
         try:
-            commit = await self._inner.append(
-                conversation_id, turn, expected_revision, owner=owner, idempotency=idempotency
-            )
+            commit = await self._inner.append(append)
         except BaseException:
             # Conflict, not found, storage error or cancellation: the next load reads afresh.
             self._evict(conversation_id)
@@ -125,15 +122,6 @@ class CachedStore:
         self, owner: str, limit: int, after: str | None = None
     ) -> tuple[list[Summary], str | None]:
         return await self._inner.list_conversations(owner, limit, after)
-
-    async def purge(self, batch: int = 500) -> int:
-        return await self._inner.purge(batch)  # expired entries already fail revalidation
-
-    async def schema_revision(self) -> str | None:
-        return await self._inner.schema_revision()
-
-    def pool_in_use(self) -> int:
-        return self._inner.pool_in_use()
 
     async def close(self) -> None:
         self._entries.clear()

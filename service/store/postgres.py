@@ -1,4 +1,5 @@
-"""The PostgreSQL adapter: short transactions, a conditional revision bump per turn.
+"""The PostgreSQL adapter of the store ports: short transactions, a conditional revision bump
+per turn, Idempotency-Key claims completed inside that commit.
 
 Every statement about a conversation filters by its id (the future shard key) and, with
 RETENTION_DAYS, by idleness, so an expired conversation is gone at once for every reader
@@ -7,8 +8,6 @@ and writer, before `turnstore purge` deletes it.
 
 from __future__ import annotations
 
-import base64
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -20,24 +19,26 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.errors import (
     ConversationConflict,
     ConversationNotFound,
-    InvalidInput,
     PreconditionFailed,
 )
 from service.model import (
     ANONYMOUS,
+    Append,
     Commit,
+    Committed,
     Conversation,
     IdempotencyKey,
     Origin,
     Precondition,
     Summary,
+    ToolCallRecord,
     Turn,
 )
-from service.store.idempotency import COMPLETE, completion
+from service.store import idempotency as idem
+from service.store.cursor import decode_cursor, encode_cursor
 from service.store.tables import conversations as c
 from service.store.tables import turns as t
 from service.store.tx import Compiled, driver, read, transaction
-from service.tools.gate import ToolCallRecord
 
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _CALLS = msgspec.json.Decoder(list[ToolCallRecord])
@@ -58,14 +59,16 @@ class _Statements:
                 c.c.revision, c.c.created_at, c.c.updated_at, c.c.context_start, c.c.owner,
                 t.c.user_message, t.c.assistant_message, t.c.replay_items,
                 t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
-                t.c.tool_calls,
+                t.c.tool_calls, t.c.status, t.c.incomplete_reason,
             )
             # Only the turns after :after (0: all); the conversation row comes back even when
             # none is newer, so a cache can revalidate with one query.
             .select_from(c.outerjoin(t, sa.and_(
                 t.c.conversation_id == c.c.id, t.c.seq > sa.bindparam("after")
             )))
-            .where(c.c.id == sa.bindparam("cid"), live)
+            # The owner is checked before any turn is read: another owner's id costs as
+            # little as an unknown one.
+            .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
             .order_by(t.c.seq)
         )  # fmt: skip
         self.create = (
@@ -76,7 +79,7 @@ class _Statements:
                 created_at=sa.func.now(),
                 updated_at=sa.func.now(),
                 context_start=sa.bindparam("context_start"),
-                owner=sa.bindparam("b_owner"),
+                owner=sa.bindparam("caller"),
             )
             .on_conflict_do_nothing()
             .returning(c.c.revision, c.c.created_at, c.c.updated_at)
@@ -86,7 +89,7 @@ class _Statements:
             .where(
                 c.c.id == sa.bindparam("cid"),
                 c.c.revision == sa.bindparam("expected"),
-                c.c.owner == sa.bindparam("b_owner"),
+                c.c.owner == sa.bindparam("caller"),
                 live,
             )
             .values(
@@ -98,18 +101,18 @@ class _Statements:
             .returning(c.c.revision, c.c.created_at, c.c.updated_at)
         )
         self.exists = sa.select(sa.literal(1)).where(
-            c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("b_owner"), live
+            c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live
         )
         self.delete = (
             sa.delete(c)
-            .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("b_owner"), live)
+            .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
             .returning(c.c.revision)
         )
         self.insert_turn = sa.insert(t).values(created_at=sa.func.now())
         self.page = (
             sa.select(c.c.id, c.c.revision, c.c.created_at, c.c.updated_at)
             .where(
-                c.c.owner == sa.bindparam("b_owner"),
+                c.c.owner == sa.bindparam("caller"),
                 live,
                 sa.tuple_(c.c.created_at, c.c.id)
                 < sa.tuple_(sa.bindparam("before_at"), sa.bindparam("before_id")),
@@ -124,83 +127,75 @@ class _Statements:
 
 
 class PostgresStore:
+    """ConversationStore, IdempotencyStore and Operations over one engine."""
+
     def __init__(
         self,
         engine: AsyncEngine,
         *,
         retention_days: float | None = None,
         idempotency_ttl_s: float = 86_400,
+        idempotency_lease_s: float = 600,
     ) -> None:
         self._engine = engine
         self._sql = _Statements(retention_days)
-        # The two statements of every turn go straight to the driver (see store/tx.py).
+        # The statements of every turn go straight to the driver (see store/tx.py).
         dialect = engine.dialect
         self._load = Compiled(self._sql.load, dialect)
         self._create = Compiled(self._sql.create, dialect)
         self._bump = Compiled(self._sql.bump, dialect)
         self._insert_turn = Compiled(self._sql.insert_turn, dialect, list(TURN_COLUMNS))
-        self._complete = Compiled(COMPLETE, dialect)
+        self._complete = Compiled(idem.COMPLETE, dialect)
         self._exists = Compiled(self._sql.exists, dialect)
         self._retention = retention_days
         self._idempotency_ttl_s = idempotency_ttl_s
+        # A claimed key whose replica died is taken over after this long.
+        self._idempotency_lease_s = idempotency_lease_s
 
-    async def load(self, conversation_id: UUID, after_revision: int = 0) -> Conversation | None:
-        """The conversation with its turns after ``after_revision`` (all turns by default)."""
+    async def load(
+        self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
+    ) -> Conversation | None:
         async with driver(self._engine, write=False) as conn:
-            args = self._load.args({"cid": conversation_id, "after": after_revision})
-            rows = await conn.fetch(self._load.sql, *args)
+            params = {"cid": conversation_id, "caller": owner, "after": after_revision}
+            rows = await conn.fetch(self._load.sql, *self._load.args(params))
         if not rows:
             return None
         first = rows[0]
-        turns = [
-            Turn(
-                row["user_message"],
-                row["assistant_message"],
-                _ITEMS.decode(row["replay_items"]),
-                Origin(row["provider"], row["endpoint"], row["model"]) if row["provider"] else None,
-                row["context_from"] or 1,
-                row["prompt_version"],
-                _CALLS.decode(row["tool_calls"]) if row["tool_calls"] else (),
-            )
-            for row in rows
-            if row["replay_items"] is not None
-        ]
+        turns = [_turn(row) for row in rows if row["replay_items"] is not None]
         return Conversation(
-            conversation_id,
-            first["revision"],
-            first["created_at"],
-            first["updated_at"],
-            turns,
-            first["context_start"],
-            first["owner"],
+            id=conversation_id,
+            revision=first["revision"],
+            created_at=first["created_at"],
+            updated_at=first["updated_at"],
+            turns=turns,
+            context_start=first["context_start"],
+            owner=first["owner"],
         )
 
-    async def append(
-        self,
-        conversation_id: UUID,
-        turn: Turn,
-        expected_revision: int,
-        *,
-        owner: str = ANONYMOUS,
-        idempotency: tuple[IdempotencyKey, str] | None = None,
-    ) -> Commit:
+    async def append(self, append: Append) -> Commit:
+        conversation_id, turn, idempotency = append.conversation_id, append.turn, append.idempotency
         params = {
             "cid": conversation_id,
-            "expected": expected_revision,
+            "expected": append.expected_revision,
             "context_start": turn.context_from,
-            "b_owner": owner,
+            "caller": append.owner,
         }
-        statement = self._create if expected_revision == 0 else self._bump
+        statement = self._create if append.expected_revision == 0 else self._bump
         async with driver(self._engine, write=True) as conn:
             row = await conn.fetchrow(statement.sql, *statement.args(params))
             if row is None:
                 raise await self._why_not(conn, params)
-            new_turn = _turn_row(conversation_id, row["revision"], turn)
+            revision = row["revision"]
+            new_turn = _turn_row(conversation_id, revision, turn)
             await conn.execute(self._insert_turn.sql, *self._insert_turn.args(new_turn))
             if idempotency is not None:
-                done = completion(*idempotency, self._idempotency_ttl_s)
+                done = idem.key_params(idempotency) | {
+                    "cid": conversation_id,
+                    "committed_revision": revision,
+                    "ttl_s": self._idempotency_ttl_s,
+                }
                 await conn.execute(self._complete.sql, *self._complete.args(done))
-        return Commit(row["revision"], row["created_at"], row["updated_at"])
+        return Commit(revision, row["created_at"], row["updated_at"])
 
     async def _why_not(self, conn: Any, params: dict[str, Any]) -> Exception:
         if params["expected"] == 0:
@@ -212,7 +207,7 @@ class PostgresStore:
         self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
     ) -> None:
         async with transaction(self._engine) as conn:
-            params = {"cid": conversation_id, "b_owner": owner}
+            params = {"cid": conversation_id, "caller": owner}
             revision = await conn.scalar(self._sql.delete, params)
             if revision is None:
                 raise ConversationNotFound()
@@ -223,35 +218,56 @@ class PostgresStore:
         self, owner: str, limit: int, after: str | None = None
     ) -> tuple[list[Summary], str | None]:
         """The owner's conversations, newest first, and the cursor of the next page."""
-        before_at, before_id = _decode_cursor(after)
-        params = {"b_owner": owner, "limit": limit, "before_at": before_at, "before_id": before_id}
+        before_at, before_id = decode_cursor(after)
+        params = {"caller": owner, "limit": limit, "before_at": before_at, "before_id": before_id}
         async with read(self._engine) as conn:
             rows = (await conn.execute(self._sql.page, params)).all()
         page = [Summary(r.id, r.revision, r.created_at, r.updated_at) for r in rows]
-        cursor = _encode_cursor(page[-1]) if len(page) == limit else None
+        cursor = encode_cursor(page[-1]) if len(page) == limit else None
         return page, cursor
 
+    async def claim(self, key: IdempotencyKey) -> Committed | None:
+        params = idem.key_params(key)
+        async with transaction(self._engine) as conn:
+            claimed = await conn.scalar(
+                idem.CLAIM, {**params, "lease_s": self._idempotency_lease_s}
+            )
+            if claimed is not None:
+                return None
+            row = (await conn.execute(idem.EXISTING, params)).one()
+        return idem.answer(row, key)
+
+    async def check(self, key: IdempotencyKey) -> None:
+        async with read(self._engine) as conn:
+            row = (await conn.execute(idem.LIVE, idem.key_params(key))).first()
+        if row is not None:
+            idem.answer(row, key)
+
+    async def release(self, key: IdempotencyKey) -> None:
+        async with read(self._engine) as conn:  # one statement: autocommit
+            await conn.execute(idem.RELEASE, idem.key_params(key))
+
     async def purge(self, batch: int = 500) -> int:
-        """Delete conversations idle past the retention, a small batch per transaction so
-        no lock is held long; concurrent purges skip each other's rows."""
-        if not self._retention:
-            return 0
+        """Delete expired Idempotency-Key records, and conversations idle past the
+        retention a small batch per transaction so no lock is held long; concurrent purges
+        skip each other's rows."""
+        async with read(self._engine) as conn:
+            await conn.execute(idem.EXPIRED)
         total = 0
-        while True:
+        while self._retention:
             async with transaction(self._engine) as conn:
                 deleted = (await conn.execute(self._sql.purge, {"batch": batch})).rowcount
-                await conn.execute(sa.text("DELETE FROM idempotency_keys WHERE expires_at < now()"))
             total += deleted
             if deleted < batch:
-                return total
+                break
+        return total
 
     async def schema_revision(self) -> str | None:
-        async with transaction(self._engine) as conn:
-            exists = await conn.scalar(sa.text("SELECT to_regclass('alembic_version')"))
-            if exists is None:
+        async with read(self._engine) as conn:
+            if await conn.scalar(sa.text("SELECT to_regclass('alembic_version')")) is None:
                 return None
             version = await conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
-            return str(version) if version is not None else None
+        return None if version is None else str(version)
 
     def pool_in_use(self) -> int:
         return self._engine.sync_engine.pool.checkedout()  # type: ignore[attr-defined,no-any-return]
@@ -263,7 +279,22 @@ class PostgresStore:
 TURN_COLUMNS = (
     "conversation_id", "seq", "user_message", "assistant_message", "replay_items",
     "provider", "endpoint", "model", "context_from", "prompt_version", "tool_calls",
+    "status", "incomplete_reason",
 )  # fmt: skip
+
+
+def _turn(row: Any) -> Turn:
+    return Turn(
+        user_message=row["user_message"],
+        assistant_message=row["assistant_message"],
+        replay_items=_ITEMS.decode(row["replay_items"]),
+        origin=Origin(row["provider"], row["endpoint"], row["model"]) if row["provider"] else None,
+        context_from=row["context_from"] or 1,
+        prompt_version=row["prompt_version"],
+        tool_calls=_CALLS.decode(row["tool_calls"]) if row["tool_calls"] else (),
+        status=row["status"],
+        incomplete_reason=row["incomplete_reason"],
+    )
 
 
 def _turn_row(conversation_id: UUID, seq: int, turn: Turn) -> dict[str, object]:
@@ -279,23 +310,6 @@ def _turn_row(conversation_id: UUID, seq: int, turn: Turn) -> dict[str, object]:
         "context_from": turn.context_from,
         "prompt_version": turn.prompt_version,
         "tool_calls": msgspec.json.encode(turn.tool_calls).decode() if turn.tool_calls else None,
+        "status": turn.status,
+        "incomplete_reason": turn.incomplete_reason,
     }
-
-
-_FAR_FUTURE = (datetime.max.replace(year=9999), UUID(int=(1 << 128) - 1))
-
-
-def _encode_cursor(last: Summary) -> str:
-    raw = f"{last.created_at.isoformat()}|{last.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str | None) -> tuple[datetime, UUID]:
-    if cursor is None:
-        return _FAR_FUTURE
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        at, _, ident = raw.partition("|")
-        return datetime.fromisoformat(at), UUID(ident)
-    except ValueError:
-        raise InvalidInput("after is not a cursor this API returned.") from None

@@ -52,6 +52,8 @@ turns = sa.Table(
     sa.Column("context_from", sa.Integer),
     sa.Column("prompt_version", sa.Text),
     sa.Column("tool_calls", RawJSON),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("incomplete_reason", sa.Text),
 )
 
 idempotency_keys = sa.Table(
@@ -61,7 +63,19 @@ idempotency_keys = sa.Table(
     sa.Column("key", sa.Text, primary_key=True),
     sa.Column("request_hash", sa.Text, nullable=False),
     sa.Column("state", sa.Text, nullable=False),
-    sa.Column("response", RawJSON),
+    # A done key names the commit it made (deleted with that conversation).
+    sa.Column("conversation_id", sa.Uuid),
+    sa.Column("revision", sa.Integer),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# API keys (AUTH_MODE=api_key): only the SHA-256 of a key is stored.
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("key_hash", sa.Text, primary_key=True),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("revoked_at", sa.DateTime(timezone=True)),
 )

@@ -11,127 +11,20 @@ answer looks complete to the model, which may then state it as fact; a refusal i
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
-import json
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
+from service.model import MAX_ARGUMENT_CHARS, ToolCallRecord, ToolStatus
 from service.strictjson import StrictJSONError, is_encodable, loads
-from service.tools.base import Tool, ToolRegistry, run_cancellable
+from service.tools.executor import ToolExecutor, run_cancellable
+from service.tools.registry import Tool, ToolRegistry
 
-MAX_ARGUMENT_CHARS = 4096
 MAX_RESULT_CHARS = 8192
 RECORDED_NAME_CHARS = 200  # a valid name has at most 64; the model may propose anything
 
 logger = logging.getLogger("turnstore.tools")
-T = TypeVar("T")
-
-
-class ToolStatus(StrEnum):
-    OK = "OK"
-    INVALID = "INVALID"
-    UNKNOWN_TOOL = "UNKNOWN_TOOL"
-    BUSY = "BUSY"
-    BUDGET = "BUDGET"
-    NOT_FOUND = "NOT_FOUND"
-    TIMEOUT = "TIMEOUT"
-    TOOL_ERROR = "TOOL_ERROR"
-
-
-@dataclass(frozen=True)
-class ToolCallRecord:
-    """One call as proposed and as decided. ``name`` and ``arguments`` are clipped to
-    RECORDED_NAME_CHARS and MAX_ARGUMENT_CHARS (a marker tells the original length), so a
-    record is bounded whatever the model sent; ``result`` is set for OK only."""
-
-    call_id: str
-    name: str
-    arguments: str
-    accepted: bool  # passed size, strict JSON, registry and schema
-    status: ToolStatus
-    result: str | None
-    duration_ms: float  # in the gate, from the call to its record
-
-    def output(self) -> str:
-        """The ``output`` of the function_call_output item sent back to the model."""
-        result = self.result if self.status is ToolStatus.OK else None
-        return json.dumps({"status": str(self.status), "result": result}, ensure_ascii=False)
-
-
-class ToolExecutor:
-    """Process-wide: at most ``workers`` tools run at once; no waiting queue.
-
-    Each admitted call gets a daemon thread of its own, counted as a worker until the tool
-    returns, even when nobody waits for it any more. Daemon threads, unlike a
-    ThreadPoolExecutor's (joined at interpreter exit), let the process stop while a tool is
-    stuck."""
-
-    def __init__(self, workers: int) -> None:
-        if workers < 1:
-            raise ValueError("workers must be at least 1")
-        self._workers = workers
-        self._running = 0
-        self._closed = False
-        self._changed = threading.Condition()
-
-    @property
-    def busy(self) -> int:
-        """Workers currently running a tool (including ones nobody waits for any more)."""
-        return self._running
-
-    def try_start(self, work: Callable[[], T]) -> asyncio.Future[T] | None:
-        """Run ``work`` on a free worker, in a copy of the caller's context; None when no
-        worker is free. Once admitted, ``work`` runs to its end: cancelling the returned
-        future only stops the waiting (the tool learns of it through cancel_requested())."""
-        with self._changed:
-            if self._closed or self._running >= self._workers:
-                return None
-            self._running += 1
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        future.set_running_or_notify_cancel()  # admitted means run: never skipped silently
-        context = contextvars.copy_context()  # the correlation id follows the call into logs
-        thread = threading.Thread(target=context.run, args=(self._work, work, future))
-        thread.daemon = True
-        try:
-            thread.start()
-        except RuntimeError:  # the OS refused a thread: no worker after all
-            self._release()
-            return None
-        return asyncio.wrap_future(future)
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Block until no tool runs (for shutdown reports and tests); False on timeout."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._running == 0, timeout)
-
-    def shutdown(self) -> None:
-        """Admit nothing more; tools still running are not waited for."""
-        with self._changed:
-            self._closed = True
-
-    def _work(self, work: Callable[[], T], future: concurrent.futures.Future[T]) -> None:
-        try:
-            try:
-                value = work()
-            finally:
-                # Free the worker before the result is seen: its receiver may call again.
-                self._release()
-        except BaseException as exc:  # nothing else on this thread could catch it
-            future.set_exception(exc)
-        else:
-            future.set_result(value)
-
-    def _release(self) -> None:
-        with self._changed:
-            self._running -= 1
-            self._changed.notify_all()
 
 
 class ToolGate:
@@ -173,7 +66,7 @@ class ToolGate:
             parsed = loads(arguments)
         except StrictJSONError:
             return ToolStatus.INVALID
-        if not isinstance(parsed, dict) or _has_non_finite(parsed):
+        if not isinstance(parsed, dict):
             return ToolStatus.INVALID
         tool = self._registry.get(name)
         if tool is None:
@@ -241,21 +134,6 @@ def _judge(name: str, call_id: str, value: object) -> tuple[ToolStatus, str | No
         return ToolStatus.OK, value
     logger.warning("tool %s call %s %s", name, call_id, problem)
     return ToolStatus.TOOL_ERROR, None
-
-
-def _has_non_finite(value: Any) -> bool:
-    """NaN and Infinity are Python's extensions, not JSON (strictjson lets them through).
-    Iterative: the input may be nested as deep as the parser allowed."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return True
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
 
 
 def _clip(text: str, limit: int) -> str:

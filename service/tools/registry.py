@@ -1,4 +1,4 @@
-"""What a tool is, which tools exist, and how a running tool learns it should stop.
+"""What a tool is and which tools exist.
 
 A tool is any object with ``name``, ``description``, ``parameters`` (the JSON Schema of its
 arguments object) and a synchronous ``run(arguments) -> str | None``; operators name such
@@ -20,11 +20,9 @@ from __future__ import annotations
 import copy
 import importlib
 import re
-import threading
-from collections.abc import Callable, Iterable
-from contextvars import ContextVar
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -34,8 +32,6 @@ from jsonschema.validators import validator_for
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _ENTRY = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<attr>[A-Za-z_]\w*)")
 
-T = TypeVar("T")
-
 
 class Tool(Protocol):
     name: str
@@ -43,25 +39,6 @@ class Tool(Protocol):
     parameters: dict[str, Any]
 
     def run(self, arguments: dict[str, Any]) -> str | None: ...
-
-
-# Set by the executor in the context its worker thread runs one call in.
-_cancel: ContextVar[threading.Event | None] = ContextVar("turnstore_tool_cancel", default=None)
-
-
-def cancel_requested() -> bool:
-    """For a tool's run(): True once turnstore stopped waiting for this call (TIMEOUT, or the
-    turn was abandoned). Tools that check it can stop early; a tool that ignores it keeps its
-    worker until it returns. Always False outside a call."""
-    event = _cancel.get()
-    return event is not None and event.is_set()
-
-
-def run_cancellable(cancel: threading.Event, work: Callable[[], T]) -> T:
-    """Run ``work`` so that cancel_requested() inside it reports ``cancel``. Call it inside a
-    context of its own (contextvars.Context.run): the binding is not undone afterwards."""
-    _cancel.set(cancel)
-    return work()
 
 
 @dataclass(frozen=True)

@@ -4,30 +4,20 @@ replica from that replica's next request on."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
 import secrets
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.db import create_engine
-from service.store.tx import transaction
+from service.store.tables import api_keys
+from service.store.tx import read, transaction
 
 PREFIX = "ts_"
 _SHAPE = re.compile(r"ts_[A-Za-z0-9_-]{43}")  # token_urlsafe(32): 32 bytes, 43 characters
 _OWNER = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
 
-# Migrations own the DDL (0005); these are the columns the queries use.
-api_keys = sa.table(
-    "api_keys",
-    sa.column("key_hash", sa.Text),
-    sa.column("owner", sa.Text),
-    sa.column("revoked_at", sa.DateTime(timezone=True)),
-)
 _LOOKUP = sa.select(api_keys.c.owner).where(
     api_keys.c.key_hash == sa.bindparam("h"), api_keys.c.revoked_at.is_(None)
 )
@@ -52,7 +42,7 @@ class ApiKeyStore:
         """The owner of a live key; None for anything else (unknown, revoked, not a key)."""
         if not _SHAPE.fullmatch(key):
             return None  # the shape of a key is public: no query for garbage
-        async with transaction(self._engine) as conn:
+        async with read(self._engine) as conn:  # one statement, autocommit: one round trip
             owner = await conn.scalar(_LOOKUP, {"h": key_hash(key)})
         return None if owner is None else str(owner)
 
@@ -70,19 +60,3 @@ class ApiKeyStore:
         async with transaction(self._engine) as conn:
             owner = await conn.scalar(_REVOKE, {"h": key_hash(key)})
         return owner is not None
-
-
-T = TypeVar("T")
-
-
-def run_with_keys(url: str, action: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
-    """Run one key operation against ``url`` with a pool of its own (for the CLI)."""
-
-    async def main() -> T:
-        engine = create_engine(url, pool_size=1)
-        try:
-            return await action(ApiKeyStore(engine))
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(main())

@@ -1,0 +1,196 @@
+"""An in-memory store that keeps the same contract as the PostgreSQL adapter.
+
+For the fast layer of tests (the turn rules in milliseconds) and nothing else: one process,
+no durability. ``tests/test_store.py`` runs the same contract tests against both stores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from service.errors import (
+    ConversationConflict,
+    ConversationNotFound,
+    IdempotencyKeyReused,
+    PreconditionFailed,
+    RequestInProgress,
+)
+from service.model import (
+    ANONYMOUS,
+    Append,
+    Commit,
+    Committed,
+    Conversation,
+    IdempotencyKey,
+    Precondition,
+    Summary,
+    Turn,
+)
+from service.store.cursor import decode_cursor, encode_cursor
+
+
+@dataclass
+class _Key:
+    request_hash: str
+    expires_at: datetime
+    committed: Committed | None = None  # None while the first attempt runs
+
+
+@dataclass
+class _Conversation:
+    row: Conversation
+    turns: list[Turn] = field(default_factory=list)
+
+
+class MemoryStore:
+    """ConversationStore, IdempotencyStore and Operations in a dict."""
+
+    def __init__(
+        self,
+        *,
+        retention_days: float | None = None,
+        idempotency_ttl_s: float = 86_400,
+        idempotency_lease_s: float = 600,
+    ) -> None:
+        self._conversations: dict[UUID, _Conversation] = {}
+        self._keys: dict[tuple[str, str], _Key] = {}
+        self._retention = timedelta(days=retention_days) if retention_days else None
+        self._ttl = timedelta(seconds=idempotency_ttl_s)
+        self._lease = timedelta(seconds=idempotency_lease_s)
+
+    def _live(self, conversation_id: UUID, owner: str) -> _Conversation | None:
+        found = self._conversations.get(conversation_id)
+        if found is None or found.row.owner != owner:
+            return None
+        if self._retention and found.row.updated_at <= _now() - self._retention:
+            return None
+        return found
+
+    async def load(
+        self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
+    ) -> Conversation | None:
+        found = self._live(conversation_id, owner)
+        if found is None:
+            return None
+        return replace(found.row, turns=list(found.turns[after_revision:]))
+
+    async def append(self, append: Append) -> Commit:
+        conversation_id, turn, owner = append.conversation_id, append.turn, append.owner
+        expected_revision, idempotency = append.expected_revision, append.idempotency
+        now = _now()
+        if expected_revision == 0:
+            if conversation_id in self._conversations:
+                raise ConversationConflict()
+            row = Conversation(
+                id=conversation_id,
+                revision=1,
+                created_at=now,
+                updated_at=now,
+                context_start=turn.context_from,
+                owner=owner,
+            )
+            found = self._conversations[conversation_id] = _Conversation(row)
+        else:
+            live = self._live(conversation_id, owner)
+            if live is None:
+                raise ConversationNotFound()
+            if live.row.revision != expected_revision:
+                raise ConversationConflict()
+            found = live
+            found.row = replace(
+                found.row,
+                revision=expected_revision + 1,
+                updated_at=now,
+                context_start=max(found.row.context_start, turn.context_from),
+            )
+        found.turns.append(turn)
+        if idempotency is not None:
+            key = self._keys[idempotency.owner, idempotency.key]
+            key.committed = Committed(conversation_id, found.row.revision)
+            key.expires_at = now + self._ttl
+        return Commit(found.row.revision, found.row.created_at, found.row.updated_at)
+
+    async def delete(
+        self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
+    ) -> None:
+        found = self._live(conversation_id, owner)
+        if found is None:
+            raise ConversationNotFound()
+        if if_match is not None and found.row.revision not in if_match:
+            raise PreconditionFailed()
+        self._forget(conversation_id)
+
+    async def list_conversations(
+        self, owner: str, limit: int, after: str | None = None
+    ) -> tuple[list[Summary], str | None]:
+        rows = sorted(
+            (c.row for c in self._conversations.values() if self._live(c.row.id, owner)),
+            key=lambda row: (row.created_at, row.id),
+            reverse=True,
+        )
+        position = decode_cursor(after)
+        rows = [row for row in rows if (row.created_at, row.id) < position]
+        page = [Summary(r.id, r.revision, r.created_at, r.updated_at) for r in rows[:limit]]
+        cursor = encode_cursor(page[-1]) if len(page) == limit else None
+        return page, cursor
+
+    async def claim(self, key: IdempotencyKey) -> Committed | None:
+        found = self._keys.get((key.owner, key.key))
+        if found is None or found.expires_at < _now():
+            self._keys[key.owner, key.key] = _Key(key.request_hash, _now() + self._lease)
+            return None
+        return _answer(found, key)
+
+    async def check(self, key: IdempotencyKey) -> None:
+        found = self._keys.get((key.owner, key.key))
+        if found is not None and found.expires_at >= _now():
+            _answer(found, key)
+
+    async def release(self, key: IdempotencyKey) -> None:
+        found = self._keys.get((key.owner, key.key))
+        if found is not None and found.committed is None:
+            del self._keys[key.owner, key.key]
+
+    async def purge(self, batch: int = 500) -> int:
+        now = _now()
+        for name, key in list(self._keys.items()):
+            if key.expires_at < now:
+                del self._keys[name]
+        if self._retention is None:
+            return 0
+        expired = [
+            cid for cid, c in self._conversations.items()
+            if c.row.updated_at <= now - self._retention
+        ]  # fmt: skip
+        for cid in expired:
+            self._forget(cid)
+        return len(expired)
+
+    async def schema_revision(self) -> str | None:
+        return None
+
+    def pool_in_use(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        return None
+
+    def _forget(self, conversation_id: UUID) -> None:
+        del self._conversations[conversation_id]
+        for name, key in list(self._keys.items()):
+            if key.committed is not None and key.committed.conversation_id == conversation_id:
+                del self._keys[name]
+
+
+def _answer(found: _Key, key: IdempotencyKey) -> Committed:
+    if found.request_hash != key.request_hash:
+        raise IdempotencyKeyReused()
+    if found.committed is None:
+        raise RequestInProgress()
+    return found.committed
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,119 @@
+"""The context window: which earlier turns a provider request carries, and how big it is.
+
+The window is a suffix of whole turns (a turn's user item and all its output items go or stay
+together, so a reasoning item never loses the item it precedes). Limits are deterministic
+transport limits, not token counts: at most ``max_turns`` earlier turns, and a serialised
+request of at most ``max_request_bytes`` UTF-8 bytes. The window start never moves back: it
+is committed with each turn and only ever advances.
+
+This module is the one place that counts a request's bytes (``request_bytes``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import msgspec
+
+from service.errors import ContextLengthExceeded
+from service.model import Origin, Turn
+from service.providers.base import is_sealed_reasoning
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_turns: int | None = None
+    max_request_bytes: int = 1_048_576
+
+
+def items_bytes(items: Sequence[msgspec.Raw]) -> int:
+    """What items add to a request's ``input`` array: each item and its comma."""
+    return sum(len(item) + 1 for item in items)
+
+
+def request_bytes(overhead: int, items: Sequence[msgspec.Raw]) -> int:
+    """The size of a request whose envelope (everything but the ``input`` items) is
+    ``overhead`` bytes (one comma fewer than items)."""
+    return overhead + items_bytes(items) - (1 if items else 0)
+
+
+def window_start(
+    turn_sizes: Sequence[int], committed_start: int, fixed_bytes: int, budget: Budget
+) -> int:
+    """The first turn (1-based) to send: the smallest start at or after ``committed_start``
+    whose suffix of turns fits. ``len(turn_sizes) + 1`` means no earlier turn fits.
+
+    ``fixed_bytes`` is the request without earlier turns (envelope, instructions and the
+    new user item); ``turn_sizes`` what each turn's items add (their bytes and commas).
+    Raises ContextLengthExceeded when the fixed part alone is over the budget.
+    """
+    if fixed_bytes > budget.max_request_bytes:
+        raise ContextLengthExceeded(
+            "The message (with the system prompt) alone exceeds the context budget."
+        )
+    count = len(turn_sizes)
+    start = max(committed_start, 1)
+    if budget.max_turns is not None:
+        start = max(start, count + 1 - budget.max_turns)
+    size = fixed_bytes + sum(turn_sizes[start - 1 :])
+    while start <= count and size > budget.max_request_bytes:
+        size -= turn_sizes[start - 1]
+        start += 1
+    return start
+
+
+@dataclass(frozen=True)
+class Window:
+    """The earlier turns one turn sends: where they start, and their items as this provider
+    can take them (``unsealed``: the same without any sealed reasoning, for the one retry)."""
+
+    start: int
+    items: list[msgspec.Raw]
+    turns: Sequence[Turn]
+
+    @cached_property
+    def unsealed(self) -> list[msgspec.Raw]:
+        return [
+            item for turn in self.turns for item in turn.replay_items
+            if not is_sealed_reasoning(item)
+        ]  # fmt: skip
+
+
+def choose_window(
+    turns: Sequence[Turn],
+    committed_start: int,
+    origin: Origin,
+    fixed_bytes: int,
+    budget: Budget,
+) -> Window:
+    """The window for a new turn over ``turns`` (every committed turn, in order)."""
+    sendable = [_sendable(turn, origin) for turn in turns]
+    start = window_start(list(map(items_bytes, sendable)), committed_start, fixed_bytes, budget)
+    items = [item for turn_items in sendable[start - 1 :] for item in turn_items]
+    return Window(start, items, turns[start - 1 :])
+
+
+def _sendable(turn: Turn, origin: Origin) -> list[msgspec.Raw]:
+    """A turn's replay items, verbatim, except sealed reasoning this provider cannot open:
+    reasoning sealed by another provider, endpoint or model is left out."""
+    if turn.origin is not None and turn.origin != origin:
+        return [item for item in turn.replay_items if not is_sealed_reasoning(item)]
+    return turn.replay_items
+
+
+@dataclass(frozen=True)
+class SystemPrompt:
+    """The operator's system prompt, sent as ``instructions``; its version is a hash of its
+    text, recorded with every turn. It is never stored in a conversation."""
+
+    text: str
+    version: str
+
+    @classmethod
+    def from_file(cls, path: Path) -> SystemPrompt:
+        text = path.read_text(encoding="utf-8")
+        return cls(text, "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16])

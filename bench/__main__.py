@@ -1,6 +1,6 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
-Options: --parts store,e2e,holding  --subjects turnstore,asyncpg-baseline,...  --rounds N
+Options: --parts store,e2e,holding,hostile  --subjects turnstore,asyncpg-baseline,...  --rounds N
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import e2e, holding, report
+from bench import e2e, holding, hostile, report
 from bench.database import fresh_database, server, server_version
 from bench.store import StoreConfig, StoreResult, run_subject
 from bench.stores import SUBJECTS
@@ -28,7 +28,7 @@ def _say(line: str = "") -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--parts", default="store,e2e,holding")
+    parser.add_argument("--parts", default="store,e2e,holding,hostile")
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
     parser.add_argument("--streams", type=int, default=1000)
@@ -74,8 +74,14 @@ def main() -> None:
             hold = holding.run(url, logs, e2e_result.seeded)
             for line in report.holding_lines(hold):
                 _say(line)
+        refused = None
+        if "hostile" in parts:
+            _say("\n4. Hostile input: the worst 1 MiB bodies, each sent 20 times")
+            refused = hostile.run(url, logs)
+            for line in hostile.lines(refused):
+                _say(line)
         _say("\nTargets (ratios from this run)")
-        for line in report.targets(results, e2e_result, hold):
+        for line in report.targets(results, e2e_result, hold, refused):
             _say(line)
     _say(f"\nbench finished in {time.monotonic() - started:.0f} s")
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from bench.e2e import E2EResult
 from bench.holding import HoldingResult
+from bench.hostile import HostileResult
 from bench.store import HISTORY_POINTS, SIZE_SPANS, StoreResult
 
 CACHED, UNCACHED, BASELINE = "turnstore", "turnstore-nocache", "asyncpg-baseline"
@@ -66,8 +67,16 @@ def _check(label: str, value: float, limit: float, at_least: bool, unit: str = "
 
 
 def targets(
-    results: dict[str, StoreResult], e2e: E2EResult | None, hold: HoldingResult | None
+    results: dict[str, StoreResult],
+    e2e: E2EResult | None,
+    hold: HoldingResult | None,
+    hostile: HostileResult | None = None,
 ) -> Iterator[str]:
+    if hostile:
+        worst = max(hostile.cpu_ms.values())
+        yield _check("hostile: worst 1 MiB body, server CPU per request", worst, 50, False, "ms")
+        refused = all(s and max(s) < 500 and min(s) >= 400 for s in hostile.statuses.values())
+        yield _check("hostile: bodies refused with a 4xx", float(refused), 1, True, "")
     ours = results.get(CACHED)
     if ours is None or ours.error:
         yield "  turnstore's store was not measured: no ratios"

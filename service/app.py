@@ -16,17 +16,19 @@ from typing import Any, TypeVar
 
 from litestar import Litestar, Router
 from litestar.di import Provide
+from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
-from litestar.openapi.spec import Components
+from litestar.openapi.spec import Components, Schema
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.chat import ChatController
 from service.api.conversations import ConversationController
 from service.api.correlation import add_correlation_header, correlation_middleware
 from service.api.errors import error_response
-from service.api.limits import head_limit_middleware
+from service.api.limits import RequestRules, allowed_hosts, request_rules_middleware
 from service.api.ops import healthz, metrics, readyz
+from service.api.schemas import ChatRequest
 from service.auth import authentication, build_authenticator, openapi_security
 from service.db import create_engine, resolve_database
 from service.exchange import Tooling
@@ -39,6 +41,7 @@ from service.shutdown import shutdown_on_signals
 from service.store.base import ApiKeys, ConversationStore, IdempotencyStore, Operations
 from service.store.cache import CachedStore
 from service.store.keys import ApiKeyStore
+from service.store.memory import MemoryStore
 from service.store.postgres import PostgresStore
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
@@ -153,7 +156,7 @@ def build_services(
         if settings.history_cache_bytes > 0:
             store = CachedStore(store, settings.history_cache_bytes)
     else:
-        ops = store if isinstance(store, Operations) else _NoOperations()
+        ops = store if isinstance(store, Operations) else MemoryStore()
     closers.append(store.close)
     provider = provider or build_provider(settings)
     closers.append(provider.close)
@@ -203,7 +206,7 @@ def create_app(
         guards=[guard],
         security=security,
     )
-    return Litestar(
+    app = Litestar(
         route_handlers=[owned, healthz, readyz, metrics],
         dependencies={
             "store": _constant(services.store),
@@ -214,13 +217,27 @@ def create_app(
         },
         exception_handlers={Exception: error_response},
         before_send=[add_correlation_header],
-        middleware=[correlation_middleware, head_limit_middleware],
+        middleware=[
+            correlation_middleware,
+            DefineMiddleware(request_rules_middleware, rules=_rules(settings)),
+        ],
         request_max_body_size=settings.max_body_bytes,
         lifespan=[lifespan],
         openapi_config=_openapi(components),
         logging_config=None,
         debug=False,
     )
+    _close_request_schemas(app)
+    return app
+
+
+def _close_request_schemas(app: Litestar) -> None:
+    """Request bodies refuse unknown fields: the OpenAPI document says so too."""
+    schemas = app.openapi_schema.components.schemas or {}
+    for struct in (ChatRequest,):
+        schema = schemas.get(struct.__name__)
+        if isinstance(schema, Schema):
+            schema.additional_properties = False
 
 
 def _openapi(components: Components) -> OpenAPIConfig:
@@ -233,6 +250,11 @@ def _openapi(components: Components) -> OpenAPIConfig:
     )  # fmt: skip
 
 
+def _rules(settings: Settings) -> RequestRules:
+    hosts = allowed_hosts(settings.auth_mode, settings.allowed_hosts)
+    return RequestRules(allowed_hosts=hosts, send_timeout_s=settings.client_send_timeout_s)
+
+
 def _constant(value: Any) -> Provide:
     return Provide(lambda: value, use_cache=True, sync_to_thread=False)
 
@@ -242,21 +264,6 @@ def _async(action: Callable[[], None]) -> Callable[[], Awaitable[None]]:
         action()
 
     return run
-
-
-class _NoOperations:
-    """Operations of a store handed in without any (tests): ready, nothing to purge."""
-
-    async def schema_revision(self) -> str | None:
-        from service.migrate import head_revision
-
-        return head_revision()
-
-    def pool_in_use(self) -> int:
-        return 0
-
-    async def purge(self, batch: int = 500) -> int:
-        return 0
 
 
 @functools.cache

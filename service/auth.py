@@ -30,7 +30,7 @@ from litestar.openapi.spec import Components, SecurityRequirement, SecuritySchem
 from litestar.types import Guard
 
 from service.errors import Unauthorized
-from service.model import ANONYMOUS
+from service.model import ANONYMOUS, is_owner_name
 from service.settings import Settings
 from service.store.base import ApiKeys
 
@@ -39,7 +39,6 @@ Authenticator = Callable[[Connection], Awaitable[str]]
 OwnerDependency = Callable[[Request[Any, Any, Any]], Awaitable[str]]
 
 LEEWAY_S = 30  # clock skew tolerated on exp / nbf / iat
-MAX_OWNER_CHARS = 256
 _INVALID = "The credentials are invalid."
 _OWNER_KEY = "turnstore.owner"
 _REQUIRED_CLAIMS = ["exp", "iss", "aud", "sub"]
@@ -90,9 +89,9 @@ class JWTVerifier:
             except (jwt.PyJWTError, ValueError):
                 raise Unauthorized(_INVALID, token_sent=True) from None
             subject = claims.get("sub")
-            if not isinstance(subject, str) or not 0 < len(subject) <= MAX_OWNER_CHARS:
+            if not is_owner_name(subject):
                 break
-            return subject
+            return str(subject)
         raise Unauthorized(_INVALID, token_sent=True)
 
 

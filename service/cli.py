@@ -15,8 +15,9 @@ from service import migrate
 from service.app import postgres_store, run_with_api_keys
 from service.auth import check_serving
 from service.db import create_engine, resolve_database
-from service.http_server import HTTP_LIMITS
+from service.http_server import uvicorn_options
 from service.logs import configure as configure_logging
+from service.model import key_id
 from service.settings import Settings, SettingsError
 
 CURL_EXAMPLE = """\
@@ -63,7 +64,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
             host=args.host,
             port=args.port,
             workers=args.workers,
-            **HTTP_LIMITS,
+            **uvicorn_options(settings),
             log_config=configure_logging(settings.log_format),
             timeout_graceful_shutdown=max(1, math.ceil(settings.shutdown_grace_s)),
         )
@@ -107,15 +108,27 @@ def _keys_create(args: argparse.Namespace, settings: Settings) -> None:
             key = run_with_api_keys(url, lambda keys: keys.create(args.owner))
         except ValueError as exc:
             sys.exit(f"turnstore keys create: {exc}")
-    sys.stderr.write(f"New API key of {args.owner!r}, shown only now (only its hash is kept):\n")
+    sys.stderr.write(
+        f"New API key of {args.owner!r} (id {key_id(key)}), shown only now (only its hash is "
+        "kept):\n"
+    )
     print(key)  # alone on the last line of stdout, for scripts
 
 
 def _keys_revoke(args: argparse.Namespace, settings: Settings) -> None:
+    """By id, by owner, or the key itself from standard input ("-"): a key on the command line
+    lands in shell histories and process listings, so that form is only kept for scripts."""
+    key = sys.stdin.readline().strip() if args.key == "-" else args.key
+    which = {"key": key, "key_id": args.id, "owner": args.owner}
+    if sum(value is not None for value in which.values()) != 1:
+        sys.exit("turnstore keys revoke: name exactly one of KEY (or - for stdin), --id, --owner")
     with _database(settings, migrate_embedded=True) as url:
-        if not run_with_api_keys(url, lambda keys: keys.revoke(args.key)):
-            sys.exit("turnstore keys revoke: no such key")
-    sys.stderr.write("Revoked: every replica refuses the key from its next request on.\n")
+        revoked = run_with_api_keys(url, lambda keys: keys.revoke(**which))
+    if not revoked:
+        sys.exit("turnstore keys revoke: no such key")
+    sys.stderr.write(
+        f"Revoked {', '.join(revoked)}: every replica refuses them from its next request on.\n"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,8 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys_commands.add_parser("create", help="print a new key (only its hash is kept)")
     create.add_argument("--owner", required=True, help="whose conversations the key reaches")
     create.set_defaults(run=_keys_create)
-    revoke = keys_commands.add_parser("revoke", help="refuse KEY from now on, on every replica")
-    revoke.add_argument("key", metavar="KEY")
+    revoke = keys_commands.add_parser(
+        "revoke", help="refuse a key (or all of an owner's) from now on, on every replica"
+    )
+    revoke.add_argument("key", metavar="KEY", nargs="?", help="the key, or - to read it from stdin")
+    revoke.add_argument("--id", help="the key's id (printed by keys create)")
+    revoke.add_argument("--owner", help="revoke every key of this owner")
     revoke.set_defaults(run=_keys_revoke)
     return parser
 

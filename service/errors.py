@@ -2,6 +2,7 @@
 
 TurnstoreError
  +-- InvalidInput                 400 invalid_input
+ +-- InvalidHost                  400 invalid_host (AUTH_MODE=none: a Host that is not loopback)
  +-- ContextLengthExceeded        400 context_length_exceeded
  +-- Unauthorized                 401 unauthorized (+ WWW-Authenticate)
  +-- ConversationNotFound         404 conversation_not_found
@@ -9,6 +10,7 @@ TurnstoreError
  +-- RequestInProgress            409 request_in_progress
  +-- PreconditionFailed           412 precondition_failed
  +-- PayloadTooLarge              413 payload_too_large
+ +-- UnsupportedMediaType         415 unsupported_media_type
  +-- ContentFiltered              422 content_filtered
  +-- IdempotencyKeyReused         422 idempotency_key_reused
  +-- RateLimited                  429 rate_limited (+ Retry-After)
@@ -37,6 +39,13 @@ class TurnstoreError(Exception):
 
 class InvalidInput(TurnstoreError):
     code, status, default_message = "invalid_input", 400, "The request is invalid."
+
+
+class InvalidHost(TurnstoreError):
+    code, status = "invalid_host", 400
+    default_message = (
+        "This server answers only requests to its own names (Host); set ALLOWED_HOSTS to add more."
+    )
 
 
 class ContextLengthExceeded(TurnstoreError):
@@ -84,6 +93,11 @@ class PayloadTooLarge(TurnstoreError):
     code, status, default_message = "payload_too_large", 413, "The request body is too large."
 
 
+class UnsupportedMediaType(TurnstoreError):
+    code, status = "unsupported_media_type", 415
+    default_message = "The request body must be JSON, sent as Content-Type: application/json."
+
+
 class ContentFiltered(TurnstoreError):
     code, status = "content_filtered", 422
     default_message = "The provider's content filter blocked the input or the output."
@@ -99,6 +113,10 @@ class RateLimited(TurnstoreError):
 
 class StorageError(TurnstoreError):
     code, status, default_message = "storage_error", 500, "The database failed; nothing was kept."
+
+    def __init__(self, message: str | None = None, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate  # for the log line, never for the client
 
 
 class UpstreamError(TurnstoreError):

@@ -46,8 +46,13 @@ def configure(log_format: str = "json", level: str = "INFO") -> dict[str, Any]:
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "default"}},
         "root": {"handlers": ["stderr"], "level": level},
         "loggers": {
-            name: {"handlers": ["stderr"], "level": level, "propagate": False}
-            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+            **{
+                name: {"handlers": ["stderr"], "level": level, "propagate": False}
+                for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+            },
+            # httpx logs every request line at INFO: provider URLs stay out of the logs.
+            "httpx": {"level": "WARNING"},
+            "httpcore": {"level": "WARNING"},
         },
     }
     logging.config.dictConfig(config)

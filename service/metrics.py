@@ -39,6 +39,14 @@ POOL_IN_USE = Gauge(
 )
 
 
+def turn_ended(mode: str, *, committed: bool) -> None:
+    """A turn reached its end: committed, or refused by the content filter."""
+    if committed:
+        TURNS_COMMITTED.labels(mode).inc()
+    else:
+        TURNS_NOT_COMMITTED.labels(mode, "content_filtered").inc()
+
+
 @contextmanager
 def turn_outcome(mode: str) -> Iterator[None]:
     """Count a turn that ends without a commit by why it ended (commits are counted where

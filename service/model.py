@@ -6,7 +6,9 @@ Python objects, so they are stored and re-sent exactly as the provider defined t
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,12 +21,39 @@ import msgspec
 Role = Literal["user", "assistant"]
 ReplyStatus = Literal["completed", "incomplete"]
 
-ANONYMOUS = "anonymous"  # the one owner when AUTH_MODE=none
+ANONYMOUS = "anonymous"  # the one owner when AUTH_MODE=none: reserved for it
+_OWNER_NAME = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]{1,256}")
+
+
+def is_owner_name(name: object) -> bool:
+    """Whether ``name`` can own conversations through a credential (an API key or a JWT
+    ``sub``): 1-256 characters without control characters or lone surrogates, no surrounding
+    space, and not the reserved anonymous owner of AUTH_MODE=none."""
+    return (
+        isinstance(name, str)
+        and _OWNER_NAME.fullmatch(name) is not None
+        and name == name.strip()
+        and name != ANONYMOUS
+    )
+
 
 # The revisions an If-Match header accepts; None means "no precondition".
 Precondition = frozenset[int] | None
 
 MAX_ARGUMENT_CHARS = 4096  # a tool call's arguments, as the model proposed them
+
+
+KEY_ID_CHARS = 12  # of an API key's hash: public, and enough to tell a deployment's keys apart
+
+
+def key_hash(key: str) -> str:
+    """What is stored of an API key (AUTH_MODE=api_key): its SHA-256, never the key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_id(key: str) -> str:
+    """An API key's public name, safe to show and log: the start of its hash."""
+    return key_hash(key)[:KEY_ID_CHARS]
 
 
 class ToolStatus(StrEnum):
@@ -51,11 +80,15 @@ class ToolCallRecord:
     status: ToolStatus
     result: str | None
     duration_ms: float  # in the gate, from the call to its record
+    truncated: bool = False  # the tool returned more than the cap; ``result`` is its start
 
     def output(self) -> str:
         """The ``output`` of the function_call_output item sent back to the model."""
         result = self.result if self.status is ToolStatus.OK else None
-        return json.dumps({"status": str(self.status), "result": result}, ensure_ascii=False)
+        output: dict[str, object] = {"status": str(self.status), "result": result}
+        if self.truncated:
+            output["truncated"] = True
+        return json.dumps(output, ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -96,6 +129,44 @@ class Conversation:
     @property
     def replay_items(self) -> list[msgspec.Raw]:
         return [item for turn in self.turns for item in turn.replay_items]
+
+
+@dataclass(frozen=True)
+class TranscriptTurn:
+    """A committed turn as people read it (no replay items)."""
+
+    number: int  # the revision it made
+    user_message: str
+    assistant_message: str
+    context_from: int
+    prompt_version: str | None
+    tool_calls: Sequence[ToolCallRecord]
+
+
+@dataclass(frozen=True)
+class TranscriptPage:
+    """Some consecutive turns of a conversation (``conversation`` has no turns of its own)."""
+
+    conversation: Conversation
+    turns: list[TranscriptTurn]
+    more_before: bool  # earlier turns exist
+    more_after: bool  # later turns exist
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """Which turns a transcript page holds: after ``after``, before ``before`` (None: up to the
+    latest), at most ``limit`` of them and about ``max_bytes`` of text (one at least). With
+    ``before`` alone, the latest turns before it; otherwise the first turns after ``after``."""
+
+    after: int = 0
+    before: int | None = None
+    limit: int = 50
+    max_bytes: int = 1_048_576
+
+    @property
+    def backwards(self) -> bool:
+        return self.before is not None and self.after == 0
 
 
 @dataclass(frozen=True)

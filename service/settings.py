@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 
 class SettingsError(ValueError):
@@ -81,7 +82,9 @@ class Settings:
     upstream_max_body_bytes: int = _setting(
         "UPSTREAM_MAX_BODY_BYTES",
         262_144,
-        "a larger provider response is `upstream_error` (enforced while reading)",
+        "a provider reply (its output items, or a stream's text) larger than this is "
+        "`upstream_error`, streamed or not, refused while it arrives (the bytes on the wire are "
+        "capped at 8 times this, at least 16 MiB)",
         low=1,
         high=1024 * _MIB,
     )
@@ -178,6 +181,29 @@ class Settings:
         low=0.01,
         high=3600,
     )
+    client_send_timeout_s: float = _setting(
+        "CLIENT_SEND_TIMEOUT_S",
+        30.0,
+        "a response (or stream event) a client does not take within this long ends its request, "
+        "as a disconnect does",
+        above=0,
+        high=3600,
+    )
+    http_header_timeout_s: float = _setting(
+        "HTTP_HEADER_TIMEOUT_S",
+        10.0,
+        "a connection whose request head has not fully arrived this long after it began is "
+        "closed (slow clients)",
+        above=0,
+        high=600,
+    )
+    http_keepalive_s: float = _setting(
+        "HTTP_KEEPALIVE_S",
+        5.0,
+        "an idle kept-alive connection is closed after this long",
+        above=0,
+        high=600,
+    )
     shutdown_grace_s: float = _setting(
         "SHUTDOWN_GRACE_S",
         30.0,
@@ -205,6 +231,13 @@ class Settings:
         "`none`, `api_key` or `jwt` (Security, below)",
         choices=("none", "api_key", "jwt"),
     )
+    allowed_hosts: str | None = _setting(
+        "ALLOWED_HOSTS",
+        None,
+        "with `AUTH_MODE=none`, the `Host` names accepted besides `localhost`, `127.0.0.1` and "
+        "`[::1]` (comma-separated; `*`: any)",
+        shown="loopback names",
+    )
     jwt_secret: str | None = _setting(
         "JWT_SECRET", None, "HS256 secret (at least 32 bytes) for `jwt`", secret=True
     )
@@ -220,6 +253,9 @@ class Settings:
     def __post_init__(self) -> None:
         for spec in fields(self):
             _check(spec.metadata, getattr(self, spec.name))
+        if urlsplit(self.openai_base_url).username is not None:
+            # httpx would turn them into Basic auth (replacing the key) and log them.
+            raise SettingsError("OPENAI_BASE_URL must not carry credentials (user:password@)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -40,6 +40,7 @@ from service.model import (
 from service.plans import TurnPlan, check_precondition, make_plan
 from service.providers.base import Provider, TextDelta, request_overhead, user_input_item
 from service.store.base import ConversationStore, IdempotencyStore
+from service.strictjson import is_encodable
 from service.window import Budget, SystemPrompt, Window, choose_window
 
 T = TypeVar("T")
@@ -151,7 +152,7 @@ class TurnService:
     async def _turn(self, plan: TurnPlan, stream: bool) -> AsyncGenerator[TurnEvent, None]:
         mode = "stream" if stream else "chat"
         async with self.locks.hold(plan.conversation_id):
-            with metrics.turn_outcome(mode):
+            with metrics.turn_outcome(mode):  # what ends the turn before its TurnDone
                 conversation = None if plan.is_new else await self._load(plan)
                 user_item = user_input_item(plan.message)
                 window = self._window(conversation, user_item, stream)
@@ -163,13 +164,10 @@ class TurnService:
                         else:
                             yield event
                 turn = self._accept(plan, window, user_item, answer)
-                if turn is None:
-                    metrics.TURNS_NOT_COMMITTED.labels(mode, ContentFiltered.code).inc()
-                    yield _done(plan, answer, None)
-                    return
-                revision = await self._commit(plan, conversation, turn)
-                metrics.TURNS_COMMITTED.labels(mode).inc()
-                yield _done(plan, answer, revision)
+                revision = None if turn is None else await self._commit(plan, conversation, turn)
+                metrics.turn_ended(mode, committed=revision is not None)
+            # Outside the outcome count: a client leaving now does not undo the commit.
+            yield _done(plan, answer, revision)
 
     async def _load(self, plan: TurnPlan) -> Conversation:
         conversation = await self.store.load(plan.conversation_id, plan.owner)
@@ -214,6 +212,8 @@ class TurnService:
             return None
         if not reply.text:
             raise UpstreamError("The provider's reply was empty.")
+        if "\x00" in reply.text or not is_encodable(reply.text):
+            raise UpstreamError("The provider's reply holds text that cannot be stored.")
         return Turn(
             user_message=plan.message,
             assistant_message=reply.text,

@@ -265,6 +265,7 @@ http {{
             proxy_pass http://turnstore;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            proxy_set_header Host $host;
             proxy_buffering off;
             proxy_read_timeout 60s;
         }}

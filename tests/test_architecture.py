@@ -33,7 +33,8 @@ LAYERS: list[tuple[str, set[str]]] = [
         {
             "service.store.postgres", "service.store.cache", "service.store.memory",
             "service.store.keys", "service.store.tables", "service.store.tx",
-            "service.store.cursor", "service.store.idempotency", "service.providers.fake",
+            "service.store.cursor", "service.store.idempotency", "service.store.pages",
+            "service.providers.fake",
             "service.providers.responses", "service.tools.lookup",
         },
     ),
@@ -46,7 +47,7 @@ LAYERS: list[tuple[str, set[str]]] = [
 ]  # fmt: skip
 ADAPTER_INTERNALS = {
     "service.store.tables", "service.store.tx", "service.store.cursor",
-    "service.store.idempotency",
+    "service.store.idempotency", "service.store.pages",
 }  # fmt: skip
 ADAPTERS = LAYERS[2][1] - ADAPTER_INTERNALS
 

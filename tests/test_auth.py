@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import cli
 from service.auth import check_serving, is_loopback, jwt_verifier
-from service.http_server import HTTP_LIMITS
+from service.http_server import uvicorn_options
 from service.logs import JSONFormatter
 from service.settings import Settings
 from service.store.keys import ApiKeyStore
@@ -487,5 +487,5 @@ def test_serve_with_explicit_none_starts(
     with logging_kept():
         cli.main(["serve", "--host", "0.0.0.0", "--port", "0"])
     assert served["host"] == "0.0.0.0"
-    assert served["http"] is HTTP_LIMITS["http"]
+    assert served["http"] is uvicorn_options(Settings())["http"]
     assert served["h11_max_incomplete_event_size"] == 16 * 1024

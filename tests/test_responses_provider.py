@@ -129,7 +129,9 @@ class Feed(httpx.AsyncByteStream):
         self.closed = True
 
 
-def feeding(feed: Feed, *, max_body_bytes: int = 262_144) -> ResponsesProvider:
+def feeding(
+    feed: Feed, *, max_body_bytes: int = 262_144, max_wire_bytes: int | None = None
+) -> ResponsesProvider:
     """A provider whose every call streams ``feed``."""
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -141,6 +143,7 @@ def feeding(feed: Feed, *, max_body_bytes: int = 262_144) -> ResponsesProvider:
         connect_timeout_s=1.0,
         read_timeout_s=5.0,
         max_body_bytes=max_body_bytes,
+        max_wire_bytes=max_wire_bytes,
         transport=httpx.MockTransport(handler),
     )
 
@@ -481,9 +484,19 @@ async def test_malformed_stream_is_an_upstream_error(body: bytes) -> None:
 async def test_body_over_the_limit_is_an_upstream_error(stream: bool) -> None:
     api = FakeResponsesAPI().then(Script(text="x" * 5000, deltas=50))
     await failure(api, UpstreamError, stream=stream, max_body_bytes=4000)
-    # The same reply fits a larger limit (a stream carries the text five times over).
+    # The same reply fits a larger limit.
     reply = await reply_of(Script(text="x" * 5000, deltas=50), stream=stream, max_body_bytes=40_000)
     assert reply.text == "x" * 5000
+
+
+@STREAM
+async def test_the_limit_bounds_the_reply_not_the_wire(stream: bool) -> None:
+    """A stream repeats its text about five times: the same reply fits in both modes."""
+    text = "y" * 200_000  # with the default limit (262,144) a stream used to stop near 45 KB
+    reply = await reply_of(Script(text=text, deltas=400), stream=stream, max_body_bytes=262_144)
+    assert reply.text == text
+    too_long = Script(text="y" * 270_000, deltas=400)
+    await failure(FakeResponsesAPI().then(too_long), UpstreamError, stream=stream)
 
 
 def endless_deltas() -> Iterator[bytes]:
@@ -498,12 +511,17 @@ def endless_line() -> Iterator[bytes]:
         yield b"la " * 100  # one line that never ends
 
 
-@pytest.mark.parametrize("chunks", [endless_deltas, endless_line])
-async def test_an_endless_stream_is_cut_off_while_reading(chunks: Any) -> None:
+@pytest.mark.parametrize(
+    ("chunks", "most"),
+    [(endless_deltas, 1_010), (endless_line, 110)],  # 3 bytes of text / 300 bytes a chunk
+)
+async def test_an_endless_stream_is_cut_off_while_reading(chunks: Any, most: int) -> None:
+    """By the reply limit (3,000 bytes of text), or by the wire cap (30,000 bytes) when no
+    event ever ends."""
     feed = Feed(chunks())
-    provider = feeding(feed, max_body_bytes=10_000)
+    provider = feeding(feed, max_body_bytes=3_000, max_wire_bytes=30_000)
     received = await until_failure(provider, UpstreamError)
-    assert 0 < feed.sent < 200  # stopped right after the limit, not at the end (there is none)
+    assert 0 < feed.sent < most  # stopped right after the limit, not at the end (there is none)
     assert feed.closed
     assert all(isinstance(event, TextDelta) for event in received)
 

@@ -359,12 +359,27 @@ async def test_a_result_at_the_cap_is_ok(executor: ToolExecutor) -> None:
     assert json.loads(record.output())["result"] == text
 
 
+async def test_a_result_over_the_cap_goes_to_the_model_truncated_and_says_so(
+    executor: ToolExecutor,
+) -> None:
+    text = "é" * MAX_RESULT_CHARS + "TAIL"
+    record = await gate([Returns("long", text)], executor).call("c", "long", "{}")
+    assert (record.status, record.result, record.truncated) == (S.OK, text[:-4], True)
+    assert json.loads(record.output()) == {"status": "OK", "result": text[:-4], "truncated": True}
+
+
+async def test_arguments_with_lone_surrogates_never_reach_the_tool(executor: ToolExecutor) -> None:
+    echo = Echo()
+    record = await gate([echo], executor).call("c", "echo", '{"text": "\\ud800"}')
+    assert (record.status, record.accepted, echo.runs) == (S.INVALID, False, 0)
+
+
 @pytest.mark.parametrize(
     "value",
-    ["x" * (MAX_RESULT_CHARS + 1), 42, b"bytes", ["a"], "lone \ud800 surrogate"],
-    ids=["over-cap", "int", "bytes", "list", "surrogate"],
+    [42, b"bytes", ["a"], "lone \ud800 surrogate"],
+    ids=["int", "bytes", "list", "surrogate"],
 )
-async def test_an_unusable_result_is_a_tool_error_not_a_truncation(
+async def test_an_unusable_result_is_a_tool_error(
     executor: ToolExecutor, caplog: pytest.LogCaptureFixture, value: Any
 ) -> None:
     record = await gate([Returns("odd", value)], executor).call("c", "odd", "{}")

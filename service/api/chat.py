@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import Controller, Request, Response, post
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
@@ -22,7 +23,7 @@ from service.api.headers import (
     parse_if_match,
 )
 from service.api.schemas import ChatRequest, ChatResponse
-from service.api.sse import sse_events
+from service.api.sse import closed_with_response, sse_events
 from service.errors import (
     ContentFiltered,
     ContextLengthExceeded,
@@ -49,12 +50,21 @@ _ERRORS = documented(
 )  # fmt: skip
 
 
-async def reject_duplicate_keys(request: Request[Any, Any, Any]) -> None:
-    """msgspec keeps the last of duplicate keys; the contract rejects such bodies."""
+async def strict_chat_request(request: Request[Any, Any, Any]) -> None:
+    """Before the framework parses the body (it would build Python objects of whatever came):
+    a header given twice is ambiguous; the body must decode into ChatRequest, which msgspec
+    checks in C as it reads (a hostile body is refused at its first wrong byte); and msgspec
+    keeps the last of duplicate keys, which the contract refuses. That last check walks the
+    body in Python, but by then it is a flat object of known fields: it costs next to
+    nothing."""
+    if len(request.headers.getall("idempotency-key", [])) > 1:
+        raise InvalidInput("Idempotency-Key must be sent once.")
+    body = await request.body()  # kept by the framework for the handler's own parse
     try:
-        loads(await request.body())
-    except StrictJSONError as exc:
-        raise InvalidInput(f"The request body is not valid: {exc}.") from None
+        msgspec.json.decode(body, type=ChatRequest)
+        loads(body)
+    except (msgspec.DecodeError, StrictJSONError, RecursionError) as exc:
+        raise InvalidInput(f"The request body is invalid: {exc}.") from None
 
 
 class ChatController(Controller):
@@ -64,7 +74,7 @@ class ChatController(Controller):
     @post(
         "/",
         status_code=200,
-        before_request=reject_duplicate_keys,
+        before_request=strict_chat_request,
         summary="Send a message; the turn is committed before the answer is returned.",
         response_headers=[ETAG, CORRELATION_ID, RETRY_AFTER],
         responses=_ERRORS,
@@ -84,7 +94,7 @@ class ChatController(Controller):
         "/stream",
         status_code=200,
         media_type="text/event-stream",
-        before_request=reject_duplicate_keys,
+        before_request=strict_chat_request,
         summary="Send a message and stream the reply as Server-Sent Events.",
         description="Events: message.delta {delta}, then exactly one of message.done "
         "{status, incomplete_reason, conversation_id, revision} or error {error}. "
@@ -105,4 +115,5 @@ class ChatController(Controller):
         events = sse_events(
             turns.events(plan, stream=True), correlation_id(request.scope), sse_keepalive_s
         )
+        closed_with_response(request.scope, events)
         return ServerSentEvent(events, headers={"X-Conversation-Id": str(plan.conversation_id)})

@@ -18,9 +18,34 @@ from service.errors import (
     StorageError,
     Unauthorized,
 )
+from service.model import PageRequest
 from service.plans import parse_conversation_id
 
+MAX_PAGE_TURNS = 200
+MAX_PAGE_BYTES = 1024 * 1024  # of message text: what one read may hold in memory
+
 Limit = Annotated[int, QueryParameter(ge=1, le=100, description="Page size (1-100).")]
+TurnLimit = Annotated[
+    int,
+    QueryParameter(
+        ge=1,
+        le=MAX_PAGE_TURNS,
+        description=f"Turns per page (1-{MAX_PAGE_TURNS}); a page also stops near "
+        f"{MAX_PAGE_BYTES // 1024} KiB of text (one turn at least).",
+    ),
+]
+AfterTurn = Annotated[
+    int, QueryParameter(ge=0, le=2**31 - 2, description="Turns after this one (0: from the first).")
+]
+BeforeTurn = Annotated[
+    int | None,
+    QueryParameter(
+        ge=1,
+        le=2**31 - 1,
+        description="Turns before this one; alone, the latest turns before it.",
+    ),
+]
+
 After = Annotated[
     str | None,
     QueryParameter(description="The `next` cursor of the previous page; omit for the first."),
@@ -44,19 +69,20 @@ class ConversationController(Controller):
 
     @get(
         "/{conversation_id:str}",
-        summary="The conversation's transcript and revision.",
+        summary="The conversation's transcript (a page of turns) and revision.",
         response_headers=[ETAG, CORRELATION_ID],
-        responses=documented(Unauthorized, ConversationNotFound, StorageError),
+        responses=documented(InvalidInput, Unauthorized, ConversationNotFound, StorageError),
     )
     async def read(
-        self, conversation_id: FromPath[str], store: Store, owner: Owner
-    ) -> Response[ConversationView]:
-        conversation = await store.load(parse_conversation_id(conversation_id), owner)
-        if conversation is None:
+        self, conversation_id: FromPath[str], store: Store, owner: Owner,
+        limit: TurnLimit = 50, after: AfterTurn = 0, before: BeforeTurn = None,
+    ) -> Response[ConversationView]:  # fmt: skip
+        page = PageRequest(after, before, limit, MAX_PAGE_BYTES)
+        found = await store.transcript(parse_conversation_id(conversation_id), owner, page)
+        if found is None:
             raise ConversationNotFound()
-        return Response(
-            ConversationView.of(conversation), headers={"ETag": etag(conversation.revision)}
-        )
+        view = ConversationView.of(found)
+        return Response(view, headers={"ETag": etag(view.revision)})
 
     @delete(
         "/{conversation_id:str}",

@@ -64,9 +64,7 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
             # The cause's class and SQLSTATE only: a driver error's text can quote user data.
             cause = exc.__cause__
             detail = type(cause).__name__ if cause else "-"
-            state = getattr(cause, "sqlstate", None) or getattr(
-                getattr(cause, "orig", None), "sqlstate", None
-            )  # asyncpg's own error, or SQLAlchemy's wrapper of it
+            state = getattr(exc, "sqlstate", None)
             log.warning("%s: %s sqlstate=%s", code, detail, state, extra={"correlation_id": cid})
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
         status = exc.status_code

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from litestar.datastructures import ResponseHeader
@@ -62,14 +63,13 @@ def etag(revision: int) -> str:
     return f'"{revision}"'
 
 
+_REVISION_TAG = re.compile(r'"([0-9]{1,18})"')  # ASCII digits only; revisions fit 63 bits
+
+
 def parse_if_match(value: str | None) -> Precondition:
     """``*`` or absent: no precondition. Otherwise the strong ETags listed; anything that is
-    not a strong revision tag (weak tags, garbage) matches nothing."""
+    not a strong revision tag (weak tags, other digits, garbage) matches nothing."""
     if value is None or value.strip() == "*":
         return None
-    revisions: set[int] = set()
-    for tag in value.split(","):
-        tag = tag.strip()
-        if len(tag) > 2 and tag[0] == tag[-1] == '"' and tag[1:-1].isdigit():
-            revisions.add(int(tag[1:-1]))
-    return frozenset(revisions)
+    tags = (_REVISION_TAG.fullmatch(tag.strip()) for tag in value.split(","))
+    return frozenset(int(tag[1]) for tag in tags if tag)

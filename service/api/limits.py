@@ -1,18 +1,46 @@
-"""A hard limit on the request head (target plus headers), whatever the ASGI server.
+"""Checks every request passes before any route sees it, and a bound on every send.
 
-uvicorn's h11 ``max_incomplete_event_size`` bounds what it buffers of a head still arriving,
-but a head that arrives in one read (up to 256 KiB on loopback) is parsed whatever its size.
-This check makes the limit exact, and answers in the contract's envelope.
+- The request head (target plus headers) has a hard size limit, whatever the ASGI server:
+  uvicorn's h11 ``max_incomplete_event_size`` bounds what it buffers of a head still arriving,
+  but a head that arrives in one read (up to 256 KiB on loopback) is parsed whatever its size.
+- A request with a body must say it is JSON (``Content-Type: application/json``): a web page
+  can post ``text/plain`` to any address without asking first, but not JSON (that needs a
+  CORS preflight, which turnstore never grants).
+- With AUTH_MODE=none, only loopback names (and ALLOWED_HOSTS) are accepted in ``Host``: a
+  page that rebinds its own DNS name to 127.0.0.1 still sends its own name.
+- A response whose client stops reading fails after ``send_timeout_s`` (the stream then ends
+  as on a disconnect), instead of holding its turn and the conversation for good.
+
+Each refusal is answered in the contract's envelope by the app's exception handler.
 """
 
 from __future__ import annotations
 
-from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Receive, Scope, Send
+import asyncio
+import logging
+from dataclasses import dataclass
 
-from service.errors import InvalidInput
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.sse import close_streams
+from service.errors import InvalidHost, InvalidInput, UnsupportedMediaType
 
 MAX_HEAD_BYTES = 16 * 1024  # room for a large JWT
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+PROBES = frozenset({"/healthz", "/readyz"})  # probes carry a pod's address as Host
+
+log = logging.getLogger("turnstore.api")
+
+
+@dataclass(frozen=True)
+class RequestRules:
+    allowed_hosts: frozenset[str] | None  # None: any Host (authentication is on, or "*")
+    send_timeout_s: float
+
+
+class ClientStoppedReading(Exception):
+    """A send did not complete in time: the client is not reading what it asked for."""
 
 
 def head_bytes(scope: Scope) -> int:
@@ -20,10 +48,66 @@ def head_bytes(scope: Scope) -> int:
     return target + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
 
 
-def head_limit_middleware(app: ASGIApp) -> ASGIApp:
+def host_name(value: str) -> str:
+    """The name of a Host header value, without port or a trailing dot, lower-cased."""
+    name = value.rsplit(":", 1)[0] if value.count(":") == 1 or "]:" in value else value
+    return name.rstrip(".").lower()
+
+
+def check(scope: Scope, rules: RequestRules) -> None:
+    if head_bytes(scope) > MAX_HEAD_BYTES:
+        raise InvalidInput(f"The request's headers exceed {MAX_HEAD_BYTES} bytes.")
+    headers = dict(scope["headers"])  # the last of repeated headers: enough for these checks
+    host, allowed = headers.get(b"host"), rules.allowed_hosts
+    if allowed is not None and host is not None and scope["path"] not in PROBES:
+        _check_host(host.decode("latin-1"), allowed)
+    has_body = headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers
+    if has_body and not _is_json(headers.get(b"content-type", b"")):
+        raise UnsupportedMediaType()
+
+
+def _check_host(host: str, allowed: frozenset[str]) -> None:
+    if host_name(host) not in allowed:
+        raise InvalidHost()
+
+
+def _is_json(content_type: bytes) -> bool:
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
+
+
+def request_rules_middleware(app: ASGIApp, rules: RequestRules) -> ASGIApp:
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == ScopeType.HTTP and head_bytes(scope) > MAX_HEAD_BYTES:
-            raise InvalidInput(f"The request's headers exceed {MAX_HEAD_BYTES} bytes.")
-        await app(scope, receive, send)
+        if scope["type"] != ScopeType.HTTP:
+            await app(scope, receive, send)
+            return
+        check(scope, rules)
+
+        async def bounded_send(message: Message) -> None:
+            try:
+                async with asyncio.timeout(rules.send_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise ClientStoppedReading() from None
+
+        try:
+            await app(scope, receive, bounded_send)
+        except ClientStoppedReading:
+            # The response had started: nothing more can be said to this client. The server
+            # closes the connection.
+            log.warning("the client stopped reading; its response was ended")
+        finally:
+            await close_streams(scope)
 
     return middleware
+
+
+def allowed_hosts(auth_mode: str, extra: str | None) -> frozenset[str] | None:
+    """The Host names a server accepts: any with authentication on (or ALLOWED_HOSTS=*),
+    else the loopback names and ALLOWED_HOSTS."""
+    names = {host_name(name.strip()) for name in (extra or "").split(",") if name.strip()}
+    if auth_mode != "none" or "*" in names:
+        return None
+    return LOOPBACK_NAMES | names

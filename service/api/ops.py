@@ -42,9 +42,12 @@ async def readyz(ops: Ops) -> dict[str, str]:
     if SHUTDOWN.is_set():  # draining: the load balancer should stop sending new work here
         raise NotReady("This replica is shutting down.")
     try:
-        current = await ops.schema_revision()
+        readiness = await ops.readiness()
     except StorageError:
         raise NotReady("The database is not reachable.") from None
+    if not readiness.writable:
+        raise NotReady("The database is read-only (in recovery, or set read-only).")
+    current = readiness.schema
     # Ready at this release's head, or at a newer one it does not know: during a rolling
     # upgrade the old pods keep serving after the new release migrated (expand/contract).
     if current is None or (current != _HEAD and current in _KNOWN):

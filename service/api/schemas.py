@@ -7,12 +7,28 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from service.model import Conversation, ReplyStatus, Role, Summary
+from service.model import ReplyStatus, Role, Summary, TranscriptPage
 from service.turns import TurnDone
+
+# What the turn service enforces on a message (service/plans.py), stated for the OpenAPI
+# document only: the service's own checks give clearer messages than a regex failure would.
+MESSAGE_SCHEMA = {
+    "minLength": 1,
+    "maxLength": 100_000,  # MAX_MESSAGE_CHARS' default
+    "pattern": r"^[^\x00]*[^\x00\s][^\x00]*$",  # not whitespace only; no NUL
+}
 
 
 class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
-    message: Annotated[str, msgspec.Meta(description="The user's message.")]
+    message: Annotated[
+        str,
+        msgspec.Meta(
+            extra_json_schema={
+                "description": "The user's message (at most MAX_MESSAGE_CHARS characters).",
+                "extra": MESSAGE_SCHEMA,
+            }
+        ),
+    ]
     conversation_id: Annotated[
         str | None,
         msgspec.Meta(
@@ -99,17 +115,26 @@ class ConversationView(msgspec.Struct):
     revision: int
     created_at: datetime
     updated_at: datetime
-    messages: list[TranscriptMessage]
+    messages: Annotated[
+        list[TranscriptMessage], msgspec.Meta(description="The messages of this page's turns.")
+    ]
     context_start: Annotated[
         int, msgspec.Meta(description="The first turn the next request will still carry.")
     ]
     turns: list[TurnRecord]
+    more_before: Annotated[
+        bool, msgspec.Meta(description="Earlier turns exist: ask with before=<first turn>.")
+    ]
+    more_after: Annotated[
+        bool, msgspec.Meta(description="Later turns exist: ask with after=<last turn>.")
+    ]
 
     @classmethod
-    def of(cls, conversation: Conversation) -> ConversationView:
+    def of(cls, page: TranscriptPage) -> ConversationView:
+        conversation = page.conversation
         messages: list[TranscriptMessage] = []
-        for number, turn in enumerate(conversation.turns, start=1):
-            seen = number >= conversation.context_start
+        for turn in page.turns:
+            seen = turn.number >= conversation.context_start
             messages.append(TranscriptMessage("user", turn.user_message, seen))
             messages.append(TranscriptMessage("assistant", turn.assistant_message, seen))
         return cls(
@@ -121,7 +146,7 @@ class ConversationView(msgspec.Struct):
             context_start=conversation.context_start,
             turns=[
                 TurnRecord(
-                    number,
+                    turn.number,
                     turn.context_from,
                     turn.prompt_version,
                     [
@@ -129,8 +154,10 @@ class ConversationView(msgspec.Struct):
                         for c in turn.tool_calls
                     ],
                 )
-                for number, turn in enumerate(conversation.turns, start=1)
+                for turn in page.turns
             ],
+            more_before=page.more_before,
+            more_after=page.more_after,
         )
 
 

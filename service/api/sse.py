@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
 import anyio
 import msgspec
 from litestar.response import ServerSentEventMessage
+from litestar.types import Scope
 
 from service.api.errors import envelope
 from service.api.schemas import MessageDone
@@ -42,13 +43,30 @@ class Stopped(Exception):
     """``with_keepalive`` was told to stop before its source ended."""
 
 
+_STREAMS_KEY = "turnstore.streams"
+
+
+def closed_with_response(scope: Scope, events: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """Have ``events`` closed when its response ends, however it ends. The framework stops
+    iterating a stream when its client goes away or a send fails, but only a generator that
+    was running at that moment hears of it: one waiting at a ``yield`` (its send blocked) would
+    hold its turn until garbage collection. service/api/limits.py closes them."""
+    scope.setdefault("state", {}).setdefault(_STREAMS_KEY, []).append(events)
+    return events
+
+
+async def close_streams(scope: Scope) -> None:
+    for events in scope.get("state", {}).pop(_STREAMS_KEY, []):
+        await events.aclose()
+
+
 def _event(name: str, data: Any) -> ServerSentEventMessage:
     return ServerSentEventMessage(event=name, data=msgspec.json.encode(data).decode())
 
 
 async def sse_events(
     events: AsyncGenerator[TurnEvent, None], correlation_id: str, keepalive_s: float
-) -> AsyncIterator[ServerSentEventMessage]:
+) -> AsyncGenerator[ServerSentEventMessage, None]:
     OPEN_STREAMS.inc()
     try:
         async with aclosing(with_keepalive(events, keepalive_s, SHUTDOWN.wait)) as items:

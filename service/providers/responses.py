@@ -1,8 +1,10 @@
 """OpenAI / Azure OpenAI Responses API over httpx, with ``store=false``.
 
 One POST per call, never retried. With ``stream=True`` the body is read as server-sent events,
-else as one JSON response. Either way it may not grow past ``max_body_bytes`` (checked as it
-arrives), and the output items are kept as the raw bytes the provider sent.
+else as one JSON response. Either way the reply (its output items, and a stream's text
+deltas) may not grow past ``max_body_bytes``, so both modes allow the same reply; the bytes on
+the wire (a stream repeats the text about five times) are capped at ``max_wire_bytes``. Both
+are checked as the body arrives. Output items are kept as the raw bytes the provider sent.
 
 Failures become domain errors, with messages of our own (provider bodies never reach the
 client). ``_translate`` maps httpx's exception hierarchy, in one place::
@@ -11,7 +13,8 @@ client). ``_translate`` maps httpx's exception hierarchy, in one place::
      +-- TimeoutException (Connect/Read/Write/PoolTimeout)   -> UpstreamTimeout
      +-- every other one (ConnectError, ReadError,
          RemoteProtocolError, ProxyError, DecodingError...)  -> UpstreamError
-    msgspec.DecodeError (unparsable or mis-shaped JSON)      -> UpstreamError
+    msgspec.DecodeError, RecursionError (unparsable,
+        mis-shaped or absurdly deep JSON)                    -> UpstreamError
 
 and what the provider says maps as: HTTP 429 -> RateLimited (with a plain Retry-After); an
 HTTP 400 or a stream ``error`` event whose code is in ``_CODES`` -> that error (e.g.
@@ -139,6 +142,7 @@ class ResponsesProvider:
         connect_timeout_s: float,
         read_timeout_s: float,
         max_body_bytes: int,
+        max_wire_bytes: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
@@ -146,7 +150,8 @@ class ResponsesProvider:
         url = httpx.URL(endpoint.url).copy_with(userinfo=b"")
         self.origin = Origin(endpoint.name, str(url), endpoint.model)
         self._headers = {**endpoint.headers, "Content-Type": "application/json"}
-        self._max_body_bytes = max_body_bytes
+        self._max_body_bytes = max_body_bytes  # the reply: output items, text deltas
+        self._max_wire_bytes = max_wire_bytes or max(8 * max_body_bytes, 16 * 1024 * 1024)
         timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
@@ -165,13 +170,16 @@ class ResponsesProvider:
                 if not response.is_success:
                     raise await self._status_error(response)
                 if not stream:
-                    yield _reply(msgspec.json.decode(await self._read(response), type=_Response))
+                    body = msgspec.json.decode(await self._read(response), type=_Response)
+                    self._check_reply(body.output, 0)
+                    yield _reply(body)
                     return
                 events, size = _EventStream(), 0
                 async for chunk in response.aiter_bytes():
                     size = self._count(size, chunk)
                     for event in events.feed(chunk):
                         yield event
+                    self._check_reply(events.items, events.text_bytes)
                     if events.finished:
                         return
         raise UpstreamError("The provider's stream ended before the response was complete.")
@@ -184,11 +192,16 @@ class ResponsesProvider:
         return b"".join(body)
 
     def _count(self, size: int, chunk: bytes) -> int:
-        """The body's size with ``chunk``; refuse it as soon as it is over the limit."""
+        """The bytes read so far with ``chunk``; refuse them once over the wire cap."""
         size += len(chunk)
-        if size > self._max_body_bytes:
+        if size > self._max_wire_bytes:
             raise UpstreamError("The provider's response was too large.")
         return size
+
+    def _check_reply(self, items: list[msgspec.Raw], text_bytes: int) -> None:
+        """Refuse a reply whose output items or streamed text outgrew the limit."""
+        if max(sum(map(len, items)), text_bytes) > self._max_body_bytes:
+            raise UpstreamError("The provider's reply was too large.")
 
     async def _status_error(self, response: httpx.Response) -> TurnstoreError:
         if response.status_code == 429:
@@ -213,9 +226,10 @@ class _EventStream:
 
     def __init__(self) -> None:
         self.finished = False
+        self.items: list[msgspec.Raw] = []  # from response.output_item.done, in order
+        self.text_bytes = 0  # of the text deltas so far
         self._line: list[bytes] = []  # the start of a line that has not ended yet
         self._data: list[bytes] = []  # the data lines of the event that has not ended yet
-        self._items: list[msgspec.Raw] = []
 
     def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
         *ended, rest = chunk.split(b"\n")
@@ -238,13 +252,14 @@ class _EventStream:
         kind = msgspec.json.decode(data, type=_Event).type
         if kind == "response.output_text.delta":
             delta = msgspec.json.decode(data, type=_Delta).delta
+            self.text_bytes += len(delta.encode())
             return TextDelta(delta) if delta else None
         if kind == "response.output_item.done":
-            self._items.append(msgspec.json.decode(data, type=_ItemDone).item)
+            self.items.append(msgspec.json.decode(data, type=_ItemDone).item)
         elif kind in ("response.completed", "response.incomplete"):
             final = msgspec.json.decode(data, type=_Finished).response
             self.finished = True
-            return _reply(_Response(final.status, self._items, final.incomplete_details))
+            return _reply(_Response(final.status, self.items, final.incomplete_details))
         elif kind == "response.failed":
             raise UpstreamError("The provider failed to produce a response.")
         elif kind == "error":
@@ -294,5 +309,5 @@ def _translate() -> Iterator[None]:
         raise UpstreamTimeout() from exc
     except httpx.HTTPError as exc:
         raise UpstreamError("The provider could not be reached or broke off.") from exc
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # malformed, or nested absurdly deep
         raise UpstreamError("The provider answered something unparsable.") from exc

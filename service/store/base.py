@@ -9,6 +9,7 @@ does not exist.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from uuid import UUID
 
@@ -19,8 +20,10 @@ from service.model import (
     Committed,
     Conversation,
     IdempotencyKey,
+    PageRequest,
     Precondition,
     Summary,
+    TranscriptPage,
 )
 
 
@@ -37,6 +40,12 @@ class ConversationStore(Protocol):
         then names this commit. Raises ConversationConflict (nothing written) when another
         writer got there first, ConversationNotFound when it was deleted or expired meanwhile,
         StorageError."""
+
+    async def transcript(
+        self, conversation_id: UUID, owner: str, page: PageRequest
+    ) -> TranscriptPage | None:
+        """A page of ``owner``'s conversation's transcript, reading no more than the page
+        (nor any replay item); None as for ``load``. Raises StorageError."""
 
     async def delete(
         self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
@@ -68,10 +77,16 @@ class IdempotencyStore(Protocol):
         """A failed attempt does not use the key up."""
 
 
+@dataclass(frozen=True)
+class Readiness:
+    schema: str | None  # the migration revision the database is at (None: not migrated)
+    writable: bool  # False while the server is in recovery or sessions are read-only
+
+
 @runtime_checkable
 class Operations(Protocol):
-    async def schema_revision(self) -> str | None:
-        """The migration revision the database is at (None before the first migration)."""
+    async def readiness(self) -> Readiness:
+        """What /readyz reports on. Raises StorageError when the database is unreachable."""
 
     def pool_in_use(self) -> int:
         """Database connections this process has checked out now (for /metrics)."""

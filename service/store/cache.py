@@ -21,8 +21,10 @@ from service.model import (
     Append,
     Commit,
     Conversation,
+    PageRequest,
     Precondition,
     Summary,
+    TranscriptPage,
     Turn,
 )
 from service.store.base import ConversationStore
@@ -108,6 +110,11 @@ class CachedStore:
             turns, size = [*entry.turns, turn], entry.size + turn_size(turn)
             self._remember(conversation_id, _Entry(commit.revision, entry.created_at, turns, size))
         return commit
+
+    async def transcript(
+        self, conversation_id: UUID, owner: str, page: PageRequest
+    ) -> TranscriptPage | None:
+        return await self._inner.transcript(conversation_id, owner, page)  # a page: not cached
 
     async def delete(
         self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None

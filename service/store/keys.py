@@ -4,34 +4,28 @@ replica from that replica's next request on."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.model import ANONYMOUS, KEY_ID_CHARS, is_owner_name, key_hash
 from service.store.tables import api_keys
 from service.store.tx import read, transaction
 
 PREFIX = "ts_"
 _SHAPE = re.compile(r"ts_[A-Za-z0-9_-]{43}")  # token_urlsafe(32): 32 bytes, 43 characters
-_OWNER = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
 
 _LOOKUP = sa.select(api_keys.c.owner).where(
     api_keys.c.key_hash == sa.bindparam("h"), api_keys.c.revoked_at.is_(None)
 )
+# Revoking twice keeps the first revocation's time.
 _REVOKE = (
     sa.update(api_keys)
-    .where(api_keys.c.key_hash == sa.bindparam("h"))
-    # Revoking twice keeps the first revocation's time.
     .values(revoked_at=sa.func.coalesce(api_keys.c.revoked_at, sa.func.now()))
-    .returning(api_keys.c.owner)
+    .returning(api_keys.c.key_hash)
 )
-
-
-def key_hash(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class ApiKeyStore:
@@ -44,19 +38,31 @@ class ApiKeyStore:
             return None  # the shape of a key is public: no query for garbage
         async with read(self._engine) as conn:  # one statement, autocommit: one round trip
             owner = await conn.scalar(_LOOKUP, {"h": key_hash(key)})
-        return None if owner is None else str(owner)
+        return owner if is_owner_name(owner) else None  # never the reserved anonymous owner
 
     async def create(self, owner: str) -> str:
         """A new key for ``owner``: returned once, never stored."""
-        if not _OWNER.fullmatch(owner) or owner != owner.strip():
-            raise ValueError("the owner must be 1-256 characters, without control characters")
+        if not is_owner_name(owner):
+            raise ValueError(
+                "the owner must be 1-256 characters, without control characters or surrounding "
+                f"spaces, and not {ANONYMOUS!r} (reserved for AUTH_MODE=none)"
+            )
         key = PREFIX + secrets.token_urlsafe(32)
         async with transaction(self._engine) as conn:
             await conn.execute(sa.insert(api_keys).values(key_hash=key_hash(key), owner=owner))
         return key
 
-    async def revoke(self, key: str) -> bool:
-        """Revoke ``key``; False when no such key was ever created."""
+    async def revoke(
+        self, *, key: str | None = None, key_id: str | None = None, owner: str | None = None
+    ) -> list[str]:
+        """Revoke one key (given itself or by its id) or every key of ``owner``; the ids of
+        the keys revoked (none: no such key)."""
+        if key is not None:
+            where = api_keys.c.key_hash == key_hash(key)
+        elif key_id is not None:
+            where = sa.func.left(api_keys.c.key_hash, KEY_ID_CHARS) == key_id.lower()
+        else:
+            where = api_keys.c.owner == owner
         async with transaction(self._engine) as conn:
-            owner = await conn.scalar(_REVOKE, {"h": key_hash(key)})
-        return owner is not None
+            hashes = (await conn.scalars(_REVOKE.where(where))).all()
+        return sorted(h[:KEY_ID_CHARS] for h in hashes)

@@ -17,6 +17,7 @@ from service.errors import (
     PreconditionFailed,
     RequestInProgress,
 )
+from service.migrate import head_revision
 from service.model import (
     ANONYMOUS,
     Append,
@@ -24,11 +25,16 @@ from service.model import (
     Committed,
     Conversation,
     IdempotencyKey,
+    PageRequest,
     Precondition,
     Summary,
+    TranscriptPage,
+    TranscriptTurn,
     Turn,
 )
+from service.store.base import Readiness
 from service.store.cursor import decode_cursor, encode_cursor
+from service.store.pages import fitting, page_of
 
 
 @dataclass
@@ -75,6 +81,37 @@ class MemoryStore:
         if found is None:
             return None
         return replace(found.row, turns=list(found.turns[after_revision:]))
+
+    async def transcript(
+        self, conversation_id: UUID, owner: str, page: PageRequest
+    ) -> TranscriptPage | None:
+        found = self._live(conversation_id, owner)
+        if found is None:
+            return None
+        before = page.before if page.before is not None else len(found.turns) + 1
+        numbered = [
+            (number, turn) for number, turn in enumerate(found.turns, start=1)
+            if page.after < number < before
+        ]  # fmt: skip
+        ordered = numbered[::-1] if page.backwards else numbered
+        sizes = [
+            (n, len(t.user_message.encode()) + len(t.assistant_message.encode()))
+            for n, t in ordered[: page.limit + 1]
+        ]
+        chosen = set(fitting(sizes, page))
+        turns = [
+            TranscriptTurn(
+                number=n,
+                user_message=t.user_message,
+                assistant_message=t.assistant_message,
+                context_from=t.context_from,
+                prompt_version=t.prompt_version,
+                tool_calls=t.tool_calls,
+            )
+            for n, t in numbered
+            if n in chosen
+        ]
+        return page_of(replace(found.row, turns=[]), turns, page, fetched=len(sizes))
 
     async def append(self, append: Append) -> Commit:
         conversation_id, turn, owner = append.conversation_id, append.turn, append.owner
@@ -168,8 +205,8 @@ class MemoryStore:
             self._forget(cid)
         return len(expired)
 
-    async def schema_revision(self) -> str | None:
-        return None
+    async def readiness(self) -> Readiness:
+        return Readiness(head_revision(), writable=True)
 
     def pool_in_use(self) -> int:
         return 0

@@ -8,6 +8,7 @@ and writer, before `turnstore purge` deletes it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -29,16 +30,21 @@ from service.model import (
     Conversation,
     IdempotencyKey,
     Origin,
+    PageRequest,
     Precondition,
     Summary,
     ToolCallRecord,
+    TranscriptPage,
+    TranscriptTurn,
     Turn,
 )
 from service.store import idempotency as idem
+from service.store.base import Readiness
 from service.store.cursor import decode_cursor, encode_cursor
+from service.store.pages import fitting, page_of
 from service.store.tables import conversations as c
 from service.store.tables import turns as t
-from service.store.tx import Compiled, driver, read, transaction
+from service.store.tx import Compiled, driver, read, transaction, written
 
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _CALLS = msgspec.json.Decoder(list[ToolCallRecord])
@@ -100,6 +106,46 @@ class _Statements:
             )
             .returning(c.c.revision, c.c.created_at, c.c.updated_at)
         )
+        # A transcript page: first the turns' sizes (octet_length reads no TOASTed text), so
+        # that only the turns that fit the page are read.
+        size = sa.func.octet_length(t.c.user_message) + sa.func.octet_length(t.c.assistant_message)
+        self.page_sizes = {
+            backwards: (
+                sa.select(
+                    c.c.revision, c.c.created_at, c.c.updated_at, c.c.context_start, c.c.owner,
+                    sizes.c.seq, sizes.c.size,
+                )
+                .select_from(c.outerjoin(sizes, sa.true()))
+                .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
+                .order_by(sizes.c.seq.desc() if backwards else sizes.c.seq)
+            )
+            for backwards, sizes in (
+                (
+                    backwards,
+                    sa.select(t.c.seq, size.label("size"))
+                    .where(
+                        t.c.conversation_id == c.c.id,
+                        t.c.seq > sa.bindparam("after"),
+                        t.c.seq < sa.bindparam("before"),
+                    )
+                    .order_by(t.c.seq.desc() if backwards else t.c.seq)
+                    .limit(sa.bindparam("fetch"))
+                    .lateral("sizes"),
+                )
+                for backwards in (False, True)
+            )
+        }  # fmt: skip
+        self.page_rows = (
+            sa.select(
+                t.c.seq, t.c.user_message, t.c.assistant_message, t.c.context_from,
+                t.c.prompt_version, t.c.tool_calls,
+            )
+            .where(
+                t.c.conversation_id == sa.bindparam("cid"),
+                t.c.seq.in_(sa.bindparam("seqs", expanding=True)),
+            )
+            .order_by(t.c.seq)
+        )  # fmt: skip
         self.exists = sa.select(sa.literal(1)).where(
             c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live
         )
@@ -124,6 +170,12 @@ class _Statements:
         self.purge = sa.delete(c).where(
             c.c.id.in_(expired.order_by(c.c.updated_at).with_for_update(skip_locked=True))
         )
+
+
+_READINESS = sa.text(
+    "SELECT to_regclass('alembic_version') IS NOT NULL AS migrated, "
+    "NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable"
+)
 
 
 class PostgresStore:
@@ -172,7 +224,41 @@ class PostgresStore:
             owner=first["owner"],
         )
 
+    async def transcript(
+        self, conversation_id: UUID, owner: str, page: PageRequest
+    ) -> TranscriptPage | None:
+        params = {
+            "cid": conversation_id,
+            "caller": owner,
+            "after": page.after,
+            "before": page.before if page.before is not None else 2**31 - 1,
+            "fetch": page.limit + 1,  # one more than asked: is there more?
+        }
+        async with read(self._engine) as conn:
+            sizes = (await conn.execute(self._sql.page_sizes[page.backwards], params)).all()
+            if not sizes:
+                return None
+            chosen = fitting([(r.seq, r.size) for r in sizes if r.seq is not None], page)
+            rows: Sequence[Any] = []
+            if chosen:
+                seqs = {"cid": conversation_id, "seqs": chosen}
+                rows = (await conn.execute(self._sql.page_rows, seqs)).all()
+        head = sizes[0]
+        conversation = Conversation(
+            id=conversation_id,
+            revision=head.revision,
+            created_at=head.created_at,
+            updated_at=head.updated_at,
+            context_start=head.context_start,
+            owner=head.owner,
+        )
+        turns = [_transcript_turn(row) for row in rows]
+        return page_of(conversation, turns, page, fetched=sum(r.seq is not None for r in sizes))
+
     async def append(self, append: Append) -> Commit:
+        return await written(lambda: self._append(append))
+
+    async def _append(self, append: Append) -> Commit:
         conversation_id, turn, idempotency = append.conversation_id, append.turn, append.idempotency
         params = {
             "cid": conversation_id,
@@ -206,6 +292,9 @@ class PostgresStore:
     async def delete(
         self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
     ) -> None:
+        await written(lambda: self._delete(conversation_id, owner, if_match))
+
+    async def _delete(self, conversation_id: UUID, owner: str, if_match: Precondition) -> None:
         async with transaction(self._engine) as conn:
             params = {"cid": conversation_id, "caller": owner}
             revision = await conn.scalar(self._sql.delete, params)
@@ -227,6 +316,9 @@ class PostgresStore:
         return page, cursor
 
     async def claim(self, key: IdempotencyKey) -> Committed | None:
+        return await written(lambda: self._claim(key))
+
+    async def _claim(self, key: IdempotencyKey) -> Committed | None:
         params = idem.key_params(key)
         async with transaction(self._engine) as conn:
             claimed = await conn.scalar(
@@ -244,8 +336,11 @@ class PostgresStore:
             idem.answer(row, key)
 
     async def release(self, key: IdempotencyKey) -> None:
-        async with read(self._engine) as conn:  # one statement: autocommit
-            await conn.execute(idem.RELEASE, idem.key_params(key))
+        async def release() -> None:
+            async with read(self._engine) as conn:  # one statement: autocommit
+                await conn.execute(idem.RELEASE, idem.key_params(key))
+
+        await written(release)
 
     async def purge(self, batch: int = 500) -> int:
         """Delete expired Idempotency-Key records, and conversations idle past the
@@ -262,12 +357,16 @@ class PostgresStore:
                 break
         return total
 
-    async def schema_revision(self) -> str | None:
+    async def readiness(self) -> Readiness:
         async with read(self._engine) as conn:
-            if await conn.scalar(sa.text("SELECT to_regclass('alembic_version')")) is None:
-                return None
-            version = await conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
-        return None if version is None else str(version)
+            state = (await conn.execute(_READINESS)).one()
+            version = None
+            if state.migrated:
+                version = await conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
+        if not state.writable:
+            # Sessions opened while the database is read-only stay so: start afresh next time.
+            await self._engine.dispose()
+        return Readiness(None if version is None else str(version), state.writable)
 
     def pool_in_use(self) -> int:
         return self._engine.sync_engine.pool.checkedout()  # type: ignore[attr-defined,no-any-return]
@@ -281,6 +380,17 @@ TURN_COLUMNS = (
     "provider", "endpoint", "model", "context_from", "prompt_version", "tool_calls",
     "status", "incomplete_reason",
 )  # fmt: skip
+
+
+def _transcript_turn(row: Any) -> TranscriptTurn:
+    return TranscriptTurn(
+        number=row.seq,
+        user_message=row.user_message,
+        assistant_message=row.assistant_message,
+        context_from=row.context_from or 1,
+        prompt_version=row.prompt_version,
+        tool_calls=_CALLS.decode(row.tool_calls) if row.tool_calls else (),
+    )
 
 
 def _turn(row: Any) -> Turn:

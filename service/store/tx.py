@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import sqlalchemy as sa
@@ -23,11 +23,22 @@ _FAILURES = (
 )
 
 
+READ_ONLY = "25006"  # read_only_sql_transaction: the statement did nothing
+T = TypeVar("T")
+
+
+def sqlstate(exc: BaseException | None) -> str | None:
+    """The SQLSTATE of asyncpg's own error, or of SQLAlchemy's wrapper of it."""
+    state = getattr(exc, "sqlstate", None) or getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
 @asynccontextmanager
 async def _checked_out(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A pooled connection. Any database failure becomes StorageError, and the connection it
     happened on is discarded: after a failover or a restart the pool must not hand out a
-    session that is read-only or half-dead."""
+    session that is read-only or half-dead. A read-only refusal discards every idle session:
+    one opened while the database was read-only stays so after it is writable again."""
     try:
         async with engine.connect() as conn:
             try:
@@ -36,7 +47,22 @@ async def _checked_out(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
                 await conn.invalidate()
                 raise
     except _FAILURES as exc:
-        raise StorageError() from exc
+        state = sqlstate(exc)
+        if state == READ_ONLY:
+            await engine.dispose()
+        raise StorageError(sqlstate=state) from exc
+
+
+async def written(write: Callable[[], Awaitable[T]]) -> T:
+    """Run a write; if a read-only session refused it (it did nothing), run it once more on a
+    fresh session, so the first write after the database is writable again succeeds. No
+    other failure is retried: a lost COMMIT acknowledgement is not a failure to hide."""
+    try:
+        return await write()
+    except StorageError as exc:
+        if exc.sqlstate != READ_ONLY:
+            raise
+    return await write()
 
 
 @asynccontextmanager

@@ -4,13 +4,14 @@ size -> strict JSON -> registry -> schema -> per-turn budget -> worker admission
 -> result check. Each step returns a status when it refuses, so no step can be skipped, and
 every status becomes a ``function_call_output`` for the model: the turn goes on. No retries.
 
-Results over ``MAX_RESULT_CHARS`` are refused (``TOOL_ERROR``), not truncated: a cut-off
-answer looks complete to the model, which may then state it as fact; a refusal it can explain.
+A result over ``MAX_RESULT_CHARS`` goes to the model as its first ``MAX_RESULT_CHARS``
+characters with ``"truncated": true``, so the model knows it did not see all of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -48,14 +49,16 @@ class ToolGate:
             status, result = checked, None
         else:
             status, result = await self._execute(call_id, *checked)
+        truncated = result is not None and len(result) > MAX_RESULT_CHARS
         return ToolCallRecord(
             call_id=call_id,
             name=_clip(name, RECORDED_NAME_CHARS),
             arguments=_clip(arguments, MAX_ARGUMENT_CHARS),
             accepted=not isinstance(checked, ToolStatus),
             status=status,
-            result=result,
+            result=result[:MAX_RESULT_CHARS] if result is not None else None,
             duration_ms=(time.perf_counter() - started) * 1000,
+            truncated=truncated,
         )
 
     def _check(self, name: str, arguments: str) -> tuple[Tool, dict[str, Any]] | ToolStatus:
@@ -66,7 +69,8 @@ class ToolGate:
             parsed = loads(arguments)
         except StrictJSONError:
             return ToolStatus.INVALID
-        if not isinstance(parsed, dict):
+        # Lone surrogates (valid JSON escapes) are no text a tool or the database can take.
+        if not isinstance(parsed, dict) or not is_encodable(json.dumps(parsed, ensure_ascii=False)):
             return ToolStatus.INVALID
         tool = self._registry.get(name)
         if tool is None:
@@ -126,8 +130,6 @@ def _judge(name: str, call_id: str, value: object) -> tuple[ToolStatus, str | No
         return ToolStatus.NOT_FOUND, None
     if not isinstance(value, str):
         problem = f"returned {type(value).__name__}, not str"
-    elif len(value) > MAX_RESULT_CHARS:
-        problem = f"returned {len(value)} characters, over the cap of {MAX_RESULT_CHARS}"
     elif not is_encodable(value):
         problem = "returned text that is not valid Unicode (lone surrogates)"
     else:

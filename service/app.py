@@ -32,16 +32,24 @@ from service.api.schemas import ChatRequest
 from service.auth import authentication, build_authenticator, openapi_security
 from service.db import create_engine, resolve_database
 from service.exchange import Tooling
+from service.leases import LeasePolicy, Leases
 from service.logs import configure as configure_logging
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.responses import Endpoint, ResponsesProvider
 from service.settings import Settings, SettingsError
 from service.shutdown import shutdown_on_signals
-from service.store.base import ApiKeys, ConversationStore, IdempotencyStore, Operations
+from service.store.base import (
+    ApiKeys,
+    ConversationStore,
+    IdempotencyStore,
+    Notifications,
+    Operations,
+)
 from service.store.cache import CachedStore
 from service.store.keys import ApiKeyStore
-from service.store.memory import MemoryStore
+from service.store.listener import PostgresNotifications
+from service.store.memory import LocalNotifications, MemoryStore
 from service.store.postgres import PostgresStore
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
@@ -142,6 +150,7 @@ def build_services(
     closers: list[Callable[[], Awaitable[None]]] = []
     idempotency: IdempotencyStore | None = None
     ops: Operations
+    notifications: Notifications
     if store is None:
         url, stop_database = resolve_database(settings)
         closers.append(_async(stop_database))
@@ -150,6 +159,9 @@ def build_services(
             pool_size=settings.db_pool_size,
             statement_cache_size=settings.db_statement_cache_size,
         )
+        listener = PostgresNotifications(settings.database_listen_url or url, engine)
+        closers.append(listener.close)
+        notifications = listener
         postgres = postgres_store(engine, settings)
         store = idempotency = ops = postgres
         api_keys = api_keys or ApiKeyStore(engine)
@@ -157,6 +169,7 @@ def build_services(
             store = CachedStore(store, settings.history_cache_bytes)
     else:
         ops = store if isinstance(store, Operations) else MemoryStore()
+        notifications = _notifications_of(store, settings, closers)
     closers.append(store.close)
     provider = provider or build_provider(settings)
     closers.append(provider.close)
@@ -164,9 +177,17 @@ def build_services(
     if tooling is not None:
         closers.append(_async(tooling.executor.shutdown))
     prompt = settings.system_prompt_file
+    policy = LeasePolicy(
+        queue=settings.turn_concurrency == "queue",
+        queue_wait_s=settings.turn_queue_wait_s,
+        lease_s=settings.turn_lease_s,
+    )
+    leases = Leases(store, notifications, policy)
+    closers.append(leases.close)
     turns = TurnService(
         store,
         provider,
+        leases=leases,
         max_message_chars=settings.max_message_chars,
         system_prompt=SystemPrompt.from_file(prompt) if prompt else None,
         budget=Budget(settings.context_max_turns, settings.context_max_request_bytes),
@@ -248,6 +269,21 @@ def _openapi(components: Components) -> OpenAPIConfig:
         title="turnstore", version="1", path="/schema", components=components,
         render_plugins=plugins,
     )  # fmt: skip
+
+
+def _notifications_of(
+    store: ConversationStore, settings: Settings, closers: list[Callable[[], Awaitable[None]]]
+) -> Notifications:
+    """For a store handed in (tests): the in-memory store's own, else PostgreSQL's."""
+    if isinstance(store, MemoryStore):
+        return store.notifications
+    if not isinstance(store, PostgresStore):
+        return LocalNotifications()
+    url = settings.database_listen_url or settings.database_url
+    assert url is not None  # a PostgresStore came with its database
+    listener = PostgresNotifications(url, store.engine)
+    closers.append(listener.close)
+    return listener
 
 
 def _rules(settings: Settings) -> RequestRules:

@@ -90,7 +90,10 @@ def _purge(args: argparse.Namespace, settings: Settings) -> None:
     too)."""
 
     async def purge(url: str) -> int:
-        store = postgres_store(create_engine(url, pool_size=1), settings)
+        engine = create_engine(
+            url, pool_size=1, statement_cache_size=settings.db_statement_cache_size
+        )
+        store = postgres_store(engine, settings)
         try:
             return await store.purge(args.batch)
         finally:

@@ -19,6 +19,14 @@ def async_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def driver_connect_args(url: str) -> dict[str, Any]:
+    """asyncpg.connect() arguments for ``url`` as the engine would connect (several hosts and
+    target_session_attrs included), for a connection outside the pool."""
+    parsed = make_url(async_url(url))
+    _, kwargs = parsed.get_dialect()().create_connect_args(parsed)
+    return {**kwargs, "server_settings": {"application_name": "turnstore-listen"}}
+
+
 def _unnamed() -> str:
     return ""  # the protocol's unnamed statement: it lives until the next Parse, never longer
 

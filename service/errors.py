@@ -8,6 +8,7 @@ TurnstoreError
  +-- ConversationNotFound         404 conversation_not_found
  +-- ConversationConflict         409 conversation_conflict
  +-- RequestInProgress            409 request_in_progress
+ +-- ConversationBusy             409 conversation_busy
  +-- PreconditionFailed           412 precondition_failed
  +-- PayloadTooLarge              413 payload_too_large
  +-- UnsupportedMediaType         415 unsupported_media_type
@@ -77,6 +78,14 @@ class ConversationConflict(TurnstoreError):
 class RequestInProgress(TurnstoreError):
     code, status = "request_in_progress", 409
     default_message = "A request with this Idempotency-Key is still running; retry later."
+
+
+class ConversationBusy(TurnstoreError):
+    code, status = "conversation_busy", 409
+    default_message = (
+        "Another turn of this conversation is running; this one was not queued (or waited in "
+        "vain). Nothing was kept and the model was not called."
+    )
 
 
 class IdempotencyKeyReused(TurnstoreError):

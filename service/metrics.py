@@ -33,6 +33,27 @@ COMMIT_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
     registry=REGISTRY,
 )
+TURNS_BUSY = Counter(
+    "turnstore_turns_busy_total",
+    "Turns refused with conversation_busy: another turn of the conversation held its lease.",
+    registry=REGISTRY,
+)
+TURNS_QUEUED = Counter(
+    "turnstore_turns_queued_total",
+    "Turns that waited for their conversation's lease (TURN_CONCURRENCY=queue).",
+    registry=REGISTRY,
+)
+QUEUE_WAIT_SECONDS = Histogram(
+    "turnstore_turn_queue_wait_seconds",
+    "How long a queued turn waited for its conversation's lease.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+TURNS_WAITING = Gauge(
+    "turnstore_turns_waiting",
+    "Turns waiting for their conversation's lease now.",
+    registry=REGISTRY,
+)
 OPEN_STREAMS = Gauge("turnstore_open_streams", "SSE streams open now.", registry=REGISTRY)
 POOL_IN_USE = Gauge(
     "turnstore_db_pool_in_use", "Database connections checked out now.", registry=REGISTRY

@@ -189,14 +189,26 @@ class IdempotencyKey:
 @dataclass(frozen=True)
 class Append:
     """A turn to commit to ``owner``'s conversation, if it is still at ``expected_revision``
-    (0: create the conversation with this turn). ``idempotency``, claimed before, is completed
-    in the same transaction."""
+    (0: create the conversation with this turn) and no other turn holds its lease.
+    ``idempotency``, claimed before, is completed in the same transaction; ``lease``, the
+    holder's id, is released by it."""
 
     conversation_id: UUID
     turn: Turn
     expected_revision: int
     owner: str = ANONYMOUS
     idempotency: IdempotencyKey | None = None
+    lease: UUID | None = None
+
+
+@dataclass(frozen=True)
+class LeaseAttempt:
+    """One try for a conversation's turn lease, and the conversation as it is now (its turns
+    after the revision the caller already has)."""
+
+    conversation: Conversation | None  # None: unknown, deleted, expired or another owner's
+    acquired: bool
+    busy_until: datetime | None = None  # not acquired: when the holder's lease runs out
 
 
 @dataclass(frozen=True)

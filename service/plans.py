@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -11,6 +12,13 @@ import msgspec
 from service.errors import ConversationNotFound, InvalidInput, PreconditionFailed
 from service.model import ANONYMOUS, IdempotencyKey, Precondition
 from service.strictjson import is_encodable
+
+# Whitespace as JSON Schema (ECMA-262) patterns know it: the OpenAPI document states the
+# message rule with this very class (service/api/schemas.py), so a client validating against
+# it never sends a message the server refuses.
+WHITESPACE = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+MESSAGE_PATTERN = rf"^[^\x00]*[^\x00{WHITESPACE}][^\x00]*$"  # not whitespace only; no NUL
+_VISIBLE = re.compile(rf"[^{WHITESPACE}]")
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,7 @@ def make_plan(
     owner: str = ANONYMOUS,
     idempotency_key: str | None = None,
 ) -> TurnPlan:
-    if not message.strip():
+    if not _VISIBLE.search(message):
         raise InvalidInput("message must not be empty or whitespace only.")
     if len(message) > max_message_chars:
         raise InvalidInput(f"message is longer than {max_message_chars} characters.")

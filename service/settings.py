@@ -54,6 +54,14 @@ class Settings:
         secret=True,
         shown="unset: embedded PostgreSQL",
     )
+    database_listen_url: str | None = _setting(
+        "DATABASE_LISTEN_URL",
+        None,
+        "where each replica LISTENs for its wake-ups (one connection); set it to the server "
+        "itself when `DATABASE_URL` goes through PgBouncer in transaction mode",
+        secret=True,
+        shown="`DATABASE_URL`",
+    )
     llm_provider: str = _setting(
         "LLM_PROVIDER", "fake", "`fake`, `openai` or `azure`", choices=("fake", "openai", "azure")
     )
@@ -140,6 +148,28 @@ class Settings:
     )
     tool_call_budget: int = _setting(
         "TOOL_CALL_BUDGET", 8, "admitted tool calls per turn", low=0, high=1024
+    )
+    turn_concurrency: str = _setting(
+        "TURN_CONCURRENCY",
+        "queue",
+        "a turn that finds its conversation's lease taken waits for it (`queue`) or fails at "
+        "once with `409 conversation_busy` (`reject`)",
+        choices=("queue", "reject"),
+    )
+    turn_queue_wait_s: float = _setting(
+        "TURN_QUEUE_WAIT_S",
+        30.0,
+        "how long a queued turn waits for the lease before `409 conversation_busy`",
+        low=0,
+        high=3600,
+    )
+    turn_lease_s: float = _setting(
+        "TURN_LEASE_S",
+        30.0,
+        "a turn lease expires this long after its holder stops renewing it (renewed every "
+        "third of it)",
+        low=1,
+        high=3600,
     )
     retention_days: float | None = _setting(
         "RETENTION_DAYS",

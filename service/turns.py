@@ -1,17 +1,16 @@
 """The turn-commit use case, shared by the plain and the streaming chat endpoints.
 
-lock -> load -> check If-Match -> window -> exchange with the provider -> accept or reject the
-reply -> conditional commit. Nothing is written before the reply is accepted, and the commit
-is one transaction conditional on the revision read under the lock, so a stale writer in
-another replica gets ConversationConflict and writes nothing.
+lease (and load) -> check If-Match -> window -> exchange with the provider -> accept or reject
+the reply -> conditional commit (releasing the lease). Nothing is written before the reply is
+accepted, and the commit is one transaction conditional on the revision read with the lease,
+so a stale writer in another replica gets ConversationConflict and writes nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
@@ -27,7 +26,8 @@ from service.errors import (
     UpstreamError,
 )
 from service.exchange import Answer, Exchange, ToolCalled, Tooling
-from service.locks import KeyedLocks
+from service.leases import Held, Leases
+from service.locks import settle
 from service.model import (
     ANONYMOUS,
     Append,
@@ -64,16 +64,16 @@ class TurnService:
         store: ConversationStore,
         provider: Provider,
         *,
+        leases: Leases,
         max_message_chars: int,
         system_prompt: SystemPrompt | None = None,
         budget: Budget | None = None,
         tooling: Tooling | None = None,
         idempotency: IdempotencyStore | None = None,
-        locks: KeyedLocks | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
-        self.locks = locks or KeyedLocks()
+        self.leases = leases
         self._max_message_chars = max_message_chars
         self._prompt = system_prompt
         self._budget = budget or Budget()
@@ -147,13 +147,15 @@ class TurnService:
         finally:
             if not done_ok:
                 with contextlib.suppress(StorageError):  # the claim's lease runs out anyway
-                    await _settle(keys.release(key))
+                    await settle(keys.release(key))
 
     async def _turn(self, plan: TurnPlan, stream: bool) -> AsyncGenerator[TurnEvent, None]:
         mode = "stream" if stream else "chat"
-        async with self.locks.hold(plan.conversation_id):
-            with metrics.turn_outcome(mode):  # what ends the turn before its TurnDone
-                conversation = None if plan.is_new else await self._load(plan)
+        with metrics.turn_outcome(mode):  # what ends the turn before its TurnDone
+            async with self.leases.hold(plan) as held:
+                conversation = held.conversation
+                if conversation is not None:
+                    check_precondition(plan.if_match, conversation.revision)
                 user_item = user_input_item(plan.message)
                 window = self._window(conversation, user_item, stream)
                 answer: Answer | None = None
@@ -164,10 +166,10 @@ class TurnService:
                         else:
                             yield event
                 turn = self._accept(plan, window, user_item, answer)
-                revision = None if turn is None else await self._commit(plan, conversation, turn)
-                metrics.turn_ended(mode, committed=revision is not None)
-            # Outside the outcome count: a client leaving now does not undo the commit.
-            yield _done(plan, answer, revision)
+                revision = None if turn is None else await self._commit(plan, held, turn)
+            metrics.turn_ended(mode, committed=revision is not None)
+        # Outside the outcome count: a client leaving now does not undo the commit.
+        yield _done(plan, answer, revision)
 
     async def _load(self, plan: TurnPlan) -> Conversation:
         conversation = await self.store.load(plan.conversation_id, plan.owner)
@@ -226,7 +228,8 @@ class TurnService:
             incomplete_reason=reply.incomplete_reason,
         )
 
-    async def _commit(self, plan: TurnPlan, conversation: Conversation | None, turn: Turn) -> int:
+    async def _commit(self, plan: TurnPlan, held: Held, turn: Turn) -> int:
+        conversation = held.conversation
         append = self.store.append(
             Append(
                 conversation_id=plan.conversation_id,
@@ -234,10 +237,13 @@ class TurnService:
                 expected_revision=conversation.revision if conversation else 0,
                 owner=plan.owner,
                 idempotency=plan.idempotency,
+                lease=held.holder,
             )
         )
         with metrics.COMMIT_SECONDS.time():
-            return (await _settle(append)).revision
+            commit = await settle(append)
+        held.committed = True  # the commit released the lease
+        return commit.revision
 
     async def _replay(self, plan: TurnPlan, committed: Committed) -> TurnDone:
         """The committed result of an earlier attempt with the same Idempotency-Key."""
@@ -272,22 +278,3 @@ def _done(plan: TurnPlan, answer: Answer | None, revision: int | None) -> TurnDo
         incomplete_reason=reply.incomplete_reason,
         revision=revision,
     )
-
-
-async def _settle(awaitable: Awaitable[T]) -> T:
-    """Run a commit to its end even if the caller is cancelled meanwhile (a client that
-    disconnects mid-commit): the transaction is then either fully committed or not at all,
-    and the lock is not released while it is still in flight."""
-    task = asyncio.ensure_future(awaitable)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError()
-    return result

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
+from uuid import UUID
 
 import httpx
 import uvicorn
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.errors import StorageError
+from service.store.postgres import PostgresStore
 
 CHAT = "/api/v1/chat"
 
@@ -28,9 +32,13 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
 
 
 async def snapshot(engine: AsyncEngine) -> list[tuple[Any, ...]]:
-    """Everything stored, to compare before and after a failed turn."""
+    """Everything stored of conversations, to compare before and after a failed turn (not the
+    turn lease's columns: who may run a turn now is no content of the conversation)."""
+    columns = "id, revision, created_at, updated_at, context_start, owner"
     async with engine.connect() as conn:
-        conversations = (await conn.execute(text("SELECT * FROM conversations ORDER BY id"))).all()
+        conversations = (
+            await conn.execute(text(f"SELECT {columns} FROM conversations ORDER BY id"))
+        ).all()
         turns = (
             await conn.execute(
                 text(
@@ -64,3 +72,22 @@ async def serve(app: Any, **config: Any) -> AsyncIterator[str]:
         server.should_exit = True
         await task
         sock.close()
+
+
+class FailingRenewals(PostgresStore):
+    """A seam for the tests: this replica's turn-lease renewals cannot reach the database."""
+
+    async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
+        raise StorageError()
+
+
+async def until_lease_expired(engine: AsyncEngine, cid: str, timeout_s: float = 10) -> None:
+    """Poll (with a deadline) until the conversation's turn lease has run out."""
+    query = text("SELECT lease_expires_at <= now() FROM conversations WHERE id = :id")
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        async with engine.connect() as conn:
+            if await conn.scalar(query, {"id": UUID(cid)}):
+                return
+        assert asyncio.get_running_loop().time() < deadline, "the lease never expired"
+        await asyncio.sleep(0.05)

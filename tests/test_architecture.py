@@ -34,13 +34,17 @@ LAYERS: list[tuple[str, set[str]]] = [
             "service.store.postgres", "service.store.cache", "service.store.memory",
             "service.store.keys", "service.store.tables", "service.store.tx",
             "service.store.cursor", "service.store.idempotency", "service.store.pages",
+            "service.store.listener",
             "service.providers.fake",
             "service.providers.responses", "service.tools.lookup",
         },
     ),
     (
         "use case",
-        {"service.window", "service.plans", "service.exchange", "service.locks", "service.turns"},
+        {
+            "service.window", "service.plans", "service.exchange", "service.locks",
+            "service.leases", "service.turns",
+        },
     ),
     ("http", {"service.auth", "service.http_server"}),
     ("wiring", {"service.app", "service.cli"}),

@@ -41,10 +41,13 @@ async def test_twenty_concurrent_turns_on_one_conversation_are_serialised(
 async def test_two_replicas_racing_one_wins_the_other_gets_409(
     make_client: ClientFactory, engine: AsyncEngine
 ) -> None:
+    """Two replicas, each with its own pool: the turn that holds the lease runs; the other is
+    refused at once (TURN_CONCURRENCY=reject) and writes nothing. (A holder whose lease expired
+    and lost to a newer commit: tests/test_leases.py.)"""
     slow, fast = FakeResponsesAPI(), FakeResponsesAPI()
     async with (
-        make_client(provider=slow.provider()) as replica_a,
-        make_client(provider=fast.provider()) as replica_b,
+        make_client(provider=slow.provider(), turn_concurrency="reject") as replica_a,
+        make_client(provider=fast.provider(), turn_concurrency="reject") as replica_b,
     ):
         cid = (await replica_a.post(CHAT, json={"message": "start"})).json()["conversation_id"]
         gate = asyncio.Event()
@@ -53,15 +56,16 @@ async def test_two_replicas_racing_one_wins_the_other_gets_409(
         turn_a = asyncio.create_task(
             replica_a.post(CHAT, json={"message": "from a", "conversation_id": cid})
         )
-        await held.started.wait()  # replica A has read revision 1 and is waiting on the model
-        turn_b = await replica_b.post(CHAT, json={"message": "from b", "conversation_id": cid})
-        assert turn_b.status_code == 200 and turn_b.json()["revision"] == 2
+        await held.started.wait()  # replica A holds the lease and waits on the model
         before = await snapshot(engine)
-        gate.set()
-        assert_error(await turn_a, 409, "conversation_conflict")
+        turn_b = await replica_b.post(CHAT, json={"message": "from b", "conversation_id": cid})
+        assert_error(turn_b, 409, "conversation_busy")
         assert await snapshot(engine) == before  # the loser wrote nothing
+        assert fast.requests == []  # nor called the model
+        gate.set()
+        assert (await turn_a).json()["revision"] == 2
         messages = (await replica_a.get(f"/api/v1/conversations/{cid}")).json()["messages"]
-        assert [m["content"] for m in messages if m["role"] == "user"] == ["start", "from b"]
+        assert [m["content"] for m in messages if m["role"] == "user"] == ["start", "from a"]
 
 
 async def test_database_failure_at_commit_is_storage_error_then_recovers(

@@ -18,7 +18,14 @@ from service.store.postgres import PostgresStore
 from tests.conftest import ClientFactory
 from tests.database import admin
 from tests.fakeapi import FakeResponsesAPI, Script
-from tests.helpers import CHAT, assert_error, serve, snapshot
+from tests.helpers import (
+    CHAT,
+    FailingRenewals,
+    assert_error,
+    serve,
+    snapshot,
+    until_lease_expired,
+)
 
 STREAM = f"{CHAT}/stream"
 
@@ -266,11 +273,16 @@ async def test_two_streams_on_one_conversation_in_one_replica_are_serialised(
 
 
 async def test_across_replicas_the_stale_stream_ends_with_conflict(
-    make_client: ClientFactory, engine: AsyncEngine
+    make_client: ClientFactory, engine: AsyncEngine, database_url: str
 ) -> None:
+    """A stream whose lease ran out (its renewals could not reach the database) while another
+    replica committed: it ends with conversation_conflict and writes nothing."""
     slow, fast = FakeResponsesAPI(), FakeResponsesAPI()
+    settings = Settings(database_url=database_url, turn_lease_s=1)
+    stale = create_app(settings, store=FailingRenewals(engine), provider=slow.provider())
     async with (
-        make_client(provider=slow.provider()) as one,
+        serve(stale) as stale_url,
+        httpx.AsyncClient(base_url=stale_url, timeout=30) as one,
         make_client(provider=fast.provider()) as two,
     ):
         _, events = await stream(one, message="start")
@@ -280,6 +292,7 @@ async def test_across_replicas_the_stale_stream_ends_with_conflict(
         slow.then(held)
         loser = asyncio.create_task(stream(one, message="a", conversation_id=cid))
         await held.started.wait()
+        await until_lease_expired(engine, cid)
         _, events = await stream(two, message="b", conversation_id=cid)
         assert terminal(events)[1]["revision"] == 2
         before = await snapshot(engine)

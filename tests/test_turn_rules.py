@@ -8,6 +8,7 @@ first, fast test.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator
@@ -18,6 +19,7 @@ import pytest
 
 from service.errors import (
     ContentFiltered,
+    ConversationBusy,
     ConversationConflict,
     InvalidEncryptedContent,
     PreconditionFailed,
@@ -25,7 +27,8 @@ from service.errors import (
     UpstreamError,
 )
 from service.exchange import Tooling
-from service.model import Append, Origin, Turn
+from service.leases import LeasePolicy, Leases
+from service.model import ANONYMOUS, Append, Origin, Turn
 from service.providers.base import (
     ProviderEvent,
     ProviderRequest,
@@ -84,8 +87,12 @@ def reply(text: str, *, status: str = "completed", reason: str | None = None) ->
     return Reply(text, status, reason, [sealed("rs_" + text), message(text)])  # type: ignore[arg-type]
 
 
-def service(provider: Any, store: MemoryStore | None = None, **options: Any) -> TurnService:
-    return TurnService(store or MemoryStore(), provider, max_message_chars=1000, **options)
+def service(
+    provider: Any, store: MemoryStore | None = None, policy: LeasePolicy | None = None, **kw: Any
+) -> TurnService:
+    store = store or MemoryStore()
+    leases = Leases(store, store.notifications, policy)
+    return TurnService(store, provider, leases=leases, max_message_chars=1000, **kw)
 
 
 async def turn(turns: TurnService, text: str, cid: uuid.UUID | None = None, **kw: Any) -> TurnDone:
@@ -214,3 +221,56 @@ async def test_the_fake_provider_sees_its_history() -> None:
     first = await turn(turns, "ping")
     second = await turn(turns, "pong", first.conversation_id)
     assert second.message == "[fake-llm] pong (history=2)"
+
+
+async def test_leases_meet_a_second_turn_the_same_way_as_across_replicas() -> None:
+    """One turn holds the lease (its provider call is held back); a second one either fails
+    at once (reject) or waits and runs on top of the first (queue)."""
+    for queue in (False, True):
+        store = MemoryStore()
+        release = asyncio.Event()
+        held_back = HeldBack(release, reply("slow"))
+        first = await turn(service(FakeProvider(), store), "seed")
+        policy = LeasePolicy(queue=queue, queue_wait_s=5)
+        slow_service = service(held_back, store, policy)
+        slow = asyncio.ensure_future(turn(slow_service, "slow", first.conversation_id))
+        await held_back.started.wait()
+        other = service(FakeProvider(), store, policy)  # another replica: its own locks
+        second = asyncio.ensure_future(turn(other, "second", first.conversation_id))
+        if not queue:
+            with pytest.raises(ConversationBusy):
+                await second
+        release.set()
+        assert (await slow).revision == 2
+        if queue:
+            done = await second
+            assert done.revision == 3 and done.message.endswith("(history=4)")
+
+
+async def test_a_stale_holder_loses_to_the_turn_that_took_its_expired_lease() -> None:
+    store = MemoryStore()
+    cid = uuid.uuid4()
+    await store.append(Append(cid, Turn("u", "a", [user_input_item("u")]), 0))
+    old, new = uuid.uuid4(), uuid.uuid4()
+    assert (await store.lease(cid, ANONYMOUS, old, lease_s=0.01, queue=False)).acquired
+    await asyncio.sleep(0.02)  # the only way to let a lease run out: its time passes
+    assert (await store.lease(cid, ANONYMOUS, new, lease_s=30, queue=False)).acquired
+    with pytest.raises(ConversationConflict):
+        await store.append(Append(cid, Turn("late", "x", [user_input_item("l")]), 1, lease=old))
+    await store.append(Append(cid, Turn("new", "y", [user_input_item("n")]), 1, lease=new))
+
+
+class HeldBack(Scripted):
+    """Scripted, but its answer waits for ``release``."""
+
+    def __init__(self, release: asyncio.Event, answer: Reply) -> None:
+        super().__init__(answer)
+        self.release, self.started = release, asyncio.Event()
+
+    async def respond(
+        self, request: ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[ProviderEvent, None]:
+        self.started.set()
+        await self.release.wait()
+        async for event in super().respond(request, stream=stream):
+            yield event

@@ -49,6 +49,14 @@ def _framework_message(exc: HTTPException) -> str:
     return str(exc.detail)
 
 
+def log_failure(exc: TurnstoreError, cid: str) -> None:
+    """One line for a 5xx: the cause's class and SQLSTATE only (a driver error's text can
+    quote user data)."""
+    cause = type(exc.__cause__).__name__ if exc.__cause__ else "-"
+    state = getattr(exc, "sqlstate", None)
+    log.warning("%s: %s sqlstate=%s", exc.code, cause, state, extra={"correlation_id": cid})
+
+
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     cid = correlation_id(request.scope)
     headers: dict[str, str] = {}
@@ -61,11 +69,7 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
                 ', error="invalid_token"' if exc.token_sent else ""
             )
         if status >= 500:
-            # The cause's class and SQLSTATE only: a driver error's text can quote user data.
-            cause = exc.__cause__
-            detail = type(cause).__name__ if cause else "-"
-            state = getattr(exc, "sqlstate", None)
-            log.warning("%s: %s sqlstate=%s", code, detail, state, extra={"correlation_id": cid})
+            log_failure(exc, cid)
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
         status = exc.status_code
         code = _CODE_BY_STATUS.get(status, "http_error")

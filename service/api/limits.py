@@ -28,7 +28,8 @@ from service.errors import InvalidHost, InvalidInput, UnsupportedMediaType
 
 MAX_HEAD_BYTES = 16 * 1024  # room for a large JWT
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
-PROBES = frozenset({"/healthz", "/readyz"})  # probes carry a pod's address as Host
+# Probes and scrapers address a pod by its IP: no data behind these, whatever the Host.
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 log = logging.getLogger("turnstore.api")
 

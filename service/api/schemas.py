@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from service.model import ReplyStatus, Role, Summary, TranscriptPage
+from service.plans import MESSAGE_PATTERN
 from service.turns import TurnDone
 
 # What the turn service enforces on a message (service/plans.py), stated for the OpenAPI
@@ -15,7 +16,7 @@ from service.turns import TurnDone
 MESSAGE_SCHEMA = {
     "minLength": 1,
     "maxLength": 100_000,  # MAX_MESSAGE_CHARS' default
-    "pattern": r"^[^\x00]*[^\x00\s][^\x00]*$",  # not whitespace only; no NUL
+    "pattern": MESSAGE_PATTERN,
 }
 
 

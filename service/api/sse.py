@@ -84,6 +84,16 @@ async def sse_events(
         log.info("stream ended: shutting down", extra={"correlation_id": correlation_id})
         yield _event("error", envelope("not_ready", SHUTTING_DOWN, correlation_id))
     except TurnstoreError as exc:
+        if exc.status >= 500:  # logged as the JSON endpoints log it (service/api/errors.py)
+            cause = type(exc.__cause__).__name__ if exc.__cause__ else "-"
+            state = getattr(exc, "sqlstate", None)
+            log.warning(
+                "%s: %s sqlstate=%s",
+                exc.code,
+                cause,
+                state,
+                extra={"correlation_id": correlation_id},
+            )
         yield _event("error", envelope(exc.code, exc.message, correlation_id))
     except Exception:
         log.exception("stream failed", extra={"correlation_id": correlation_id})

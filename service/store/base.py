@@ -9,6 +9,9 @@ does not exist.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from uuid import UUID
@@ -20,6 +23,7 @@ from service.model import (
     Committed,
     Conversation,
     IdempotencyKey,
+    LeaseAttempt,
     PageRequest,
     Precondition,
     Summary,
@@ -40,6 +44,30 @@ class ConversationStore(Protocol):
         then names this commit. Raises ConversationConflict (nothing written) when another
         writer got there first, ConversationNotFound when it was deleted or expired meanwhile,
         StorageError."""
+
+    async def lease(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        holder: UUID,
+        *,
+        lease_s: float,
+        queue: bool,
+        after_revision: int = 0,
+        replaces: UUID | None = None,
+    ) -> LeaseAttempt:
+        """Take the conversation's turn lease for ``holder`` for ``lease_s`` seconds if no
+        other holder's lease is live (or the live one is ``replaces``: a turn of the caller's
+        that could not give it back), and load the conversation (as ``load``) in the same
+        statement. ``queue``: a refused caller will wait, so the holder's release must wake
+        it (see ``Notifications``). Raises StorageError."""
+
+    async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
+        """Give the lease up (a turn that will not commit; a commit releases it by itself)."""
+
+    async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
+        """Extend these (conversation, holder) leases by ``lease_s`` from now; the
+        conversations whose lease was still this holder's."""
 
     async def transcript(
         self, conversation_id: UUID, owner: str, page: PageRequest
@@ -99,3 +127,16 @@ class Operations(Protocol):
 class ApiKeys(Protocol):
     async def owner_of(self, key: str) -> str | None:
         """The owner of a live API key; None for anything else (unknown, revoked, garbage)."""
+
+
+class Notifications(Protocol):
+    """Wake-ups between replicas: a holder releasing a lease, a turn's new events. Only a hint
+    to look again: a waiter also looks by itself after a bounded time, since a notification
+    can be lost (a listener reconnecting, a replica dying)."""
+
+    def subscribe(self, topic: str) -> AbstractAsyncContextManager[asyncio.Event]:
+        """An event set whenever ``topic`` is notified while inside (clear it to wait again)."""
+
+    @property
+    def healthy(self) -> bool:
+        """Whether notifications arrive now; if not, waiters look again sooner."""

@@ -12,6 +12,7 @@ out first. Nothing here changes what clients see.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from uuid import UUID
@@ -21,6 +22,7 @@ from service.model import (
     Append,
     Commit,
     Conversation,
+    LeaseAttempt,
     PageRequest,
     Precondition,
     Summary,
@@ -70,6 +72,47 @@ class CachedStore:
         entry = self._entries.get(conversation_id)
         after = entry.revision if entry else 0
         fresh = await self._inner.load(conversation_id, owner, after_revision=after)
+        return await self._merged(conversation_id, owner, entry, fresh)
+
+    async def lease(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        holder: UUID,
+        *,
+        lease_s: float,
+        queue: bool,
+        after_revision: int = 0,
+        replaces: UUID | None = None,
+    ) -> LeaseAttempt:
+        """The lease, revalidating the cached turns in the same statement."""
+        entry = self._entries.get(conversation_id)
+        attempt = await self._inner.lease(
+            conversation_id,
+            owner,
+            holder,
+            lease_s=lease_s,
+            queue=queue,
+            after_revision=entry.revision if entry else 0,
+            replaces=replaces,
+        )
+        merged = await self._merged(conversation_id, owner, entry, attempt.conversation)
+        return replace(attempt, conversation=merged)
+
+    async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
+        await self._inner.release_lease(conversation_id, holder)
+
+    async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
+        return await self._inner.renew_leases(leases, lease_s)
+
+    async def _merged(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        entry: _Entry | None,
+        fresh: Conversation | None,
+    ) -> Conversation | None:
+        """``fresh`` (the turns after the cached revision) with the cached turns before it."""
         if fresh is None:
             self._evict(conversation_id)
             return None

@@ -6,6 +6,9 @@ no durability. ``tests/test_store.py`` runs the same contract tests against both
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
@@ -25,6 +28,7 @@ from service.model import (
     Committed,
     Conversation,
     IdempotencyKey,
+    LeaseAttempt,
     PageRequest,
     Precondition,
     Summary,
@@ -48,6 +52,40 @@ class _Key:
 class _Conversation:
     row: Conversation
     turns: list[Turn] = field(default_factory=list)
+    holder: UUID | None = None  # the turn lease
+    lease_expires_at: datetime | None = None
+    lease_wanted: bool = False
+
+    def lease_free_for(self, holder: UUID | None, now: datetime) -> bool:
+        expired = self.lease_expires_at is None or self.lease_expires_at <= now
+        return self.holder is None or expired or self.holder == holder
+
+
+class LocalNotifications:
+    """Notifications within one process (the in-memory store's, and a test's)."""
+
+    def __init__(self) -> None:
+        self._inboxes: dict[str, set[asyncio.Event]] = {}
+
+    @property
+    def healthy(self) -> bool:
+        return True
+
+    @asynccontextmanager
+    async def subscribe(self, topic: str) -> AsyncIterator[asyncio.Event]:
+        inbox = asyncio.Event()
+        self._inboxes.setdefault(topic, set()).add(inbox)
+        try:
+            yield inbox
+        finally:
+            subscribers = self._inboxes[topic]
+            subscribers.discard(inbox)
+            if not subscribers:
+                del self._inboxes[topic]
+
+    def notify(self, topic: str) -> None:
+        for inbox in self._inboxes.get(topic, ()):
+            inbox.set()
 
 
 class MemoryStore:
@@ -59,7 +97,9 @@ class MemoryStore:
         retention_days: float | None = None,
         idempotency_ttl_s: float = 86_400,
         idempotency_lease_s: float = 600,
+        notifications: LocalNotifications | None = None,
     ) -> None:
+        self.notifications = notifications or LocalNotifications()
         self._conversations: dict[UUID, _Conversation] = {}
         self._keys: dict[tuple[str, str], _Key] = {}
         self._retention = timedelta(days=retention_days) if retention_days else None
@@ -81,6 +121,48 @@ class MemoryStore:
         if found is None:
             return None
         return replace(found.row, turns=list(found.turns[after_revision:]))
+
+    async def lease(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        holder: UUID,
+        *,
+        lease_s: float,
+        queue: bool,
+        after_revision: int = 0,
+        replaces: UUID | None = None,
+    ) -> LeaseAttempt:
+        found = self._live(conversation_id, owner)
+        if found is None:
+            return LeaseAttempt(conversation=None, acquired=False)
+        now = _now()
+        conversation = await self.load(conversation_id, owner, after_revision=after_revision)
+        if found.lease_free_for(holder, now) or (replaces and found.holder == replaces):
+            found.holder, found.lease_expires_at = holder, now + timedelta(seconds=lease_s)
+            found.lease_wanted = False
+            return LeaseAttempt(conversation, acquired=True)
+        found.lease_wanted = found.lease_wanted or queue
+        return LeaseAttempt(conversation, acquired=False, busy_until=found.lease_expires_at)
+
+    async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
+        found = self._conversations.get(conversation_id)
+        if found is not None and found.holder == holder:
+            self._released(found)
+
+    async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
+        renewed = set()
+        for conversation_id, holder in leases:
+            found = self._conversations.get(conversation_id)
+            if found is not None and found.holder == holder:
+                found.lease_expires_at = _now() + timedelta(seconds=lease_s)
+                renewed.add(conversation_id)
+        return renewed
+
+    def _released(self, found: _Conversation) -> None:
+        found.holder = found.lease_expires_at = None
+        if found.lease_wanted:
+            self.notifications.notify(f"lease:{found.row.id}")
 
     async def transcript(
         self, conversation_id: UUID, owner: str, page: PageRequest
@@ -133,7 +215,7 @@ class MemoryStore:
             live = self._live(conversation_id, owner)
             if live is None:
                 raise ConversationNotFound()
-            if live.row.revision != expected_revision:
+            if live.row.revision != expected_revision or not live.lease_free_for(append.lease, now):
                 raise ConversationConflict()
             found = live
             found.row = replace(
@@ -143,6 +225,7 @@ class MemoryStore:
                 context_start=max(found.row.context_start, turn.context_from),
             )
         found.turns.append(turn)
+        self._released(found)
         if idempotency is not None:
             key = self._keys[idempotency.owner, idempotency.key]
             key.committed = Committed(conversation_id, found.row.revision)

@@ -29,6 +29,7 @@ from service.model import (
     Committed,
     Conversation,
     IdempotencyKey,
+    LeaseAttempt,
     Origin,
     PageRequest,
     Precondition,
@@ -86,26 +87,82 @@ class _Statements:
                 updated_at=sa.func.now(),
                 context_start=sa.bindparam("context_start"),
                 owner=sa.bindparam("caller"),
+                lease_wanted=False,
             )
             .on_conflict_do_nothing()
             .returning(c.c.revision, c.c.created_at, c.c.updated_at)
         )
-        self.bump = (
+        # No other turn's lease may be live: a holder whose lease ran out and was taken over
+        # loses here, even if the revision still matches. The commit releases the lease, and
+        # wakes the turns queued for it (only then: a NOTIFY costs every commit a lock).
+        free = sa.or_(
+            c.c.lease_holder.is_(None),
+            c.c.lease_expires_at <= sa.func.now(),
+            c.c.lease_holder == sa.bindparam("holder"),
+        )
+        bumped = (
             sa.update(c)
             .where(
                 c.c.id == sa.bindparam("cid"),
                 c.c.revision == sa.bindparam("expected"),
                 c.c.owner == sa.bindparam("caller"),
                 live,
+                free,
             )
             .values(
                 revision=c.c.revision + 1,
                 updated_at=sa.func.now(),
                 # The window start only advances, and only together with a committed turn.
                 context_start=sa.func.greatest(c.c.context_start, sa.bindparam("context_start")),
+                lease_holder=None,
+                lease_expires_at=None,
             )
-            .returning(c.c.revision, c.c.created_at, c.c.updated_at)
+            .returning(c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.lease_wanted)
+            .cte("bumped")
         )
+        self.bump = sa.select(
+            bumped.c.revision, bumped.c.created_at, bumped.c.updated_at,
+            sa.case((bumped.c.lease_wanted, wake(bumped.c.id))),
+        )  # fmt: skip
+        renewed_until = sa.func.now() + sa.func.make_interval(
+            0, 0, 0, 0, 0, 0, sa.bindparam("lease_s")
+        )
+        # Free for a new holder too when the holder is this replica's own turn that could not
+        # give its lease back (:replaces).
+        takeable = sa.or_(free, c.c.lease_holder == sa.bindparam("replaces"))
+        attempt = (
+            sa.update(c)
+            .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
+            .values(
+                lease_holder=sa.case((takeable, sa.bindparam("holder")), else_=c.c.lease_holder),
+                lease_expires_at=sa.case((takeable, renewed_until), else_=c.c.lease_expires_at),
+                lease_wanted=sa.case(
+                    (takeable, sa.false()), else_=sa.or_(c.c.lease_wanted, sa.bindparam("queue"))
+                ),
+            )
+            .returning(
+                c.c.revision, c.c.created_at, c.c.updated_at, c.c.context_start, c.c.owner,
+                (c.c.lease_holder == sa.bindparam("holder")).label("acquired"),
+                c.c.lease_expires_at,
+            )
+            .cte("attempt")
+        )  # fmt: skip
+        # The lease and the turns after :after in one statement (one round trip). The turns
+        # are read in the statement's snapshot; the conversation's fields come from the
+        # updated row, which may be newer if a commit raced the statement: the caller then
+        # sees a revision ahead of the turns it got and reads again.
+        self.lease = (
+            sa.select(
+                attempt,
+                t.c.user_message, t.c.assistant_message, t.c.replay_items,
+                t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
+                t.c.tool_calls, t.c.status, t.c.incomplete_reason, t.c.seq,
+            )
+            .select_from(attempt.outerjoin(t, sa.and_(
+                t.c.conversation_id == sa.bindparam("cid"), t.c.seq > sa.bindparam("after")
+            )))
+            .order_by(t.c.seq)
+        )  # fmt: skip
         # A transcript page: first the turns' sizes (octet_length reads no TOASTed text), so
         # that only the turns that fit the page are read.
         size = sa.func.octet_length(t.c.user_message) + sa.func.octet_length(t.c.assistant_message)
@@ -172,6 +229,27 @@ class _Statements:
         )
 
 
+CHANNEL = "turnstore"  # the one NOTIFY channel; payloads are topics, "lease:<conversation>"
+
+
+def wake(conversation_id: Any) -> Any:
+    """pg_notify() of the conversation's lease topic (sent when the transaction commits)."""
+    topic = sa.literal("lease:") + sa.cast(conversation_id, sa.Text)
+    return sa.func.pg_notify(CHANNEL, topic)
+
+
+_RELEASE = sa.text(
+    "WITH released AS ("
+    " UPDATE conversations SET lease_holder = NULL, lease_expires_at = NULL"
+    " WHERE id = :cid AND lease_holder = :holder RETURNING id, lease_wanted)"
+    f" SELECT pg_notify('{CHANNEL}', 'lease:' || id::text) FROM released WHERE lease_wanted"
+)
+_RENEW = sa.text(
+    "UPDATE conversations c"
+    " SET lease_expires_at = now() + make_interval(secs => :lease_s)"
+    " FROM unnest(CAST(:cids AS uuid[]), CAST(:holders AS uuid[])) AS l(id, holder)"
+    " WHERE c.id = l.id AND c.lease_holder = l.holder RETURNING c.id"
+)
 _READINESS = sa.text(
     "SELECT to_regclass('alembic_version') IS NOT NULL AS migrated, "
     "NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable"
@@ -196,6 +274,7 @@ class PostgresStore:
         self._load = Compiled(self._sql.load, dialect)
         self._create = Compiled(self._sql.create, dialect)
         self._bump = Compiled(self._sql.bump, dialect)
+        self._lease = Compiled(self._sql.lease, dialect)
         self._insert_turn = Compiled(self._sql.insert_turn, dialect, list(TURN_COLUMNS))
         self._complete = Compiled(idem.COMPLETE, dialect)
         self._exists = Compiled(self._sql.exists, dialect)
@@ -203,6 +282,10 @@ class PostgresStore:
         self._idempotency_ttl_s = idempotency_ttl_s
         # A claimed key whose replica died is taken over after this long.
         self._idempotency_lease_s = idempotency_lease_s
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
 
     async def load(
         self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
@@ -223,6 +306,69 @@ class PostgresStore:
             context_start=first["context_start"],
             owner=first["owner"],
         )
+
+    async def lease(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        holder: UUID,
+        *,
+        lease_s: float,
+        queue: bool,
+        after_revision: int = 0,
+        replaces: UUID | None = None,
+    ) -> LeaseAttempt:
+        params = {
+            "cid": conversation_id,
+            "caller": owner,
+            "holder": holder,
+            "replaces": replaces,
+            "lease_s": lease_s,
+            "queue": queue,
+            "after": after_revision,
+        }
+
+        async def take() -> list[Any]:
+            async with driver(self._engine, write=False) as conn:  # one statement: autocommit
+                rows: list[Any] = await conn.fetch(self._lease.sql, *self._lease.args(params))
+                return rows
+
+        rows = await written(take)
+        if not rows:
+            return LeaseAttempt(conversation=None, acquired=False)
+        first = rows[0]
+        newest = rows[-1]["seq"] if rows[-1]["seq"] is not None else after_revision
+        if first["acquired"] and first["revision"] > newest:
+            # A commit raced the statement: its turn is not in the statement's snapshot. The
+            # lease is ours now, so nothing can commit meanwhile: read again.
+            again = await self.load(conversation_id, owner, after_revision=after_revision)
+            return LeaseAttempt(again, acquired=again is not None)
+        conversation = Conversation(
+            id=conversation_id,
+            revision=first["revision"],
+            created_at=first["created_at"],
+            updated_at=first["updated_at"],
+            turns=[_turn(row) for row in rows if row["replay_items"] is not None],
+            context_start=first["context_start"],
+            owner=first["owner"],
+        )
+        busy_until = None if first["acquired"] else first["lease_expires_at"]
+        return LeaseAttempt(conversation, first["acquired"], busy_until)
+
+    async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
+        async def release() -> None:
+            async with read(self._engine) as conn:
+                await conn.execute(_RELEASE, {"cid": conversation_id, "holder": holder})
+
+        await written(release)
+
+    async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
+        cids, holders = [cid for cid, _ in leases], [holder for _, holder in leases]
+        async with read(self._engine) as conn:
+            rows = await conn.execute(
+                _RENEW, {"cids": cids, "holders": holders, "lease_s": lease_s}
+            )
+            return {row[0] for row in rows}
 
     async def transcript(
         self, conversation_id: UUID, owner: str, page: PageRequest
@@ -265,6 +411,7 @@ class PostgresStore:
             "expected": append.expected_revision,
             "context_start": turn.context_from,
             "caller": append.owner,
+            "holder": append.lease,
         }
         statement = self._create if append.expected_revision == 0 else self._bump
         async with driver(self._engine, write=True) as conn:

@@ -33,6 +33,11 @@ conversations = sa.Table(
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("context_start", sa.Integer, nullable=False),
     sa.Column("owner", sa.Text, nullable=False),
+    # The turn lease (service/leases.py): the running turn, until when, and whether a turn
+    # is queued for it.
+    sa.Column("lease_holder", sa.Uuid),
+    sa.Column("lease_expires_at", sa.DateTime(timezone=True)),
+    sa.Column("lease_wanted", sa.Boolean, nullable=False),
 )
 
 # One row per committed turn: the transcript pair and that turn's replay items, keyed by

@@ -18,6 +18,9 @@ _FAILURES = (
     sa.exc.TimeoutError,
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    # A backend's FATAL that arrives while the connection is idle (the postmaster died first)
+    # leaves asyncpg's protocol in a state whose next use raises this.
+    asyncpg.InternalClientError,
     OSError,
     TimeoutError,
 )

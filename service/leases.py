@@ -1,0 +1,194 @@
+"""The turn lease: two turns of one conversation meet the same way on every replica.
+
+Before the provider is called, a turn takes its conversation's lease in PostgreSQL, in the same
+statement that loads (or revalidates) the conversation. With ``queue`` a turn that finds the
+lease taken waits for it, up to ``queue_wait_s``, woken by the holder's release (NOTIFY, see
+``Notifications``) or, at the latest, when the holder's lease runs out; with ``reject``, or
+when the wait runs out, it fails at once with ConversationBusy: the provider is not called and
+nothing is kept. A held lease is renewed every third of ``lease_s`` and expires ``lease_s``
+after its holder stops renewing it, so a replica that dies blocks its conversation that long
+at most. The commit releases the lease in its own statement; a turn that does not commit gives
+it back. The conditional commit on the revision stays the final guard.
+
+Within a process, turns of one conversation first queue on an in-process lock (no database
+traffic for them), with the same outcomes: ``reject`` refuses at once, ``queue`` waits up to
+the same deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from service import metrics
+from service.errors import ConversationBusy, ConversationNotFound, StorageError
+from service.locks import KeyedLocks, settle
+from service.model import Conversation
+from service.plans import TurnPlan
+from service.store.base import ConversationStore, Notifications
+
+log = logging.getLogger("turnstore.leases")
+
+FIRST_POLL_S = 0.05  # without notifications, look again this soon, then twice as late ...
+LAST_POLL_S = 1.0  # ... up to this
+SAFETY_POLL_S = 5.0  # with notifications, look again at least this often anyway
+WAITED_S = 0.001  # a turn that got its lease later than this after it asked has queued
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    queue: bool = True  # TURN_CONCURRENCY=queue (False: reject)
+    queue_wait_s: float = 30.0  # TURN_QUEUE_WAIT_S
+    lease_s: float = 30.0  # TURN_LEASE_S
+
+
+@dataclass
+class Held:
+    """What a turn holds: the conversation as it is now (None: a new one, with no row to
+    lease yet) and the lease's holder id. ``committed``: the commit released the lease."""
+
+    conversation: Conversation | None
+    holder: uuid.UUID
+    committed: bool = False
+
+
+class Leases:
+    def __init__(
+        self,
+        store: ConversationStore,
+        notifications: Notifications,
+        policy: LeasePolicy | None = None,
+        locks: KeyedLocks | None = None,
+    ) -> None:
+        self._store = store
+        self._notifications = notifications
+        self.policy = policy or LeasePolicy()
+        self._locks = locks or KeyedLocks()
+        self._keeper = _Keeper(store, self.policy.lease_s)
+        # Leases this process could not give back (the database failed): the next turn of
+        # the conversation here takes them over instead of waiting for them to expire.
+        self._abandoned: dict[uuid.UUID, uuid.UUID] = {}
+
+    @asynccontextmanager
+    async def hold(self, plan: TurnPlan) -> AsyncIterator[Held]:
+        """The conversation with its lease held for the turn of ``plan``, renewed while inside
+        and released on the way out unless the commit released it. Raises ConversationBusy,
+        ConversationNotFound, StorageError."""
+        holder, cid, started = uuid.uuid4(), plan.conversation_id, time.monotonic()
+        deadline = started + (self.policy.queue_wait_s if self.policy.queue else 0)
+        async with contextlib.AsyncExitStack() as stack:
+            with metrics.TURNS_WAITING.track_inprogress():
+                try:
+                    local = self._locks.hold(cid, wait_s=max(0.0, deadline - started))
+                    await stack.enter_async_context(local)
+                except TimeoutError:
+                    raise _busy() from None
+                if plan.is_new:  # its id is new: no other turn can hold it
+                    yield Held(None, holder)
+                    return
+                conversation = await self._acquire(plan, holder, deadline)
+            waited = time.monotonic() - started
+            if waited > WAITED_S:
+                metrics.TURNS_QUEUED.inc()
+                metrics.QUEUE_WAIT_SECONDS.observe(waited)
+            held = Held(conversation, holder)
+            self._keeper.add(cid, holder)
+            try:
+                yield held
+            finally:
+                self._keeper.discard(holder)
+                if not held.committed:
+                    try:
+                        await settle(self._store.release_lease(cid, holder))
+                    except StorageError:
+                        self._abandoned[cid] = holder  # it expires, or the next turn here takes it
+
+    async def close(self) -> None:
+        await self._keeper.close()
+
+    async def _acquire(self, plan: TurnPlan, holder: uuid.UUID, deadline: float) -> Conversation:
+        """Take the lease, waiting for it per the policy; the conversation as loaded then."""
+        topic, poll = f"lease:{plan.conversation_id}", FIRST_POLL_S
+        async with self._notifications.subscribe(topic) as released:
+            while True:
+                released.clear()
+                attempt = await self._store.lease(
+                    plan.conversation_id,
+                    plan.owner,
+                    holder,
+                    lease_s=self.policy.lease_s,
+                    queue=self.policy.queue,
+                    replaces=self._abandoned.get(plan.conversation_id),
+                )
+                if attempt.conversation is None:
+                    raise ConversationNotFound()
+                if attempt.acquired:
+                    self._abandoned.pop(plan.conversation_id, None)
+                    return attempt.conversation
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _busy()
+                # Look again when woken, when the holder's lease runs out, or after a while.
+                if self._notifications.healthy:
+                    wait = SAFETY_POLL_S
+                else:
+                    wait, poll = poll, min(poll * 2, LAST_POLL_S)
+                if attempt.busy_until is not None:
+                    expiry = attempt.busy_until.timestamp() - time.time() + 0.01
+                    wait = min(wait, max(expiry, 0.01))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(wait, left)):
+                        await released.wait()
+
+
+def _busy() -> ConversationBusy:
+    metrics.TURNS_BUSY.inc()
+    return ConversationBusy()
+
+
+class _Keeper:
+    """Renews every lease this process holds, in one statement every third of a lease."""
+
+    def __init__(self, store: ConversationStore, lease_s: float) -> None:
+        self._store = store
+        self._lease_s = lease_s
+        self._held: dict[uuid.UUID, uuid.UUID] = {}  # holder -> conversation
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, conversation_id: uuid.UUID, holder: uuid.UUID) -> None:
+        self._held[holder] = conversation_id
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def discard(self, holder: uuid.UUID) -> None:
+        self._held.pop(holder, None)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while self._held:
+            await asyncio.sleep(self._lease_s / 3)
+            leases = [(cid, holder) for holder, cid in self._held.items()]
+            if not leases:
+                return
+            try:
+                renewed = await self._store.renew_leases(leases, self._lease_s)
+            except StorageError:
+                log.warning(
+                    "could not renew %d turn leases; they expire if this lasts", len(leases)
+                )
+                continue
+            # A lease released while its renewal was on the way is not lost.
+            lost = len({cid for holder, cid in self._held.items()} - renewed)
+            if lost:
+                log.warning("%d turn leases were lost (expired and taken over)", lost)

@@ -38,7 +38,7 @@ import re
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +61,7 @@ from tests.cluster import (
     wait_until,
 )
 from tests.fakeapi import FakeResponsesAPI, output_items
-from tests.replication import ReplicatedPostgres, pg_bin_dir, replicated_postgres
+from tests.replication import Node, ReplicatedPostgres, pg_bin_dir, replicated_postgres
 
 CHAT = "/api/v1/chat"
 REPLICAS = 2
@@ -71,6 +71,7 @@ STREAM_EVERY = 3  # every third turn of a client is streamed
 PROVIDER_DELAY_S = 0.02  # turns overlap, so the kill finds commits in flight
 BEFORE_KILL = 40  # acknowledged turns before the primary is killed
 AFTER_PROMOTION = 3  # acknowledged turns per replica after the promotion before stopping
+IN_FLIGHT = 2  # commits waiting for the standby when the primary is killed
 BACKOFF_S = 0.05  # a client's pause after a failure (a client does not retry in a busy loop)
 TIMEOUT_S = 20.0  # any single wait
 DEFINITELY_NOT_COMMITTED = {"precondition_failed", "conversation_conflict"}
@@ -224,7 +225,12 @@ async def _replicas(env: dict[str, str], tmp_path: Path) -> AsyncIterator[list[R
             stack.enter_context(replica(env, tmp_path / f"replica-{i}.log"))
             for i in range(REPLICAS)
         ]
-        stack.callback(lambda: [r.process.signal(signal.SIGTERM) for r in replicas])  # at once
+
+        def terminate_all() -> None:  # at once, before each one's own stop() waits for it
+            for r in replicas:
+                r.process.signal(signal.SIGTERM)
+
+        stack.callback(terminate_all)
         await asyncio.gather(*(wait_ready(r) for r in replicas))
         try:
             yield replicas
@@ -235,6 +241,19 @@ async def _replicas(env: dict[str, str], tmp_path: Path) -> AsyncIterator[list[R
 
 
 # --- the test --------------------------------------------------------------------------------
+
+
+@dataclass
+class Timeline:
+    """time.monotonic() of each step of the failover."""
+
+    killed: float = 0.0  # kill_primary called
+    dead: float = 0.0  # kill_primary returned: every process of the old primary is gone
+    unready: tuple[float, ...] = ()  # each replica's first /readyz 503 after that
+    promoting: float = 0.0  # promote_standby called
+    promoted: float = 0.0  # promote_standby returned: the standby takes writes
+    ready: tuple[float, ...] = ()  # each replica's first /readyz 200 after that
+    stopped: float = 0.0  # the load stopped
 
 
 async def test_acknowledged_turns_survive_a_failover_and_replicas_recover(
@@ -249,21 +268,28 @@ async def test_acknowledged_turns_survive_a_failover_and_replicas_recover(
         async with _replicas(env, tmp_path) as replicas:
             clients = [httpx.AsyncClient(base_url=r.url, timeout=TIMEOUT_S) for r in replicas]
             try:
-                await _failover_under_load(pair, api, replicas, clients, test_started)
+                pids = [r.process.popen.pid for r in replicas]
+                ids, outcomes, timeline = await _failover_under_load(pair, clients)
+                # Both replicas are the processes started before the failover, and ready.
+                for r, pid in zip(replicas, pids, strict=True):
+                    assert r.process.popen.poll() is None and r.process.popen.pid == pid
+                for client in clients:
+                    assert (await client.get("/readyz")).status_code == 200
+                kept = await _check_transcripts(clients, ids, outcomes, timeline)
+                await _check_provider_inputs(pair, api, ids, outcomes)
             finally:
                 for client in clients:
                     await client.aclose()
+            REPORT.extend(_report(replicas, outcomes, kept, timeline, test_started))
 
 
 async def _failover_under_load(
-    pair: ReplicatedPostgres,
-    api: FakeResponsesAPI,
-    replicas: list[Replica],
-    clients: list[httpx.AsyncClient],
-    test_started: float,
-) -> None:
-    pids = [r.process.popen.pid for r in replicas]
-    old_primary = pair.primary
+    pair: ReplicatedPostgres, clients: list[httpx.AsyncClient]
+) -> tuple[list[str], list[Outcome], Timeline]:
+    """Creates the conversations, runs the load across the failover; returns the
+    conversation ids, every turn's outcome and when each step happened."""
+    old_primary, standby = pair.primary, pair.standby
+    assert standby is not None
     # The conversations, each created on one replica (their first turns count as acknowledged).
     ids: list[str] = []
     created: list[Outcome] = []
@@ -282,42 +308,52 @@ async def _failover_under_load(
             )
         )  # fmt: skip
 
+    at = Timeline()
     load = Load(clients, ids)
     tasks = [asyncio.create_task(load.client(i, 1)) for i in range(CLIENTS)]
     try:
-        await wait_until(
-            _async(lambda: sum(o.acknowledged for o in load.outcomes) >= BEFORE_KILL),
+        await _until(
+            lambda: sum(o.acknowledged for o in load.outcomes) >= BEFORE_KILL,
             f"{BEFORE_KILL} acknowledged turns before the kill",
-            TIMEOUT_S,
         )
         before = [o for o in load.outcomes if o.code not in {"ok", *DEFINITELY_NOT_COMMITTED}]
         assert not before, before[:10]  # nothing fails while the primary is up
 
-        killed_at = time.monotonic()
+        # Kill into commits in flight: with replay paused on the standby, a COMMIT (which
+        # waits for remote_apply) has its record on the standby's disk but no answer yet.
+        await asyncio.to_thread(pair.sql, standby, "SELECT pg_wal_replay_pause()")
+        await _wait_commits_in_flight(old_primary, IN_FLIGHT)
+        await asyncio.to_thread(pair.wait_received)
+        at.killed = time.monotonic()
         await asyncio.to_thread(pair.kill_primary)
-        dead_at = time.monotonic()
+        at.dead = time.monotonic()
+        await asyncio.to_thread(pair.sql, standby, "SELECT pg_wal_replay_resume()")
 
         # No writable primary: each replica's /readyz must say so (and /healthz must not:
-        # the process is fine, an orchestrator must not restart it).
-        unready_at = await asyncio.gather(*(_wait_readyz(c, 503) for c in clients))
+        # the process is fine, an orchestrator must not restart it), and turns sent now fail.
+        at.unready = tuple(await asyncio.gather(*(_wait_readyz(c, 503) for c in clients)))
         for client in clients:
             assert (await client.get("/healthz")).status_code == 200
+        await _until(
+            lambda: all(
+                any(o.replica == r and o.code == UNKNOWABLE and o.started > at.dead
+                    for o in load.outcomes)
+                for r in range(REPLICAS)
+            ),
+            "a turn sent to each replica after the kill to fail",
+        )  # fmt: skip
 
-        promote_started = time.monotonic()
+        at.promoting = time.monotonic()
         await asyncio.to_thread(pair.promote_standby)
-        promoted_at = time.monotonic()
-        assert pair.primary is not old_primary
+        at.promoted = time.monotonic()
+        assert pair.primary is standby
 
-        ready_at = await asyncio.gather(*(_wait_readyz(c, 200) for c in clients))
-        await wait_until(
-            _async(
-                lambda: all(
-                    load.acknowledged(r, since=promoted_at) >= AFTER_PROMOTION
-                    for r in range(REPLICAS)
-                )
+        at.ready = tuple(await asyncio.gather(*(_wait_readyz(c, 200) for c in clients)))
+        await _until(
+            lambda: all(
+                load.acknowledged(r, since=at.promoted) >= AFTER_PROMOTION for r in range(REPLICAS)
             ),
             f"{AFTER_PROMOTION} acknowledged turns per replica after the promotion",
-            TIMEOUT_S,
         )
     finally:
         load.stop.set()
@@ -327,30 +363,30 @@ async def _failover_under_load(
     for task in done:
         task.result()  # a client's own failure (an assertion in it) fails the test
     assert not pending, "clients did not stop"
-    stopped_at = time.monotonic()
+    at.stopped = time.monotonic()
+    return ids, created + load.outcomes, at
 
-    # Both replicas are the processes started before the failover, and ready.
-    for r, pid in zip(replicas, pids, strict=True):
-        assert r.process.popen.poll() is None and r.process.popen.pid == pid
-    for client in clients:
-        assert (await client.get("/readyz")).status_code == 200
 
-    outcomes = created + load.outcomes
-    codes = Counter(o.code for o in outcomes)
+async def _check_transcripts(
+    clients: list[httpx.AsyncClient], ids: list[str], outcomes: list[Outcome], at: Timeline
+) -> list[Outcome]:
+    """The rules of the module docstring, on the transcripts as both replicas read them;
+    returns the storage_error turns that committed anyway."""
     unexpected = [
         o for o in outcomes
         if not o.acknowledged and o.code not in {*DEFINITELY_NOT_COMMITTED, UNKNOWABLE}
     ]  # fmt: skip
     assert not unexpected, unexpected[:10]
-    storage_errors = [o for o in outcomes if o.code == UNKNOWABLE]
-    # The database failed only while the failover lasted.
-    assert all(o.finished >= killed_at for o in storage_errors), storage_errors[:5]
+    # The database failed only while the failover lasted: from the kill until the replica's
+    # /readyz said 200 again (its pool hands out no broken connection after that).
+    for o in outcomes:
+        if o.code == UNKNOWABLE:
+            assert at.killed <= o.finished and o.started < at.ready[o.replica], o
 
-    # What the replicas read back: both the same, at the new primary.
     transcripts = [{cid: await _transcript(client, cid) for cid in ids} for client in clients]
     assert transcripts[0] == transcripts[1]
     by_message = {o.message: o for o in outcomes}
-    kept_unknowable: list[Outcome] = []
+    kept: list[Outcome] = []
     for conversation, cid in enumerate(ids):
         view = transcripts[0][cid]
         numbers = [turn["turn"] for turn in view["turns"]]
@@ -360,58 +396,93 @@ async def _failover_under_load(
         users = [content for role, content in messages if role == "user"]
         assert len(set(users)) == len(users), "a turn was committed twice"
         # Every acknowledged turn, at its revision, with its reply.
-        mine = [o for o in outcomes if o.conversation == conversation]
-        for o in mine:
-            if o.acknowledged:
+        for o in outcomes:
+            if o.acknowledged and o.conversation == conversation:
                 assert o.revision is not None
-                at = 2 * (o.revision - 1)
-                assert messages[at : at + 2] == [("user", o.message), ("assistant", o.reply)], o
+                i = 2 * (o.revision - 1)
+                assert messages[i : i + 2] == [("user", o.message), ("assistant", o.reply)], o
         # Every stored turn is an acknowledged one, or one whose commit the kill cut off.
         for revision, message in enumerate(users, start=1):
-            o = by_message[message]
-            assert o.conversation == conversation, (o, cid)
-            if o.acknowledged:
-                assert o.revision == revision, o
+            sender = by_message.get(message)
+            assert sender is not None and sender.conversation == conversation, (message, cid)
+            if sender.acknowledged:
+                assert sender.revision == revision, sender
                 continue
-            assert o.code == UNKNOWABLE, f"{o} left a trace at revision {revision}"
-            assert o.started < dead_at, f"{o} was sent after the primary was dead"
-            kept_unknowable.append(o)
+            assert sender.code == UNKNOWABLE, f"{sender} left a trace at revision {revision}"
+            assert sender.started < at.dead, f"{sender} was sent after the primary was dead"
+            kept.append(sender)
+    # The kill did cut commits off: those that waited for the paused standby are there.
+    assert len(kept) >= IN_FLIGHT, kept
+    return kept
 
-    await _check_provider_inputs(pair, api, ids, outcomes)
 
-    # The report.
+def _report(
+    replicas: list[Replica],
+    outcomes: list[Outcome],
+    kept: list[Outcome],
+    at: Timeline,
+    test_started: float,
+) -> list[str]:
     lines = [
-        f"failover: kill_primary {dead_at - killed_at:.3f} s, /readyz 503 on both replicas "
-        f"{max(unready_at) - dead_at:.3f} s after it, promote_standby "
-        f"{promoted_at - promote_started:.3f} s, /readyz 200 on both "
-        f"{max(ready_at) - promoted_at:.3f} s after the promotion; "
-        f"primary down (kill to promoted) {promoted_at - killed_at:.3f} s",
+        f"failover: kill_primary {at.dead - at.killed:.3f} s, /readyz 503 on both replicas "
+        f"{max(at.unready) - at.dead:.3f} s after it, promote_standby "
+        f"{at.promoted - at.promoting:.3f} s, /readyz 200 on both "
+        f"{max(at.ready) - at.promoted:.3f} s after the promotion; "
+        f"no writable primary (kill to promoted) for {at.promoted - at.killed:.3f} s"
     ]
-    for r in range(REPLICAS):
-        mine = [o for o in storage_errors if o.replica == r]
-        recovered = [
-            o for o in outcomes if o.replica == r and o.acknowledged and o.finished > promoted_at
-        ]
-        first_ok = min(o.finished for o in recovered)
-        if mine:
-            first_error = min(o.finished for o in mine)
-            window = (
-                f"storage_error from kill +{first_error - killed_at:.3f} s to the first "
-                f"success at kill +{first_ok - killed_at:.3f} s: {first_ok - first_error:.3f} s "
-                f"({len(mine)} failed turns)"
-            )
-        else:
-            window = f"no storage_error; first success at kill +{first_ok - killed_at:.3f} s"
-        lines.append(f"  replica {r}: {window}; causes {_storage_causes(replicas[r])}")
+    for r, replica_ in enumerate(replicas):
+        errors = [o for o in outcomes if o.replica == r and o.code == UNKNOWABLE]
+        first_error = min(o.finished for o in errors)  # there is one: waited for
+        first_ok = min(
+            o.finished
+            for o in outcomes
+            if o.replica == r and o.acknowledged and o.finished > at.promoted
+        )
+        phases = Counter(
+            "cut off by the kill" if o.started < at.dead
+            else "sent while no primary was writable" if o.started < at.promoted
+            else "sent after the promotion"
+            for o in errors
+        )  # fmt: skip
+        lines.append(
+            f"  replica {r}: storage_error from kill +{first_error - at.killed:.3f} s to the "
+            f"first success at kill +{first_ok - at.killed:.3f} s: "
+            f"{first_ok - first_error:.3f} s; {len(errors)} storage_errors "
+            f"({', '.join(f'{n} {phase}' for phase, n in phases.items())}); "
+            f"logged causes: {_storage_causes(replica_)}"
+        )
+    codes = Counter(o.code for o in outcomes)
     acknowledged = codes.pop("ok")
     lines.append(
-        f"  {len(outcomes)} turns in {stopped_at - test_started:.1f} s since the test started: "
-        f"{acknowledged} acknowledged, {sum(codes.values())} not "
+        f"  {len(outcomes)} turns, the load stopped {at.stopped - test_started:.1f} s after the "
+        f"test started: {acknowledged} acknowledged, {sum(codes.values())} not "
         f"({', '.join(f'{n} {code}' for code, n in codes.most_common())}); "
-        f"{len(kept_unknowable)} storage_error turns committed anyway (commit cut off by the "
-        f"kill, found on the promoted standby)"
+        f"{len(kept)} storage_error turns committed anyway (their commit was cut off by the "
+        f"kill; found on the promoted standby)"
     )
-    REPORT.extend(lines)
+    return lines
+
+
+async def _until(check: Callable[[], bool], what: str) -> None:
+    async def checked() -> bool:
+        return check()
+
+    await wait_until(checked, what, TIMEOUT_S)
+
+
+async def _wait_commits_in_flight(node: Node, count: int) -> None:
+    """Until ``count`` backends of ``node`` wait for their synchronous standby (an observer's
+    connection to that node alone)."""
+    conn = await asyncpg.connect(node.dsn, timeout=5)
+    query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+    try:
+
+        async def waiting() -> bool:
+            return int(await conn.fetchval(query)) >= count
+
+        await wait_until(waiting, f"{count} commits to wait for the standby", TIMEOUT_S)
+    finally:
+        await conn.close()
 
 
 async def _wait_readyz(client: httpx.AsyncClient, status: int) -> float:
@@ -422,13 +493,6 @@ async def _wait_readyz(client: httpx.AsyncClient, status: int) -> float:
 
     await wait_until(answers, f"{client.base_url}/readyz to answer {status}", TIMEOUT_S)
     return time.monotonic()
-
-
-def _async(check: Any) -> Any:
-    async def wrapped() -> bool:
-        return bool(check())
-
-    return wrapped
 
 
 async def _transcript(client: httpx.AsyncClient, cid: str) -> dict[str, Any]:

@@ -176,6 +176,18 @@ class ReplicatedPostgres:
     def kill_primary(self) -> None:
         self.kill(self.primary)
 
+    def kill_postmaster(self, node: Node) -> None:
+        """SIGKILL the postmaster alone, as the OOM killer takes it, and return once its
+        children have noticed and exited by themselves. Unlike ``kill``, this lets idle
+        backends say goodbye: each sends its client FATAL 57P01 "terminating connection due
+        to unexpected postmaster exit" before closing the socket."""
+        assert not node.dead, f"{node.name} is dead already (its postmaster.pid is stale)"
+        pid = int((node.data_dir / "postmaster.pid").read_text().split()[0])
+        family = [pid, *_children(pid)]
+        os.kill(pid, signal.SIGKILL)
+        node.dead = True
+        self._poll(lambda: not any(map(_running, family)), f"{node.name}'s processes to exit")
+
     def promote_standby(self) -> None:
         """Promote the standby and return once it accepts writes; it is the primary then,
         without a standby of its own (so its commits do not wait for one)."""

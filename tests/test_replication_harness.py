@@ -19,15 +19,21 @@ across a failover: the facts the turnstore failover test builds on.
   wait, and the transaction then stays committed on the primary.
 - A first host that accepts TCP but never answers uses up asyncpg's whole connect
   ``timeout``: the next host is tried only after a refusal.
+- A backend that outlives its postmaster sends FATAL 57P01 before closing; a statement on
+  that connection before asyncpg has read the close raises ``asyncpg.InternalClientError``
+  (``sqlalchemy.exc.InternalError`` through SQLAlchemy), which is neither an
+  ``InterfaceError`` nor a ``PostgresError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -276,3 +282,93 @@ async def test_a_hung_first_host_uses_up_the_whole_connect_timeout() -> None:
         assert 0.5 <= time.monotonic() - started < 2
         with pytest.raises(BlockingIOError):
             healthy.accept()  # nobody ever tried the second host
+
+
+class FinHoldingProxy:
+    """A loopback TCP proxy to ``port`` that relays bytes both ways but holds back the
+    server's end of each connection: what the server sent before closing reaches the client,
+    the close itself only when the proxy stops. It makes "the client has read the server's
+    last message but not yet its FIN" last as long as a test needs."""
+
+    def __init__(self, port: int) -> None:
+        self.upstream = port
+        self.server_closed = 0  # connections whose server end has closed (and been held)
+        self._release = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, hold: bool) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        if hold:
+            self.server_closed += 1
+            await self._release.wait()
+        dst.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        for pump in (self._pump(reader, up_writer, False), self._pump(up_reader, writer, True)):
+            self._tasks.add(asyncio.create_task(pump))
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[int]:
+        """Yields the proxy's port."""
+        server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        try:
+            yield server.sockets[0].getsockname()[1]
+        finally:
+            self._release.set()
+            server.close()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await server.wait_closed()
+
+
+async def test_a_backend_outliving_its_postmaster_leaves_asyncpg_in_an_internal_error_state(
+    pair: ReplicatedPostgres, engines: Callable[..., AsyncEngine]
+) -> None:
+    """When the postmaster dies before its backends (an OOM kill; or, by a hair, the family
+    SIGKILL of ``kill``, which hits the postmaster first), an idle backend sends its client
+    FATAL 57P01 before it closes the socket. asyncpg, idle, does not expect a message: it
+    moves its protocol to an error state and waits for a ReadyForQuery that never comes.
+    Until it has read the FIN, the next statement on that connection raises
+    ``asyncpg.InternalClientError`` ("cannot switch to state ...; another operation (2) is in
+    progress"), neither an ``InterfaceError`` nor a ``PostgresError``, and asyncpg aborts the
+    connection. Through SQLAlchemy it is ``sqlalchemy.exc.InternalError``, a disconnect (the
+    connection is closed by then); on the driver connection underneath, as turnstore's hot
+    path uses it, it is the bare asyncpg error. The proxy holds the FIN back to make the
+    window last; without it, it is the few event loop turns between the two."""
+    node = pair.primary
+    proxy = FinHoldingProxy(node.port)
+    async with proxy.serving() as port:
+        url = f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
+        engine = engines(url, pool_size=2, max_overflow=0)
+        async with engine.connect() as core, engine.connect() as hot:
+            await server_port(core)
+            driver = (await hot.get_raw_connection()).driver_connection
+            assert driver is not None
+            await driver.fetchval("SELECT 1")
+            await asyncio.to_thread(pair.kill_postmaster, node)
+            await wait_until(
+                _async(lambda: proxy.server_closed == 2), "the backends to close their sockets"
+            )
+            # The FATALs are in the clients' socket buffers: a few loop turns deliver them.
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+            with pytest.raises(asyncpg.InternalClientError, match=r"another operation \(2\)"):
+                await driver.execute("BEGIN")
+            assert driver.is_closed()
+            with pytest.raises(exc.InternalError) as wrapped:
+                await core.execute(text("SELECT 1"))
+            assert wrapped.value.connection_invalidated
+            assert isinstance(driver_error(wrapped.value), asyncpg.InternalClientError)
+            print(f"backend outliving its postmaster: {driver_error(wrapped.value)!r}")
+            await hot.invalidate()
+
+
+def _async(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def checked() -> bool:
+        return check()
+
+    return checked

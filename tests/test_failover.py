@@ -6,8 +6,11 @@ Eight clients send turns, each to one replica and one of four shared conversatio
 conversation has one client on each replica, so the replicas race each other), every third
 one streamed, each with ``If-Match`` set to the revision its client last saw. Every message is
 unique and sent once: a message found in a transcript names the request that made it. While
-the load runs, the primary is SIGKILLed; once both replicas' /readyz say 503, the standby is
-promoted; the load goes on until both replicas commit again.
+the load runs, the primary is SIGKILLed, timed into commits in flight: replay is paused on the
+standby first, so that COMMITs (``remote_apply``) wait with their record already on the
+standby's disk, and the kill comes once some do. Once both replicas' /readyz say 503 and a
+turn sent to each has failed, the standby is promoted; the load goes on until both replicas
+commit again. Clients pause ``BACKOFF_S`` after a failure, as a client would.
 
 What must hold afterwards, read back through both replicas:
 
@@ -18,7 +21,9 @@ What must hold afterwards, read back through both replicas:
   ``conversation_conflict``) left no trace;
 - a turn answered 500 ``storage_error`` may be there, but only if it was sent before the
   primary died: its commit was cut off, and whether the standby had it is unknowable (see
-  tests/replication.py); those are counted, not failed;
+  tests/replication.py); those are counted, not failed (and the commits that waited for the
+  paused standby must be among them: the kill did cut commits off);
+- storage_error only from the kill until the replica's /readyz is 200 again;
 - no other answer than these (no ``internal_error``, no broken stream);
 - every stored turn sent the provider exactly the replay items before it (the history cache
   must not carry anything across the failover that the new primary does not have);

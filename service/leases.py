@@ -39,6 +39,7 @@ FIRST_POLL_S = 0.05  # without notifications, look again this soon, then twice a
 LAST_POLL_S = 1.0  # ... up to this
 SAFETY_POLL_S = 5.0  # with notifications, look again at least this often anyway
 WAITED_S = 0.001  # a turn that got its lease later than this after it asked has queued
+RELEASE_RETRY_S = 0.5  # how often a lease that could not be given back is tried again
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,6 @@ class Leases:
         self.policy = policy or LeasePolicy()
         self._locks = locks or KeyedLocks()
         self._keeper = _Keeper(store, self.policy.lease_s)
-        # Leases this process could not give back (the database failed): the next turn of
-        # the conversation here takes them over instead of waiting for them to expire.
-        self._abandoned: dict[uuid.UUID, uuid.UUID] = {}
 
     @asynccontextmanager
     async def hold(self, plan: TurnPlan) -> AsyncIterator[Held]:
@@ -107,7 +105,8 @@ class Leases:
                     try:
                         await settle(self._store.release_lease(cid, holder))
                     except StorageError:
-                        self._abandoned[cid] = holder  # it expires, or the next turn here takes it
+                        # Given back later, or taken over by the next turn here.
+                        self._keeper.abandon(cid, holder)
 
     async def close(self) -> None:
         await self._keeper.close()
@@ -118,18 +117,22 @@ class Leases:
         async with self._notifications.subscribe(topic) as released:
             while True:
                 released.clear()
-                attempt = await self._store.lease(
-                    plan.conversation_id,
-                    plan.owner,
-                    holder,
-                    lease_s=self.policy.lease_s,
-                    queue=self.policy.queue,
-                    replaces=self._abandoned.get(plan.conversation_id),
-                )
+                try:
+                    attempt = await self._store.lease(
+                        plan.conversation_id,
+                        plan.owner,
+                        holder,
+                        lease_s=self.policy.lease_s,
+                        queue=self.policy.queue,
+                        replaces=self._keeper.abandoned_in(plan.conversation_id),
+                    )
+                except StorageError:
+                    # It may have taken the lease before its answer was lost: give it back.
+                    self._keeper.abandon(plan.conversation_id, holder)
+                    raise
                 if attempt.conversation is None:
                     raise ConversationNotFound()
                 if attempt.acquired:
-                    self._abandoned.pop(plan.conversation_id, None)
                     return attempt.conversation
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -153,21 +156,33 @@ def _busy() -> ConversationBusy:
 
 
 class _Keeper:
-    """Renews every lease this process holds, in one statement every third of a lease."""
+    """Renews every lease this process holds, in one statement every third of a lease, and
+    gives back the leases its turns could not give back themselves (the database failed):
+    turns queued for them elsewhere need not wait for them to expire."""
 
     def __init__(self, store: ConversationStore, lease_s: float) -> None:
         self._store = store
         self._lease_s = lease_s
         self._held: dict[uuid.UUID, uuid.UUID] = {}  # holder -> conversation
+        self.abandoned: set[tuple[uuid.UUID, uuid.UUID]] = set()  # (conversation, holder)
         self._task: asyncio.Task[None] | None = None
+        self._woken = asyncio.Event()  # something was abandoned: do not sleep on
 
     def add(self, conversation_id: uuid.UUID, holder: uuid.UUID) -> None:
         self._held[holder] = conversation_id
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._start()
 
     def discard(self, holder: uuid.UUID) -> None:
         self._held.pop(holder, None)
+
+    def abandon(self, conversation_id: uuid.UUID, holder: uuid.UUID) -> None:
+        self.abandoned.add((conversation_id, holder))
+        self._woken.set()
+        self._start()
+
+    def abandoned_in(self, conversation_id: uuid.UUID) -> uuid.UUID | None:
+        """A holder of this process that could not give back its lease of the conversation."""
+        return next((h for c, h in self.abandoned if c == conversation_id), None)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -175,20 +190,36 @@ class _Keeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
     async def _run(self) -> None:
-        while self._held:
-            await asyncio.sleep(self._lease_s / 3)
-            leases = [(cid, holder) for holder, cid in self._held.items()]
-            if not leases:
-                return
-            try:
-                renewed = await self._store.renew_leases(leases, self._lease_s)
-            except StorageError:
-                log.warning(
-                    "could not renew %d turn leases; they expire if this lasts", len(leases)
-                )
-                continue
-            # A lease released while its renewal was on the way is not lost.
-            lost = len({cid for holder, cid in self._held.items()} - renewed)
-            if lost:
-                log.warning("%d turn leases were lost (expired and taken over)", lost)
+        renew_at = time.monotonic() + self._lease_s / 3
+        while self._held or self.abandoned:
+            wait = renew_at - time.monotonic()
+            self._woken.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(wait, RELEASE_RETRY_S) if self.abandoned else wait):
+                    await self._woken.wait()
+            for cid, holder in list(self.abandoned):
+                with contextlib.suppress(StorageError):
+                    await self._store.release_lease(cid, holder)
+                    self.abandoned.discard((cid, holder))
+            if time.monotonic() >= renew_at:
+                await self._renew()
+                renew_at = time.monotonic() + self._lease_s / 3
+
+    async def _renew(self) -> None:
+        leases = [(cid, holder) for holder, cid in self._held.items()]
+        if not leases:
+            return
+        try:
+            renewed = await self._store.renew_leases(leases, self._lease_s)
+        except StorageError:
+            log.warning("could not renew %d turn leases; they expire if this lasts", len(leases))
+            return
+        # A lease released while its renewal was on the way is not lost.
+        lost = len(set(self._held.values()) - renewed)
+        if lost:
+            log.warning("%d turn leases were lost (expired and taken over)", lost)

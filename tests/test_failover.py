@@ -164,7 +164,12 @@ class Load:
             if source.response.status_code != 200:
                 await source.response.aread()
                 return _code(source.response), None, None
-            events = [(event.event, json.loads(event.data)) async for event in source.aiter_sse()]
+            # A keep-alive comment is no event (EventSource dispatches none for it).
+            events = [
+                (event.event, json.loads(event.data))
+                async for event in source.aiter_sse()
+                if event.data
+            ]
         names = [name for name, _ in events]
         terminal = [i for i, name in enumerate(names) if name in ("message.done", "error")]
         if terminal != [len(events) - 1]:
@@ -476,10 +481,13 @@ async def _until(check: Callable[[], bool], what: str) -> None:
 
 
 async def _wait_commits_in_flight(node: Node, count: int) -> None:
-    """Until ``count`` backends of ``node`` wait for their synchronous standby (an observer's
-    connection to that node alone)."""
+    """Until ``count`` turn commits of ``node`` wait for their synchronous standby (an
+    observer's connection to that node alone). Lease statements wait there too: not those."""
     conn = await asyncpg.connect(node.dsn, timeout=5)
-    query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
+        "AND query LIKE 'COMMIT%'"
+    )
     try:
 
         async def waiting() -> bool:

@@ -282,3 +282,39 @@ async def test_deleting_a_conversation_forgets_the_keys_that_committed_to_it(
     await store.append(Append(cid, turn(1), 0, idempotency=key("gone")))
     await store.delete(cid)
     assert await store.claim(key("gone", asked="anything")) is None  # no record left
+
+
+async def test_a_lease_racing_a_commit_never_returns_a_revision_ahead_of_its_turns(
+    store: PostgresStore, engine: AsyncEngine
+) -> None:
+    """The lease statement reads turns in its snapshot but the revision from the row it
+    updated, which a commit may have changed while the statement waited for its row lock.
+    Returned as it came, the history cache would keep a revision without its turn for good."""
+    cid = uuid.uuid4()
+    await store.append(Append(cid, turn(1), 0))
+    row = {
+        "cid": cid, "items": "[]", "user": "u2", "assistant": "a2",
+    }  # fmt: skip
+    async with engine.connect() as blocker:
+        blocker = await blocker.execution_options(isolation_level="READ COMMITTED")
+        await blocker.begin()
+        await blocker.execute(
+            text("UPDATE conversations SET revision = 2 WHERE id = :cid"), {"cid": cid}
+        )
+        await blocker.execute(
+            text(
+                "INSERT INTO turns (conversation_id, seq, user_message, assistant_message, "
+                "replay_items, created_at, status) "
+                "VALUES (:cid, 2, :user, :assistant, CAST(:items AS json), now(), 'completed')"
+            ),
+            row,
+        )
+        leasing = asyncio.create_task(
+            store.lease(cid, "anonymous", uuid.uuid4(), lease_s=30, queue=False)
+        )
+        await _wait_for_lock_waiters(engine, 1)  # its snapshot is taken: turn 2 is not in it
+        await blocker.commit()
+    attempt = await leasing
+    assert attempt.acquired and attempt.conversation is not None
+    assert attempt.conversation.revision == 2
+    assert [t.user_message for t in attempt.conversation.turns] == [turn(1).user_message, "u2"]

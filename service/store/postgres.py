@@ -8,6 +8,7 @@ and writer, before `turnstore purge` deletes it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -21,6 +22,7 @@ from service.errors import (
     ConversationConflict,
     ConversationNotFound,
     PreconditionFailed,
+    StorageError,
 )
 from service.model import (
     ANONYMOUS,
@@ -93,8 +95,8 @@ class _Statements:
             .returning(c.c.revision, c.c.created_at, c.c.updated_at)
         )
         # No other turn's lease may be live: a holder whose lease ran out and was taken over
-        # loses here, even if the revision still matches. The commit releases the lease, and
-        # wakes the turns queued for it (only then: a NOTIFY costs every commit a lock).
+        # loses here, even if the revision still matches. The commit releases the lease; the
+        # turns queued for it are woken after it (see ``append``).
         free = sa.or_(
             c.c.lease_holder.is_(None),
             c.c.lease_expires_at <= sa.func.now(),
@@ -121,9 +123,8 @@ class _Statements:
             .cte("bumped")
         )
         self.bump = sa.select(
-            bumped.c.revision, bumped.c.created_at, bumped.c.updated_at,
-            sa.case((bumped.c.lease_wanted, wake(bumped.c.id))),
-        )  # fmt: skip
+            bumped.c.revision, bumped.c.created_at, bumped.c.updated_at, bumped.c.lease_wanted
+        )
         renewed_until = sa.func.now() + sa.func.make_interval(
             0, 0, 0, 0, 0, 0, sa.bindparam("lease_s")
         )
@@ -154,6 +155,7 @@ class _Statements:
         self.lease = (
             sa.select(
                 attempt,
+                NO_SYNC_WAIT,
                 t.c.user_message, t.c.assistant_message, t.c.replay_items,
                 t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
                 t.c.tool_calls, t.c.status, t.c.incomplete_reason, t.c.seq,
@@ -231,24 +233,25 @@ class _Statements:
 
 CHANNEL = "turnstore"  # the one NOTIFY channel; payloads are topics, "lease:<conversation>"
 
+# Lease writes do not wait for a synchronous standby (nor for their own WAL flush): a lease
+# lost in a crash or failover costs a wait at most (the revision guards the data), while
+# waiting would double the replication latency of every turn.
+NO_SYNC_WAIT = sa.func.set_config("synchronous_commit", "off", True).label("no_sync_wait")
 
-def wake(conversation_id: Any) -> Any:
-    """pg_notify() of the conversation's lease topic (sent when the transaction commits)."""
-    topic = sa.literal("lease:") + sa.cast(conversation_id, sa.Text)
-    return sa.func.pg_notify(CHANNEL, topic)
 
-
+_NO_SYNC_WAIT = "set_config('synchronous_commit', 'off', true)"  # as NO_SYNC_WAIT, in SQL
 _RELEASE = sa.text(
     "WITH released AS ("
     " UPDATE conversations SET lease_holder = NULL, lease_expires_at = NULL"
-    " WHERE id = :cid AND lease_holder = :holder RETURNING id, lease_wanted)"
+    f" WHERE id = :cid AND lease_holder = :holder RETURNING id, lease_wanted, {_NO_SYNC_WAIT})"
     f" SELECT pg_notify('{CHANNEL}', 'lease:' || id::text) FROM released WHERE lease_wanted"
 )
+_WAKE = sa.text(f"SELECT pg_notify('{CHANNEL}', :topic), {_NO_SYNC_WAIT}")
 _RENEW = sa.text(
     "UPDATE conversations c"
     " SET lease_expires_at = now() + make_interval(secs => :lease_s)"
     " FROM unnest(CAST(:cids AS uuid[]), CAST(:holders AS uuid[])) AS l(id, holder)"
-    " WHERE c.id = l.id AND c.lease_holder = l.holder RETURNING c.id"
+    f" WHERE c.id = l.id AND c.lease_holder = l.holder RETURNING c.id, {_NO_SYNC_WAIT}"
 )
 _READINESS = sa.text(
     "SELECT to_regclass('alembic_version') IS NOT NULL AS migrated, "
@@ -338,11 +341,14 @@ class PostgresStore:
             return LeaseAttempt(conversation=None, acquired=False)
         first = rows[0]
         newest = rows[-1]["seq"] if rows[-1]["seq"] is not None else after_revision
-        if first["acquired"] and first["revision"] > newest:
-            # A commit raced the statement: its turn is not in the statement's snapshot. The
-            # lease is ours now, so nothing can commit meanwhile: read again.
+        busy_until = None if first["acquired"] else first["lease_expires_at"]
+        if first["revision"] > newest:
+            # A commit raced the statement: its turn is not in the statement's snapshot (the
+            # revision is the updated row's). Read again: callers (and the history cache)
+            # must never get a revision ahead of its turns.
             again = await self.load(conversation_id, owner, after_revision=after_revision)
-            return LeaseAttempt(again, acquired=again is not None)
+            acquired = first["acquired"] and again is not None
+            return LeaseAttempt(again, acquired, busy_until)
         conversation = Conversation(
             id=conversation_id,
             revision=first["revision"],
@@ -352,7 +358,6 @@ class PostgresStore:
             context_start=first["context_start"],
             owner=first["owner"],
         )
-        busy_until = None if first["acquired"] else first["lease_expires_at"]
         return LeaseAttempt(conversation, first["acquired"], busy_until)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
@@ -428,6 +433,13 @@ class PostgresStore:
                     "ttl_s": self._idempotency_ttl_s,
                 }
                 await conn.execute(self._complete.sql, *self._complete.args(done))
+        if row.get("lease_wanted"):
+            # Turns wait for the lease just released: wake them, in a transaction of its own.
+            # (A NOTIFY takes a global lock until its transaction has committed, replication
+            # wait included: inside the commit it would line all commits up behind each other.)
+            with contextlib.suppress(StorageError):  # they look again by themselves anyway
+                async with read(self._engine) as conn:
+                    await conn.execute(_WAKE, {"topic": f"lease:{conversation_id}"})
         return Commit(revision, row["created_at"], row["updated_at"])
 
     async def _why_not(self, conn: Any, params: dict[str, Any]) -> Exception:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 
 class Connection:
@@ -60,3 +61,41 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
                 return status, b"".join(chunks)
             chunks.append(chunk[:-2])
     return status, await reader.read()
+
+
+async def sse(
+    port: int, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> AsyncIterator[tuple[dict[str, str], dict[str, str]]]:
+    """One Server-Sent Events request on its own connection: first (response headers, {}),
+    then ({}, event fields) for each event as it arrives (comments skipped)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        writer.write(
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode()
+            + body
+        )
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        fields = dict(line.lower().split(": ", 1) for line in head[1:] if ": " in line)
+        fields["status"] = head[0].split(" ", 2)[1]
+        yield fields, {}
+        buffer = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            if size == 0:
+                return
+            buffer += (await reader.readexactly(size + 2))[:-2].replace(b"\r\n", b"\n")
+            while b"\n\n" in buffer:
+                block, buffer = buffer.split(b"\n\n", 1)
+                event = dict(
+                    line.split(": ", 1)
+                    for line in block.decode().splitlines()
+                    if ": " in line and not line.startswith(":")
+                )
+                if event:
+                    yield {}, event
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()

@@ -29,6 +29,7 @@ from service.api.errors import error_response
 from service.api.limits import RequestRules, allowed_hosts, request_rules_middleware
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest
+from service.api.turns import TurnController
 from service.auth import authentication, build_authenticator, openapi_security
 from service.db import create_engine, resolve_database
 from service.exchange import Tooling
@@ -37,6 +38,7 @@ from service.logs import configure as configure_logging
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.responses import Endpoint, ResponsesProvider
+from service.runs import TurnRuns
 from service.settings import Settings, SettingsError
 from service.shutdown import shutdown_on_signals
 from service.store.base import (
@@ -45,12 +47,14 @@ from service.store.base import (
     IdempotencyStore,
     Notifications,
     Operations,
+    RunStore,
 )
 from service.store.cache import CachedStore
 from service.store.keys import ApiKeyStore
 from service.store.listener import PostgresNotifications
 from service.store.memory import LocalNotifications, MemoryStore
 from service.store.postgres import PostgresStore
+from service.store.runs import PostgresRuns
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
 from service.turns import TurnService
@@ -107,6 +111,7 @@ def postgres_store(engine: AsyncEngine, settings: Settings) -> PostgresStore:
         retention_days=settings.retention_days,
         idempotency_ttl_s=settings.idempotency_ttl_s,
         idempotency_lease_s=lease_s,
+        events_ttl_s=settings.turn_events_ttl_s,
     )
 
 
@@ -130,6 +135,7 @@ class Services:
     store: ConversationStore
     ops: Operations
     turns: TurnService
+    runs: TurnRuns
     api_keys: ApiKeys | None
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -151,6 +157,7 @@ def build_services(
     idempotency: IdempotencyStore | None = None
     ops: Operations
     notifications: Notifications
+    run_store: RunStore
     if store is None:
         url, stop_database = resolve_database(settings)
         closers.append(_async(stop_database))
@@ -164,12 +171,14 @@ def build_services(
         notifications = listener
         postgres = postgres_store(engine, settings)
         store = idempotency = ops = postgres
+        run_store = PostgresRuns(engine, events_ttl_s=settings.turn_events_ttl_s)
         api_keys = api_keys or ApiKeyStore(engine)
         if settings.history_cache_bytes > 0:
             store = CachedStore(store, settings.history_cache_bytes)
     else:
         ops = store if isinstance(store, Operations) else MemoryStore()
         notifications = _notifications_of(store, settings, closers)
+        run_store = _runs_of(store, settings)
     closers.append(store.close)
     provider = provider or build_provider(settings)
     closers.append(provider.close)
@@ -194,7 +203,15 @@ def build_services(
         tooling=tooling,
         idempotency=idempotency,
     )
-    return Services(store, ops, turns, api_keys, closers)
+    runs = TurnRuns(
+        turns,
+        run_store,
+        notifications,
+        heartbeat_s=settings.turn_lease_s,
+        idempotency=idempotency,
+    )
+    closers.append(lambda: runs.close(settings.shutdown_grace_s))  # first: runs use the rest
+    return Services(store, ops, turns, runs, api_keys, closers)
 
 
 def create_app(
@@ -223,7 +240,7 @@ def create_app(
     components, security = openapi_security(settings)
     owned = Router(
         "/",
-        route_handlers=[ChatController, ConversationController],
+        route_handlers=[ChatController, ConversationController, TurnController],
         guards=[guard],
         security=security,
     )
@@ -233,6 +250,7 @@ def create_app(
             "store": _constant(services.store),
             "ops": _constant(services.ops),
             "turns": _constant(services.turns),
+            "runs": _constant(services.runs),
             "sse_keepalive_s": _constant(settings.sse_keepalive_s),
             "owner": Provide(owner),  # the guard's result (service/auth.py)
         },
@@ -284,6 +302,14 @@ def _notifications_of(
     listener = PostgresNotifications(url, store.engine)
     closers.append(listener.close)
     return listener
+
+
+def _runs_of(store: ConversationStore, settings: Settings) -> RunStore:
+    """For a store handed in (tests): the in-memory store's own, else PostgreSQL's."""
+    if isinstance(store, MemoryStore):
+        return store
+    assert isinstance(store, PostgresStore), "a store handed in is in memory or PostgreSQL"
+    return PostgresRuns(store.engine, events_ttl_s=settings.turn_events_ttl_s)
 
 
 def _rules(settings: Settings) -> RequestRules:

@@ -6,6 +6,7 @@ TurnstoreError
  +-- ContextLengthExceeded        400 context_length_exceeded
  +-- Unauthorized                 401 unauthorized (+ WWW-Authenticate)
  +-- ConversationNotFound         404 conversation_not_found
+ +-- TurnNotFound                 404 turn_not_found
  +-- ConversationConflict         409 conversation_conflict
  +-- RequestInProgress            409 request_in_progress
  +-- ConversationBusy             409 conversation_busy
@@ -19,6 +20,8 @@ TurnstoreError
  +-- UpstreamError                502 upstream_error
  |    +-- InvalidEncryptedContent      (sealed reasoning the provider cannot open)
  +-- NotReady                     503 not_ready
+ +-- Cancelled                    (a turn's end only) cancelled
+ +-- TurnInterrupted              (a turn's end only) turn_interrupted
  +-- UpstreamTimeout              504 upstream_timeout
 
 Each error carries a message that is safe to show a client: never SQL, provider bodies,
@@ -26,6 +29,8 @@ stack traces or secrets. The cause stays on ``__cause__`` for the logs.
 """
 
 from __future__ import annotations
+
+from uuid import UUID
 
 
 class TurnstoreError(Exception):
@@ -67,6 +72,11 @@ class ConversationNotFound(TurnstoreError):
     code, status, default_message = "conversation_not_found", 404, "Conversation not found."
 
 
+class TurnNotFound(TurnstoreError):
+    code, status = "turn_not_found", 404
+    default_message = "Turn not found (unknown, another owner's, or its events have expired)."
+
+
 class ConversationConflict(TurnstoreError):
     code, status = "conversation_conflict", 409
     default_message = (
@@ -78,6 +88,10 @@ class ConversationConflict(TurnstoreError):
 class RequestInProgress(TurnstoreError):
     code, status = "request_in_progress", 409
     default_message = "A request with this Idempotency-Key is still running; retry later."
+
+    def __init__(self, message: str | None = None, *, turn_id: UUID | None = None) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id  # a background turn's run: its retries are answered with it
 
 
 class ConversationBusy(TurnstoreError):
@@ -141,6 +155,18 @@ class InvalidEncryptedContent(UpstreamError):
 
 class NotReady(TurnstoreError):
     code, status, default_message = "not_ready", 503, "Not ready."
+
+
+class Cancelled(TurnstoreError):
+    code, status = "cancelled", 409
+    default_message = "The turn was cancelled; nothing was kept."
+
+
+class TurnInterrupted(TurnstoreError):
+    code, status = "turn_interrupted", 503
+    default_message = (
+        "The replica running the turn stopped before the commit; nothing was kept. Retry."
+    )
 
 
 class UpstreamTimeout(TurnstoreError):

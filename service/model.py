@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -199,6 +199,83 @@ class Append:
     owner: str = ANONYMOUS
     idempotency: IdempotencyKey | None = None
     lease: UUID | None = None
+    run: RunCommit | None = None
+
+
+RunStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+FINISHED: frozenset[str] = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One event of a durable turn, as its client saw it: its number (the SSE ``id``), its
+    name (``message.delta``, ``tool.call``, ``message.done``, ``error``) and its JSON data."""
+
+    seq: int
+    name: str
+    data: str
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A streamed or background turn about to run (service/runs.py)."""
+
+    id: UUID
+    conversation_id: UUID
+    owner: str
+    background: bool
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a run ended that did not commit: its status, error and last events (the terminal
+    one last)."""
+
+    status: RunStatus
+    error_code: str | None
+    error_message: str | None
+    events: Sequence[RunEvent]
+    revision: int | None = None  # an Idempotency-Key replay of a committed turn names it
+
+
+@dataclass(frozen=True)
+class RunCommit:
+    """What a durable turn's commit also writes: the run's end and its terminal event, whose
+    data names the revision the commit makes."""
+
+    run_id: UUID
+    status: RunStatus
+    done_seq: int
+    done_data: Callable[[int], str]  # the revision -> message.done's data
+
+
+@dataclass(frozen=True)
+class Renewed:
+    """Of the runs whose heartbeats were renewed: those asked to stop, and those a reader
+    follows from elsewhere."""
+
+    cancelled: frozenset[UUID] = frozenset()
+    watched: frozenset[UUID] = frozenset()
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run as readers see it."""
+
+    id: UUID
+    conversation_id: UUID
+    status: RunStatus
+    revision: int | None
+    message: str | None  # the committed reply
+    error_code: str | None
+    error_message: str | None
+    last_event: int
+    background: bool
+    stalled: bool  # unfinished, and its replica stopped renewing its heartbeat
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
 
 
 @dataclass(frozen=True)
@@ -222,7 +299,9 @@ class Commit:
 
 @dataclass(frozen=True)
 class Committed:
-    """Where an earlier attempt with the same Idempotency-Key committed its turn."""
+    """Where an earlier attempt with the same Idempotency-Key committed its turn (and its
+    run, for a background turn)."""
 
     conversation_id: UUID
     revision: int
+    turn_id: UUID | None = None

@@ -29,6 +29,8 @@ class TurnPlan:
     if_match: Precondition
     owner: str = ANONYMOUS
     idempotency: IdempotencyKey | None = None
+    background: bool = False  # runs on when its client goes away (service/runs.py)
+    claimed: bool = False  # its Idempotency-Key is claimed already (a background turn's)
 
 
 def make_plan(
@@ -39,6 +41,7 @@ def make_plan(
     max_message_chars: int,
     owner: str = ANONYMOUS,
     idempotency_key: str | None = None,
+    background: bool = False,
 ) -> TurnPlan:
     if not _VISIBLE.search(message):
         raise InvalidInput("message must not be empty or whitespace only.")
@@ -49,7 +52,7 @@ def make_plan(
     idempotency = None
     if idempotency_key is not None:
         # Endpoint-agnostic: a retry may switch between /chat and /chat/stream.
-        asked = msgspec.json.encode([message, conversation_id])
+        asked = msgspec.json.encode([message, conversation_id, background])
         idempotency = IdempotencyKey(owner, idempotency_key, hashlib.sha256(asked).hexdigest())
     if conversation_id is None and if_match is not None:
         raise PreconditionFailed("If-Match needs an existing conversation.")
@@ -62,6 +65,7 @@ def make_plan(
         if_match=if_match,
         owner=owner,
         idempotency=idempotency,
+        background=background,
     )
 
 

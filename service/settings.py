@@ -171,6 +171,13 @@ class Settings:
         low=1,
         high=3600,
     )
+    turn_events_ttl_s: float = _setting(
+        "TURN_EVENTS_TTL_S",
+        600.0,
+        "how long a finished turn's events (and status) stay readable",
+        low=1,
+        high=30 * 86_400,
+    )
     retention_days: float | None = _setting(
         "RETENTION_DAYS",
         None,

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -35,6 +35,7 @@ from service.model import (
     Conversation,
     Precondition,
     ReplyStatus,
+    RunCommit,
     Turn,
 )
 from service.plans import TurnPlan, check_precondition, make_plan
@@ -56,6 +57,17 @@ class TurnDone:
 
 
 TurnEvent = TextDelta | ToolCalled | TurnDone
+
+
+class DurableRun(Protocol):
+    """A turn running as a run (service/runs.py): its commit also ends the run."""
+
+    async def begin(self) -> None:
+        """The turn holds its conversation (it queued until now)."""
+
+    async def prepare_commit(
+        self, status: ReplyStatus, incomplete_reason: str | None
+    ) -> RunCommit: ...
 
 
 class TurnService:
@@ -88,6 +100,7 @@ class TurnService:
         *,
         owner: str = ANONYMOUS,
         idempotency_key: str | None = None,
+        background: bool = False,
     ) -> TurnPlan:
         """Validate a request without I/O; a new conversation gets its id here."""
         if idempotency_key is not None and self._idempotency is None:
@@ -99,6 +112,7 @@ class TurnService:
             max_message_chars=self._max_message_chars,
             owner=owner,
             idempotency_key=idempotency_key,
+            background=background,
         )
 
     async def check(self, plan: TurnPlan) -> None:
@@ -119,19 +133,23 @@ class TurnService:
             raise ContentFiltered()  # the only TurnDone without a commit
         return done
 
-    async def events(self, plan: TurnPlan, *, stream: bool) -> AsyncGenerator[TurnEvent, None]:
+    async def events(
+        self, plan: TurnPlan, *, stream: bool, run: DurableRun | None = None
+    ) -> AsyncGenerator[TurnEvent, None]:
         """The turn as events: text deltas, then one TurnDone. Closing the iterator early
         cancels the provider call and commits nothing (unless the commit already started).
 
         With an Idempotency-Key, a retry of a committed turn replays its result without
-        calling the provider, and a turn that does not commit frees the key again."""
+        calling the provider, and a turn that does not commit frees the key again (a plan
+        ``claimed`` before, as a background turn's is, skips the claim). A ``run`` is ended by
+        the commit, in its transaction."""
         key, keys = plan.idempotency, self._idempotency
         if key is None or keys is None:
-            async with aclosing(self._turn(plan, stream)) as events:
+            async with aclosing(self._turn(plan, stream, run)) as events:
                 async for event in events:
                     yield event
             return
-        committed = await keys.claim(key)
+        committed = None if plan.claimed else await keys.claim(key)
         if committed is not None:
             done = await self._replay(plan, committed)
             if stream:
@@ -140,7 +158,7 @@ class TurnService:
             return
         done_ok = False
         try:
-            async with aclosing(self._turn(plan, stream)) as events:
+            async with aclosing(self._turn(plan, stream, run)) as events:
                 async for event in events:
                     done_ok = isinstance(event, TurnDone) and event.revision is not None
                     yield event
@@ -149,10 +167,14 @@ class TurnService:
                 with contextlib.suppress(StorageError):  # the claim's lease runs out anyway
                     await settle(keys.release(key))
 
-    async def _turn(self, plan: TurnPlan, stream: bool) -> AsyncGenerator[TurnEvent, None]:
+    async def _turn(
+        self, plan: TurnPlan, stream: bool, run: DurableRun | None
+    ) -> AsyncGenerator[TurnEvent, None]:
         mode = "stream" if stream else "chat"
         with metrics.turn_outcome(mode):  # what ends the turn before its TurnDone
             async with self.leases.hold(plan) as held:
+                if run is not None:
+                    await run.begin()
                 conversation = held.conversation
                 if conversation is not None:
                     check_precondition(plan.if_match, conversation.revision)
@@ -166,7 +188,7 @@ class TurnService:
                         else:
                             yield event
                 turn = self._accept(plan, window, user_item, answer)
-                revision = None if turn is None else await self._commit(plan, held, turn)
+                revision = None if turn is None else await self._commit(plan, held, turn, run)
             metrics.turn_ended(mode, committed=revision is not None)
         # Outside the outcome count: a client leaving now does not undo the commit.
         yield _done(plan, answer, revision)
@@ -228,8 +250,9 @@ class TurnService:
             incomplete_reason=reply.incomplete_reason,
         )
 
-    async def _commit(self, plan: TurnPlan, held: Held, turn: Turn) -> int:
+    async def _commit(self, plan: TurnPlan, held: Held, turn: Turn, run: DurableRun | None) -> int:
         conversation = held.conversation
+        ending = await run.prepare_commit(turn.status, turn.incomplete_reason) if run else None
         append = self.store.append(
             Append(
                 conversation_id=plan.conversation_id,
@@ -238,6 +261,7 @@ class TurnService:
                 owner=plan.owner,
                 idempotency=plan.idempotency,
                 lease=held.holder,
+                run=ending,
             )
         )
         with metrics.COMMIT_SECONDS.time():

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -356,3 +356,24 @@ def _unprivileged_user() -> pwd.struct_passwd:
         with contextlib.suppress(KeyError):
             return pwd.getpwnam(name)
     raise AssertionError("no unprivileged user to run PgBouncer as")
+
+
+@asynccontextmanager
+async def replicas(
+    database: str, tmp_path: Path, api: FakeResponsesAPI, count: int = 2, **settings: str
+) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """``count`` replicas on ``database`` calling ``api``; a client for each."""
+    async with fake_api(api) as base_url:
+        env = turnstore_env(DATABASE_URL=database, **provider_env(base_url), **settings)
+        with ExitStack() as stack:
+            started: list[Replica] = [
+                stack.enter_context(replica(env, tmp_path / f"replica-{n}.log"))
+                for n in range(count)
+            ]
+            await asyncio.gather(*(wait_ready(r) for r in started))
+            clients = [httpx.AsyncClient(base_url=r.url, timeout=60) for r in started]
+            try:
+                yield clients
+            finally:
+                for client in clients:
+                    await client.aclose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ class Script:
     calls: list[tuple[str, str]] | None = None  # function calls (name, arguments) instead of text
     gate: asyncio.Event | None = None  # wait for it before answering (after `started` is set)
     stall: asyncio.Event | None = None  # streaming: wait for it after sending the first delta
+    drip_s: float = 0.0  # streaming: this long between two deltas (a provider that types)
+    sent: list[float] = field(default_factory=list)  # streaming: when each delta went out
     started: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)  # the client closed the stream
 
@@ -255,9 +258,12 @@ class _SSEStream(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for event in self._events:
+            delta = event["type"] == "response.output_text.delta"
+            if delta:
+                self._script.sent.append(time.monotonic())
             yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-            await asyncio.sleep(0)
-            if self._script.stall is not None and event["type"] == "response.output_text.delta":
+            await asyncio.sleep(self._script.drip_s if delta else 0)
+            if self._script.stall is not None and delta:
                 await self._script.stall.wait()  # the client may hang up meanwhile
 
     async def aclose(self) -> None:

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "service.store.postgres", "service.store.cache", "service.store.memory",
             "service.store.keys", "service.store.tables", "service.store.tx",
             "service.store.cursor", "service.store.idempotency", "service.store.pages",
-            "service.store.listener",
+            "service.store.listener", "service.store.runs",
             "service.providers.fake",
             "service.providers.responses", "service.tools.lookup",
         },
@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "use case",
         {
             "service.window", "service.plans", "service.exchange", "service.locks",
-            "service.leases", "service.turns",
+            "service.leases", "service.turns", "service.runs",
         },
     ),
     ("http", {"service.auth", "service.http_server"}),

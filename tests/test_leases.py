@@ -9,8 +9,7 @@ import asyncio
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import ExitStack, asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import migrate
 from service.app import create_app
 from service.settings import Settings
-from tests.cluster import Replica, fake_api, provider_env, replica, turnstore_env, wait_ready
+from tests.cluster import fake_api, provider_env, replica, replicas, turnstore_env, wait_ready
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script, output_items
 from tests.helpers import CHAT, FailingRenewals, assert_error, serve, until_lease_expired
@@ -34,27 +33,6 @@ def database(server_url: str) -> Iterator[str]:
     with fresh_database(server_url) as url:
         migrate.upgrade(url)
         yield url
-
-
-@asynccontextmanager
-async def replicas(
-    database: str, tmp_path: Path, api: FakeResponsesAPI, count: int = 2, **settings: str
-) -> AsyncIterator[list[httpx.AsyncClient]]:
-    """``count`` replicas on ``database`` calling ``api``; a client for each."""
-    async with fake_api(api) as base_url:
-        env = turnstore_env(DATABASE_URL=database, **provider_env(base_url), **settings)
-        with ExitStack() as stack:
-            started: list[Replica] = [
-                stack.enter_context(replica(env, tmp_path / f"replica-{n}.log"))
-                for n in range(count)
-            ]
-            await asyncio.gather(*(wait_ready(r) for r in started))
-            clients = [httpx.AsyncClient(base_url=r.url, timeout=60) for r in started]
-            try:
-                yield clients
-            finally:
-                for client in clients:
-                    await client.aclose()
 
 
 async def start(client: httpx.AsyncClient) -> str:

@@ -8,9 +8,9 @@ import asyncio
 import json
 import signal
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,9 +20,13 @@ from sqlalchemy import text
 from service import migrate
 from service.api.sse import sse_events
 from service.db import create_engine
-from service.providers.base import TextDelta
+from service.leases import Leases
+from service.model import Origin
+from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
+from service.runs import TurnRuns
 from service.shutdown import SHUTDOWN
-from service.turns import TurnDone, TurnEvent
+from service.store.memory import MemoryStore
+from service.turns import TurnService
 from tests.cluster import fake_api, provider_env, replica, turnstore_env, wait_ready, wait_until
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script
@@ -140,25 +144,48 @@ async def _collect(events: AsyncIterator[ServerSentEvent]) -> list[ServerSentEve
     return [event async for event in events]
 
 
-# --- the same, in process: what the stream does when the shutdown flag is set --------------
+# --- the same, in process: what a run's stream does when the shutdown flag is set ---------
 
 
-async def _turn(closed: asyncio.Event, *, done: bool) -> AsyncGenerator[TurnEvent, None]:
-    try:
-        yield TextDelta("partial")
-        if done:
-            yield TurnDone(uuid.uuid4(), "partial", "completed", None, 1)
-            await asyncio.sleep(0.01)  # some clean-up after the last event
-            return
-        await asyncio.Event().wait()  # a provider that never answers
-    finally:
-        closed.set()
+class Stalling:
+    """A provider that sends one delta, then never answers (unless ``done``)."""
+
+    origin = Origin("stalling", "memory", "m")
+
+    def __init__(self, *, done: bool) -> None:
+        self.done, self.closed = done, asyncio.Event()
+
+    async def respond(
+        self, request: ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[ProviderEvent, None]:
+        try:
+            yield TextDelta("partial")
+            if self.done:
+                yield Reply("partial", "completed", None, [])
+                return
+            await asyncio.Event().wait()
+        finally:
+            self.closed.set()
+
+    async def close(self) -> None:
+        return None
+
+
+async def _stream(provider: Stalling, *, background: bool = False) -> AsyncIterator[Any]:
+    store = MemoryStore()
+    leases = Leases(store, store.notifications)
+    turns = TurnService(store, provider, leases=leases, max_message_chars=100)
+    runs = TurnRuns(turns, store, store.notifications, heartbeat_s=30)
+    plan = turns.plan("hi", None, None, background=background)
+    started = await runs.start(plan, background=background, correlation_id="cid")
+    assert started.run is not None
+    return sse_events(started.run.follow(), "cid", keepalive_s=60, follower=background)
 
 
 async def test_a_shutdown_ends_an_open_stream_with_one_error_event() -> None:
-    closed = asyncio.Event()
+    provider = Stalling(done=False)
     try:
-        stream = sse_events(_turn(closed, done=False), "cid-1", keepalive_s=60)
+        stream = await _stream(provider)
         assert (await anext(stream)).event == "message.delta"
         SHUTDOWN.set()
         rest = [message async for message in stream]
@@ -166,18 +193,16 @@ async def test_a_shutdown_ends_an_open_stream_with_one_error_event() -> None:
         SHUTDOWN.clear()
     assert [m.event for m in rest] == ["error"]
     assert json.loads(str(rest[0].data))["error"]["code"] == "not_ready"
-    assert closed.is_set()  # the turn was closed: cancelled, nothing committed
+    assert provider.closed.is_set()  # the turn was stopped: the upstream call closed
 
 
 async def test_a_shutdown_after_message_done_adds_nothing() -> None:
-    closed = asyncio.Event()
+    provider = Stalling(done=True)
     try:
-        stream = sse_events(_turn(closed, done=True), "cid-2", keepalive_s=60)
+        stream = await _stream(provider)
         assert [(await anext(stream)).event for _ in range(2)] == ["message.delta", "message.done"]
         SHUTDOWN.set()
-        for _ in range(3):  # let the stream's watcher see the flag before it is resumed
-            await asyncio.sleep(0)
         assert [message async for message in stream] == []
     finally:
         SHUTDOWN.clear()
-    assert closed.is_set()
+    assert provider.closed.is_set()

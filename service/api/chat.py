@@ -6,24 +6,26 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from service.api.correlation import correlation_id
-from service.api.deps import KeepaliveSeconds, Owner, Turns
+from service.api.deps import KeepaliveSeconds, Owner, Runs, Turns
 from service.api.errors import documented
 from service.api.headers import (
     CONVERSATION_ID,
     CORRELATION_ID,
     ETAG,
     RETRY_AFTER,
+    TURN_ID,
     IdempotencyKey,
     IfMatch,
     etag,
     parse_if_match,
 )
-from service.api.schemas import ChatRequest, ChatResponse
-from service.api.sse import closed_with_response, sse_events
+from service.api.schemas import ChatRequest, ChatResponse, TurnAccepted
+from service.api.turns import stream_of
 from service.errors import (
     ContentFiltered,
     ContextLengthExceeded,
@@ -40,6 +42,7 @@ from service.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from service.runs import Started
 from service.strictjson import StrictJSONError, loads
 
 _ERRORS = documented(
@@ -76,18 +79,23 @@ class ChatController(Controller):
         status_code=200,
         before_request=strict_chat_request,
         summary="Send a message; the turn is committed before the answer is returned.",
+        description='With "background": true the answer is 202 {turn_id, conversation_id, '
+        "status} at once; the turn runs on (GET /api/v1/turns/{turn_id}).",
         response_headers=[ETAG, CORRELATION_ID, RETRY_AFTER],
-        responses=_ERRORS,
+        responses={202: ResponseSpec(TurnAccepted, description="background: started"), **_ERRORS},
     )
     async def chat(
         self, request: Request[Any, Any, Any], data: JSONBody[ChatRequest], turns: Turns,
-        owner: Owner, if_match: IfMatch = None, idempotency_key: IdempotencyKey = None,
-    ) -> Response[ChatResponse]:  # fmt: skip
+        runs: Runs, owner: Owner, if_match: IfMatch = None,
+        idempotency_key: IdempotencyKey = None,
+    ) -> Response[ChatResponse | TurnAccepted]:  # fmt: skip
         plan = turns.plan(
-            data.message, data.conversation_id, parse_if_match(if_match),
-            owner=owner, idempotency_key=idempotency_key,
+            data.message, data.conversation_id, parse_if_match(if_match), owner=owner,
+            idempotency_key=idempotency_key, background=data.background,
         )  # fmt: skip
-        body = ChatResponse.of(await turns.run(plan), correlation_id(request.scope))
+        if data.background:
+            return accepted(await runs.start(plan, background=True, correlation_id=cid(request)))
+        body = ChatResponse.of(await turns.run(plan), cid(request))
         return Response(body, headers={"ETag": etag(body.revision)})
 
     @post(
@@ -96,24 +104,33 @@ class ChatController(Controller):
         media_type="text/event-stream",
         before_request=strict_chat_request,
         summary="Send a message and stream the reply as Server-Sent Events.",
-        description="Events: message.delta {delta}, then exactly one of message.done "
-        "{status, incomplete_reason, conversation_id, revision} or error {error}. "
-        "Problems found before the stream starts are ordinary JSON errors.",
-        response_headers=[CONVERSATION_ID, CORRELATION_ID, RETRY_AFTER],
+        description="Events, each with an SSE id from 1: message.delta {delta}, tool.call "
+        "{name, status}, then exactly one of message.done {status, incomplete_reason, "
+        "conversation_id, revision, turn_id} or error {error}. Problems found before the "
+        "stream starts are ordinary JSON errors. A client that drops resumes on any replica "
+        "with GET /api/v1/turns/{X-Turn-Id}/events (Last-Event-ID); without "
+        '"background": true, dropping the stream before the commit cancels the turn.',
+        response_headers=[CONVERSATION_ID, TURN_ID, CORRELATION_ID, RETRY_AFTER],
         responses=_ERRORS,
     )
     async def stream(
         self, request: Request[Any, Any, Any], data: JSONBody[ChatRequest], turns: Turns,
-        sse_keepalive_s: KeepaliveSeconds, owner: Owner, if_match: IfMatch = None,
+        runs: Runs, sse_keepalive_s: KeepaliveSeconds, owner: Owner, if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
     ) -> ServerSentEvent:  # fmt: skip
         plan = turns.plan(
-            data.message, data.conversation_id, parse_if_match(if_match),
-            owner=owner, idempotency_key=idempotency_key,
+            data.message, data.conversation_id, parse_if_match(if_match), owner=owner,
+            idempotency_key=idempotency_key, background=data.background,
         )  # fmt: skip
         await turns.check(plan)
-        events = sse_events(
-            turns.events(plan, stream=True), correlation_id(request.scope), sse_keepalive_s
-        )
-        closed_with_response(request.scope, events)
-        return ServerSentEvent(events, headers={"X-Conversation-Id": str(plan.conversation_id)})
+        started = await runs.start(plan, background=data.background, correlation_id=cid(request))
+        return stream_of(runs, started, owner, request, sse_keepalive_s)
+
+
+def cid(request: Request[Any, Any, Any]) -> str:
+    return correlation_id(request.scope)
+
+
+def accepted(started: Started) -> Response[ChatResponse | TurnAccepted]:
+    body = TurnAccepted(str(started.turn_id), str(started.conversation_id), started.status)
+    return Response(body, status_code=202)

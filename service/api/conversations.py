@@ -35,7 +35,8 @@ TurnLimit = Annotated[
     ),
 ]
 AfterTurn = Annotated[
-    int, QueryParameter(ge=0, le=2**31 - 2, description="Turns after this one (0: from the first).")
+    int,
+    QueryParameter(gt=-1, le=2**31 - 2, description="Turns after this one (0: from the first)."),
 ]
 BeforeTurn = Annotated[
     int | None,

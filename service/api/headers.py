@@ -52,6 +52,21 @@ CONVERSATION_ID = ResponseHeader(
     "it exists only if the turn commits (message.done with a non-null revision).",
     documentation_only=True,
 )
+TURN_ID = ResponseHeader(
+    name="X-Turn-Id",
+    description="The turn's id: its status, events (resumable on any replica with "
+    "Last-Event-ID) and cancellation are at /api/v1/turns/{turn_id}.",
+    documentation_only=True,
+)
+LastEventId = Annotated[
+    str,
+    HeaderParameter(
+        name="Last-Event-ID",
+        required=False,
+        pattern=r"^[0-9]{0,10}$",  # empty: absent
+        description="The id of the last event received: the stream resumes after it.",
+    ),
+]
 RETRY_AFTER = ResponseHeader(
     name="Retry-After",
     description="On 429 rate_limited, when the provider sent one.",

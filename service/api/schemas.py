@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from service.model import ReplyStatus, Role, Summary, TranscriptPage
+from service.model import ReplyStatus, Role, RunStatus, RunView, Summary, TranscriptPage
 from service.plans import MESSAGE_PATTERN
 from service.turns import TurnDone
 
@@ -36,6 +36,13 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
             description="UUID of the conversation to continue; omit or null to start one."
         ),
     ] = None
+    background: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Run on when the client goes away: /chat answers 202 with the turn id "
+            "at once; a /chat/stream client may drop and resume (GET /api/v1/turns/{id}/events)."
+        ),
+    ] = False
 
 
 class ChatResponse(msgspec.Struct):
@@ -59,21 +66,37 @@ class ChatResponse(msgspec.Struct):
         )
 
 
-class MessageDone(msgspec.Struct):
-    """SSE ``message.done``: how the turn ended (``revision`` null: nothing was committed)."""
+class TurnAccepted(msgspec.Struct):
+    """A background turn, started (or the one an Idempotency-Key retry names)."""
 
-    status: ReplyStatus
-    incomplete_reason: Literal["max_output_tokens", "content_filter"] | None
+    turn_id: str
     conversation_id: str
-    revision: int | None
+    status: RunStatus
+
+
+class TurnError(msgspec.Struct):
+    code: str
+    message: str
+
+
+class TurnView(msgspec.Struct):
+    turn_id: str
+    conversation_id: str
+    status: RunStatus
+    revision: Annotated[int | None, msgspec.Meta(description="The revision it committed.")]
+    message: Annotated[str | None, msgspec.Meta(description="The reply it committed.")]
+    error: TurnError | None
 
     @classmethod
-    def of(cls, done: TurnDone) -> MessageDone:
+    def of(cls, view: RunView) -> TurnView:
+        error = TurnError(view.error_code, view.error_message or "") if view.error_code else None
         return cls(
-            status=done.status,
-            incomplete_reason=done.incomplete_reason,  # type: ignore[arg-type]
-            conversation_id=str(done.conversation_id),
-            revision=done.revision,
+            turn_id=str(view.id),
+            conversation_id=str(view.conversation_id),
+            status=view.status,
+            revision=view.revision,
+            message=view.message,
+            error=error,
         )
 
 

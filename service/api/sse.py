@@ -1,13 +1,15 @@
-"""Turn events as Server-Sent Events, with keep-alive comments during long silences.
+"""A turn's events as Server-Sent Events, with keep-alive comments during long silences.
 
-A client disconnect cancels this generator; its ``finally`` then closes the turn's event
-iterator, which cancels the provider call and releases the conversation lock. Exactly one
-terminal event (``message.done`` or ``error``) ends a stream that runs to its end.
+The events are a run's (service/runs.py): each carries its number as the SSE ``id``, so a
+client that lost its connection resumes with ``Last-Event-ID`` on any replica. A stream ends
+after its terminal event (``message.done`` or ``error``). ``on_close`` runs when the stream
+ends, however it ends: a turn whose client goes away is then stopped (unless it runs in the
+background).
 
-When the process is told to stop (service/shutdown.py), an open stream ends the same way as
-on a disconnect, and then sends an ``error`` event with code ``not_ready`` instead of being
-cut off: graceful shutdown waits for open requests, so a stream must end for the process to.
-A turn whose commit had already begun is committed first (the commit is never interrupted).
+When the process is told to stop (service/shutdown.py) a stream that merely follows a run
+(a background turn, a resumed one) ends without a terminal event, so that graceful shutdown
+can finish: its client resumes elsewhere. A turn whose client waits for it is ended by the
+runs themselves, with an ``error`` event ``not_ready``, which this stream then sends.
 """
 
 from __future__ import annotations
@@ -24,19 +26,14 @@ import msgspec
 from litestar.response import ServerSentEventMessage
 from litestar.types import Scope
 
-from service.api.errors import envelope
-from service.api.schemas import MessageDone
+from service.api.errors import envelope, log_failure
 from service.errors import TurnstoreError
-from service.exchange import ToolCalled
 from service.metrics import OPEN_STREAMS
-from service.providers.base import TextDelta
+from service.model import RunEvent
 from service.shutdown import SHUTDOWN
-from service.turns import TurnDone, TurnEvent
 
 T = TypeVar("T")
 log = logging.getLogger("turnstore.api")
-
-SHUTTING_DOWN = "The server is shutting down; the stream ended before the turn completed. Retry."
 
 
 class Stopped(Exception):
@@ -60,46 +57,39 @@ async def close_streams(scope: Scope) -> None:
         await events.aclose()
 
 
-def _event(name: str, data: Any) -> ServerSentEventMessage:
-    return ServerSentEventMessage(event=name, data=msgspec.json.encode(data).decode())
+TERMINAL = frozenset({"message.done", "error"})
 
 
 async def sse_events(
-    events: AsyncGenerator[TurnEvent, None], correlation_id: str, keepalive_s: float
+    events: AsyncGenerator[RunEvent, None],
+    correlation_id: str,
+    keepalive_s: float,
+    *,
+    follower: bool,
+    on_close: Callable[[], None] | None = None,
 ) -> AsyncGenerator[ServerSentEventMessage, None]:
     OPEN_STREAMS.inc()
+    stop = SHUTDOWN.wait if follower else None
     try:
-        async with aclosing(with_keepalive(events, keepalive_s, SHUTDOWN.wait)) as items:
+        async with aclosing(with_keepalive(events, keepalive_s, stop)) as items:
             async for event in items:
                 if event is None:
                     yield ServerSentEventMessage(comment="keep-alive")
-                elif isinstance(event, TextDelta):
-                    yield _event("message.delta", {"delta": event.text})
-                elif isinstance(event, ToolCalled):
-                    yield _event("tool.call", {"name": event.name, "status": event.status})
-                elif isinstance(event, TurnDone):
-                    yield _event("message.done", MessageDone.of(event))
-                    return  # the terminal event: a shutdown now must not add another
+                    continue
+                yield ServerSentEventMessage(id=str(event.seq), event=event.name, data=event.data)
+                if event.name in TERMINAL:
+                    return
     except Stopped:
         log.info("stream ended: shutting down", extra={"correlation_id": correlation_id})
-        yield _event("error", envelope("not_ready", SHUTTING_DOWN, correlation_id))
-    except TurnstoreError as exc:
-        if exc.status >= 500:  # logged as the JSON endpoints log it (service/api/errors.py)
-            cause = type(exc.__cause__).__name__ if exc.__cause__ else "-"
-            state = getattr(exc, "sqlstate", None)
-            log.warning(
-                "%s: %s sqlstate=%s",
-                exc.code,
-                cause,
-                state,
-                extra={"correlation_id": correlation_id},
-            )
-        yield _event("error", envelope(exc.code, exc.message, correlation_id))
-    except Exception:
-        log.exception("stream failed", extra={"correlation_id": correlation_id})
-        yield _event("error", envelope("internal_error", "Internal error.", correlation_id))
+    except TurnstoreError as exc:  # a run that could not be read on (e.g. its events expired)
+        if exc.status >= 500:
+            log_failure(exc, correlation_id)
+        data = msgspec.json.encode(envelope(exc.code, exc.message, correlation_id)).decode()
+        yield ServerSentEventMessage(event="error", data=data)
     finally:
         OPEN_STREAMS.dec()
+        if on_close is not None:
+            on_close()
 
 
 async def with_keepalive(

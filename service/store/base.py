@@ -24,8 +24,13 @@ from service.model import (
     Conversation,
     IdempotencyKey,
     LeaseAttempt,
+    NewRun,
     PageRequest,
     Precondition,
+    Renewed,
+    RunEnd,
+    RunEvent,
+    RunView,
     Summary,
     TranscriptPage,
 )
@@ -91,11 +96,56 @@ class ConversationStore(Protocol):
     async def close(self) -> None: ...
 
 
+class RunStore(Protocol):
+    """Durable turns (service/runs.py): a run's status and the events its client saw. The
+    commit of a durable turn ends its run in the same transaction (``Append.run``)."""
+
+    async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
+        """Record a new run, queued, alive for ``heartbeat_s``."""
+
+    async def begin_run(self, run_id: UUID) -> None:
+        """The run's turn holds its conversation: it is in progress."""
+
+    async def log_events(self, run_id: UUID, events: Sequence[RunEvent]) -> None:
+        """Append events (the run is in progress from its first); wakes its watchers."""
+
+    async def end_run(self, run_id: UUID, end: RunEnd) -> bool:
+        """End an unfinished run that did not commit, with its last events; False when it had
+        ended already (committed, cancelled elsewhere, interrupted)."""
+
+    async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
+        """``owner``'s run, with its committed reply; None when unknown, another owner's, or
+        its events expired."""
+
+    async def run_events(
+        self, run_id: UUID, owner: str, after: int
+    ) -> tuple[RunView, list[RunEvent]] | None:
+        """The run (without its reply) and its events after ``after``, in one read."""
+
+    async def watch_run(self, run_id: UUID) -> None:
+        """A reader follows the run from elsewhere: its events must wake readers, and its
+        replica (notified) must log them at once."""
+
+    async def cancel_run(self, run_id: UUID, owner: str) -> bool:
+        """Ask ``owner``'s unfinished run to stop (its replica hears of it); whether it was
+        unfinished."""
+
+    async def renew_runs(self, run_ids: Sequence[UUID], heartbeat_s: float) -> Renewed:
+        """Keep these runs alive for ``heartbeat_s``; those asked to stop or watched."""
+
+    async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
+        """Those of these runs asked to stop (read only)."""
+
+    async def interrupt_run(self, run_id: UUID, message: str, event_data: str) -> bool:
+        """End a run whose replica stopped renewing it: failed, turn_interrupted, with this
+        terminal ``error`` event; False when it is alive or ended."""
+
+
 class IdempotencyStore(Protocol):
-    async def claim(self, key: IdempotencyKey) -> Committed | None:
+    async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
         """Claim ``key`` for a new attempt (None), or say where the first attempt committed.
-        Raises RequestInProgress while that attempt runs, IdempotencyKeyReused when the key
-        came with another request."""
+        Raises RequestInProgress while that attempt runs (with its ``turn_id``, the run of a
+        background turn), IdempotencyKeyReused when the key came with another request."""
 
     async def check(self, key: IdempotencyKey) -> None:
         """Raise now what ``claim`` would raise, without claiming (a stream reports these as

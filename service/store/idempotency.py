@@ -33,6 +33,7 @@ CLAIM = (
         key=sa.bindparam("idem_key"),
         request_hash=sa.bindparam("request_hash"),
         state="running",
+        turn_id=sa.bindparam("claimed_turn"),
         created_at=sa.func.now(),
         expires_at=_in("lease_s"),
     )
@@ -41,6 +42,7 @@ CLAIM = (
         set_={
             "request_hash": sa.bindparam("request_hash"),
             "state": "running",
+            "turn_id": sa.bindparam("claimed_turn"),
             "conversation_id": None,
             "revision": None,
             "created_at": sa.func.now(),
@@ -51,9 +53,9 @@ CLAIM = (
     .returning(k.c.state)
 )
 
-EXISTING = sa.select(k.c.request_hash, k.c.state, k.c.conversation_id, k.c.revision).where(
-    *_THIS_KEY
-)
+EXISTING = sa.select(
+    k.c.request_hash, k.c.state, k.c.conversation_id, k.c.revision, k.c.turn_id
+).where(*_THIS_KEY)
 
 LIVE = EXISTING.where(k.c.expires_at >= sa.func.now())
 
@@ -82,5 +84,5 @@ def answer(row: Any, key: IdempotencyKey) -> Committed:
     if row.request_hash != key.request_hash:
         raise IdempotencyKeyReused()
     if row.state != "done":
-        raise RequestInProgress()
-    return Committed(row.conversation_id, row.revision)
+        raise RequestInProgress(turn_id=row.turn_id)
+    return Committed(row.conversation_id, row.revision, row.turn_id)

@@ -110,8 +110,7 @@ class PostgresNotifications:
                 pass
             finally:
                 self._healthy = False
-                with contextlib.suppress(Exception):
-                    await conn.close(timeout=1)
+                conn.terminate()  # at once: this also runs when the task is cancelled
 
     async def _check(self) -> None:
         """A notification sent through the pool, as commits send theirs: does it arrive?"""

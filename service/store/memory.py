@@ -19,18 +19,26 @@ from service.errors import (
     IdempotencyKeyReused,
     PreconditionFailed,
     RequestInProgress,
+    TurnInterrupted,
 )
 from service.migrate import head_revision
 from service.model import (
     ANONYMOUS,
+    FINISHED,
     Append,
     Commit,
     Committed,
     Conversation,
     IdempotencyKey,
     LeaseAttempt,
+    NewRun,
     PageRequest,
     Precondition,
+    Renewed,
+    RunEnd,
+    RunEvent,
+    RunStatus,
+    RunView,
     Summary,
     TranscriptPage,
     TranscriptTurn,
@@ -46,6 +54,38 @@ class _Key:
     request_hash: str
     expires_at: datetime
     committed: Committed | None = None  # None while the first attempt runs
+    turn_id: UUID | None = None
+
+
+@dataclass
+class _Run:
+    new: NewRun
+    heartbeat_until: datetime
+    status: RunStatus = "queued"
+    revision: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    events: list[RunEvent] = field(default_factory=list)
+    cancel_requested: bool = False
+    expires_at: datetime | None = None
+
+    def view(self, message: str | None = None) -> RunView:
+        return RunView(
+            id=self.new.id,
+            conversation_id=self.new.conversation_id,
+            status=self.status,
+            revision=self.revision,
+            message=message,
+            error_code=self.error_code,
+            error_message=self.error_message,
+            last_event=self.events[-1].seq if self.events else 0,
+            background=self.new.background,
+            stalled=not self.finished and self.heartbeat_until < _now(),
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
 
 
 @dataclass
@@ -97,10 +137,13 @@ class MemoryStore:
         retention_days: float | None = None,
         idempotency_ttl_s: float = 86_400,
         idempotency_lease_s: float = 600,
+        events_ttl_s: float = 600,
         notifications: LocalNotifications | None = None,
     ) -> None:
         self.notifications = notifications or LocalNotifications()
         self._conversations: dict[UUID, _Conversation] = {}
+        self._runs: dict[UUID, _Run] = {}
+        self._events_ttl = timedelta(seconds=events_ttl_s)
         self._keys: dict[tuple[str, str], _Key] = {}
         self._retention = timedelta(days=retention_days) if retention_days else None
         self._ttl = timedelta(seconds=idempotency_ttl_s)
@@ -202,6 +245,16 @@ class MemoryStore:
         if expected_revision == 0:
             if conversation_id in self._conversations:
                 raise ConversationConflict()
+        else:
+            live = self._live(conversation_id, owner)
+            if live is None:
+                raise ConversationNotFound()
+            if live.row.revision != expected_revision or not live.lease_free_for(append.lease, now):
+                raise ConversationConflict()
+        run = self._runs.get(append.run.run_id) if append.run else None
+        if append.run is not None and (run is None or run.finished):
+            raise TurnInterrupted()
+        if expected_revision == 0:
             row = Conversation(
                 id=conversation_id,
                 revision=1,
@@ -212,12 +265,7 @@ class MemoryStore:
             )
             found = self._conversations[conversation_id] = _Conversation(row)
         else:
-            live = self._live(conversation_id, owner)
-            if live is None:
-                raise ConversationNotFound()
-            if live.row.revision != expected_revision or not live.lease_free_for(append.lease, now):
-                raise ConversationConflict()
-            found = live
+            found = self._conversations[conversation_id]
             found.row = replace(
                 found.row,
                 revision=expected_revision + 1,
@@ -226,11 +274,109 @@ class MemoryStore:
             )
         found.turns.append(turn)
         self._released(found)
+        revision = found.row.revision
         if idempotency is not None:
             key = self._keys[idempotency.owner, idempotency.key]
-            key.committed = Committed(conversation_id, found.row.revision)
+            key.committed = Committed(conversation_id, revision, key.turn_id)
             key.expires_at = now + self._ttl
-        return Commit(found.row.revision, found.row.created_at, found.row.updated_at)
+        if append.run is not None and run is not None:
+            done = RunEvent(append.run.done_seq, "message.done", append.run.done_data(revision))
+            self._end(run, append.run.status, None, None, [done])
+            run.revision = revision
+        return Commit(revision, found.row.created_at, found.row.updated_at)
+
+    # --- runs ------------------------------------------------------------------------------
+
+    async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
+        self._runs[run.id] = _Run(run, _now() + timedelta(seconds=heartbeat_s))
+
+    async def begin_run(self, run_id: UUID) -> None:
+        run = self._runs.get(run_id)
+        if run is not None and run.status == "queued":
+            run.status = "in_progress"
+
+    async def log_events(self, run_id: UUID, events: Sequence[RunEvent]) -> None:
+        run = self._runs.get(run_id)
+        if run is not None and not run.finished:
+            known = {e.seq for e in run.events}
+            run.events += [e for e in events if e.seq not in known]
+            run.status = "in_progress"
+            self.notifications.notify(f"events:{run_id}")
+
+    async def end_run(self, run_id: UUID, end: RunEnd) -> bool:
+        run = self._runs.get(run_id)
+        if run is None or run.finished:
+            return False
+        self._end(run, end.status, end.error_code, end.error_message, end.events)
+        run.revision = end.revision
+        return True
+
+    async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
+        run = self._readable(run_id, owner)
+        if run is None:
+            return None
+        found = self._conversations.get(run.new.conversation_id)
+        committed = found.turns[run.revision - 1] if found and run.revision else None
+        return run.view(committed.assistant_message if committed else None)
+
+    async def run_events(
+        self, run_id: UUID, owner: str, after: int
+    ) -> tuple[RunView, list[RunEvent]] | None:
+        run = self._readable(run_id, owner)
+        if run is None:
+            return None
+        return run.view(), [e for e in run.events if e.seq > after]
+
+    async def watch_run(self, run_id: UUID) -> None:
+        return None  # in one process every event wakes its readers anyway
+
+    async def cancel_run(self, run_id: UUID, owner: str) -> bool:
+        run = self._readable(run_id, owner)
+        if run is None or run.finished:
+            return False
+        run.cancel_requested = True
+        self.notifications.notify(f"cancel:{run_id}")
+        return True
+
+    async def renew_runs(self, run_ids: Sequence[UUID], heartbeat_s: float) -> Renewed:
+        for run_id in run_ids:
+            run = self._runs.get(run_id)
+            if run is not None and not run.finished:
+                run.heartbeat_until = _now() + timedelta(seconds=heartbeat_s)
+        return Renewed(frozenset(await self.cancel_requested(run_ids)))
+
+    async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
+        return {i for i in run_ids if (run := self._runs.get(i)) and run.cancel_requested}
+
+    async def interrupt_run(self, run_id: UUID, message: str, event_data: str) -> bool:
+        run = self._runs.get(run_id)
+        if run is None or run.finished or run.heartbeat_until >= _now():
+            return False
+        seq = (run.events[-1].seq if run.events else 0) + 1
+        self._end(run, "failed", "turn_interrupted", message, [RunEvent(seq, "error", event_data)])
+        return True
+
+    def _readable(self, run_id: UUID, owner: str) -> _Run | None:
+        run = self._runs.get(run_id)
+        if run is None or run.new.owner != owner:
+            return None
+        if run.expires_at is not None and run.expires_at <= _now():
+            return None
+        return run
+
+    def _end(
+        self,
+        run: _Run,
+        status: RunStatus,
+        code: str | None,
+        message: str | None,
+        events: Sequence[RunEvent],
+    ) -> None:
+        known = {e.seq for e in run.events}
+        run.events += [e for e in events if e.seq not in known]
+        run.status, run.error_code, run.error_message = status, code, message
+        run.expires_at = _now() + self._events_ttl
+        self.notifications.notify(f"events:{run.new.id}")
 
     async def delete(
         self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
@@ -256,10 +402,11 @@ class MemoryStore:
         cursor = encode_cursor(page[-1]) if len(page) == limit else None
         return page, cursor
 
-    async def claim(self, key: IdempotencyKey) -> Committed | None:
+    async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
         found = self._keys.get((key.owner, key.key))
         if found is None or found.expires_at < _now():
-            self._keys[key.owner, key.key] = _Key(key.request_hash, _now() + self._lease)
+            claim = _Key(key.request_hash, _now() + self._lease, turn_id=turn_id)
+            self._keys[key.owner, key.key] = claim
             return None
         return _answer(found, key)
 
@@ -278,6 +425,9 @@ class MemoryStore:
         for name, key in list(self._keys.items()):
             if key.expires_at < now:
                 del self._keys[name]
+        for run_id, run in list(self._runs.items()):
+            if run.expires_at is not None and run.expires_at < now:
+                del self._runs[run_id]
         if self._retention is None:
             return 0
         expired = [
@@ -299,6 +449,9 @@ class MemoryStore:
 
     def _forget(self, conversation_id: UUID) -> None:
         del self._conversations[conversation_id]
+        for run_id, run in list(self._runs.items()):
+            if run.new.conversation_id == conversation_id:
+                del self._runs[run_id]
         for name, key in list(self._keys.items()):
             if key.committed is not None and key.committed.conversation_id == conversation_id:
                 del self._keys[name]
@@ -308,7 +461,7 @@ def _answer(found: _Key, key: IdempotencyKey) -> Committed:
     if found.request_hash != key.request_hash:
         raise IdempotencyKeyReused()
     if found.committed is None:
-        raise RequestInProgress()
+        raise RequestInProgress(turn_id=found.turn_id)
     return found.committed
 
 

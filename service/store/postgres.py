@@ -23,6 +23,7 @@ from service.errors import (
     ConversationNotFound,
     PreconditionFailed,
     StorageError,
+    TurnInterrupted,
 )
 from service.model import (
     ANONYMOUS,
@@ -35,6 +36,7 @@ from service.model import (
     Origin,
     PageRequest,
     Precondition,
+    RunEvent,
     Summary,
     ToolCallRecord,
     TranscriptPage,
@@ -42,6 +44,7 @@ from service.model import (
     Turn,
 )
 from service.store import idempotency as idem
+from service.store import runs
 from service.store.base import Readiness
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
@@ -226,8 +229,10 @@ class _Statements:
             .limit(sa.bindparam("limit"))
         )
         expired = sa.select(c.c.id).where(sa.not_(live)).limit(sa.bindparam("batch"))
-        self.purge = sa.delete(c).where(
-            c.c.id.in_(expired.order_by(c.c.updated_at).with_for_update(skip_locked=True))
+        self.purge = (
+            sa.delete(c)
+            .where(c.c.id.in_(expired.order_by(c.c.updated_at).with_for_update(skip_locked=True)))
+            .returning(c.c.id)
         )
 
 
@@ -246,7 +251,10 @@ _RELEASE = sa.text(
     f" WHERE id = :cid AND lease_holder = :holder RETURNING id, lease_wanted, {_NO_SYNC_WAIT})"
     f" SELECT pg_notify('{CHANNEL}', 'lease:' || id::text) FROM released WHERE lease_wanted"
 )
-_WAKE = sa.text(f"SELECT pg_notify('{CHANNEL}', :topic), {_NO_SYNC_WAIT}")
+_WAKE = sa.text(
+    f"SELECT pg_notify('{CHANNEL}', topic), {_NO_SYNC_WAIT}"
+    " FROM unnest(CAST(:topics AS text[])) AS topic"
+)
 _RENEW = sa.text(
     "UPDATE conversations c"
     " SET lease_expires_at = now() + make_interval(secs => :lease_s)"
@@ -269,6 +277,7 @@ class PostgresStore:
         retention_days: float | None = None,
         idempotency_ttl_s: float = 86_400,
         idempotency_lease_s: float = 600,
+        events_ttl_s: float = 600,
     ) -> None:
         self._engine = engine
         self._sql = _Statements(retention_days)
@@ -280,9 +289,11 @@ class PostgresStore:
         self._lease = Compiled(self._sql.lease, dialect)
         self._insert_turn = Compiled(self._sql.insert_turn, dialect, list(TURN_COLUMNS))
         self._complete = Compiled(idem.COMPLETE, dialect)
+        self._end_run = Compiled(runs.COMMIT, dialect)
         self._exists = Compiled(self._sql.exists, dialect)
         self._retention = retention_days
         self._idempotency_ttl_s = idempotency_ttl_s
+        self._events_ttl_s = events_ttl_s
         # A claimed key whose replica died is taken over after this long.
         self._idempotency_lease_s = idempotency_lease_s
 
@@ -419,12 +430,16 @@ class PostgresStore:
             "holder": append.lease,
         }
         statement = self._create if append.expected_revision == 0 else self._bump
+        wake: list[str] = []  # topics to notify once committed
         async with driver(self._engine, write=True) as conn:
             row = await conn.fetchrow(statement.sql, *statement.args(params))
             if row is None:
                 raise await self._why_not(conn, params)
             revision = row["revision"]
-            new_turn = _turn_row(conversation_id, revision, turn)
+            if row.get("lease_wanted"):  # turns wait for the lease this commit releases
+                wake.append(f"lease:{conversation_id}")
+            run = append.run
+            new_turn = _turn_row(conversation_id, revision, turn, run.run_id if run else None)
             await conn.execute(self._insert_turn.sql, *self._insert_turn.args(new_turn))
             if idempotency is not None:
                 done = idem.key_params(idempotency) | {
@@ -433,13 +448,24 @@ class PostgresStore:
                     "ttl_s": self._idempotency_ttl_s,
                 }
                 await conn.execute(self._complete.sql, *self._complete.args(done))
-        if row.get("lease_wanted"):
-            # Turns wait for the lease just released: wake them, in a transaction of its own.
-            # (A NOTIFY takes a global lock until its transaction has committed, replication
-            # wait included: inside the commit it would line all commits up behind each other.)
-            with contextlib.suppress(StorageError):  # they look again by themselves anyway
+            if run is not None:
+                ended = await conn.fetchrow(self._end_run.sql, *self._end_run.args({
+                    "id": run.run_id, "status": run.status, "revision": revision,
+                    "seq": run.done_seq, "ttl": self._events_ttl_s,
+                    "events": runs.batch([RunEvent(run.done_seq, "message.done",
+                                                   run.done_data(revision))]),
+                }))  # fmt: skip
+                if ended is None:
+                    raise TurnInterrupted()  # rolls the whole commit back
+                if ended[0]:  # its events are followed elsewhere
+                    wake.append(f"events:{run.run_id}")
+        if wake:
+            # In a transaction of its own: a NOTIFY takes a global lock until its transaction
+            # has committed, replication wait included, so inside the commit it would line all
+            # commits up behind each other.
+            with contextlib.suppress(StorageError):  # those woken look again by themselves
                 async with read(self._engine) as conn:
-                    await conn.execute(_WAKE, {"topic": f"lease:{conversation_id}"})
+                    await conn.execute(_WAKE, {"topics": wake})
         return Commit(revision, row["created_at"], row["updated_at"])
 
     async def _why_not(self, conn: Any, params: dict[str, Any]) -> Exception:
@@ -461,6 +487,7 @@ class PostgresStore:
                 raise ConversationNotFound()
             if if_match is not None and revision not in if_match:
                 raise PreconditionFailed()  # rolls the delete back
+            await conn.execute(runs.DELETE_OF, {"cids": [conversation_id]})  # and their events
 
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None
@@ -474,14 +501,15 @@ class PostgresStore:
         cursor = encode_cursor(page[-1]) if len(page) == limit else None
         return page, cursor
 
-    async def claim(self, key: IdempotencyKey) -> Committed | None:
-        return await written(lambda: self._claim(key))
+    async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
+        return await written(lambda: self._claim(key, turn_id))
 
-    async def _claim(self, key: IdempotencyKey) -> Committed | None:
+    async def _claim(self, key: IdempotencyKey, turn_id: UUID | None) -> Committed | None:
         params = idem.key_params(key)
         async with transaction(self._engine) as conn:
             claimed = await conn.scalar(
-                idem.CLAIM, {**params, "lease_s": self._idempotency_lease_s}
+                idem.CLAIM,
+                {**params, "lease_s": self._idempotency_lease_s, "claimed_turn": turn_id},
             )
             if claimed is not None:
                 return None
@@ -507,12 +535,14 @@ class PostgresStore:
         skip each other's rows."""
         async with read(self._engine) as conn:
             await conn.execute(idem.EXPIRED)
+            await conn.execute(runs.EXPIRED)  # runs whose events are past TURN_EVENTS_TTL_S
         total = 0
         while self._retention:
             async with transaction(self._engine) as conn:
-                deleted = (await conn.execute(self._sql.purge, {"batch": batch})).rowcount
-            total += deleted
-            if deleted < batch:
+                gone = (await conn.execute(self._sql.purge, {"batch": batch})).scalars().all()
+                await conn.execute(runs.DELETE_OF, {"cids": list(gone)})
+            total += len(gone)
+            if len(gone) < batch:
                 break
         return total
 
@@ -537,7 +567,7 @@ class PostgresStore:
 TURN_COLUMNS = (
     "conversation_id", "seq", "user_message", "assistant_message", "replay_items",
     "provider", "endpoint", "model", "context_from", "prompt_version", "tool_calls",
-    "status", "incomplete_reason",
+    "status", "incomplete_reason", "turn_id",
 )  # fmt: skip
 
 
@@ -566,8 +596,11 @@ def _turn(row: Any) -> Turn:
     )
 
 
-def _turn_row(conversation_id: UUID, seq: int, turn: Turn) -> dict[str, object]:
+def _turn_row(
+    conversation_id: UUID, seq: int, turn: Turn, turn_id: UUID | None
+) -> dict[str, object]:
     return {
+        "turn_id": turn_id,
         "conversation_id": conversation_id,
         "seq": seq,
         "user_message": turn.user_message,

@@ -59,6 +59,7 @@ turns = sa.Table(
     sa.Column("tool_calls", RawJSON),
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("incomplete_reason", sa.Text),
+    sa.Column("turn_id", sa.Uuid),  # the run of a streamed or background turn
 )
 
 idempotency_keys = sa.Table(
@@ -71,8 +72,37 @@ idempotency_keys = sa.Table(
     # A done key names the commit it made (deleted with that conversation).
     sa.Column("conversation_id", sa.Uuid),
     sa.Column("revision", sa.Integer),
+    sa.Column("turn_id", sa.Uuid),  # a background turn's run, answered to its retries
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# Durable turns (service/runs.py): a run per streamed or background turn, and its events.
+turn_runs = sa.Table(
+    "turn_runs",
+    metadata,
+    sa.Column("id", sa.Uuid, primary_key=True),
+    sa.Column("conversation_id", sa.Uuid, nullable=False),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("background", sa.Boolean, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("revision", sa.Integer),
+    sa.Column("error_code", sa.Text),
+    sa.Column("error_message", sa.Text),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False),
+    sa.Column("watched", sa.Boolean, nullable=False),
+    sa.Column("last_event", sa.Integer, nullable=False),
+    sa.Column("heartbeat_until", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    sa.Column("expires_at", sa.DateTime(timezone=True)),
+)
+turn_events = sa.Table(
+    "turn_events",
+    metadata,
+    sa.Column("turn_id", sa.Uuid, primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),  # of the batch's last event
+    sa.Column("events", RawJSON, nullable=False),  # [[seq, name, data], ...]
 )
 
 # API keys (AUTH_MODE=api_key): only the SHA-256 of a key is stored.

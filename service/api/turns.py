@@ -1,0 +1,107 @@
+"""Durable turns: a turn's status, its events (replayed, then followed live), cancelling it.
+
+Any replica answers, whichever runs the turn; only its owner sees it (anyone else's turn id is
+404 turn_not_found, like an unknown one).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from litestar import Controller, Request, get, post
+from litestar.params import FromPath, QueryParameter
+from litestar.response import ServerSentEvent
+
+from service.api.correlation import correlation_id
+from service.api.deps import KeepaliveSeconds, Owner, Runs
+from service.api.errors import documented
+from service.api.headers import CORRELATION_ID, LastEventId
+from service.api.schemas import TurnView
+from service.api.sse import closed_with_response, sse_events
+from service.errors import Cancelled, InvalidInput, StorageError, TurnNotFound, Unauthorized
+from service.runs import GONE, Started, TurnRuns
+
+After = Annotated[
+    int | None,
+    QueryParameter(gt=-1, le=2**31 - 1, description="Events after this one (0: all of them)."),
+]
+
+
+def parse_turn_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise TurnNotFound() from None  # malformed looks exactly like unknown
+
+
+def resume_after(last_event_id: str, after: int | None) -> int:
+    if after is not None:
+        return after
+    if not last_event_id:
+        return 0
+    if not last_event_id.isascii() or not last_event_id.isdigit() or len(last_event_id) > 10:
+        raise InvalidInput("Last-Event-ID must be the id of an event of this turn.")
+    return int(last_event_id)
+
+
+def stream_of(
+    runs: TurnRuns, started: Started, owner: str, request: Request[Any, Any, Any], keepalive: float
+) -> ServerSentEvent:
+    """The stream of a run just started: its events live from this process, or (an
+    Idempotency-Key retry of a background turn) followed wherever it runs. Closing the
+    stream of a turn that is not in the background stops it."""
+    run, cid = started.run, correlation_id(request.scope)
+    source = run.follow() if run is not None else runs.events(started.turn_id, owner, 0)
+    background = run is None or run.new.background
+    on_close = None if background else (lambda: run.stop(Cancelled(GONE)))  # type: ignore[union-attr]
+    events = sse_events(source, cid, keepalive, follower=background, on_close=on_close)
+    closed_with_response(request.scope, events)
+    headers = {"X-Conversation-Id": str(started.conversation_id), "X-Turn-Id": str(started.turn_id)}
+    return ServerSentEvent(events, headers=headers)
+
+
+class TurnController(Controller):
+    path = "/api/v1/turns"
+    tags = ["turns"]  # noqa: RUF012 (Litestar reads it as a class attribute)
+
+    @get(
+        "/{turn_id:str}",
+        summary="A turn's status: queued, in_progress, completed, incomplete, failed, cancelled.",
+        response_headers=[CORRELATION_ID],
+        responses=documented(Unauthorized, TurnNotFound, StorageError),
+    )
+    async def status(self, turn_id: FromPath[str], runs: Runs, owner: Owner) -> TurnView:
+        return TurnView.of(await runs.status(parse_turn_id(turn_id), owner))
+
+    @get(
+        "/{turn_id:str}/events",
+        media_type="text/event-stream",
+        summary="The turn's events after Last-Event-ID (or ?after=N), then live to its end.",
+        description="Server-Sent Events, each with its id; the same events as the turn's "
+        "stream, ending with message.done or error. Readable for TURN_EVENTS_TTL_S after the "
+        "turn ended.",
+        response_headers=[CORRELATION_ID],
+        responses=documented(InvalidInput, Unauthorized, TurnNotFound, StorageError),
+    )
+    async def events(
+        self, request: Request[Any, Any, Any], turn_id: FromPath[str], runs: Runs,
+        owner: Owner, sse_keepalive_s: KeepaliveSeconds, last_event_id: LastEventId = "",
+        after: After = None,
+    ) -> ServerSentEvent:  # fmt: skip
+        tid, since = parse_turn_id(turn_id), resume_after(last_event_id, after)
+        await runs.status(tid, owner)  # an unknown turn is a JSON 404, before any stream
+        source = runs.events(tid, owner, since)
+        events = sse_events(source, correlation_id(request.scope), sse_keepalive_s, follower=True)
+        closed_with_response(request.scope, events)
+        return ServerSentEvent(events, headers={"X-Turn-Id": str(tid)})
+
+    @post(
+        "/{turn_id:str}/cancel",
+        status_code=200,
+        summary="Stop the turn wherever it runs (nothing is kept; a commit that began ends).",
+        response_headers=[CORRELATION_ID],
+        responses=documented(Unauthorized, TurnNotFound, StorageError),
+    )
+    async def cancel(self, turn_id: FromPath[str], runs: Runs, owner: Owner) -> TurnView:
+        return TurnView.of(await runs.cancel(parse_turn_id(turn_id), owner))

@@ -1,0 +1,213 @@
+"""Durable turns in PostgreSQL: runs and their events (the RunStore port).
+
+Events and a run's progress are written without waiting for a synchronous standby or for
+their own WAL flush: they are what a client saw, not what the conversation keeps, and the
+commit of the turn (which ends its run, see PostgresStore.append) waits as every commit does.
+Readers elsewhere are woken only for runs that have one (``watched``): a NOTIFY takes a global
+lock at commit, so it is not sent for nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.model import NewRun, Renewed, RunEnd, RunEvent, RunView
+from service.store.listener import CHANNEL
+from service.store.tx import read, written
+
+_NO_SYNC_WAIT = "set_config('synchronous_commit', 'off', true)"
+_UNFINISHED = "status IN ('queued', 'in_progress')"
+_LIVE = "(r.expires_at IS NULL OR r.expires_at > now())"
+
+CREATE = sa.text(
+    "INSERT INTO turn_runs (id, conversation_id, owner, background, status, heartbeat_until,"
+    " created_at, last_event, cancel_requested, watched)"
+    " VALUES (:id, :cid, :owner, :background, 'queued', now() + make_interval(secs => :hb),"
+    " now(), 0, false, false)"
+)
+LOG = sa.text(
+    "WITH r AS (UPDATE turn_runs SET last_event = :last,"
+    " status = CASE WHEN status = 'queued' THEN 'in_progress' ELSE status END"
+    f" WHERE id = :id AND {_UNFINISHED} RETURNING id, watched),"
+    " e AS (INSERT INTO turn_events (turn_id, seq, events) SELECT r.id, :last,"
+    " CAST(:events AS json) FROM r ON CONFLICT DO NOTHING RETURNING 1)"
+    f" SELECT (SELECT count(*) FROM e), CASE WHEN r.watched THEN pg_notify('{CHANNEL}',"
+    f" 'events:' || r.id::text) END, {_NO_SYNC_WAIT} FROM r"
+)
+END = sa.text(
+    "WITH r AS (UPDATE turn_runs SET status = :status, error_code = :code,"
+    " error_message = :message, last_event = :last, revision = :revision, finished_at = now(),"
+    " expires_at = now() + make_interval(secs => :ttl)"
+    f" WHERE id = :id AND {_UNFINISHED} RETURNING id, watched),"
+    " e AS (INSERT INTO turn_events (turn_id, seq, events) SELECT r.id, :last,"
+    " CAST(:events AS json) FROM r ON CONFLICT DO NOTHING RETURNING 1)"
+    f" SELECT (SELECT count(*) FROM e), CASE WHEN r.watched THEN pg_notify('{CHANNEL}',"
+    f" 'events:' || r.id::text) END, {_NO_SYNC_WAIT} FROM r"
+)
+# A durable turn's commit ends its run (in the commit's transaction, after the turn row): no
+# row means the run was interrupted meanwhile, and the whole commit is rolled back.
+COMMIT = sa.text(
+    "WITH r AS (UPDATE turn_runs SET status = :status, revision = :revision, last_event = :seq,"
+    " finished_at = now(), expires_at = now() + make_interval(secs => :ttl)"
+    f" WHERE id = :id AND {_UNFINISHED} RETURNING id, watched)"
+    " INSERT INTO turn_events (turn_id, seq, events) SELECT r.id, :seq, CAST(:events AS json)"
+    " FROM r"
+    " RETURNING (SELECT watched FROM r)"
+)
+_VIEW = (
+    "r.id, r.conversation_id, r.status, r.revision, r.error_code, r.error_message,"
+    " r.last_event, r.background, (r.heartbeat_until < now()) AS stalled"
+)
+READ = sa.text(
+    f"SELECT {_VIEW}, t.assistant_message FROM turn_runs r LEFT JOIN turns t"
+    " ON t.conversation_id = r.conversation_id AND t.seq = r.revision"
+    f" WHERE r.id = :id AND r.owner = :owner AND {_LIVE}"
+)
+# The events after :after, from the batches that hold any (a batch logged twice, its first
+# try's outcome unknown, may overlap the next: each event once).
+READ_EVENTS = sa.text(
+    f"SELECT DISTINCT ON (x.seq) {_VIEW}, x.seq, x.event, x.data FROM turn_runs r"
+    " LEFT JOIN LATERAL (SELECT (i->>0)::int AS seq, i->>1 AS event, (i->2)::text AS data"
+    " FROM turn_events e, json_array_elements(e.events) AS i"
+    " WHERE e.turn_id = r.id AND e.seq > :after) AS x ON x.seq > :after"
+    f" WHERE r.id = :id AND r.owner = :owner AND {_LIVE} ORDER BY x.seq"
+)
+WATCH = sa.text(
+    "UPDATE turn_runs SET watched = true WHERE id = :id AND NOT watched"
+    f" RETURNING pg_notify('{CHANNEL}', 'watch:' || id::text), {_NO_SYNC_WAIT}"
+)
+BEGIN = sa.text(
+    "UPDATE turn_runs SET status = 'in_progress' WHERE id = :id AND status = 'queued'"
+    f" RETURNING {_NO_SYNC_WAIT}"
+)
+CANCEL = sa.text(
+    "WITH r AS (UPDATE turn_runs SET cancel_requested = true"
+    f" WHERE id = :id AND owner = :owner AND {_UNFINISHED} RETURNING id)"
+    f" SELECT pg_notify('{CHANNEL}', 'cancel:' || id::text) FROM r"
+)
+RENEW = sa.text(
+    "UPDATE turn_runs SET heartbeat_until = now() + make_interval(secs => :hb)"
+    f" WHERE id = ANY(CAST(:ids AS uuid[])) AND {_UNFINISHED}"
+    f" RETURNING id, cancel_requested, watched, {_NO_SYNC_WAIT}"
+)
+CANCEL_REQUESTED = sa.text(
+    "SELECT id FROM turn_runs WHERE id = ANY(CAST(:ids AS uuid[])) AND cancel_requested"
+)
+INTERRUPT = sa.text(
+    "WITH r AS (UPDATE turn_runs SET status = 'failed', error_code = 'turn_interrupted',"
+    " error_message = :message, last_event = last_event + 1, finished_at = now(),"
+    " expires_at = now() + make_interval(secs => :ttl)"
+    f" WHERE id = :id AND {_UNFINISHED} AND heartbeat_until < now()"
+    " RETURNING id, last_event, watched),"
+    " e AS (INSERT INTO turn_events (turn_id, seq, events) SELECT id, last_event,"
+    " json_build_array(json_build_array(last_event, 'error', CAST(:data AS json))) FROM r"
+    " RETURNING 1)"
+    f" SELECT (SELECT count(*) FROM e), CASE WHEN r.watched THEN pg_notify('{CHANNEL}',"
+    " 'events:' || r.id::text) END FROM r"
+)
+DELETE_OF = sa.text("DELETE FROM turn_runs WHERE conversation_id = ANY(CAST(:cids AS uuid[]))")
+EXPIRED = sa.text("DELETE FROM turn_runs WHERE expires_at < now()")
+
+
+def batch(events: Sequence[RunEvent]) -> str:
+    """The JSON of a batch of events (names are plain words; data is JSON already)."""
+    return "[" + ",".join(f'[{e.seq},"{e.name}",{e.data}]' for e in events) + "]"
+
+
+def view(row: Any, message: str | None = None) -> RunView:
+    return RunView(
+        id=row.id,
+        conversation_id=row.conversation_id,
+        status=row.status,
+        revision=row.revision,
+        message=message,
+        error_code=row.error_code,
+        error_message=row.error_message,
+        last_event=row.last_event,
+        background=row.background,
+        stalled=row.stalled,
+    )
+
+
+class PostgresRuns:
+    """The RunStore port over one engine (the commit's part is PostgresStore.append's)."""
+
+    def __init__(self, engine: AsyncEngine, *, events_ttl_s: float) -> None:
+        self._engine = engine
+        self._ttl_s = events_ttl_s
+
+    async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
+        params = {
+            "id": run.id, "cid": run.conversation_id, "owner": run.owner,
+            "background": run.background, "hb": heartbeat_s,
+        }  # fmt: skip
+        await self._write(CREATE, params)
+
+    async def begin_run(self, run_id: UUID) -> None:
+        await self._write(BEGIN, {"id": run_id})
+
+    async def log_events(self, run_id: UUID, events: Sequence[RunEvent]) -> None:
+        params = {"id": run_id, "last": events[-1].seq, "events": batch(events)}
+        await self._write(LOG, params)
+
+    async def end_run(self, run_id: UUID, end: RunEnd) -> bool:
+        params = {
+            "id": run_id, "status": end.status, "code": end.error_code,
+            "message": end.error_message, "last": end.events[-1].seq, "ttl": self._ttl_s,
+            "revision": end.revision, "events": batch(end.events),
+        }  # fmt: skip
+        return bool(await self._write(END, params))
+
+    async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
+        async with read(self._engine) as conn:
+            row = (await conn.execute(READ, {"id": run_id, "owner": owner})).first()
+        return None if row is None else view(row, row.assistant_message)
+
+    async def run_events(
+        self, run_id: UUID, owner: str, after: int
+    ) -> tuple[RunView, list[RunEvent]] | None:
+        params = {"id": run_id, "owner": owner, "after": after}
+        async with read(self._engine) as conn:
+            rows = (await conn.execute(READ_EVENTS, params)).all()
+        if not rows:
+            return None
+        events = [RunEvent(r.seq, r.event, r.data) for r in rows if r.seq is not None]
+        return view(rows[0]), events
+
+    async def watch_run(self, run_id: UUID) -> None:
+        await self._write(WATCH, {"id": run_id})
+
+    async def cancel_run(self, run_id: UUID, owner: str) -> bool:
+        return bool(await self._write(CANCEL, {"id": run_id, "owner": owner}))
+
+    async def renew_runs(self, run_ids: Sequence[UUID], heartbeat_s: float) -> Renewed:
+        async with read(self._engine) as conn:
+            rows = (await conn.execute(RENEW, {"ids": list(run_ids), "hb": heartbeat_s})).all()
+        return Renewed(
+            frozenset(row.id for row in rows if row.cancel_requested),
+            frozenset(row.id for row in rows if row.watched),
+        )
+
+    async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
+        async with read(self._engine) as conn:
+            rows = (await conn.execute(CANCEL_REQUESTED, {"ids": list(run_ids)})).all()
+        return {row.id for row in rows}
+
+    async def interrupt_run(self, run_id: UUID, message: str, event_data: str) -> bool:
+        params = {"id": run_id, "message": message, "data": event_data, "ttl": self._ttl_s}
+        return bool(await self._write(INTERRUPT, params))
+
+    async def _write(self, statement: sa.TextClause, params: dict[str, Any]) -> int:
+        """One statement (autocommit), retried on a stale read-only session; its rows."""
+
+        async def once() -> int:
+            async with read(self._engine) as conn:
+                result = await conn.execute(statement, params)
+                return len(result.all()) if result.returns_rows else result.rowcount
+
+        return await written(once)

@@ -166,20 +166,23 @@ def build_services(
             pool_size=settings.db_pool_size,
             statement_cache_size=settings.db_statement_cache_size,
         )
+        postgres = postgres_store(engine, settings)
+        # Closed in reverse: the pool after everything that uses it (the listener pings
+        # through it; a ping after the pool's disposal would open a connection nobody closes).
+        closers.append(postgres.close)
         listener = PostgresNotifications(settings.database_listen_url or url, engine)
         closers.append(listener.close)
         notifications = listener
-        postgres = postgres_store(engine, settings)
         store = idempotency = ops = postgres
         run_store = PostgresRuns(engine, events_ttl_s=settings.turn_events_ttl_s)
         api_keys = api_keys or ApiKeyStore(engine)
         if settings.history_cache_bytes > 0:
             store = CachedStore(store, settings.history_cache_bytes)
     else:
+        closers.append(store.close)
         ops = store if isinstance(store, Operations) else MemoryStore()
         notifications = _notifications_of(store, settings, closers)
         run_store = _runs_of(store, settings)
-    closers.append(store.close)
     provider = provider or build_provider(settings)
     closers.append(provider.close)
     tooling = build_tooling(settings)

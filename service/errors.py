@@ -7,6 +7,8 @@ TurnstoreError
  +-- Unauthorized                 401 unauthorized (+ WWW-Authenticate)
  +-- ConversationNotFound         404 conversation_not_found
  +-- TurnNotFound                 404 turn_not_found
+ +-- ResponseNotFound             404 response_not_found (the OpenAI surface)
+ +-- ItemNotFound                 404 item_not_found (the OpenAI surface)
  +-- ConversationConflict         409 conversation_conflict
  +-- RequestInProgress            409 request_in_progress
  +-- ConversationBusy             409 conversation_busy
@@ -38,8 +40,9 @@ class TurnstoreError(Exception):
     status = 500
     default_message = "Internal error."
 
-    def __init__(self, message: str | None = None) -> None:
+    def __init__(self, message: str | None = None, *, param: str | None = None) -> None:
         self.message = message or self.default_message
+        self.param = param  # the request field at fault, for the OpenAI surface's errors
         super().__init__(self.message)
 
 
@@ -75,6 +78,14 @@ class ConversationNotFound(TurnstoreError):
 class TurnNotFound(TurnstoreError):
     code, status = "turn_not_found", 404
     default_message = "Turn not found (unknown, another owner's, or its events have expired)."
+
+
+class ResponseNotFound(TurnstoreError):
+    code, status, default_message = "response_not_found", 404, "Response not found."
+
+
+class ItemNotFound(TurnstoreError):
+    code, status, default_message = "item_not_found", 404, "Item not found."
 
 
 class ConversationConflict(TurnstoreError):

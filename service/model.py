@@ -114,6 +114,7 @@ class Turn:
     tool_calls: Sequence[ToolCallRecord] = ()  # every tool call of the turn, in order
     status: ReplyStatus = "completed"
     incomplete_reason: str | None = None  # with status "incomplete": max_output_tokens
+    created_at: datetime | None = None  # when it was committed (None: not committed yet)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,17 @@ class Conversation:
     @property
     def replay_items(self) -> list[msgspec.Raw]:
         return [item for turn in self.turns for item in turn.replay_items]
+
+
+@dataclass(frozen=True)
+class ConversationInfo:
+    """A conversation without its turns, with its metadata (the OpenAI surface's)."""
+
+    id: UUID
+    revision: int  # 0: no turn yet
+    created_at: datetime
+    updated_at: datetime
+    metadata: dict[str, str]
 
 
 @dataclass(frozen=True)

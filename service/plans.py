@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import uuid
@@ -31,6 +32,10 @@ class TurnPlan:
     idempotency: IdempotencyKey | None = None
     background: bool = False  # runs on when its client goes away (service/runs.py)
     claimed: bool = False  # its Idempotency-Key is claimed already (a background turn's)
+    truncate: bool = True  # False: a turn whose window would leave earlier turns out is refused
+
+    def with_idempotency(self, key: IdempotencyKey) -> TurnPlan:
+        return dataclasses.replace(self, idempotency=key)
 
 
 def make_plan(
@@ -42,6 +47,7 @@ def make_plan(
     owner: str = ANONYMOUS,
     idempotency_key: str | None = None,
     background: bool = False,
+    truncate: bool = True,
 ) -> TurnPlan:
     if not _VISIBLE.search(message):
         raise InvalidInput("message must not be empty or whitespace only.")
@@ -66,12 +72,14 @@ def make_plan(
         owner=owner,
         idempotency=idempotency,
         background=background,
+        truncate=truncate,
     )
 
 
 def parse_conversation_id(raw: str) -> uuid.UUID:
+    """A uuid, or the ``conv_<hex>`` the OpenAI surface shows for it."""
     try:
-        return uuid.UUID(raw)
+        return uuid.UUID(raw.removeprefix("conv_"))
     except ValueError:
         raise ConversationNotFound() from None  # malformed looks exactly like unknown
 

@@ -48,7 +48,7 @@ from service.plans import TurnPlan
 from service.providers.base import TextDelta
 from service.shutdown import SHUTDOWN
 from service.store.base import IdempotencyStore, Notifications, RunStore
-from service.turns import TurnDone, TurnService
+from service.turns import TurnDone, TurnEvent, TurnService, TurnStarted
 
 log = logging.getLogger("turnstore.runs")
 
@@ -318,7 +318,9 @@ class TurnRuns:
             run.done()
             self._live.pop(run.id, None)
 
-    async def _publish(self, run: Run, event: TextDelta | ToolCalled | TurnDone) -> None:
+    async def _publish(self, run: Run, event: TurnEvent) -> None:
+        if isinstance(event, TurnStarted):
+            return  # not asked for: a run numbers its own events
         if isinstance(event, TextDelta):
             run.publish("message.delta", {"delta": event.text})
         elif isinstance(event, ToolCalled):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -20,6 +20,7 @@ import msgspec
 from service import metrics
 from service.errors import (
     ContentFiltered,
+    ContextLengthExceeded,
     ConversationNotFound,
     InvalidInput,
     StorageError,
@@ -54,9 +55,19 @@ class TurnDone:
     status: ReplyStatus
     incomplete_reason: str | None
     revision: int | None  # None: nothing was committed (content filter)
+    items: Sequence[msgspec.Raw] = ()  # the reply's output items, as committed
 
 
-TurnEvent = TextDelta | ToolCalled | TurnDone
+@dataclass(frozen=True)
+class TurnStarted:
+    """The turn holds its conversation, at ``revision`` (0: a new one): if it commits, it
+    makes revision + 1. Sent first when asked for (``announce``)."""
+
+    conversation_id: uuid.UUID
+    revision: int
+
+
+TurnEvent = TurnStarted | TextDelta | ToolCalled | TurnDone
 
 
 class DurableRun(Protocol):
@@ -101,6 +112,7 @@ class TurnService:
         owner: str = ANONYMOUS,
         idempotency_key: str | None = None,
         background: bool = False,
+        truncate: bool = True,
     ) -> TurnPlan:
         """Validate a request without I/O; a new conversation gets its id here."""
         if idempotency_key is not None and self._idempotency is None:
@@ -113,6 +125,7 @@ class TurnService:
             owner=owner,
             idempotency_key=idempotency_key,
             background=background,
+            truncate=truncate,
         )
 
     async def check(self, plan: TurnPlan) -> None:
@@ -134,7 +147,12 @@ class TurnService:
         return done
 
     async def events(
-        self, plan: TurnPlan, *, stream: bool, run: DurableRun | None = None
+        self,
+        plan: TurnPlan,
+        *,
+        stream: bool,
+        run: DurableRun | None = None,
+        announce: bool = False,
     ) -> AsyncGenerator[TurnEvent, None]:
         """The turn as events: text deltas, then one TurnDone. Closing the iterator early
         cancels the provider call and commits nothing (unless the commit already started).
@@ -142,10 +160,11 @@ class TurnService:
         With an Idempotency-Key, a retry of a committed turn replays its result without
         calling the provider, and a turn that does not commit frees the key again (a plan
         ``claimed`` before, as a background turn's is, skips the claim). A ``run`` is ended by
-        the commit, in its transaction."""
+        the commit, in its transaction. With ``announce``, a TurnStarted comes first (not for
+        a replayed turn: its TurnDone names its revision)."""
         key, keys = plan.idempotency, self._idempotency
         if key is None or keys is None:
-            async with aclosing(self._turn(plan, stream, run)) as events:
+            async with aclosing(self._turn(plan, stream, run, announce)) as events:
                 async for event in events:
                     yield event
             return
@@ -158,7 +177,7 @@ class TurnService:
             return
         done_ok = False
         try:
-            async with aclosing(self._turn(plan, stream, run)) as events:
+            async with aclosing(self._turn(plan, stream, run, announce)) as events:
                 async for event in events:
                     done_ok = isinstance(event, TurnDone) and event.revision is not None
                     yield event
@@ -168,7 +187,7 @@ class TurnService:
                     await settle(keys.release(key))
 
     async def _turn(
-        self, plan: TurnPlan, stream: bool, run: DurableRun | None
+        self, plan: TurnPlan, stream: bool, run: DurableRun | None, announce: bool
     ) -> AsyncGenerator[TurnEvent, None]:
         mode = "stream" if stream else "chat"
         with metrics.turn_outcome(mode):  # what ends the turn before its TurnDone
@@ -178,8 +197,16 @@ class TurnService:
                 conversation = held.conversation
                 if conversation is not None:
                     check_precondition(plan.if_match, conversation.revision)
+                if announce:
+                    held_at = conversation.revision if conversation else 0
+                    yield TurnStarted(plan.conversation_id, held_at)
                 user_item = user_input_item(plan.message)
                 window = self._window(conversation, user_item, stream)
+                if not plan.truncate and window.start > 1:
+                    raise ContextLengthExceeded(
+                        "The conversation no longer fits the model's context, and truncation "
+                        "is disabled."
+                    )
                 answer: Answer | None = None
                 async with aclosing(self._exchange(window, user_item, stream)) as exchange:
                     async for event in exchange:
@@ -284,6 +311,7 @@ class TurnService:
             status=turn.status,
             incomplete_reason=turn.incomplete_reason,
             revision=committed.revision,
+            items=turn.replay_items[1:],
         )
 
     def _overhead(self, stream: bool) -> int:
@@ -301,4 +329,5 @@ def _done(plan: TurnPlan, answer: Answer | None, revision: int | None) -> TurnDo
         status=reply.status,
         incomplete_reason=reply.incomplete_reason,
         revision=revision,
+        items=answer.items,
     )

@@ -585,7 +585,7 @@ async def test_unknown_events_comments_and_multiline_data_are_tolerated() -> Non
         + b"data: trailing garbage after the terminal event is never read\n\n"
     )
     events = await run(Script(raw_body=body), stream=True)
-    assert events[:-1] == [TextDelta(text)]  # empty deltas are dropped
+    assert [e.text for e in events[:-1]] == [text]  # type: ignore[union-attr]  # empty deltas are dropped
     reply = events[-1]
     assert isinstance(reply, Reply) and items(reply) == [message] and reply.text == text
 
@@ -770,7 +770,7 @@ async def test_cancelling_a_stalled_call_closes_the_upstream_stream() -> None:
     try:
         await asyncio.wait_for(first_delta.wait(), timeout=5)
         await asyncio.sleep(0.01)  # the provider is now waiting for the stalled upstream
-        assert received == [TextDelta("one t")] and not script.closed.is_set()
+        assert [e.text for e in received] == ["one t"] and not script.closed.is_set()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

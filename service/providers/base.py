@@ -28,6 +28,7 @@ class ProviderRequest:
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    item_id: str | None = None  # the output message it belongs to, when the provider says
 
 
 @dataclass(frozen=True)

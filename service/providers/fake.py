@@ -69,10 +69,11 @@ class FakeProvider:
             return
         text = f"[fake-llm] {message}" + (f" (history={history})" if history else "")
         text += "".join(f" [tool: {output}]" for output in tool_outputs)
+        key = _key(f"{history}:{text}")
         if stream:
             for chunk in _split(text, self._deltas):
-                yield TextDelta(chunk)
-        yield Reply(text, "completed", None, _output_items(text, history))
+                yield TextDelta(chunk, f"msg_{key}")
+        yield Reply(text, "completed", None, _output_items(text, key))
 
     async def close(self) -> None:
         return None
@@ -97,7 +98,7 @@ def _offers(request: ProviderRequest, name: str) -> bool:
 
 
 def _call_items(name: str, arguments: str, history: int) -> list[msgspec.Raw]:
-    key = hashlib.sha256(f"{history}:{name}:{arguments}".encode()).hexdigest()[:24]
+    key = _key(f"{history}:{name}:{arguments}")
     call = {
         "type": "function_call",
         "id": f"fc_{key}",
@@ -114,8 +115,11 @@ def _split(text: str, parts: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-def _output_items(text: str, history: int) -> list[msgspec.Raw]:
-    key = hashlib.sha256(f"{history}:{text}".encode()).hexdigest()[:24]
+def _key(seed: str) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()[:24]
+
+
+def _output_items(text: str, key: str) -> list[msgspec.Raw]:
     message = {
         "type": "message",
         "id": f"msg_{key}",

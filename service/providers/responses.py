@@ -119,6 +119,7 @@ class _Event(msgspec.Struct):
 
 class _Delta(msgspec.Struct):
     delta: str
+    item_id: str | None = None
 
 
 class _ItemDone(msgspec.Struct):
@@ -251,9 +252,9 @@ class _EventStream:
     def _event(self, data: bytes) -> ProviderEvent | None:
         kind = msgspec.json.decode(data, type=_Event).type
         if kind == "response.output_text.delta":
-            delta = msgspec.json.decode(data, type=_Delta).delta
-            self.text_bytes += len(delta.encode())
-            return TextDelta(delta) if delta else None
+            event = msgspec.json.decode(data, type=_Delta)
+            self.text_bytes += len(event.delta.encode())
+            return TextDelta(event.delta, event.item_id) if event.delta else None
         if kind == "response.output_item.done":
             self.items.append(msgspec.json.decode(data, type=_ItemDone).item)
         elif kind in ("response.completed", "response.incomplete"):

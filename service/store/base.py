@@ -22,6 +22,7 @@ from service.model import (
     Commit,
     Committed,
     Conversation,
+    ConversationInfo,
     IdempotencyKey,
     LeaseAttempt,
     NewRun,
@@ -33,6 +34,7 @@ from service.model import (
     RunView,
     Summary,
     TranscriptPage,
+    Turn,
 )
 
 
@@ -92,6 +94,25 @@ class ConversationStore(Protocol):
     ) -> tuple[list[Summary], str | None]:
         """A page of the owner's conversations, newest first, and the next page's cursor.
         Raises InvalidInput for a cursor this store did not make."""
+
+    async def create_conversation(
+        self, owner: str, metadata: dict[str, str], turn: Turn | None = None
+    ) -> ConversationInfo:
+        """A new conversation of ``owner``'s: with ``turn`` (items appended without the
+        model) as its first commit, else empty at revision 0. Raises StorageError."""
+
+    async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
+        """The conversation without its turns; None as for ``load``. Raises StorageError."""
+
+    async def update_metadata(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        metadata: dict[str, str],
+        if_match: Precondition = None,
+    ) -> ConversationInfo:
+        """Replace its metadata (no commit: the revision stays), if its revision is in
+        ``if_match``. Raises ConversationNotFound, PreconditionFailed, StorageError."""
 
     async def close(self) -> None: ...
 

@@ -22,6 +22,7 @@ from service.model import (
     Append,
     Commit,
     Conversation,
+    ConversationInfo,
     LeaseAttempt,
     PageRequest,
     Precondition,
@@ -144,6 +145,7 @@ class CachedStore:
             self._evict(conversation_id)
             raise
         # The commit made revision expected + 1 out of exactly the cached turns plus this one.
+        turn = replace(turn, created_at=commit.updated_at)  # the commit's now(), as stored
         entry = self._entries.get(conversation_id)
         if commit.revision != expected_revision + 1:
             self._evict(conversation_id)
@@ -172,6 +174,23 @@ class CachedStore:
         self, owner: str, limit: int, after: str | None = None
     ) -> tuple[list[Summary], str | None]:
         return await self._inner.list_conversations(owner, limit, after)
+
+    async def create_conversation(
+        self, owner: str, metadata: dict[str, str], turn: Turn | None = None
+    ) -> ConversationInfo:
+        return await self._inner.create_conversation(owner, metadata, turn)
+
+    async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
+        return await self._inner.describe(conversation_id, owner)
+
+    async def update_metadata(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        metadata: dict[str, str],
+        if_match: Precondition = None,
+    ) -> ConversationInfo:
+        return await self._inner.update_metadata(conversation_id, owner, metadata, if_match)
 
     async def close(self) -> None:
         self._entries.clear()

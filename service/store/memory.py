@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from service.errors import (
     ConversationConflict,
@@ -29,6 +29,7 @@ from service.model import (
     Commit,
     Committed,
     Conversation,
+    ConversationInfo,
     IdempotencyKey,
     LeaseAttempt,
     NewRun,
@@ -95,6 +96,11 @@ class _Conversation:
     holder: UUID | None = None  # the turn lease
     lease_expires_at: datetime | None = None
     lease_wanted: bool = False
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def info(self) -> ConversationInfo:
+        row = self.row
+        return ConversationInfo(row.id, row.revision, row.created_at, row.updated_at, self.metadata)
 
     def lease_free_for(self, holder: UUID | None, now: datetime) -> bool:
         expired = self.lease_expires_at is None or self.lease_expires_at <= now
@@ -242,10 +248,12 @@ class MemoryStore:
         conversation_id, turn, owner = append.conversation_id, append.turn, append.owner
         expected_revision, idempotency = append.expected_revision, append.idempotency
         now = _now()
-        if expected_revision == 0:
-            if conversation_id in self._conversations:
+        existing = self._conversations.get(conversation_id)
+        if expected_revision == 0 and existing is not None:  # made empty on /v1: revision 0
+            usable = self._live(conversation_id, owner) is existing and existing.row.revision == 0
+            if not usable or not existing.lease_free_for(append.lease, now):
                 raise ConversationConflict()
-        else:
+        elif expected_revision != 0:
             live = self._live(conversation_id, owner)
             if live is None:
                 raise ConversationNotFound()
@@ -254,7 +262,7 @@ class MemoryStore:
         run = self._runs.get(append.run.run_id) if append.run else None
         if append.run is not None and (run is None or run.finished):
             raise TurnInterrupted()
-        if expected_revision == 0:
+        if expected_revision == 0 and existing is None:
             row = Conversation(
                 id=conversation_id,
                 revision=1,
@@ -272,7 +280,7 @@ class MemoryStore:
                 updated_at=now,
                 context_start=max(found.row.context_start, turn.context_from),
             )
-        found.turns.append(turn)
+        found.turns.append(replace(turn, created_at=now))
         self._released(found)
         revision = found.row.revision
         if idempotency is not None:
@@ -284,6 +292,36 @@ class MemoryStore:
             self._end(run, append.run.status, None, None, [done])
             run.revision = revision
         return Commit(revision, found.row.created_at, found.row.updated_at)
+
+    async def create_conversation(
+        self, owner: str, metadata: dict[str, str], turn: Turn | None = None
+    ) -> ConversationInfo:
+        now = _now()
+        revision = 0 if turn is None else 1
+        row = Conversation(uuid4(), revision, now, now, owner=owner)
+        found = self._conversations[row.id] = _Conversation(row, metadata=dict(metadata))
+        if turn is not None:
+            found.turns.append(replace(turn, created_at=now))
+        return found.info()
+
+    async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
+        found = self._live(conversation_id, owner)
+        return None if found is None else found.info()
+
+    async def update_metadata(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        metadata: dict[str, str],
+        if_match: Precondition = None,
+    ) -> ConversationInfo:
+        found = self._live(conversation_id, owner)
+        if found is None:
+            raise ConversationNotFound()
+        if if_match is not None and found.row.revision not in if_match:
+            raise PreconditionFailed()
+        found.metadata = dict(metadata)
+        return found.info()
 
     # --- runs ------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ and writer, before `turnstore purge` deletes it.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -31,6 +32,7 @@ from service.model import (
     Commit,
     Committed,
     Conversation,
+    ConversationInfo,
     IdempotencyKey,
     LeaseAttempt,
     Origin,
@@ -54,6 +56,8 @@ from service.store.tx import Compiled, driver, read, transaction, written
 
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _CALLS = msgspec.json.Decoder(list[ToolCallRecord])
+_METADATA = msgspec.json.Decoder(dict[str, str])
+_JSON = msgspec.json.Encoder()
 
 
 class _Statements:
@@ -72,6 +76,7 @@ class _Statements:
                 t.c.user_message, t.c.assistant_message, t.c.replay_items,
                 t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
                 t.c.tool_calls, t.c.status, t.c.incomplete_reason,
+                t.c.created_at.label("turn_created_at"),
             )
             # Only the turns after :after (0: all); the conversation row comes back even when
             # none is newer, so a cache can revalidate with one query.
@@ -83,20 +88,6 @@ class _Statements:
             .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
             .order_by(t.c.seq)
         )  # fmt: skip
-        self.create = (
-            insert(c)
-            .values(
-                id=sa.bindparam("cid"),
-                revision=1,
-                created_at=sa.func.now(),
-                updated_at=sa.func.now(),
-                context_start=sa.bindparam("context_start"),
-                owner=sa.bindparam("caller"),
-                lease_wanted=False,
-            )
-            .on_conflict_do_nothing()
-            .returning(c.c.revision, c.c.created_at, c.c.updated_at)
-        )
         # No other turn's lease may be live: a holder whose lease ran out and was taken over
         # loses here, even if the revision still matches. The commit releases the lease; the
         # turns queued for it are woken after it (see ``append``).
@@ -104,6 +95,40 @@ class _Statements:
             c.c.lease_holder.is_(None),
             c.c.lease_expires_at <= sa.func.now(),
             c.c.lease_holder == sa.bindparam("holder"),
+        )
+        new_row = insert(c).values(
+            id=sa.bindparam("cid"),
+            revision=sa.bindparam("revision"),
+            created_at=sa.func.now(),
+            updated_at=sa.func.now(),
+            context_start=sa.bindparam("context_start"),
+            owner=sa.bindparam("caller"),
+            lease_wanted=False,
+            metadata=sa.bindparam("metadata"),
+        )
+        # The first turn: a new conversation, or one made empty (revision 0) on /v1.
+        self.create = new_row.on_conflict_do_update(
+            index_elements=[c.c.id],
+            set_={
+                "revision": 1,
+                "updated_at": sa.func.now(),
+                "context_start": new_row.excluded.context_start,
+                "lease_holder": None,
+                "lease_expires_at": None,
+            },
+            where=sa.and_(c.c.revision == 0, c.c.owner == sa.bindparam("caller"), live, free),
+        ).returning(c.c.revision, c.c.created_at, c.c.updated_at, c.c.lease_wanted)
+        self.create_empty = new_row.returning(
+            c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata
+        )
+        self.describe = sa.select(
+            c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata
+        ).where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
+        self.set_metadata = (
+            sa.update(c)
+            .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
+            .values(metadata=sa.bindparam("metadata"))
+            .returning(c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata)
         )
         bumped = (
             sa.update(c)
@@ -162,6 +187,7 @@ class _Statements:
                 t.c.user_message, t.c.assistant_message, t.c.replay_items,
                 t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
                 t.c.tool_calls, t.c.status, t.c.incomplete_reason, t.c.seq,
+                t.c.created_at.label("turn_created_at"),
             )
             .select_from(attempt.outerjoin(t, sa.and_(
                 t.c.conversation_id == sa.bindparam("cid"), t.c.seq > sa.bindparam("after")
@@ -285,6 +311,7 @@ class PostgresStore:
         dialect = engine.dialect
         self._load = Compiled(self._sql.load, dialect)
         self._create = Compiled(self._sql.create, dialect)
+        self._create_empty = Compiled(self._sql.create_empty, dialect)
         self._bump = Compiled(self._sql.bump, dialect)
         self._lease = Compiled(self._sql.lease, dialect)
         self._insert_turn = Compiled(self._sql.insert_turn, dialect, list(TURN_COLUMNS))
@@ -428,6 +455,8 @@ class PostgresStore:
             "context_start": turn.context_from,
             "caller": append.owner,
             "holder": append.lease,
+            "revision": 1,
+            "metadata": None,
         }
         statement = self._create if append.expected_revision == 0 else self._bump
         wake: list[str] = []  # topics to notify once committed
@@ -488,6 +517,56 @@ class PostgresStore:
             if if_match is not None and revision not in if_match:
                 raise PreconditionFailed()  # rolls the delete back
             await conn.execute(runs.DELETE_OF, {"cids": [conversation_id]})  # and their events
+
+    async def create_conversation(
+        self, owner: str, metadata: dict[str, str], turn: Turn | None = None
+    ) -> ConversationInfo:
+        return await written(lambda: self._create_conversation(owner, metadata, turn))
+
+    async def _create_conversation(
+        self, owner: str, metadata: dict[str, str], turn: Turn | None
+    ) -> ConversationInfo:
+        cid = uuid.uuid4()
+        params = {
+            "cid": cid, "caller": owner, "revision": 0 if turn is None else 1,
+            "context_start": 1, "metadata": _JSON.encode(metadata).decode(),
+        }  # fmt: skip
+        async with driver(self._engine, write=True) as conn:
+            row = await conn.fetchrow(self._create_empty.sql, *self._create_empty.args(params))
+            if turn is not None:
+                new_turn = _turn_row(cid, 1, turn, None)
+                await conn.execute(self._insert_turn.sql, *self._insert_turn.args(new_turn))
+        return _info(row)
+
+    async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
+        async with read(self._engine) as conn:
+            params = {"cid": conversation_id, "caller": owner}
+            row = (await conn.execute(self._sql.describe, params)).mappings().first()
+        return None if row is None else _info(row)
+
+    async def update_metadata(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        metadata: dict[str, str],
+        if_match: Precondition = None,
+    ) -> ConversationInfo:
+        params = {
+            "cid": conversation_id,
+            "caller": owner,
+            "metadata": _JSON.encode(metadata).decode(),
+        }
+
+        async def update() -> ConversationInfo:
+            async with transaction(self._engine) as conn:
+                row = (await conn.execute(self._sql.set_metadata, params)).mappings().first()
+                if row is None:
+                    raise ConversationNotFound()
+                if if_match is not None and row["revision"] not in if_match:
+                    raise PreconditionFailed()  # rolls the update back
+                return _info(row)
+
+        return await written(update)
 
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None
@@ -582,6 +661,17 @@ def _transcript_turn(row: Any) -> TranscriptTurn:
     )
 
 
+def _info(row: Any) -> ConversationInfo:
+    metadata = row["metadata"]
+    return ConversationInfo(
+        id=row["id"],
+        revision=row["revision"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        metadata=_METADATA.decode(metadata) if metadata else {},
+    )
+
+
 def _turn(row: Any) -> Turn:
     return Turn(
         user_message=row["user_message"],
@@ -593,6 +683,7 @@ def _turn(row: Any) -> Turn:
         tool_calls=_CALLS.decode(row["tool_calls"]) if row["tool_calls"] else (),
         status=row["status"],
         incomplete_reason=row["incomplete_reason"],
+        created_at=row["turn_created_at"],
     )
 
 

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps run test lint bench clean
+.PHONY: help install system-deps js-deps run test lint bench clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -37,7 +37,18 @@ system-deps: ## install nginx-light and pgbouncer with apt-get when missing
 		echo "note:$$pkgs not installed (needs root and apt-get): the tests using them skip"; \
 	fi
 
-test: $(STAMP) system-deps ## run the whole test suite against real PostgreSQL
+# The official openai npm package, for tests/test_openai_js.py (skipped without Node.js).
+JS_STAMP := tests/js/node_modules/.installed
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json
+	@if command -v npm >/dev/null; then \
+		npm ci --prefix tests/js --no-audit --no-fund --silent && touch $(JS_STAMP); \
+	else \
+		echo "note: npm not found: the JavaScript SDK test skips"; \
+	fi
+
+js-deps: $(JS_STAMP) ## install the openai npm package for the JavaScript SDK test (needs npm)
+
+test: $(STAMP) system-deps js-deps ## run the whole test suite against real PostgreSQL
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict service

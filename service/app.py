@@ -23,6 +23,8 @@ from litestar.openapi.spec import Components, Schema
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.chat import ChatController
+from service.api.compat.conversations import OpenAIConversations
+from service.api.compat.responses import OpenAIResponses
 from service.api.conversations import ConversationController
 from service.api.correlation import add_correlation_header, correlation_middleware
 from service.api.errors import error_response
@@ -243,7 +245,13 @@ def create_app(
     components, security = openapi_security(settings)
     owned = Router(
         "/",
-        route_handlers=[ChatController, ConversationController, TurnController],
+        route_handlers=[
+            ChatController,
+            ConversationController,
+            TurnController,
+            OpenAIConversations,
+            OpenAIResponses,
+        ],
         guards=[guard],
         security=security,
     )

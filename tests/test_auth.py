@@ -294,7 +294,7 @@ async def test_operations_and_the_schema_need_no_credentials(make_client: Client
     assert "security" not in schema  # per operation: only those with an owner need credentials
     for path, operations in schema["paths"].items():
         for operation in operations.values():
-            expected = [{"bearer": []}] if path.startswith("/api/") else None
+            expected = [{"bearer": []}] if path.startswith(("/api/", "/v1/")) else None
             assert operation.get("security") == expected, path
 
 

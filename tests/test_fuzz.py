@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -79,7 +80,11 @@ def assert_contract(response: Any) -> None:
     if status < 400:
         return
     body = json.loads(response.content)
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "correlation_id"}
+    fields = {"code", "message", "correlation_id"}
+    if urlsplit(str(response.request.url)).path.startswith("/v1/"):  # OpenAI's error shape
+        fields |= {"type", "param"}
+        assert response.headers.get("x-request-id") == values, "x-request-id"
+    assert set(body) == {"error"} and set(body["error"]) == fields
     error = body["error"]
     assert error["correlation_id"] == cid
     assert isinstance(error["code"], str) and isinstance(error["message"], str) and error["message"]
@@ -113,7 +118,10 @@ def refused_valid_data(case: schemathesis.Case, response: Any) -> bool:
     The one thing a schema cannot say is "a cursor this API returned" (GET /conversations?
     after=): random ones are 400, as they should be."""
     cursor = case.operation.label == "GET /api/v1/conversations" and "after" in (case.query or {})
-    return bool(response.status_code == 400 and not cursor)
+    # /v1 is OpenAI's wire format; what turnstore takes of it (its model only, a conversation
+    # or the latest response, the fields it supports) is beyond what that schema says.
+    openai = case.operation.path.startswith("/v1/")
+    return bool(response.status_code == 400 and not cursor and not openai)
 
 
 def fuzz(

@@ -31,7 +31,10 @@ def correlation_id(scope: Scope) -> str:
 async def add_correlation_header(message: Message, scope: Scope) -> None:
     """A ``before_send`` hook: it sees every response, the framework's own errors included."""
     if message["type"] == "http.response.start":
-        MutableScopeHeaders.from_message(message)[HEADER] = correlation_id(scope)
+        headers = MutableScopeHeaders.from_message(message)
+        headers[HEADER] = correlation_id(scope)
+        if str(scope.get("path", "")).startswith("/v1/"):
+            headers["x-request-id"] = correlation_id(scope)  # where the OpenAI SDKs look
 
 
 def correlation_middleware(app: ASGIApp) -> ASGIApp:

@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.types import Scope
 
 from service.api.correlation import correlation_id
 from service.api.schemas import ErrorEnvelope
@@ -24,14 +25,16 @@ _CODE_BY_STATUS = {
 }
 
 
-def documented(*errors: type[TurnstoreError]) -> dict[int, ResponseSpec]:
+def documented(
+    *errors: type[TurnstoreError], shape: type[Any] = ErrorEnvelope
+) -> dict[int, ResponseSpec]:
     """The OpenAPI responses of an operation that may raise ``errors``: one entry per status,
     naming the codes (derived from the error classes, so the document cannot drift)."""
     codes: dict[int, list[str]] = {}
     for error in errors:
         codes.setdefault(error.status, []).append(error.code)
     return {
-        status: ResponseSpec(ErrorEnvelope, description=" or ".join(names))
+        status: ResponseSpec(shape, description=" or ".join(names))
         for status, names in sorted(codes.items())
     }
 
@@ -60,8 +63,9 @@ def log_failure(exc: TurnstoreError, cid: str) -> None:
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     cid = correlation_id(request.scope)
     headers: dict[str, str] = {}
+    param = None
     if isinstance(exc, TurnstoreError):
-        status, code, message = exc.status, exc.code, exc.message
+        status, code, message, param = exc.status, exc.code, exc.message, exc.param
         if isinstance(exc, RateLimited) and exc.retry_after:
             headers["Retry-After"] = exc.retry_after
         if isinstance(exc, Unauthorized):
@@ -78,4 +82,40 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
     else:
         log.exception("unhandled error", exc_info=exc, extra={"correlation_id": cid})
         status, code, message = 500, "internal_error", "Internal error."
+    if is_openai(request.scope):
+        return openai_error(status, code, message, param, cid, headers)
     return Response(envelope(code, message, cid), status_code=status, headers=headers)
+
+
+def is_openai(scope: Scope) -> bool:
+    return str(scope.get("path", "")).startswith("/v1/")
+
+
+def openai_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def openai_error(
+    status: int, code: str, message: str, param: str | None, cid: str, headers: dict[str, str]
+) -> Response[Any]:
+    """OpenAI's error shape. A busy conversation is ``400 conversation_locked`` as OpenAI
+    answers it; ``x-should-retry`` keeps the SDKs from re-running a turn that lost a race
+    (they retry every 409 by default) and lets them retry a request still in progress."""
+    if code == "conversation_busy":
+        status, code, param = 400, "conversation_locked", param or "conversation"
+    if code == "conversation_conflict":
+        headers["x-should-retry"] = "false"
+    elif code == "request_in_progress":
+        headers["x-should-retry"] = "true"
+    body = {
+        "message": message,
+        "type": openai_type(status),
+        "param": param,
+        "code": code,
+        "correlation_id": cid,
+    }
+    return Response({"error": body}, status_code=status, headers=headers)

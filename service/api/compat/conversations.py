@@ -1,0 +1,148 @@
+"""/v1/conversations: OpenAI's Conversations API over turnstore's conversations.
+
+The same conversations as /api/v1 (``conv_<hex>`` is the uuid ``/api/v1`` shows), the same
+owners, ETags and If-Match. Metadata is not part of the history: updating it is no commit.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from litestar import Controller, Response, delete, get, post
+from litestar.params import FromPath, JSONBody, QueryParameter
+
+from service.api.compat import items as views
+from service.api.compat.ids import parse_conversation
+from service.api.compat.schemas import (
+    ConversationCreate,
+    ConversationUpdate,
+    ItemsCreate,
+    OpenAIError,
+    check_metadata,
+    conversation_object,
+    deleted_object,
+    strict,
+)
+from service.api.deps import Owner, Store
+from service.api.errors import documented
+from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
+from service.errors import (
+    ConversationConflict,
+    ConversationNotFound,
+    InvalidInput,
+    ItemNotFound,
+    PreconditionFailed,
+    StorageError,
+    TurnstoreError,
+    Unauthorized,
+)
+from service.items import items_turn
+
+Include = Annotated[
+    list[str] | None,
+    QueryParameter(name="include[]", required=False, description="reasoning.encrypted_content"),
+]
+ItemLimit = Annotated[int, QueryParameter(ge=1, le=100, description="Items per page (1-100).")]
+AfterItem = Annotated[str | None, QueryParameter(description="Items after this one (in order).")]
+Order = Annotated[
+    Literal["asc", "desc"], QueryParameter(description="Commit order or newest first.")
+]
+
+
+def errors(*more: type[TurnstoreError]) -> Any:
+    return documented(InvalidInput, Unauthorized, StorageError, *more, shape=OpenAIError)
+
+
+def with_etag(body: dict[str, Any], revision: int) -> Response[dict[str, Any]]:
+    return Response(body, headers={"ETag": etag(revision)})
+
+
+class OpenAIConversations(Controller):
+    path = "/v1/conversations"
+    tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
+
+    @post(
+        "/", status_code=200, summary="Create a conversation (metadata, up to 20 items).",
+        before_request=strict(ConversationCreate), response_headers=[ETAG, CORRELATION_ID],
+        responses=errors(),
+    )  # fmt: skip
+    async def create(
+        self, data: JSONBody[ConversationCreate], store: Store, owner: Owner
+    ) -> Response[dict[str, Any]]:
+        metadata, turn = check_metadata(data.metadata), items_turn(data.items)
+        info = await store.create_conversation(owner, metadata, turn)
+        return with_etag(conversation_object(info), info.revision)
+
+    @get(
+        "/{conversation_id:str}", summary="A conversation: id, created_at, metadata.",
+        response_headers=[ETAG, CORRELATION_ID], responses=errors(ConversationNotFound),
+    )  # fmt: skip
+    async def retrieve(
+        self, conversation_id: FromPath[str], store: Store, owner: Owner
+    ) -> Response[dict[str, Any]]:
+        info = await store.describe(parse_conversation(conversation_id), owner)
+        if info is None:
+            raise ConversationNotFound()
+        return with_etag(conversation_object(info), info.revision)
+
+    @post(
+        "/{conversation_id:str}", status_code=200, summary="Replace its metadata (no commit).",
+        before_request=strict(ConversationUpdate), response_headers=[ETAG, CORRELATION_ID],
+        responses=errors(ConversationNotFound, PreconditionFailed),
+    )  # fmt: skip
+    async def update(
+        self, data: JSONBody[ConversationUpdate], conversation_id: FromPath[str], store: Store,
+        owner: Owner, if_match: IfMatch = None,
+    ) -> Response[dict[str, Any]]:  # fmt: skip
+        metadata = check_metadata(data.metadata)
+        cid = parse_conversation(conversation_id)
+        info = await store.update_metadata(cid, owner, metadata, parse_if_match(if_match))
+        return with_etag(conversation_object(info), info.revision)
+
+    @delete(
+        "/{conversation_id:str}", status_code=200, summary="Delete it and all its turns.",
+        response_headers=[CORRELATION_ID],
+        responses=errors(ConversationNotFound, PreconditionFailed),
+    )  # fmt: skip
+    async def remove(
+        self, conversation_id: FromPath[str], store: Store, owner: Owner, if_match: IfMatch = None
+    ) -> dict[str, Any]:
+        cid = parse_conversation(conversation_id)
+        await store.delete(cid, owner, parse_if_match(if_match))
+        return deleted_object(cid)
+
+    @get(
+        "/{conversation_id:str}/items", summary="Its items, newest first by default.",
+        response_headers=[CORRELATION_ID], responses=errors(ConversationNotFound),
+    )  # fmt: skip
+    async def items(
+        self, conversation_id: FromPath[str], store: Store, owner: Owner, include: Include = None,
+        after: AfterItem = None, limit: ItemLimit = 20, order: Order = "desc",
+    ) -> dict[str, Any]:  # fmt: skip
+        found = await views.load_items(store, parse_conversation(conversation_id), owner, include)
+        return views.page(found, after=after, limit=limit, order=order).body()
+
+    @post(
+        "/{conversation_id:str}/items", status_code=200,
+        summary="Append up to 20 items without calling the model: one commit.",
+        before_request=strict(ItemsCreate), response_headers=[ETAG, CORRELATION_ID],
+        responses=errors(ConversationNotFound, ConversationConflict, PreconditionFailed),
+    )  # fmt: skip
+    async def append(
+        self, data: JSONBody[ItemsCreate], conversation_id: FromPath[str], store: Store,
+        owner: Owner, if_match: IfMatch = None, include: Include = None,
+    ) -> Response[dict[str, Any]]:  # fmt: skip
+        cid, turn = parse_conversation(conversation_id), items_turn(data.items)
+        added = await views.append_items(store, cid, owner, turn, parse_if_match(if_match), include)
+        return with_etag(added.body(), added.revision)
+
+    @get(
+        "/{conversation_id:str}/items/{item_id:str}", summary="One of its items.",
+        response_headers=[CORRELATION_ID], responses=errors(ConversationNotFound, ItemNotFound),
+    )  # fmt: skip
+    async def item(
+        self, conversation_id: FromPath[str], item_id: FromPath[str], store: Store, owner: Owner,
+        include: Include = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        found = await views.load_items(store, parse_conversation(conversation_id), owner, include)
+        return views.find(found, item_id)

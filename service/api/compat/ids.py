@@ -1,0 +1,53 @@
+"""The ids of the OpenAI-compatible surface, all derived from turnstore's own.
+
+A conversation is ``conv_<uuid hex>`` (``/api/v1`` shows the same uuid with dashes; both are
+accepted everywhere). A response is a committed turn: ``resp_<conversation hex><revision>``,
+so its lookup needs no index of its own and stays within its conversation (one shard's). An
+item stored without an id (the user's input items) is shown as ``msg_<conversation hex>
+<revision><index>``; its stored bytes are never changed.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from service.errors import ConversationNotFound, ResponseNotFound
+
+_CONVERSATION = re.compile(r"(?:conv_)?([0-9a-f]{32})")
+_RESPONSE = re.compile(r"resp_([0-9a-f]{32})([0-9a-f]{8})")
+_VIEW_ITEM = re.compile(r"msg_([0-9a-f]{32})([0-9a-f]{8})([0-9a-f]{4})")
+
+
+def conversation_id(cid: uuid.UUID) -> str:
+    return f"conv_{cid.hex}"
+
+
+def parse_conversation(raw: str) -> uuid.UUID:
+    """``conv_<hex>``, bare hex or a dashed uuid; anything else looks like an unknown id."""
+    match = _CONVERSATION.fullmatch(raw.replace("-", "") if "-" in raw else raw)
+    if match is None:
+        raise ConversationNotFound()
+    return uuid.UUID(match.group(1))
+
+
+def response_id(cid: uuid.UUID, revision: int) -> str:
+    return f"resp_{cid.hex}{revision:08x}"
+
+
+def parse_response(raw: str) -> tuple[uuid.UUID, int]:
+    match = _RESPONSE.fullmatch(raw)
+    if match is None or int(match.group(2), 16) < 1:
+        raise ResponseNotFound()
+    return uuid.UUID(match.group(1)), int(match.group(2), 16)
+
+
+def view_item_id(cid: uuid.UUID, revision: int, index: int) -> str:
+    return f"msg_{cid.hex}{revision:08x}{index:04x}"
+
+
+def parse_view_item(raw: str) -> tuple[uuid.UUID, int, int] | None:
+    match = _VIEW_ITEM.fullmatch(raw)
+    if match is None:
+        return None
+    return uuid.UUID(match.group(1)), int(match.group(2), 16), int(match.group(3), 16)

@@ -1,0 +1,159 @@
+"""/v1/responses: a turn asked the OpenAI way, answered as a Response or as its event stream.
+
+A response is a committed turn of a conversation (see ids.py). What a request may ask is
+checked before anything else happens (``plan_of``); the turn itself runs under the same rules
+as on /api/v1: lease, If-Match, Idempotency-Key, the commit before the answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.params import FromPath, JSONBody
+from litestar.response import ServerSentEvent
+
+from service.api.compat import items as views
+from service.api.compat.conversations import errors
+from service.api.compat.ids import parse_conversation, parse_response
+from service.api.compat.schemas import ResponseCreate, response_object, strict
+from service.api.compat.stream import first_event, response_events
+from service.api.correlation import correlation_id
+from service.api.deps import KeepaliveSeconds, Owner, Store, Turns
+from service.api.headers import CORRELATION_ID, RETRY_AFTER, IdempotencyKey
+from service.api.sse import closed_with_response
+from service.errors import (
+    ContentFiltered,
+    ContextLengthExceeded,
+    ConversationConflict,
+    ConversationNotFound,
+    IdempotencyKeyReused,
+    InvalidInput,
+    PreconditionFailed,
+    RateLimited,
+    RequestInProgress,
+    ResponseNotFound,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from service.items import input_text
+from service.model import IdempotencyKey as Key
+from service.plans import TurnPlan
+from service.turns import TurnService
+
+UNSUPPORTED = {
+    "instructions": "instructions are not supported: the system prompt is the server's "
+    "(SYSTEM_PROMPT), the same for every turn of the history",
+    "background": "background responses are not supported yet on /v1 (use /api/v1)",
+}
+
+
+def plan_of(
+    asked: ResponseCreate, body: bytes, turns: TurnService, owner: str, key: str | None
+) -> TurnPlan:
+    """The turn ``asked`` for, or 400 naming the field that cannot be honoured."""
+    for field, why in UNSUPPORTED.items():
+        if getattr(asked, field) not in (None, False):
+            raise InvalidInput(why + ".", param=field)
+    model = turns.provider.origin.model
+    if asked.model is not None and asked.model != model:
+        raise InvalidInput(f"model: this server answers with {model!r} only.", param="model")
+    views.includes(asked.include)
+    if_match, raw_id = None, asked.conversation_id
+    if asked.previous_response_id is not None:
+        if raw_id is not None:
+            raise InvalidInput(
+                "Send conversation or previous_response_id, not both.",
+                param="previous_response_id",
+            )
+        cid, revision = parse_response(asked.previous_response_id)
+        raw_id, if_match = str(cid), frozenset({revision})
+    if raw_id is None:
+        raise InvalidInput(
+            "conversation (or previous_response_id) is required: turnstore keeps the history.",
+            param="conversation",
+        )
+    plan = turns.plan(input_text(asked.input), str(parse_conversation(raw_id)), if_match,
+                      owner=owner, truncate=asked.truncation != "disabled")  # fmt: skip
+    if key is None:
+        return plan
+    # The whole request is the key's subject: a retry must ask exactly the same.
+    return plan.with_idempotency(Key(owner, key, hashlib.sha256(body).hexdigest()))
+
+
+def not_latest(asked: ResponseCreate, exc: PreconditionFailed) -> Exception:
+    if asked.previous_response_id is None:
+        return exc
+    return InvalidInput(
+        "previous_response_id must name the latest response of its conversation.",
+        param="previous_response_id",
+    )
+
+
+class OpenAIResponses(Controller):
+    path = "/v1/responses"
+    tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
+
+    @post(
+        "/", status_code=200, summary="A turn: a Response, or (stream) its event stream.",
+        description="A busy conversation is 400 conversation_locked, as OpenAI answers it.",
+        before_request=strict(ResponseCreate), response_headers=[CORRELATION_ID, RETRY_AFTER],
+        responses=errors(
+            ContextLengthExceeded, ConversationNotFound, ConversationConflict, RequestInProgress,
+            PreconditionFailed, ContentFiltered, IdempotencyKeyReused, RateLimited, UpstreamError,
+            UpstreamTimeout,
+        ),
+    )  # fmt: skip
+    async def create(
+        self, request: Request[Any, Any, Any], data: JSONBody[ResponseCreate], turns: Turns,
+        owner: Owner, sse_keepalive_s: KeepaliveSeconds, idempotency_key: IdempotencyKey = None,
+    ) -> Response[dict[str, Any]] | ServerSentEvent:  # fmt: skip
+        asked = data
+        plan = plan_of(asked, await request.body(), turns, owner, idempotency_key)
+        try:
+            if asked.stream:
+                return await self._stream(request, asked, plan, turns, sse_keepalive_s)
+            started = time.time()
+            done = await turns.run(plan)
+        except PreconditionFailed as exc:
+            raise not_latest(asked, exc) from None
+        assert done.revision is not None
+        output = views.output_items(done.conversation_id, done.revision, done.items)
+        return Response(response_object(
+            done.conversation_id, done.revision, model=turns.provider.origin.model,
+            status=done.status, output=output, incomplete_reason=done.incomplete_reason,
+            created_at=started, truncation=asked.truncation,
+        ))  # fmt: skip
+
+    async def _stream(
+        self, request: Request[Any, Any, Any], asked: ResponseCreate, plan: TurnPlan,
+        turns: TurnService, keepalive_s: float,
+    ) -> ServerSentEvent:  # fmt: skip
+        events = turns.events(plan, stream=True, announce=True)
+        first = await first_event(events)
+        messages = response_events(
+            first, events, model=turns.provider.origin.model, truncation=asked.truncation,
+            keepalive_s=keepalive_s, correlation_id=correlation_id(request.scope),
+        )  # fmt: skip
+        closed_with_response(request.scope, messages)
+        return ServerSentEvent(messages)
+
+    @get(
+        "/{response_id:str}", summary="A committed response.",
+        response_headers=[CORRELATION_ID], responses=errors(ResponseNotFound),
+    )  # fmt: skip
+    async def retrieve(
+        self, response_id: FromPath[str], store: Store, owner: Owner
+    ) -> dict[str, Any]:
+        cid, revision = parse_response(response_id)
+        conversation = await store.load(cid, owner, after_revision=revision - 1)
+        if conversation is None or not conversation.turns:
+            raise ResponseNotFound()
+        turn = conversation.turns[0]
+        return response_object(
+            cid, revision, model=turn.origin.model if turn.origin else "unknown",
+            status=turn.status, output=views.output_items(cid, revision, turn.replay_items[1:]),
+            incomplete_reason=turn.incomplete_reason, created_at=turn.created_at,
+        )  # fmt: skip

@@ -471,3 +471,62 @@ async def test_owners_are_the_same_as_on_api_v1(database_url: str, engine: Async
         with pytest.raises(openai.AuthenticationError):
             await anonymous.conversations.retrieve(conversation.id)
         await anonymous.close()
+
+
+async def test_a_reply_cut_at_max_output_tokens_is_committed_as_incomplete(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    api = FakeResponsesAPI()
+    cut = {"status": "incomplete", "incomplete_reason": "max_output_tokens", "text": "partial"}
+    async with sdk(database_url, api.provider()) as (client, _, plain):
+        conversation = await client.conversations.create()
+        api.then(Script(**cut))
+        plain_answer = await client.responses.create(conversation=conversation.id, input="a")
+        assert plain_answer.status == "incomplete" and plain_answer.output_text == "partial"
+        assert plain_answer.incomplete_details.reason == "max_output_tokens"  # type: ignore[union-attr]
+        api.then(Script(**cut))
+        stream = await client.responses.create(conversation=conversation.id, input="b", stream=True)
+        events = [event async for event in stream]
+        assert events[-1].type == "response.incomplete"
+        assert events[-1].response.output_text == "partial"  # type: ignore[union-attr]
+        view = (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()
+        assert view["revision"] == 2  # both kept, as the contract's table says
+
+
+async def test_a_request_in_progress_tells_the_sdk_to_retry(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    api = FakeResponsesAPI()
+    async with sdk(database_url, api.provider()) as (client, _, _plain):
+        conversation = await client.conversations.create()
+        gate = asyncio.Event()
+        slow = Script(gate=gate)
+        api.then(slow)
+        key = {"Idempotency-Key": "once"}
+        first = asyncio.create_task(
+            client.responses.create(conversation=conversation.id, input="x", extra_headers=key)
+        )
+        await slow.started.wait()
+        with pytest.raises(openai.ConflictError) as running:
+            await client.responses.create(
+                conversation=conversation.id, input="x", extra_headers=key
+            )
+        assert running.value.code == "request_in_progress"
+        assert running.value.response.headers["x-should-retry"] == "true"
+        gate.set()
+        assert (await first).output_text
+
+
+async def test_turnstores_own_tool_calls_stay_inside_the_turn(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    api = FakeResponsesAPI().then(Script(calls=[("shout", '{"text": "hi"}')]))
+    tools = "tests.test_tool_turns:shout"
+    async with sdk(database_url, api.provider(), tools=tools) as (client, _, _plain):
+        conversation = await client.conversations.create()
+        answer = await client.responses.create(conversation=conversation.id, input="use tools")
+        assert answer.output_text == "reply 2" and len(api.requests) == 2
+        assert {item.type for item in answer.output} == {"reasoning", "message"}
+        shown = [i async for i in client.conversations.items.list(conversation.id)]
+        assert "function_call" not in {i.type for i in shown}
+        assert "function_call_output" not in {i.type for i in shown}

@@ -203,7 +203,9 @@ class Append:
     """A turn to commit to ``owner``'s conversation, if it is still at ``expected_revision``
     (0: create the conversation with this turn) and no other turn holds its lease.
     ``idempotency``, claimed before, is completed in the same transaction; ``lease``, the
-    holder's id, is released by it."""
+    holder's id, is released by it. With ``fork_of``, the conversation is first made as that
+    fork (at ``expected_revision``), in the same transaction: a turn that fails leaves no
+    fork behind."""
 
     conversation_id: UUID
     turn: Turn
@@ -212,6 +214,15 @@ class Append:
     idempotency: IdempotencyKey | None = None
     lease: UUID | None = None
     run: RunCommit | None = None
+    fork_of: ForkPoint | None = None  # create the conversation as this fork first (same commit)
+
+
+@dataclass(frozen=True)
+class ForkPoint:
+    """Turns 1..``revision`` of conversation ``source``: where a fork begins."""
+
+    source: UUID
+    revision: int
 
 
 RunStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]

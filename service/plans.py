@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import msgspec
 
 from service.errors import ConversationNotFound, InvalidInput, PreconditionFailed
-from service.model import ANONYMOUS, IdempotencyKey, Precondition
+from service.model import ANONYMOUS, ForkPoint, IdempotencyKey, Precondition
 from service.strictjson import is_encodable
 
 # Whitespace as JSON Schema (ECMA-262) patterns know it: the OpenAPI document states the
@@ -33,9 +33,15 @@ class TurnPlan:
     background: bool = False  # runs on when its client goes away (service/runs.py)
     claimed: bool = False  # its Idempotency-Key is claimed already (a background turn's)
     truncate: bool = True  # False: a turn whose window would leave earlier turns out is refused
+    fork_of: ForkPoint | None = None  # a new conversation forked here, made by this turn's commit
 
     def with_idempotency(self, key: IdempotencyKey) -> TurnPlan:
         return dataclasses.replace(self, idempotency=key)
+
+    def forked(self, point: ForkPoint) -> TurnPlan:
+        """This turn on a new conversation that begins as turns 1..point.revision of
+        point.source (its If-Match, if any, is checked against the source)."""
+        return dataclasses.replace(self, conversation_id=uuid.uuid4(), is_new=True, fork_of=point)
 
 
 def make_plan(

@@ -9,6 +9,7 @@ so a stale writer in another replica gets ConversationConflict and writes nothin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -194,7 +195,7 @@ class TurnService:
             async with self.leases.hold(plan) as held:
                 if run is not None:
                     await run.begin()
-                conversation = held.conversation
+                conversation = held.conversation or await self._fork_basis(plan)
                 if conversation is not None:
                     check_precondition(plan.if_match, conversation.revision)
                 if announce:
@@ -215,7 +216,11 @@ class TurnService:
                         else:
                             yield event
                 turn = self._accept(plan, window, user_item, answer)
-                revision = None if turn is None else await self._commit(plan, held, turn, run)
+                revision = (
+                    None
+                    if turn is None
+                    else await self._commit(plan, conversation, held, turn, run)
+                )
             metrics.turn_ended(mode, committed=revision is not None)
         # Outside the outcome count: a client leaving now does not undo the commit.
         yield _done(plan, answer, revision)
@@ -277,8 +282,26 @@ class TurnService:
             incomplete_reason=reply.incomplete_reason,
         )
 
-    async def _commit(self, plan: TurnPlan, held: Held, turn: Turn, run: DurableRun | None) -> int:
-        conversation = held.conversation
+    async def _fork_basis(self, plan: TurnPlan) -> Conversation | None:
+        """A forked turn's history: the source's first turns, as the fork will hold them."""
+        point = plan.fork_of
+        if point is None:
+            return None
+        source = await self.store.load(point.source, plan.owner)
+        if source is None:
+            raise ConversationNotFound()
+        if source.revision < point.revision:
+            raise InvalidInput("The fork point is not a revision of the conversation.")
+        turns = source.turns[: point.revision]
+        return dataclasses.replace(
+            source, id=plan.conversation_id, revision=point.revision, turns=turns,
+            context_start=turns[-1].context_from if turns else 1,
+        )  # fmt: skip
+
+    async def _commit(
+        self, plan: TurnPlan, conversation: Conversation | None, held: Held, turn: Turn,
+        run: DurableRun | None,
+    ) -> int:  # fmt: skip
         ending = await run.prepare_commit(turn.status, turn.incomplete_reason) if run else None
         append = self.store.append(
             Append(
@@ -289,6 +312,7 @@ class TurnService:
                 idempotency=plan.idempotency,
                 lease=held.holder,
                 run=ending,
+                fork_of=plan.fork_of,
             )
         )
         with metrics.COMMIT_SECONDS.time():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -398,21 +399,43 @@ async def test_unsupported_fields_are_refused_with_their_param(
         assert (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()["revision"] == 0
 
 
-async def test_previous_response_id_continues_only_the_latest(
+async def test_previous_response_id_continues_the_latest_and_forks_at_an_earlier_one(
     database_url: str, engine: AsyncEngine
 ) -> None:
-    async with sdk(database_url) as (client, _, _plain):
+    api = FakeResponsesAPI()
+    async with sdk(database_url, api.provider()) as (client, _, plain):
         conversation = await client.conversations.create()
         first = await client.responses.create(conversation=conversation.id, input="a")
         second = await client.responses.create(previous_response_id=first.id, input="b")
-        assert second.conversation.id == conversation.id
-        assert second.output_text == "[fake-llm] b (history=2)"
-        with pytest.raises(openai.BadRequestError) as refused:
-            await client.responses.create(previous_response_id=first.id, input="fork")
-        assert refused.value.param == "previous_response_id"
+        assert second.conversation.id == conversation.id  # the latest: continued
+        fork = await client.responses.create(previous_response_id=first.id, input="edited b")
+        assert fork.conversation.id != conversation.id  # an earlier one: forked there
+        # The model saw the source's first turn, byte for byte, then the new message.
+        assert api.requests[-1]["input"][:-1] == api.requests[1]["input"][:-1]
+        forked = (await plain.get(f"/api/v1/conversations/{fork.conversation.id}")).json()
+        source = (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()
+        assert [m["content"] for m in forked["messages"][::2]] == ["a", "edited b"]
+        assert [m["content"] for m in source["messages"][::2]] == ["a", "b"]  # untouched
+        again = await client.responses.create(previous_response_id=fork.id, input="c")
+        assert again.conversation.id == fork.conversation.id
         with pytest.raises(openai.BadRequestError) as stateless:
-            await client.responses.create(input="no history", model="fake-llm")
+            await client.responses.create(input="no history", model="gpt-test")
         assert stateless.value.param == "conversation"
+
+
+async def test_a_forked_turn_that_fails_leaves_no_fork(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    api = FakeResponsesAPI()
+    async with sdk(database_url, api.provider()) as (client, _, plain):
+        conversation = await client.conversations.create()
+        first = await client.responses.create(conversation=conversation.id, input="a")
+        await client.responses.create(conversation=conversation.id, input="b")
+        api.then(Script(http_status=500))
+        with pytest.raises(openai.InternalServerError):
+            await client.responses.create(previous_response_id=first.id, input="fork")
+        listed = (await plain.get("/api/v1/conversations")).json()["conversations"]
+        assert [c["conversation_id"] for c in listed] == [str(uuid.UUID(conversation.id[5:]))]
 
 
 async def test_truncation_disabled_refuses_a_turn_that_would_drop_history(

@@ -318,3 +318,45 @@ async def test_a_lease_racing_a_commit_never_returns_a_revision_ahead_of_its_tur
     assert attempt.acquired and attempt.conversation is not None
     assert attempt.conversation.revision == 2
     assert [t.user_message for t in attempt.conversation.turns] == [turn(1).user_message, "u2"]
+
+
+async def test_a_fork_holds_the_first_turns_as_they_are_and_goes_its_own_way(
+    contract_store: AnyStore,
+) -> None:
+    store, source = contract_store, uuid.uuid4()
+    for n in range(1, 4):
+        await store.append(Append(source, turn(n), n - 1, owner="alice"))
+    fork = await store.fork(source, "alice", 2)
+    assert fork.revision == 2 and fork.id != source
+    forked = await store.load(fork.id, "alice")
+    assert forked is not None and forked.revision == 2
+    expected = [bytes(item) for n in (1, 2) for item in turn(n).replay_items]
+    assert [bytes(item) for item in forked.replay_items] == expected
+    await store.append(Append(fork.id, turn(9), 2, owner="alice"))
+    await store.append(Append(source, turn(4), 3, owner="alice"))
+    again = await store.load(source, "alice")
+    assert again is not None and [t.user_message for t in again.turns][-1] == turn(4).user_message
+    await store.delete(source, "alice")
+    kept = await store.load(fork.id, "alice")
+    assert kept is not None and kept.revision == 3  # deleting one never touches the other
+    with pytest.raises(ConversationNotFound):
+        await store.fork(fork.id, "bob", 1)  # another owner's is unknown
+    with pytest.raises(InvalidInput):
+        await store.fork(fork.id, "alice", 4)
+
+
+async def test_an_empty_conversation_takes_its_first_turn_and_keeps_its_metadata(
+    contract_store: AnyStore,
+) -> None:
+    store = contract_store
+    made = await store.create_conversation("alice", {"topic": "t"})
+    assert (made.revision, made.metadata) == (0, {"topic": "t"})
+    commit = await store.append(Append(made.id, turn(1), 0, owner="alice"))
+    assert commit.revision == 1
+    with pytest.raises(ConversationConflict):
+        await store.append(Append(made.id, turn(2), 0, owner="alice"))  # no longer empty
+    updated = await store.update_metadata(made.id, "alice", {"topic": "u"}, frozenset({1}))
+    assert (updated.revision, updated.metadata) == (1, {"topic": "u"})
+    with pytest.raises(PreconditionFailed):
+        await store.update_metadata(made.id, "alice", {}, frozenset({0}))
+    assert await store.describe(made.id, "bob") is None

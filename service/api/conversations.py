@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, Response, delete, get
-from litestar.params import FromPath, QueryParameter
+from litestar import Controller, Response, delete, get, post
+from litestar.params import FromPath, JSONBody, QueryParameter
 
+from service.api.bodies import strict
 from service.api.deps import Owner, Store
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
-from service.api.schemas import ConversationList, ConversationView
+from service.api.schemas import ConversationList, ConversationView, Forked, ForkRequest
 from service.errors import (
     ConversationNotFound,
     InvalidInput,
@@ -84,6 +85,27 @@ class ConversationController(Controller):
             raise ConversationNotFound()
         view = ConversationView.of(found)
         return Response(view, headers={"ETag": etag(view.revision)})
+
+    @post(
+        "/{conversation_id:str}/fork",
+        status_code=201,
+        summary="Fork: a new conversation holding turns 1..at_revision of this one.",
+        description="The turns are copied as they are (replay items byte for byte, with their "
+        "provider, window start and prompt version), in one statement; the source is "
+        "untouched, and each conversation goes on (and is deleted or expires) on its own.",
+        before_request=strict(ForkRequest),
+        response_headers=[ETAG, CORRELATION_ID],
+        responses=documented(InvalidInput, Unauthorized, ConversationNotFound, StorageError),
+    )
+    async def fork(
+        self, conversation_id: FromPath[str], data: JSONBody[ForkRequest], store: Store,
+        owner: Owner,
+    ) -> Response[Forked]:  # fmt: skip
+        source = parse_conversation_id(conversation_id)
+        info = await store.fork(source, owner, data.at_revision)
+        return Response(
+            Forked.of(info, source, data.at_revision), headers={"ETag": etag(info.revision)}
+        )
 
     @delete(
         "/{conversation_id:str}",

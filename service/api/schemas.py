@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Literal
+from uuid import UUID
 
 import msgspec
 
-from service.model import ReplyStatus, Role, RunStatus, RunView, Summary, TranscriptPage
+from service.model import (
+    ConversationInfo,
+    ReplyStatus,
+    Role,
+    RunStatus,
+    RunView,
+    Summary,
+    TranscriptPage,
+)
 from service.plans import MESSAGE_PATTERN
 from service.turns import TurnDone
 
@@ -190,6 +199,32 @@ class ConversationSummary(msgspec.Struct):
     revision: int
     created_at: datetime
     updated_at: datetime
+
+
+class ForkRequest(msgspec.Struct, forbid_unknown_fields=True):
+    at_revision: Annotated[
+        int, msgspec.Meta(ge=1, le=2**31 - 1, description="The fork holds turns 1..at_revision.")
+    ]
+
+
+class ForkOrigin(msgspec.Struct):
+    conversation_id: str
+    revision: int
+
+
+class Forked(msgspec.Struct):
+    """A fork: a new conversation holding the first turns of another, which is untouched."""
+
+    conversation_id: str
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+    forked_from: ForkOrigin
+
+    @classmethod
+    def of(cls, info: ConversationInfo, source: UUID, at_revision: int) -> Forked:
+        origin = ForkOrigin(str(source), at_revision)
+        return cls(str(info.id), info.revision, info.created_at, info.updated_at, origin)
 
 
 class ConversationList(msgspec.Struct):

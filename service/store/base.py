@@ -101,6 +101,11 @@ class ConversationStore(Protocol):
         """A new conversation of ``owner``'s: with ``turn`` (items appended without the
         model) as its first commit, else empty at revision 0. Raises StorageError."""
 
+    async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
+        """A new conversation of ``owner``'s holding turns 1..``at_revision`` of this one, as
+        they are (replay bytes, origins, window starts); this one is untouched. Raises
+        ConversationNotFound, InvalidInput (no such revision), StorageError."""
+
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         """The conversation without its turns; None as for ``load``. Raises StorageError."""
 

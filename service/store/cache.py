@@ -180,6 +180,9 @@ class CachedStore:
     ) -> ConversationInfo:
         return await self._inner.create_conversation(owner, metadata, turn)
 
+    async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
+        return await self._inner.fork(conversation_id, owner, at_revision)
+
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         return await self._inner.describe(conversation_id, owner)
 

@@ -17,6 +17,7 @@ from service.errors import (
     ConversationConflict,
     ConversationNotFound,
     IdempotencyKeyReused,
+    InvalidInput,
     PreconditionFailed,
     RequestInProgress,
     TurnInterrupted,
@@ -248,6 +249,9 @@ class MemoryStore:
         conversation_id, turn, owner = append.conversation_id, append.turn, append.owner
         expected_revision, idempotency = append.expected_revision, append.idempotency
         now = _now()
+        if append.fork_of is not None:
+            point = append.fork_of
+            await self.fork(point.source, owner, point.revision, new_id=conversation_id)
         existing = self._conversations.get(conversation_id)
         if expected_revision == 0 and existing is not None:  # made empty on /v1: revision 0
             usable = self._live(conversation_id, owner) is existing and existing.row.revision == 0
@@ -303,6 +307,25 @@ class MemoryStore:
         if turn is not None:
             found.turns.append(replace(turn, created_at=now))
         return found.info()
+
+    async def fork(
+        self, conversation_id: UUID, owner: str, at_revision: int, *, new_id: UUID | None = None
+    ) -> ConversationInfo:
+        found = self._live(conversation_id, owner)
+        if found is None:
+            raise ConversationNotFound()
+        if not 1 <= at_revision <= found.row.revision:
+            raise InvalidInput("at_revision must be a revision of the conversation.")
+        now = _now()
+        turns = found.turns[:at_revision]
+        start = turns[-1].context_from
+        row = Conversation(
+            new_id or uuid4(), at_revision, now, now, context_start=start, owner=owner
+        )
+        fork = self._conversations[row.id] = _Conversation(
+            row, list(turns), metadata=dict(found.metadata)
+        )
+        return fork.info()
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         found = self._live(conversation_id, owner)

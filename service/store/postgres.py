@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.errors import (
     ConversationConflict,
     ConversationNotFound,
+    InvalidInput,
     PreconditionFailed,
     StorageError,
     TurnInterrupted,
@@ -121,6 +122,28 @@ class _Statements:
         self.create_empty = new_row.returning(
             c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata
         )
+        # A fork: the conversation row and turns 1..:at copied in one statement (the turns'
+        # bytes, origins, window starts and prompt versions as they are); none of it is read
+        # into the process. Its window starts where turn :at's did.
+        self.fork = sa.text(f"""
+            WITH src AS (
+                SELECT id, metadata FROM conversations
+                WHERE id = :src AND owner = :caller AND revision >= :at
+                  AND {live.compile(compile_kwargs={"literal_binds": True})}
+            ), forked AS (
+                INSERT INTO conversations (id, revision, created_at, updated_at, context_start,
+                                           owner, lease_wanted, metadata)
+                SELECT :new, :at, now(), now(), coalesce((SELECT context_from FROM turns
+                       WHERE conversation_id = :src AND seq = :at), 1), :caller, false, metadata
+                FROM src
+                RETURNING id, revision, created_at, updated_at, metadata
+            ), copied AS (
+                INSERT INTO turns ({", ".join(FORKED_COLUMNS)}, conversation_id)
+                SELECT {", ".join(FORKED_COLUMNS)}, :new FROM turns
+                WHERE conversation_id = (SELECT id FROM src) AND seq <= :at
+            )
+            SELECT * FROM forked
+        """)  # fmt: skip
         self.describe = sa.select(
             c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata
         ).where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
@@ -312,6 +335,7 @@ class PostgresStore:
         self._load = Compiled(self._sql.load, dialect)
         self._create = Compiled(self._sql.create, dialect)
         self._create_empty = Compiled(self._sql.create_empty, dialect)
+        self._fork = Compiled(self._sql.fork, dialect)
         self._bump = Compiled(self._sql.bump, dialect)
         self._lease = Compiled(self._sql.lease, dialect)
         self._insert_turn = Compiled(self._sql.insert_turn, dialect, list(TURN_COLUMNS))
@@ -461,6 +485,11 @@ class PostgresStore:
         statement = self._create if append.expected_revision == 0 else self._bump
         wake: list[str] = []  # topics to notify once committed
         async with driver(self._engine, write=True) as conn:
+            if append.fork_of is not None:
+                fork = {"src": append.fork_of.source, "at": append.fork_of.revision,
+                        "caller": append.owner, "new": conversation_id}  # fmt: skip
+                if await conn.fetchrow(self._fork.sql, *self._fork.args(fork)) is None:
+                    raise ConversationNotFound()  # the source went meanwhile
             row = await conn.fetchrow(statement.sql, *statement.args(params))
             if row is None:
                 raise await self._why_not(conn, params)
@@ -537,6 +566,24 @@ class PostgresStore:
                 new_turn = _turn_row(cid, 1, turn, None)
                 await conn.execute(self._insert_turn.sql, *self._insert_turn.args(new_turn))
         return _info(row)
+
+    async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
+        params = {"src": conversation_id, "caller": owner, "at": at_revision, "new": uuid.uuid4()}
+
+        async def fork() -> ConversationInfo:
+            async with transaction(self._engine) as conn:
+                row = (await conn.execute(self._sql.fork, params)).mappings().first()
+                if row is None:
+                    raise await self._why_no_fork(conn, params)
+                return _info(row)
+
+        return await written(fork)
+
+    async def _why_no_fork(self, conn: Any, params: dict[str, Any]) -> Exception:
+        exists = await conn.scalar(self._sql.describe, {"cid": params["src"], **params})
+        if exists is None:
+            return ConversationNotFound()
+        return InvalidInput("at_revision must be a revision of the conversation.")
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         async with read(self._engine) as conn:
@@ -643,6 +690,11 @@ class PostgresStore:
         await self._engine.dispose()
 
 
+FORKED_COLUMNS = (
+    "seq", "user_message", "assistant_message", "replay_items", "created_at", "provider",
+    "endpoint", "model", "context_from", "prompt_version", "tool_calls", "status",
+    "incomplete_reason",
+)  # fmt: skip
 TURN_COLUMNS = (
     "conversation_id", "seq", "user_message", "assistant_message", "replay_items",
     "provider", "endpoint", "model", "context_from", "prompt_version", "tool_calls",

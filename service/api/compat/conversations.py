@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from litestar import Controller, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
+from service.api.bodies import strict
 from service.api.compat import items as views
 from service.api.compat.ids import parse_conversation
 from service.api.compat.schemas import (
@@ -21,7 +22,6 @@ from service.api.compat.schemas import (
     check_metadata,
     conversation_object,
     deleted_object,
-    strict,
 )
 from service.api.deps import Owner, Store
 from service.api.errors import documented

@@ -15,10 +15,11 @@ from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent
 
+from service.api.bodies import strict
 from service.api.compat import items as views
 from service.api.compat.conversations import errors
 from service.api.compat.ids import parse_conversation, parse_response
-from service.api.compat.schemas import ResponseCreate, response_object, strict
+from service.api.compat.schemas import ResponseCreate, response_object
 from service.api.compat.stream import first_event, response_events
 from service.api.correlation import correlation_id
 from service.api.deps import KeepaliveSeconds, Owner, Store, Turns
@@ -39,6 +40,7 @@ from service.errors import (
     UpstreamTimeout,
 )
 from service.items import input_text
+from service.model import ForkPoint
 from service.model import IdempotencyKey as Key
 from service.plans import TurnPlan
 from service.turns import TurnService
@@ -50,10 +52,13 @@ UNSUPPORTED = {
 }
 
 
-def plan_of(
+async def plan_of(
     asked: ResponseCreate, body: bytes, turns: TurnService, owner: str, key: str | None
 ) -> TurnPlan:
-    """The turn ``asked`` for, or 400 naming the field that cannot be honoured."""
+    """The turn ``asked`` for, or 400 naming the field that cannot be honoured. A
+    ``previous_response_id`` that is its conversation's latest response continues it (under
+    If-Match: a turn committed meanwhile makes it 400); an earlier one forks the conversation
+    there, and the turn runs on the fork (made by the turn's own commit)."""
     for field, why in UNSUPPORTED.items():
         if getattr(asked, field) not in (None, False):
             raise InvalidInput(why + ".", param=field)
@@ -61,7 +66,7 @@ def plan_of(
     if asked.model is not None and asked.model != model:
         raise InvalidInput(f"model: this server answers with {model!r} only.", param="model")
     views.includes(asked.include)
-    if_match, raw_id = None, asked.conversation_id
+    if_match, raw_id, fork = None, asked.conversation_id, None
     if asked.previous_response_id is not None:
         if raw_id is not None:
             raise InvalidInput(
@@ -69,7 +74,11 @@ def plan_of(
                 param="previous_response_id",
             )
         cid, revision = parse_response(asked.previous_response_id)
+        info = await turns.store.describe(cid, owner)
+        if info is None or info.revision < revision:
+            raise ResponseNotFound()
         raw_id, if_match = str(cid), frozenset({revision})
+        fork = ForkPoint(cid, revision) if revision < info.revision else None
     if raw_id is None:
         raise InvalidInput(
             "conversation (or previous_response_id) is required: turnstore keeps the history.",
@@ -77,6 +86,8 @@ def plan_of(
         )
     plan = turns.plan(input_text(asked.input), str(parse_conversation(raw_id)), if_match,
                       owner=owner, truncate=asked.truncation != "disabled")  # fmt: skip
+    if fork is not None:
+        plan = plan.forked(fork)
     if key is None:
         return plan
     # The whole request is the key's subject: a retry must ask exactly the same.
@@ -111,7 +122,7 @@ class OpenAIResponses(Controller):
         owner: Owner, sse_keepalive_s: KeepaliveSeconds, idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]] | ServerSentEvent:  # fmt: skip
         asked = data
-        plan = plan_of(asked, await request.body(), turns, owner, idempotency_key)
+        plan = await plan_of(asked, await request.body(), turns, owner, idempotency_key)
         try:
             if asked.stream:
                 return await self._stream(request, asked, plan, turns, sse_keepalive_s)

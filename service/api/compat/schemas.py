@@ -6,28 +6,20 @@ for duplicate keys. A refusal names the field at fault (``param``), as OpenAI's 
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import msgspec
-from litestar import Request
 
 from service.api.compat.ids import conversation_id, response_id
 from service.errors import InvalidInput
 from service.model import ConversationInfo
-from service.strictjson import StrictJSONError, loads
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 MAX_CREATE_ITEMS = 20
-
-S = TypeVar("S", bound=msgspec.Struct)
-_AT = re.compile(r"at `\$\.([A-Za-z_]+)")
-_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
-_MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
 class ConversationRef(msgspec.Struct, forbid_unknown_fields=True):
@@ -78,31 +70,6 @@ class OpenAIError(msgspec.Struct):
     """OpenAI's error shape (x-request-id carries the correlation id as well)."""
 
     error: OpenAIErrorDetail
-
-
-def strict(into: type[msgspec.Struct]) -> Callable[[Request[Any, Any, Any]], Awaitable[None]]:
-    """A ``before_request`` hook: the body decodes into ``into`` (400 naming the field at
-    fault otherwise) before the framework parses it for the handler."""
-
-    async def check(request: Request[Any, Any, Any]) -> None:
-        decode(await request.body(), into)
-
-    return check
-
-
-def decode(body: bytes, into: type[S]) -> S:
-    """``body`` as ``into``, or 400 naming the field at fault."""
-    try:
-        value = msgspec.json.decode(body, type=into)
-        loads(body)  # duplicate keys: after the typed decode, which refuses hostile bodies in C
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        found = _UNKNOWN.search(text) or _MISSING.search(text) or _AT.search(text)
-        param = found.group(1) if found else None
-        raise InvalidInput(f"The request body is invalid: {text}.", param=param) from None
-    except (msgspec.DecodeError, StrictJSONError, RecursionError) as exc:
-        raise InvalidInput(f"The request body is invalid: {exc}.") from None
-    return value
 
 
 def check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:

@@ -57,6 +57,7 @@ class Answer:
     reply: Reply
     items: list[msgspec.Raw]  # this turn's output items and tool outputs, in order
     tool_calls: list[ToolCallRecord]
+    client_calls: bool = False  # it ends in calls of the client's own tools, for it to run
 
 
 ExchangeEvent = TextDelta | ToolCalled | Answer
@@ -67,8 +68,9 @@ class Exchange:
         self,
         provider: Provider,
         window: Window,
-        user_item: msgspec.Raw,
+        new_items: list[msgspec.Raw],
         *,
+        client_tools: tuple[msgspec.Raw, ...] = (),
         instructions: str | None,
         tooling: Tooling | None,
         stream: bool,
@@ -77,7 +79,9 @@ class Exchange:
     ) -> None:
         self._provider = provider
         self._window = window
-        self._user_item = user_item
+        self._new_items = new_items
+        self._client_names = {msgspec.json.decode(t, type=_Named).name for t in client_tools}
+        self._tools = _advertised(tooling, client_tools)
         self._instructions = instructions
         self._tooling = tooling
         self._stream = stream
@@ -106,16 +110,21 @@ class Exchange:
                 raise UpstreamError("The provider ended without a reply.")
             items.extend(reply.output_items)
             calls = function_calls(reply.output_items)
+            theirs = [call for call in calls if call.name in self._client_names]
+            calls = [call for call in calls if call.name not in self._client_names]
             if not calls or gate is None:
-                yield Answer(reply, items, records)
+                yield Answer(reply, items, records, client_calls=bool(theirs))
                 return
-            if round_number == max_rounds:
+            if round_number == max_rounds and not theirs:
                 break
             for call in calls:  # one after another, through the whole gate
                 record = await gate.call(call.call_id, call.name, call.arguments)
                 records.append(record)
                 items.append(function_call_output(call.call_id, record.output()))
                 yield ToolCalled(record.name, record.status)
+            if theirs:  # the client runs its own calls: the turn ends here, to be answered
+                yield Answer(reply, items, records, client_calls=True)
+                return
         raise UpstreamError("The model still wanted tools after TOOL_MAX_ROUNDS rounds.")
 
     def _check_size(self, request: ProviderRequest) -> None:
@@ -132,9 +141,7 @@ class Exchange:
             window = self._window
             history = window.unsealed if self._drop_sealed else window.items
             request = ProviderRequest(
-                [*history, self._user_item, *turn_items],
-                self._instructions,
-                self._tooling.definitions if self._tooling else None,
+                [*history, *self._new_items, *turn_items], self._instructions, self._tools
             )
             if turn_items:
                 self._check_size(request)
@@ -154,3 +161,18 @@ class Exchange:
                 if self._drop_sealed or self._streamed or len(window.unsealed) == len(history):
                     raise
                 self._drop_sealed = True
+
+
+class _Named(msgspec.Struct):
+    name: str
+
+
+def _advertised(
+    tooling: Tooling | None, client_tools: tuple[msgspec.Raw, ...]
+) -> msgspec.Raw | None:
+    """The function tools the model is offered: turnstore's own, then the client's."""
+    if not client_tools:
+        return tooling.definitions if tooling else None
+    own = bytes(tooling.definitions)[1:-1] if tooling else b""
+    parts = [part for part in (own, *map(bytes, client_tools)) if part]
+    return msgspec.Raw(b"[" + b",".join(parts) + b"]")

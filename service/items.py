@@ -8,6 +8,7 @@ assistant's as the reply).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,16 +68,53 @@ def items_turn(items: Sequence[Any] | None) -> Turn | None:
     )
 
 
-def input_text(input: str | list[Any]) -> str:
-    """The user message of a turn asked with ``input``: a string, or user message items."""
+def turn_input(input: str | list[Any]) -> tuple[str, tuple[msgspec.Raw, ...]]:
+    """A turn asked with ``input``: its message text, and its input items when they are more
+    than one user message (answers to the client's function calls, as sent)."""
     if isinstance(input, str):
-        return input
+        return input, ()
     if not input:
         raise InvalidInput("input: at least one item.", param="input")
-    texts = []
+    texts, answers = [], False
     for item in input:
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str) or not call_id or not isinstance(output, str | list):
+                raise InvalidInput(
+                    "input: a function_call_output needs call_id and output.", param="input"
+                )
+            answers = True
+            continue
         role, text = message_text(item, "input")
         if role != "user":
-            raise InvalidInput("input: only user messages can start a turn.", param="input")
+            raise InvalidInput(
+                "input: only user messages and function outputs start a turn.", param="input"
+            )
         texts.append(text)
-    return "\n\n".join(texts)
+    message = "\n\n".join(texts)
+    items = tuple(msgspec.Raw(msgspec.json.encode(item)) for item in input) if answers else ()
+    return message, items
+
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict"})
+
+
+def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgspec.Raw, ...]:
+    """The function tools a client offers the model and runs itself (``reserved``: the names
+    of turnstore's own tools, which it may not take)."""
+    encoded = []
+    for tool in tools or ():
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise InvalidInput("tools: only function tools are supported.", param="tools")
+        name = tool.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name) or name in reserved:
+            raise InvalidInput(f"tools: {name!r} is not a usable function name.", param="tools")
+        if set(tool) - _TOOL_FIELDS:
+            raise InvalidInput(
+                f"tools: unsupported fields {sorted(set(tool) - _TOOL_FIELDS)}.", param="tools"
+            )
+        encoded.append(msgspec.Raw(msgspec.json.encode(tool)))
+    if len({msgspec.json.decode(t)["name"] for t in encoded}) != len(encoded):
+        raise InvalidInput("tools: names must be unique.", param="tools")
+    return tuple(encoded)

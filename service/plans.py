@@ -12,6 +12,7 @@ import msgspec
 
 from service.errors import ConversationNotFound, InvalidInput, PreconditionFailed
 from service.model import ANONYMOUS, ForkPoint, IdempotencyKey, Precondition
+from service.providers.base import user_input_item
 from service.strictjson import is_encodable
 
 # Whitespace as JSON Schema (ECMA-262) patterns know it: the OpenAPI document states the
@@ -34,6 +35,15 @@ class TurnPlan:
     claimed: bool = False  # its Idempotency-Key is claimed already (a background turn's)
     truncate: bool = True  # False: a turn whose window would leave earlier turns out is refused
     fork_of: ForkPoint | None = None  # a new conversation forked here, made by this turn's commit
+    # The turn's input as items, when a client sent items (answers to its function calls, and
+    # its message if any; ``message`` is then their text, for the transcript). Otherwise the
+    # input is ``message`` as one user item.
+    items: tuple[msgspec.Raw, ...] = ()
+    client_tools: tuple[msgspec.Raw, ...] = ()  # function tools the client runs itself
+
+    @property
+    def input_items(self) -> list[msgspec.Raw]:
+        return list(self.items) if self.items else [user_input_item(self.message)]
 
     def with_idempotency(self, key: IdempotencyKey) -> TurnPlan:
         return dataclasses.replace(self, idempotency=key)
@@ -54,8 +64,9 @@ def make_plan(
     idempotency_key: str | None = None,
     background: bool = False,
     truncate: bool = True,
+    items: tuple[msgspec.Raw, ...] = (),
 ) -> TurnPlan:
-    if not _VISIBLE.search(message):
+    if not items and not _VISIBLE.search(message):
         raise InvalidInput("message must not be empty or whitespace only.")
     if len(message) > max_message_chars:
         raise InvalidInput(f"message is longer than {max_message_chars} characters.")
@@ -79,6 +90,7 @@ def make_plan(
         idempotency=idempotency,
         background=background,
         truncate=truncate,
+        items=items,
     )
 
 

@@ -41,7 +41,14 @@ from service.model import (
     Turn,
 )
 from service.plans import TurnPlan, check_precondition, make_plan
-from service.providers.base import Provider, TextDelta, request_overhead, user_input_item
+from service.providers.base import (
+    Provider,
+    TextDelta,
+    function_outputs,
+    input_count,
+    open_calls,
+    request_overhead,
+)
 from service.store.base import ConversationStore, IdempotencyStore
 from service.strictjson import is_encodable
 from service.window import Budget, SystemPrompt, Window, choose_window
@@ -57,6 +64,7 @@ class TurnDone:
     incomplete_reason: str | None
     revision: int | None  # None: nothing was committed (content filter)
     items: Sequence[msgspec.Raw] = ()  # the reply's output items, as committed
+    inputs: int = 1  # how many input items precede them in the turn
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,11 @@ class TurnService:
         self._tooling = tooling
         self._idempotency = idempotency
 
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """The names of turnstore's own tools (TOOLS): no client tool may take them."""
+        return self._tooling.registry.names() if self._tooling else frozenset()
+
     def plan(
         self,
         message: str,
@@ -114,6 +127,7 @@ class TurnService:
         idempotency_key: str | None = None,
         background: bool = False,
         truncate: bool = True,
+        items: tuple[msgspec.Raw, ...] = (),
     ) -> TurnPlan:
         """Validate a request without I/O; a new conversation gets its id here."""
         if idempotency_key is not None and self._idempotency is None:
@@ -127,6 +141,7 @@ class TurnService:
             idempotency_key=idempotency_key,
             background=background,
             truncate=truncate,
+            items=items,
         )
 
     async def check(self, plan: TurnPlan) -> None:
@@ -201,21 +216,23 @@ class TurnService:
                 if announce:
                     held_at = conversation.revision if conversation else 0
                     yield TurnStarted(plan.conversation_id, held_at)
-                user_item = user_input_item(plan.message)
-                window = self._window(conversation, user_item, stream)
+                new_items = plan.input_items
+                check_answers(new_items, conversation)
+                window = self._window(conversation, [*new_items, *plan.client_tools], stream)
                 if not plan.truncate and window.start > 1:
                     raise ContextLengthExceeded(
                         "The conversation no longer fits the model's context, and truncation "
                         "is disabled."
                     )
                 answer: Answer | None = None
-                async with aclosing(self._exchange(window, user_item, stream)) as exchange:
+                exchange_of = self._exchange(window, new_items, plan.client_tools, stream)
+                async with aclosing(exchange_of) as exchange:
                     async for event in exchange:
                         if isinstance(event, Answer):
                             answer = event
                         else:
                             yield event
-                turn = self._accept(plan, window, user_item, answer)
+                turn = self._accept(plan, window, new_items, answer)
                 revision = (
                     None
                     if turn is None
@@ -223,7 +240,7 @@ class TurnService:
                 )
             metrics.turn_ended(mode, committed=revision is not None)
         # Outside the outcome count: a client leaving now does not undo the commit.
-        yield _done(plan, answer, revision)
+        yield _done(plan, answer, revision, len(new_items))
 
     async def _load(self, plan: TurnPlan) -> Conversation:
         conversation = await self.store.load(plan.conversation_id, plan.owner)
@@ -233,22 +250,27 @@ class TurnService:
         return conversation
 
     def _window(
-        self, conversation: Conversation | None, user_item: msgspec.Raw, stream: bool
+        self, conversation: Conversation | None, new_items: list[msgspec.Raw], stream: bool
     ) -> Window:
         """The earlier turns to send (service/window.py): never before the committed window
         start; only committed together with this turn."""
         turns = conversation.turns if conversation else []
         committed = conversation.context_start if conversation else 1
-        fixed = self._overhead(stream) + len(user_item)
+        fixed = self._overhead(stream) + sum(map(len, new_items))
         return choose_window(turns, committed, self.provider.origin, fixed, self._budget)
 
     def _exchange(
-        self, window: Window, user_item: msgspec.Raw, stream: bool
+        self,
+        window: Window,
+        new_items: list[msgspec.Raw],
+        client_tools: tuple[msgspec.Raw, ...],
+        stream: bool,
     ) -> AsyncGenerator[TextDelta | ToolCalled | Answer, None]:
         exchange = Exchange(
             self.provider,
             window,
-            user_item,
+            new_items,
+            client_tools=client_tools,
             instructions=self._prompt.text if self._prompt else None,
             tooling=self._tooling,
             stream=stream,
@@ -258,7 +280,7 @@ class TurnService:
         return exchange.events()
 
     def _accept(
-        self, plan: TurnPlan, window: Window, user_item: msgspec.Raw, answer: Answer | None
+        self, plan: TurnPlan, window: Window, new_items: list[msgspec.Raw], answer: Answer | None
     ) -> Turn | None:
         """The turn to commit, or None when the reply was filtered (nothing commits)."""
         if answer is None:
@@ -266,14 +288,14 @@ class TurnService:
         reply = answer.reply
         if reply.incomplete_reason == "content_filter":
             return None
-        if not reply.text:
+        if not reply.text and not answer.client_calls:
             raise UpstreamError("The provider's reply was empty.")
         if "\x00" in reply.text or not is_encodable(reply.text):
             raise UpstreamError("The provider's reply holds text that cannot be stored.")
         return Turn(
             user_message=plan.message,
             assistant_message=reply.text,
-            replay_items=[user_item, *answer.items],
+            replay_items=[*new_items, *answer.items],
             origin=self.provider.origin,
             context_from=window.start,
             prompt_version=self._prompt.version if self._prompt else None,
@@ -335,7 +357,8 @@ class TurnService:
             status=turn.status,
             incomplete_reason=turn.incomplete_reason,
             revision=committed.revision,
-            items=turn.replay_items[1:],
+            items=turn.replay_items[input_count(turn.replay_items) :],
+            inputs=input_count(turn.replay_items),
         )
 
     def _overhead(self, stream: bool) -> int:
@@ -344,7 +367,20 @@ class TurnService:
         return request_overhead(self.provider.origin.model, instructions, tools, stream=stream)
 
 
-def _done(plan: TurnPlan, answer: Answer | None, revision: int | None) -> TurnDone:
+def check_answers(new_items: list[msgspec.Raw], conversation: Conversation | None) -> None:
+    """Function outputs a client sends must answer calls its last turn left open."""
+    answered = {call.call_id for call in function_outputs(new_items)}
+    if not answered:
+        return
+    last = conversation.turns[-1].replay_items if conversation and conversation.turns else []
+    if not answered <= open_calls(last):
+        raise InvalidInput(
+            "input: a function_call_output answers no open function call of this conversation.",
+            param="input",
+        )
+
+
+def _done(plan: TurnPlan, answer: Answer | None, revision: int | None, inputs: int) -> TurnDone:
     assert answer is not None  # _accept has refused a turn without an answer
     reply = answer.reply
     return TurnDone(
@@ -354,4 +390,5 @@ def _done(plan: TurnPlan, answer: Answer | None, revision: int | None) -> TurnDo
         incomplete_reason=reply.incomplete_reason,
         revision=revision,
         items=answer.items,
+        inputs=inputs,
     )

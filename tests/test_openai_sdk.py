@@ -553,3 +553,44 @@ async def test_turnstores_own_tool_calls_stay_inside_the_turn(
         shown = [i async for i in client.conversations.items.list(conversation.id)]
         assert "function_call" not in {i.type for i in shown}
         assert "function_call_output" not in {i.type for i in shown}
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+async def test_a_client_side_tool_round_trip_commits_the_call_then_its_answer(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with sdk(database_url) as (client, _, plain):
+        conversation = await client.conversations.create()
+        asked = await client.responses.create(
+            conversation=conversation.id, input='call get_weather {"city": "Oslo"}',
+            tools=[WEATHER],  # type: ignore[list-item]
+        )  # fmt: skip
+        calls = [item for item in asked.output if item.type == "function_call"]
+        assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Oslo"}')]
+        assert asked.output_text == ""  # the client runs it: the turn ends with the call
+        answer = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}
+        wrong = {**answer, "call_id": "call_nobody_made"}
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(conversation=conversation.id, input=[wrong])  # type: ignore[list-item]
+        assert refused.value.param == "input"
+        async with client.responses.stream(
+            conversation=conversation.id,
+            input=[answer],
+            tools=[WEATHER],
+            model="fake-llm",  # type: ignore[list-item]
+        ) as stream:
+            final = await stream.get_final_response()
+        assert final.output_text.endswith("[tool: sunny]")
+        view = (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()
+        assert view["revision"] == 2
+        shown = [i async for i in client.conversations.items.list(conversation.id, order="asc")]
+        kinds = [i.type for i in shown]
+        assert kinds == ["message", "reasoning", "function_call", "function_call_output",
+                         "reasoning", "message"]  # fmt: skip

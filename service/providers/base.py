@@ -9,7 +9,7 @@ UpstreamError, UpstreamTimeout); an adapter never retries on its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -113,6 +113,34 @@ def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
     return [
         FunctionCall(h.call_id, h.name, h.arguments) for h in heads if h.type == "function_call"
     ]
+
+
+def function_outputs(items: Sequence[msgspec.Raw]) -> list[FunctionCall]:
+    """The ``function_call_output`` items among ``items`` (their call ids), in order."""
+    heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
+    return [FunctionCall(h.call_id, "", "") for h in heads if h.type == "function_call_output"]
+
+
+class _InputHead(msgspec.Struct):
+    type: str | None = None
+    role: str | None = None
+
+
+def input_count(items: Sequence[msgspec.Raw]) -> int:
+    """How many of a turn's items are its input (function outputs and messages the client
+    sent), not the provider's output: the leading ones that are not the assistant's."""
+    for index, item in enumerate(items):
+        head = msgspec.json.decode(item, type=_InputHead)
+        if head.type not in (None, "message", "function_call_output") or head.role == "assistant":
+            return index
+    return len(items)
+
+
+def open_calls(items: Sequence[msgspec.Raw]) -> set[str]:
+    """The call ids of the function calls among ``items`` that no output among them answers."""
+    heads = [msgspec.json.decode(item, type=_FunctionCallItem) for item in items]
+    called = {h.call_id for h in heads if h.type == "function_call"}
+    return called - {h.call_id for h in heads if h.type == "function_call_output"}
 
 
 def function_call_output(call_id: str, output: str) -> msgspec.Raw:

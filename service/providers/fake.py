@@ -62,6 +62,11 @@ class FakeProvider:
         history = sum(1 for h in heads[:current] if h.role in ("user", "assistant"))
         message = _last_user_text(request.input_items[current])
         tool_outputs = [h.output for h in heads[current:] if h.type == "function_call_output"]
+        name, _, arguments = message.removeprefix("call ").partition(" ")
+        if message.startswith("call ") and not tool_outputs and _offers(request, name):
+            # "call <tool> <arguments>" asks for a call of a tool the client offered (/v1).
+            yield Reply("", "completed", None, _call_items(name, arguments or "{}", history))
+            return
         if message.startswith("lookup ") and not tool_outputs and _offers(request, "lookup"):
             # "lookup <key>" asks the lookup tool first, so `make run` can show a tool turn.
             arguments = msgspec.json.encode({"key": message[7:].strip()}).decode()

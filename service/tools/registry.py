@@ -58,6 +58,9 @@ class ToolRegistry:
         entry = self._entries.get(name)
         return entry.tool if entry else None
 
+    def names(self) -> frozenset[str]:
+        return frozenset(self._entries)
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -23,7 +23,7 @@ from service.store.base import ConversationStore
 
 ENCRYPTED = "reasoning.encrypted_content"
 INCLUDABLE = frozenset({ENCRYPTED, "message.output_text.logprobs"})
-_OWN_TOOL_ITEMS = frozenset({"function_call", "function_call_output"})
+_STATUSED = frozenset({"message", "function_call", "function_call_output"})
 
 
 @dataclass(frozen=True)
@@ -59,21 +59,35 @@ def turn_items(
 
 
 def output_items(
-    cid: uuid.UUID, revision: int, items: Sequence[msgspec.Raw]
+    cid: uuid.UUID, revision: int, items: Sequence[msgspec.Raw], first: int
 ) -> list[dict[str, Any]]:
-    """A Response's output: the turn's items after the user's input (the first one)."""
-    return _shown_items(cid, revision, items, 1, encrypted=False)
+    """A Response's output: the turn's items after its ``first`` input items."""
+    return _shown_items(cid, revision, items, first, encrypted=False)
 
 
 def _shown_items(
     cid: uuid.UUID, revision: int, raws: Sequence[msgspec.Raw], first: int, encrypted: bool
 ) -> list[dict[str, Any]]:
-    shown = []
-    for index, raw in enumerate(raws, start=first):
-        item = msgspec.json.decode(raw)
-        if isinstance(item, dict) and item.get("type", "message") not in _OWN_TOOL_ITEMS:
-            shown.append(_shown(item, cid, revision, index, encrypted))
-    return shown
+    items = [msgspec.json.decode(raw) for raw in raws]
+    inside = _run_inside(items)
+    return [
+        _shown(item, cid, revision, index, encrypted)
+        for index, item in enumerate(items, start=first)
+        if isinstance(item, dict) and item.get("call_id") not in inside
+    ]
+
+
+def _run_inside(items: list[Any]) -> set[str]:
+    """The calls turnstore's own tools ran inside the turn: answered in the same turn, after
+    the call (a client's calls are answered by its next turn)."""
+    called, inside = set(), set()
+    for item in items:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "function_call":
+            called.add(item.get("call_id"))
+        elif kind == "function_call_output" and item.get("call_id") in called:
+            inside.add(item.get("call_id"))
+    return inside
 
 
 def _shown(
@@ -81,17 +95,18 @@ def _shown(
 ) -> dict[str, Any]:
     item.setdefault("type", "message")
     item.setdefault("id", view_item_id(cid, revision, index))
-    if item["type"] == "message":
+    if item["type"] in _STATUSED:
         item.setdefault("status", "completed")
-        if isinstance(item.get("content"), str):  # as a client may send it: shown as a part
-            text = item["content"]
-            assistant = item.get("role") == "assistant"
-            part = (
-                {"type": "output_text", "text": text, "annotations": []}
-                if assistant
-                else {"type": "input_text", "text": text}
-            )
-            item["content"] = [part]
+    if item["type"] == "message" and isinstance(item.get("content"), str):
+        # As a client may send it: shown as a part.
+        text = item["content"]
+        assistant = item.get("role") == "assistant"
+        part = (
+            {"type": "output_text", "text": text, "annotations": []}
+            if assistant
+            else {"type": "input_text", "text": text}
+        )
+        item["content"] = [part]
     if item["type"] == "reasoning" and not encrypted:
         item.pop("encrypted_content", None)
     return item

@@ -7,6 +7,7 @@ as on /api/v1: lease, If-Match, Idempotency-Key, the commit before the answer.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from typing import Any
@@ -39,10 +40,11 @@ from service.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.items import input_text
+from service.items import client_tools, turn_input
 from service.model import ForkPoint
 from service.model import IdempotencyKey as Key
 from service.plans import TurnPlan
+from service.providers.base import input_count
 from service.turns import TurnService
 
 UNSUPPORTED = {
@@ -84,8 +86,11 @@ async def plan_of(
             "conversation (or previous_response_id) is required: turnstore keeps the history.",
             param="conversation",
         )
-    plan = turns.plan(input_text(asked.input), str(parse_conversation(raw_id)), if_match,
-                      owner=owner, truncate=asked.truncation != "disabled")  # fmt: skip
+    message, items = turn_input(asked.input)
+    tools = client_tools(asked.tools, set(turns.tool_names))
+    plan = turns.plan(message, str(parse_conversation(raw_id)), if_match, owner=owner,
+                      truncate=asked.truncation != "disabled", items=items)  # fmt: skip
+    plan = dataclasses.replace(plan, client_tools=tools)
     if fork is not None:
         plan = plan.forked(fork)
     if key is None:
@@ -131,7 +136,7 @@ class OpenAIResponses(Controller):
         except PreconditionFailed as exc:
             raise not_latest(asked, exc) from None
         assert done.revision is not None
-        output = views.output_items(done.conversation_id, done.revision, done.items)
+        output = views.output_items(done.conversation_id, done.revision, done.items, done.inputs)
         return Response(response_object(
             done.conversation_id, done.revision, model=turns.provider.origin.model,
             status=done.status, output=output, incomplete_reason=done.incomplete_reason,
@@ -163,8 +168,10 @@ class OpenAIResponses(Controller):
         if conversation is None or not conversation.turns:
             raise ResponseNotFound()
         turn = conversation.turns[0]
+        first = input_count(turn.replay_items)
+        output = views.output_items(cid, revision, turn.replay_items[first:], first)
         return response_object(
             cid, revision, model=turn.origin.model if turn.origin else "unknown",
-            status=turn.status, output=views.output_items(cid, revision, turn.replay_items[1:]),
-            incomplete_reason=turn.incomplete_reason, created_at=turn.created_at,
+            status=turn.status, output=output, incomplete_reason=turn.incomplete_reason,
+            created_at=turn.created_at,
         )  # fmt: skip

@@ -51,6 +51,7 @@ class ResponseCreate(msgspec.Struct, forbid_unknown_fields=True):
     instructions: str | None = None
     background: bool | None = None
     parallel_tool_calls: bool | None = None
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def conversation_id(self) -> str | None:

@@ -86,7 +86,15 @@ class ResponseStream:
                 self.event("response.output_item.done", output_index=0,
                            item=self._message("completed", [self._part(text)])),
             ]  # fmt: skip
-        output = output_items(self.cid, done.revision, done.items)
+        output = output_items(self.cid, done.revision, done.items, done.inputs)
+        index = 0 if self.message_id is None else 1
+        for item in output:  # the client's function calls, to run: announced whole
+            if item["type"] == "function_call":
+                out += [
+                    self.event("response.output_item.added", output_index=index, item=item),
+                    self.event("response.output_item.done", output_index=index, item=item),
+                ]
+                index += 1
         reason = done.incomplete_reason
         final = self.response(done.status, output=output, incomplete_reason=reason)
         return [*out, self.event(f"response.{done.status}", response=final)]

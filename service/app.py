@@ -30,7 +30,7 @@ from service.api.correlation import add_correlation_header, correlation_middlewa
 from service.api.errors import error_response
 from service.api.limits import RequestRules, allowed_hosts, request_rules_middleware
 from service.api.ops import healthz, metrics, readyz
-from service.api.schemas import ChatRequest
+from service.api.schemas import ChatRequest, ForkRequest
 from service.api.turns import TurnController
 from service.auth import authentication, build_authenticator, openapi_security
 from service.db import create_engine, resolve_database
@@ -284,7 +284,7 @@ def create_app(
 def _close_request_schemas(app: Litestar) -> None:
     """Request bodies refuse unknown fields: the OpenAPI document says so too."""
     schemas = app.openapi_schema.components.schemas or {}
-    for struct in (ChatRequest,):
+    for struct in (ChatRequest, ForkRequest):
         schema = schemas.get(struct.__name__)
         if isinstance(schema, Schema):
             schema.additional_properties = False

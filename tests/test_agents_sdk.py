@@ -126,9 +126,12 @@ async def test_two_sessions_on_two_replicas_never_interleave_their_writes(
             return f"{name}{n}"
 
         results = await asyncio.gather(*(write(name, n) for n in range(10) for name in "ab"))
+        # Whether a write loses depends on timing; whoever lost wrote nothing, whoever won
+        # wrote its whole batch, once, in one piece.
         kept = [label for label in results if label is not None]
-        assert kept and len(kept) < 20  # some won, some lost the race (and wrote nothing)
+        assert kept
         texts = [text_of(item) for item in await sessions["a"].get_items()]
+        assert len(texts) == 3 * len(kept)
         batches = [texts[i : i + 3] for i in range(0, len(texts), 3)]
         assert all(batch == [f"{batch[0][:-2]}.{part}" for part in range(3)] for batch in batches)
         assert sorted(batch[0][:-2] for batch in batches) == sorted(kept)

@@ -40,6 +40,7 @@ from service.logs import configure as configure_logging
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.responses import Endpoint, ResponsesProvider
+from service.relay import Relay
 from service.runs import TurnRuns
 from service.settings import Settings, SettingsError
 from service.shutdown import shutdown_on_signals
@@ -138,6 +139,7 @@ class Services:
     ops: Operations
     turns: TurnService
     runs: TurnRuns
+    relay: Relay
     api_keys: ApiKeys | None
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -216,7 +218,8 @@ def build_services(
         idempotency=idempotency,
     )
     closers.append(lambda: runs.close(settings.shutdown_grace_s))  # first: runs use the rest
-    return Services(store, ops, turns, runs, api_keys, closers)
+    relay = Relay(store, provider, turns.prompt)
+    return Services(store, ops, turns, runs, relay, api_keys, closers)
 
 
 def create_app(
@@ -262,6 +265,7 @@ def create_app(
             "ops": _constant(services.ops),
             "turns": _constant(services.turns),
             "runs": _constant(services.runs),
+            "relay": _constant(services.relay),
             "sse_keepalive_s": _constant(settings.sse_keepalive_s),
             "owner": Provide(owner),  # the guard's result (service/auth.py)
         },

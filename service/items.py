@@ -51,6 +51,36 @@ def message_text(item: Any, param: str) -> tuple[str, str]:
     return str(role), text
 
 
+_OPAQUE = {  # item types appended as they are, and the fields each needs
+    "reasoning": ("id", "summary"),
+    "function_call": ("call_id", "name", "arguments"),
+    "function_call_output": ("call_id", "output"),
+}
+
+
+def check_opaque(item: dict[str, Any], param: str = "items") -> None:
+    missing = [name for name in _OPAQUE[item["type"]] if name not in item]
+    if missing:
+        raise InvalidInput(f"{param}: a {item['type']} item needs {missing}.", param=param)
+
+
+def check_history(items: Sequence[Any]) -> None:
+    """A stateless call's input: a history of items turnstore can send, with a user message."""
+    users = 0
+    for item in items:
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind in _OPAQUE:
+            check_opaque(item, "input")
+        elif kind == "item_reference":
+            if not isinstance(item.get("id"), str):
+                raise InvalidInput("input: an item_reference needs its id.", param="input")
+        else:
+            role, _ = message_text(item, "input")
+            users += role == "user"
+    if not users:
+        raise InvalidInput("input: at least one user message.", param="input")
+
+
 def items_turn(items: Sequence[Any] | None) -> Turn | None:
     """The turn that appends ``items`` (None for none)."""
     if not items:
@@ -59,6 +89,9 @@ def items_turn(items: Sequence[Any] | None) -> Turn | None:
         raise InvalidInput(f"items: at most {MAX_ITEMS}.", param="items")
     said: dict[bool, list[str]] = {True: [], False: []}
     for item in items:
+        if isinstance(item, dict) and item.get("type") in _OPAQUE:
+            check_opaque(item)  # kept as sent: what a model produced, or a tool's answer
+            continue
         role, text = message_text(item, "items")
         said[role == "assistant"].append(text)
     return Turn(

@@ -113,6 +113,10 @@ class TurnService:
         self._idempotency = idempotency
 
     @property
+    def prompt(self) -> SystemPrompt | None:
+        return self._prompt
+
+    @property
     def tool_names(self) -> frozenset[str]:
         """The names of turnstore's own tools (TOOLS): no client tool may take them."""
         return self._tooling.registry.names() if self._tooling else frozenset()

@@ -101,6 +101,28 @@ async def test_a_conversations_session_stores_lists_and_clears_items(database_ur
             await client.conversations.retrieve(conversation.id)
 
 
+async def test_session_managed_runs_relay_the_history_with_its_sealed_reasoning(
+    database_url: str,
+) -> None:
+    """The session lists items without encrypted_content and sends them back on a call
+    without a conversation: turnstore puts the stored reasoning back (the fake provider
+    refuses reasoning whose seal it cannot check)."""
+    async with turnstore(database_url) as client:
+        conversation = await client.conversations.create()
+        session = OpenAIConversationsSession(conversation_id=conversation.id, openai_client=client)
+        first = await Runner.run(agent(client), "one", session=session)
+        second = await Runner.run(agent(client), "two", session=session)
+        assert (first.final_output, second.final_output) == (
+            "[fake-llm] one", "[fake-llm] two (history=2)"
+        )  # fmt: skip
+        kinds = [item.get("type", "message") for item in await session.get_items()]
+        assert kinds == ["message", "reasoning", "message"] * 2
+        someone_elses = {"type": "item_reference", "id": "rs_not_yours"}
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(input=[someone_elses], model="fake-llm")  # type: ignore[list-item]
+        assert refused.value.param == "input"
+
+
 def text_of(item: Any) -> str:
     content = item["content"]
     return str(content if isinstance(content, str) else content[0]["text"])

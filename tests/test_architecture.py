@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "use case",
         {
             "service.window", "service.plans", "service.exchange", "service.locks",
-            "service.leases", "service.turns", "service.runs", "service.items",
+            "service.leases", "service.turns", "service.runs", "service.items", "service.relay",
         },
     ),
     ("http", {"service.auth", "service.http_server"}),

@@ -418,9 +418,13 @@ async def test_previous_response_id_continues_the_latest_and_forks_at_an_earlier
         assert [m["content"] for m in source["messages"][::2]] == ["a", "b"]  # untouched
         again = await client.responses.create(previous_response_id=fork.id, input="c")
         assert again.conversation.id == fork.conversation.id
-        with pytest.raises(openai.BadRequestError) as stateless:
-            await client.responses.create(input="no history", model="gpt-test")
-        assert stateless.value.param == "conversation"
+        calls = len(api.requests)
+        stateless = await client.responses.create(input="no history", model="gpt-test")
+        assert stateless.conversation is None and stateless.output_text  # relayed, not kept
+        assert api.requests[-1]["input"][-1]["content"] == "no history"
+        assert len(api.requests) == calls + 1
+        listed = (await plain.get("/api/v1/conversations")).json()["conversations"]
+        assert len(listed) == 2  # the source and its fork: the stateless call made none
 
 
 async def test_a_forked_turn_that_fails_leaves_no_fork(

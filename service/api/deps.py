@@ -6,6 +6,7 @@ from __future__ import annotations
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
+from service.relay import Relay
 from service.runs import TurnRuns
 from service.store.base import ConversationStore, Operations
 from service.turns import TurnService
@@ -14,5 +15,6 @@ Store = NamedDependency[SkipValidation[ConversationStore]]
 Ops = NamedDependency[SkipValidation[Operations]]
 Turns = NamedDependency[SkipValidation[TurnService]]
 Runs = NamedDependency[SkipValidation[TurnRuns]]
+Relayed = NamedDependency[SkipValidation[Relay]]
 KeepaliveSeconds = NamedDependency[SkipValidation[float]]  # SSE_KEEPALIVE_S
 Owner = NamedDependency[SkipValidation[str]]  # who is asking: from authentication (service/auth.py)

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Mapping
 
 import msgspec
 
-from service.errors import InvalidEncryptedContent
+from service.errors import InvalidEncryptedContent, UpstreamError
 from service.model import Origin
 from service.providers.base import (
     ProviderEvent,
@@ -58,7 +58,10 @@ class FakeProvider:
                 head.id is None or head.encrypted_content != _seal(head.id)
             ):
                 raise InvalidEncryptedContent()
-        current = max(i for i, h in enumerate(heads) if h.role == "user")
+        users = [i for i, h in enumerate(heads) if h.role == "user"]
+        if not users:
+            raise UpstreamError("The fake provider answers user messages only.")
+        current = users[-1]
         history = sum(1 for h in heads[:current] if h.role in ("user", "assistant"))
         message = _last_user_text(request.input_items[current])
         tool_outputs = [h.output for h in heads[current:] if h.type == "function_call_output"]

@@ -13,10 +13,12 @@ import re
 import uuid
 
 from service.errors import ConversationNotFound, ResponseNotFound
+from service.relay import view_id as view_item_id
+
+__all__ = ["conversation_id", "parse_conversation", "parse_response", "response_id", "view_item_id"]
 
 _CONVERSATION = re.compile(r"(?:conv_)?([0-9a-f]{32})")
 _RESPONSE = re.compile(r"resp_([0-9a-f]{32})([0-9a-f]{8})")
-_VIEW_ITEM = re.compile(r"msg_([0-9a-f]{32})([0-9a-f]{8})([0-9a-f]{4})")
 
 
 def conversation_id(cid: uuid.UUID) -> str:
@@ -40,14 +42,3 @@ def parse_response(raw: str) -> tuple[uuid.UUID, int]:
     if match is None or int(match.group(2), 16) < 1:
         raise ResponseNotFound()
     return uuid.UUID(match.group(1)), int(match.group(2), 16)
-
-
-def view_item_id(cid: uuid.UUID, revision: int, index: int) -> str:
-    return f"msg_{cid.hex}{revision:08x}{index:04x}"
-
-
-def parse_view_item(raw: str) -> tuple[uuid.UUID, int, int] | None:
-    match = _VIEW_ITEM.fullmatch(raw)
-    if match is None:
-        return None
-    return uuid.UUID(match.group(1)), int(match.group(2), 16), int(match.group(3), 16)

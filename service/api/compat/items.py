@@ -59,10 +59,15 @@ def turn_items(
 
 
 def output_items(
-    cid: uuid.UUID, revision: int, items: Sequence[msgspec.Raw], first: int
+    cid: uuid.UUID,
+    revision: int,
+    items: Sequence[msgspec.Raw],
+    first: int,
+    *,
+    encrypted: bool = False,
 ) -> list[dict[str, Any]]:
     """A Response's output: the turn's items after its ``first`` input items."""
-    return _shown_items(cid, revision, items, first, encrypted=False)
+    return _shown_items(cid, revision, items, first, encrypted=encrypted)
 
 
 def _shown_items(

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
+import uuid
 from typing import Any
 
+import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent
@@ -23,7 +25,7 @@ from service.api.compat.ids import parse_conversation, parse_response
 from service.api.compat.schemas import ResponseCreate, response_object
 from service.api.compat.stream import first_event, response_events
 from service.api.correlation import correlation_id
-from service.api.deps import KeepaliveSeconds, Owner, Store, Turns
+from service.api.deps import KeepaliveSeconds, Owner, Relayed, Store, Turns
 from service.api.headers import CORRELATION_ID, RETRY_AFTER, IdempotencyKey
 from service.api.sse import closed_with_response
 from service.errors import (
@@ -45,6 +47,7 @@ from service.model import ForkPoint
 from service.model import IdempotencyKey as Key
 from service.plans import TurnPlan
 from service.providers.base import input_count
+from service.relay import Relay
 from service.turns import TurnService
 
 UNSUPPORTED = {
@@ -81,11 +84,7 @@ async def plan_of(
             raise ResponseNotFound()
         raw_id, if_match = str(cid), frozenset({revision})
         fork = ForkPoint(cid, revision) if revision < info.revision else None
-    if raw_id is None:
-        raise InvalidInput(
-            "conversation (or previous_response_id) is required: turnstore keeps the history.",
-            param="conversation",
-        )
+    assert raw_id is not None  # without either, the call is stateless (see ``stateless``)
     message, items = turn_input(asked.input)
     tools = client_tools(asked.tools, set(turns.tool_names))
     plan = turns.plan(message, str(parse_conversation(raw_id)), if_match, owner=owner,
@@ -97,6 +96,38 @@ async def plan_of(
         return plan
     # The whole request is the key's subject: a retry must ask exactly the same.
     return plan.with_idempotency(Key(owner, key, hashlib.sha256(body).hexdigest()))
+
+
+async def stateless(
+    asked: ResponseCreate, relay: Relay, turns: TurnService, owner: str
+) -> dict[str, Any]:
+    """A call without a conversation: relayed to the provider (store false), nothing kept."""
+    for field, why in UNSUPPORTED.items():
+        if getattr(asked, field) not in (None, False):
+            raise InvalidInput(why + ".", param=field)
+    if asked.stream:
+        raise InvalidInput("stream: not for calls without a conversation yet.", param="stream")
+    model = turns.provider.origin.model
+    if asked.model is not None and asked.model != model:
+        raise InvalidInput(f"model: this server answers with {model!r} only.", param="model")
+    views.includes(asked.include)
+    given = (
+        asked.input if isinstance(asked.input, list) else [{"role": "user", "content": asked.input}]
+    )
+    tools = client_tools(asked.tools, set())
+    advertised = msgspec.Raw(b"[" + b",".join(map(bytes, tools)) + b"]") if tools else None
+    started = time.time()
+    reply = await relay.respond(await relay.resolve(owner, given), advertised)
+    if reply.incomplete_reason == "content_filter":
+        raise ContentFiltered()
+    # Sealed reasoning is kept in the answer: a client that keeps the history has no other
+    # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
+    output = views.output_items(uuid.uuid4(), 1, reply.output_items, 0, encrypted=True)
+    return response_object(
+        None, None, rid=f"resp_{uuid.uuid4().hex}", model=model, status=reply.status,
+        output=output, incomplete_reason=reply.incomplete_reason, created_at=started,
+        store=False,
+    )  # fmt: skip
 
 
 def not_latest(asked: ResponseCreate, exc: PreconditionFailed) -> Exception:
@@ -124,9 +155,12 @@ class OpenAIResponses(Controller):
     )  # fmt: skip
     async def create(
         self, request: Request[Any, Any, Any], data: JSONBody[ResponseCreate], turns: Turns,
-        owner: Owner, sse_keepalive_s: KeepaliveSeconds, idempotency_key: IdempotencyKey = None,
+        owner: Owner, sse_keepalive_s: KeepaliveSeconds, relay: Relayed,
+        idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]] | ServerSentEvent:  # fmt: skip
         asked = data
+        if asked.conversation is None and asked.previous_response_id is None:
+            return Response(await stateless(asked, relay, turns, owner))
         plan = await plan_of(asked, await request.body(), turns, owner, idempotency_key)
         try:
             if asked.stream:

@@ -101,7 +101,7 @@ def deleted_object(cid: uuid.UUID) -> dict[str, Any]:
 
 
 def response_object(
-    cid: uuid.UUID,
+    cid: uuid.UUID | None,
     revision: int | None,
     *,
     rid: str | None = None,
@@ -113,11 +113,13 @@ def response_object(
     truncation: str | None = None,
     store: bool = True,
 ) -> dict[str, Any]:
-    """A Response: a committed turn (``revision``), or one still running (``rid`` given)."""
+    """A Response: a committed turn (``revision``), or (``rid`` given, no ``cid``) a
+    stateless call's."""
     if isinstance(created_at, datetime):
         created_at = created_at.timestamp()
+    assert rid is not None or cid is not None
     return {
-        "id": rid or response_id(cid, revision or 0),
+        "id": rid or response_id(cid, revision or 0),  # type: ignore[arg-type]
         "object": "response",
         "created_at": created_at if created_at is not None else time.time(),
         "status": status,
@@ -125,7 +127,7 @@ def response_object(
         "output": list(output),
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "error": None,
-        "conversation": {"id": conversation_id(cid)},
+        "conversation": {"id": conversation_id(cid)} if cid else None,
         "previous_response_id": None,
         "instructions": None,
         "metadata": {},

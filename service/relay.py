@@ -1,0 +1,109 @@
+"""The stateless call (``POST /v1/responses`` without a conversation): a client that keeps its
+own history (the Agents SDK's ``OpenAIConversationsSession``) uses turnstore as its model
+endpoint. Nothing is committed. The history it sends back is what it listed from turnstore,
+so some items come back without what only the stored copy holds: reasoning without its
+``encrypted_content`` (listed without ``include``), ``item_reference``s, items with the
+view-only ids turnstore gave them. Those are replaced by the stored items, byte for byte.
+
+An id is looked up in the conversations the request's own view-only ids name (each names its
+conversation): a session's history always holds such an item (its user messages). An id
+found nowhere there, or another owner's, is 400 (``param: input``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+import msgspec
+
+from service.errors import InvalidInput, UpstreamError
+from service.items import check_history
+from service.providers.base import Provider, ProviderRequest, Reply, TextDelta
+from service.store.base import ConversationStore
+from service.window import SystemPrompt
+
+_VIEW_PREFIX = "msg_"
+_VIEW_LENGTH = len(_VIEW_PREFIX) + 32 + 8 + 4
+
+
+class _Head(msgspec.Struct):
+    type: str | None = None
+    id: str | None = None
+    encrypted_content: str | None = None
+
+
+def view_id(cid: uuid.UUID, revision: int, index: int) -> str:
+    """The id shown for an item stored without one: it names where the item is."""
+    return f"{_VIEW_PREFIX}{cid.hex}{revision:08x}{index:04x}"
+
+
+def _named_conversation(item_id: str) -> uuid.UUID | None:
+    if len(item_id) != _VIEW_LENGTH or not item_id.startswith(_VIEW_PREFIX):
+        return None
+    try:
+        return uuid.UUID(item_id[4:36])
+    except ValueError:
+        return None
+
+
+class Relay:
+    def __init__(
+        self, store: ConversationStore, provider: Provider, prompt: SystemPrompt | None
+    ) -> None:
+        self._store, self._provider, self._prompt = store, provider, prompt
+
+    async def resolve(self, owner: str, items: Sequence[dict[str, Any]]) -> list[msgspec.Raw]:
+        """The input to send: the items as they came, except those only the stored copy
+        completes, which are replaced by it."""
+        check_history(items)
+        stored = await self._stored(owner, items)
+        resolved = []
+        for item in items:
+            item_id = item.get("id")
+            kind = item.get("type", "message")
+            needs_store = (
+                kind == "item_reference"
+                or (kind == "reasoning" and not item.get("encrypted_content"))
+                or (isinstance(item_id, str) and _named_conversation(item_id) is not None)
+            )
+            if not needs_store:
+                resolved.append(msgspec.Raw(msgspec.json.encode(item)))
+                continue
+            if not isinstance(item_id, str) or item_id not in stored:
+                raise InvalidInput(f"input: no stored item {item_id!r} of yours.", param="input")
+            resolved.append(stored[item_id])
+        return resolved
+
+    async def _stored(self, owner: str, items: Sequence[dict[str, Any]]) -> dict[str, msgspec.Raw]:
+        """The stored items of the conversations the request's view-only ids name, by id."""
+        named = {
+            cid
+            for item in items
+            if isinstance(item.get("id"), str) and (cid := _named_conversation(item["id"]))
+        }
+        found: dict[str, msgspec.Raw] = {}
+        for cid in named:
+            conversation = await self._store.load(cid, owner)
+            if conversation is None:
+                continue
+            for revision, turn in enumerate(conversation.turns, start=1):
+                for index, raw in enumerate(turn.replay_items):
+                    head = msgspec.json.decode(raw, type=_Head)
+                    found[head.id or view_id(cid, revision, index)] = raw
+        return found
+
+    async def respond(self, items: list[msgspec.Raw], tools: msgspec.Raw | None) -> Reply:
+        """One provider call on ``items``; nothing is stored."""
+        request = ProviderRequest(items, self._prompt.text if self._prompt else None, tools)
+        reply = None
+        events: AsyncGenerator[Any, None] = self._provider.respond(request, stream=False)
+        async for event in events:
+            if isinstance(event, Reply):
+                reply = event
+            elif not isinstance(event, TextDelta):
+                continue
+        if reply is None:
+            raise UpstreamError("The provider ended without a reply.")
+        return reply

@@ -29,6 +29,7 @@ from service.api.conversations import ConversationController
 from service.api.correlation import add_correlation_header, correlation_middleware
 from service.api.errors import error_response
 from service.api.limits import RequestRules, allowed_hosts, request_rules_middleware
+from service.api.observe import http_metrics_middleware
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, ForkRequest
 from service.api.turns import TurnController
@@ -273,6 +274,7 @@ def create_app(
         before_send=[add_correlation_header],
         middleware=[
             correlation_middleware,
+            http_metrics_middleware,
             DefineMiddleware(request_rules_middleware, rules=_rules(settings)),
         ],
         request_max_body_size=settings.max_body_bytes,
@@ -350,7 +352,7 @@ def _app_from_environment() -> Litestar:
     except SettingsError as exc:
         sys.stderr.write(f"turnstore: {exc}\n")
         raise SystemExit(2) from None
-    configure_logging(settings.log_format)
+    configure_logging(settings.log_format, settings.log_level.upper())
     return create_app(settings)
 
 

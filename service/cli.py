@@ -65,7 +65,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
             port=args.port,
             workers=args.workers,
             **uvicorn_options(settings),
-            log_config=configure_logging(settings.log_format),
+            log_config=configure_logging(settings.log_format, settings.log_level.upper()),
             timeout_graceful_shutdown=max(1, math.ceil(settings.shutdown_grace_s)),
         )
 
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as exc:
         sys.stderr.write(f"turnstore: {exc}\n")
         sys.exit(2)
-    configure_logging(settings.log_format)
+    configure_logging(settings.log_format, settings.log_level.upper())
     args.run(args, settings)
 
 

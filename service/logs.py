@@ -16,6 +16,12 @@ from typing import Any
 correlation_id_var: ContextVar[str | None] = ContextVar("correlation_id", default=None)
 
 
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+}
+
+
 class JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -26,6 +32,11 @@ class JSONFormatter(logging.Formatter):
             "message": record.getMessage(),
             "correlation_id": getattr(record, "correlation_id", None) or correlation_id_var.get(),
         }
+        for key, value in record.__dict__.items():  # what a call passed with extra=...
+            if key not in _STANDARD and key not in entry:
+                entry[key] = (
+                    value if isinstance(value, str | int | float | bool | None) else str(value)
+                )
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

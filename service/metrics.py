@@ -6,11 +6,34 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from service.errors import TurnstoreError
 
 REGISTRY = CollectorRegistry()
+ProcessCollector(registry=REGISTRY)  # CPU, memory, open files of this process
+PlatformCollector(registry=REGISTRY)
+
+HTTP_REQUESTS = Counter(
+    "turnstore_http_requests_total",
+    "HTTP requests by route template, method and status.",
+    ["route", "method", "status"],
+    registry=REGISTRY,
+)
+HTTP_REQUEST_SECONDS = Histogram(
+    "turnstore_http_request_seconds",
+    "HTTP request duration by route template and method (a stream: to its last byte).",
+    ["route", "method"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=REGISTRY,
+)
 
 TURNS_COMMITTED = Counter(
     "turnstore_turns_committed_total", "Turns committed.", ["mode"], registry=REGISTRY

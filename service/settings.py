@@ -261,6 +261,12 @@ class Settings:
         "`json` (one object per line, with `correlation_id`) or `text`",
         choices=("json", "text"),
     )
+    log_level: str = _setting(
+        "LOG_LEVEL",
+        "info",
+        "`debug`, `info`, `warning` or `error`: the least severe log lines written",
+        choices=("debug", "info", "warning", "error"),
+    )
     # Authentication (service/auth.py). Secrets stay out of repr, so out of any log line.
     auth_mode: str = _setting(
         "AUTH_MODE",

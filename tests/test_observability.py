@@ -63,7 +63,9 @@ async def test_log_lines_are_json_with_the_correlation_id(
         )
     assert response.status_code == 502
     lines = [JSONFormatter().format(record) for record in caplog.records]
-    ours = [json.loads(line) for line in lines if "upstream_error" in line]
+    ours = [
+        json.loads(line) for line in lines if "upstream_error" in line and "turnstore.api" in line
+    ]
     assert ours and all(entry["correlation_id"] == "trace-42" for entry in ours)
     assert not any("secret words" in line for line in lines)
 
@@ -83,3 +85,51 @@ async def test_open_streams_gauge_follows_streams(make_client: ClientFactory) ->
             gate.set()
             await response.aread()
         assert (await scrape(client))[("turnstore_open_streams", ())] == idle
+
+
+async def test_provider_failures_are_logged_with_the_providers_request_id(
+    make_client: ClientFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = FakeResponsesAPI().then(Script(http_status=500, headers={"x-request-id": "req_abc"}))
+    caplog.set_level(logging.INFO)
+    async with make_client(provider=api.provider()) as client:
+        assert (await client.post(CHAT, json={"message": "hi"})).status_code == 502
+    lines = [json.loads(JSONFormatter().format(r)) for r in caplog.records]
+    provider = [line for line in lines if line["logger"] == "turnstore.provider"]
+    assert provider and provider[0]["provider_request_id"] == "req_abc"
+    assert provider[0]["level"] == "warning" and "500" in provider[0]["message"]
+
+
+async def test_http_requests_are_counted_by_route_template(make_client: ClientFactory) -> None:
+    async with make_client() as client:
+        before = await scrape(client)  # one registry per process: count what this test adds
+        cid = (await client.post(CHAT, json={"message": "hi"})).json()["conversation_id"]
+        assert (await client.get(f"/api/v1/conversations/{cid}")).status_code == 200
+        missing = "/api/v1/conversations/00000000-0000-0000-0000-000000000000"
+        assert (await client.get(missing)).status_code == 404
+        after = await scrape(client)
+    added = {key: value - before.get(key, 0.0) for key, value in after.items()}
+    route = "/api/v1/conversations/{conversation_id}"
+    by_status = {
+        labels: value
+        for (name, labels), value in added.items()
+        if name == "turnstore_http_requests_total" and ("route", route) in labels and value
+    }
+    assert by_status == {
+        (("method", "GET"), ("route", route), ("status", "200")): 1.0,
+        (("method", "GET"), ("route", route), ("status", "404")): 1.0,
+    }
+    assert not any(cid in str(labels) for (_, labels) in after)  # no raw paths
+    chat = (("method", "POST"), ("route", "/api/v1/chat"))
+    assert added[("turnstore_http_request_seconds_count", chat)] == 1.0
+    assert ("process_resident_memory_bytes", ()) in after
+
+
+def test_log_level_is_a_setting() -> None:
+    from service.logs import configure
+    from service.settings import Settings
+
+    assert Settings(log_level="warning").log_level == "warning"
+    config = configure("json", "WARNING")
+    assert config["root"]["level"] == "WARNING"
+    configure("json", "INFO")

@@ -26,6 +26,7 @@ use case decides what commits.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
@@ -51,6 +52,8 @@ from service.providers.base import (
     TextDelta,
     encode_request,
 )
+
+log = logging.getLogger("turnstore.provider")
 
 _INCOMPLETE_REASONS = ("max_output_tokens", "content_filter")
 _CODES: dict[str, type[TurnstoreError]] = {
@@ -168,8 +171,15 @@ class ResponsesProvider:
             async with self._client.stream(
                 "POST", self.endpoint.url, content=content, headers=self._headers
             ) as response:  # leaving it (also by aclose() of this generator) closes the stream
+                request_id = _request_id(response)
                 if not response.is_success:
-                    raise await self._status_error(response)
+                    error = await self._status_error(response)
+                    log.warning(
+                        "provider answered HTTP %s: %s", response.status_code, error.code,
+                        extra={"provider_request_id": request_id},
+                    )  # fmt: skip
+                    raise error
+                log.debug("provider answering", extra={"provider_request_id": request_id})
                 if not stream:
                     body = msgspec.json.decode(await self._read(response), type=_Response)
                     self._check_reply(body.output, 0)
@@ -215,6 +225,14 @@ class ResponsesProvider:
             if error is not None and error.code in _CODES:
                 return _CODES[error.code]()
         return UpstreamError(f"The provider answered HTTP {response.status_code}.")
+
+
+def _request_id(response: httpx.Response) -> str | None:
+    """The provider's own id of the request (OpenAI's, or Azure's), for its support."""
+    found: str | None = response.headers.get("x-request-id") or response.headers.get(
+        "apim-request-id"
+    )
+    return found
 
 
 class _EventStream:

@@ -1,6 +1,6 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
-Options: --parts store,e2e,holding,hostile,durable,fork  --subjects turnstore,...  --rounds N
+Options: --parts store,e2e,holding,hostile,durable,fork,tracing  --subjects ...  --rounds N
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import durable, e2e, fork, holding, hostile, report
+from bench import durable, e2e, fork, holding, hostile, report, tracing
 from bench.database import fresh_database, server, server_version
 from bench.store import StoreConfig, StoreResult, run_subject
 from bench.stores import SUBJECTS
@@ -28,7 +28,7 @@ def _say(line: str = "") -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--parts", default="store,e2e,holding,hostile,durable,fork")
+    parser.add_argument("--parts", default="store,e2e,holding,hostile,durable,fork,tracing")
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
     parser.add_argument("--streams", type=int, default=1000)
@@ -92,6 +92,10 @@ def main() -> None:
                 f"\n6. Forks: a conversation forked at its last turn, {fork.FORKS} times per length"
             )
             for line in fork.lines(fork.run(url)):
+                _say("   " + line)
+        if "tracing" in parts:
+            _say("\n7. Tracing: part 2 with tracing off, then on (OTLP/HTTP to a local sink)")
+            for line in tracing.run(url, logs):
                 _say("   " + line)
         _say("\nTargets (ratios from this run)")
         for line in report.targets(results, e2e_result, hold, refused):

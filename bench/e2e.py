@@ -93,9 +93,11 @@ async def _measure(pid: int, port: int, seed: int) -> E2EResult:
     return E2EResult(turns / elapsed, cuts[49] * 1000, cuts[98] * 1000, cpu / turns * 1000, seeded)
 
 
-def run(url: str, log_dir: Path, seed: int) -> E2EResult:
+def run(
+    url: str, log_dir: Path, seed: int, extra_env: dict[str, str] | None = None, name: str = "e2e"
+) -> E2EResult:
     port = free_port()
     command = [*turnstore_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    env = {"DATABASE_URL": sqlalchemy_url(url), "LLM_PROVIDER": "fake"}
-    with running(command, port, env, log_dir / "e2e-server.log") as pid:
+    env = {"DATABASE_URL": sqlalchemy_url(url), "LLM_PROVIDER": "fake", **(extra_env or {})}
+    with running(command, port, env, log_dir / f"{name}-server.log") as pid:
         return asyncio.run(_measure(pid, port, seed))

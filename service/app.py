@@ -22,6 +22,7 @@ from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Schema
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import tracing
 from service.api.chat import ChatController
 from service.api.compat.conversations import OpenAIConversations
 from service.api.compat.responses import OpenAIResponses
@@ -233,6 +234,7 @@ def create_app(
     """The app. ``store`` replaces the PostgreSQL store (and with it idempotency, operations
     and API keys, which then need ``api_keys`` for AUTH_MODE=api_key)."""
     settings = settings or Settings.from_env()
+    tracing.configure()
     services = build_services(settings, store=store, provider=provider, api_keys=api_keys)
 
     @asynccontextmanager

@@ -27,6 +27,7 @@ from service.providers.base import (
 from service.tools.executor import ToolExecutor
 from service.tools.gate import ToolGate
 from service.tools.registry import ToolRegistry
+from service.tracing import tracer
 from service.window import Window, request_bytes
 
 
@@ -118,7 +119,11 @@ class Exchange:
             if round_number == max_rounds and not theirs:
                 break
             for call in calls:  # one after another, through the whole gate
-                record = await gate.call(call.call_id, call.name, call.arguments)
+                with tracer.start_as_current_span("tool.call") as span:
+                    record = await gate.call(call.call_id, call.name, call.arguments)
+                    span.set_attributes(
+                        {"tool.name": record.name, "tool.status": str(record.status)}
+                    )
                 records.append(record)
                 items.append(function_call_output(call.call_id, record.output()))
                 yield ToolCalled(record.name, record.status)
@@ -146,7 +151,12 @@ class Exchange:
             if turn_items:
                 self._check_size(request)
             try:
-                with metrics.PROVIDER_SECONDS.time():
+                with (
+                    metrics.PROVIDER_SECONDS.time(),
+                    tracer.start_as_current_span("provider.round") as span,
+                ):
+                    span.set_attribute("provider.model", self._provider.origin.model)
+                    span.set_attribute("provider.input_items", len(request.input_items))
                     # aclosing: a client that goes away closes the upstream request at once.
                     async with aclosing(
                         self._provider.respond(request, stream=self._stream)

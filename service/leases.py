@@ -32,6 +32,7 @@ from service.locks import KeyedLocks, settle
 from service.model import Conversation
 from service.plans import TurnPlan
 from service.store.base import ConversationStore, Notifications
+from service.tracing import tracer
 
 log = logging.getLogger("turnstore.leases")
 
@@ -90,7 +91,11 @@ class Leases:
                 if plan.is_new:  # its id is new: no other turn can hold it
                     yield Held(None, holder)
                     return
-                conversation = await self._acquire(plan, holder, deadline)
+                with tracer.start_as_current_span("turn.lease") as span:
+                    conversation = await self._acquire(plan, holder, deadline)
+                    span.set_attribute("turnstore.waited_s", time.monotonic() - started)
+                    if conversation is not None:
+                        span.set_attribute("turnstore.revision", conversation.revision)
             waited = time.monotonic() - started
             if waited > WAITED_S:
                 metrics.TURNS_QUEUED.inc()

@@ -13,6 +13,8 @@ import time
 from contextvars import ContextVar
 from typing import Any
 
+from opentelemetry import trace
+
 correlation_id_var: ContextVar[str | None] = ContextVar("correlation_id", default=None)
 
 
@@ -37,6 +39,9 @@ class JSONFormatter(logging.Formatter):
                 entry[key] = (
                     value if isinstance(value, str | int | float | bool | None) else str(value)
                 )
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:  # tracing is on: the line joins its trace
+            entry["trace_id"], entry["span_id"] = f"{span.trace_id:032x}", f"{span.span_id:016x}"
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

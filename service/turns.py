@@ -25,6 +25,7 @@ from service.errors import (
     ConversationNotFound,
     InvalidInput,
     StorageError,
+    TurnstoreError,
     UpstreamError,
 )
 from service.exchange import Answer, Exchange, ToolCalled, Tooling
@@ -51,6 +52,7 @@ from service.providers.base import (
 )
 from service.store.base import ConversationStore, IdempotencyStore
 from service.strictjson import is_encodable
+from service.tracing import tracer
 from service.window import Budget, SystemPrompt, Window, choose_window
 
 T = TypeVar("T")
@@ -341,8 +343,15 @@ class TurnService:
                 fork_of=plan.fork_of,
             )
         )
-        with metrics.COMMIT_SECONDS.time():
-            commit = await settle(append)
+        with metrics.COMMIT_SECONDS.time(), tracer.start_as_current_span("turn.commit") as span:
+            try:
+                commit = await settle(append)
+            except TurnstoreError as exc:
+                span.set_attribute("turnstore.outcome", exc.code)
+                raise
+            span.set_attributes(
+                {"turnstore.outcome": "committed", "turnstore.revision": commit.revision}
+            )
         held.committed = True  # the commit released the lease
         return commit.revision
 

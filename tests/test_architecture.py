@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         {
             "service.errors", "service.model", "service.strictjson", "service.settings",
             "service.logs", "service.metrics", "service.shutdown", "service.migrate",
-            "service.embedded", "service.db",
+            "service.embedded", "service.db", "service.tracing",
         },
     ),
     (

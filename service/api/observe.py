@@ -1,5 +1,6 @@
-"""HTTP request metrics: requests by route template (never the raw path: ids would explode the
-series), method and status, and their duration (for a stream, until its last byte)."""
+"""HTTP request metrics and traces: requests by route template (never the raw path: ids would
+explode the series), method and status, and their duration (for a stream, until its last
+byte); a server span per request, continuing the client's W3C ``traceparent``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import time
 
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from opentelemetry import propagate, trace
 
 from service.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
+from service.tracing import tracer
 
 
 def http_metrics_middleware(app: ASGIApp) -> ASGIApp:
@@ -24,12 +27,18 @@ def http_metrics_middleware(app: ASGIApp) -> ASGIApp:
                 status = message["status"]
             await send(message)
 
-        try:
-            await app(scope, receive, observed)
-        finally:
-            route = str(scope.get("path_template") or "unmatched")
-            method = scope.get("method", "")
-            HTTP_REQUESTS.labels(route, method, str(status)).inc()
-            HTTP_REQUEST_SECONDS.labels(route, method).observe(time.perf_counter() - started)
+        route = str(scope.get("path_template") or "unmatched")
+        method = scope.get("method", "")
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        with tracer.start_as_current_span(
+            f"{method} {route}", context=propagate.extract(carrier), kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": method, "http.route": route},
+        ) as span:  # fmt: skip
+            try:
+                await app(scope, receive, observed)
+            finally:
+                span.set_attribute("http.response.status_code", status)
+                HTTP_REQUESTS.labels(route, method, str(status)).inc()
+                HTTP_REQUEST_SECONDS.labels(route, method).observe(time.perf_counter() - started)
 
     return middleware

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import msgspec
+from opentelemetry import propagate, trace
 
 from service.errors import (
     ContentFiltered,
@@ -167,11 +168,17 @@ class ResponsesProvider:
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:
         content = encode_request(self.endpoint.model, request, stream=stream)
+        headers = dict(self._headers)
+        propagate.inject(headers)  # the provider may join the trace (W3C traceparent)
         with _translate():
             async with self._client.stream(
-                "POST", self.endpoint.url, content=content, headers=self._headers
+                "POST", self.endpoint.url, content=content, headers=headers
             ) as response:  # leaving it (also by aclose() of this generator) closes the stream
                 request_id = _request_id(response)
+                span = trace.get_current_span()
+                span.set_attribute("http.response.status_code", response.status_code)
+                if request_id:
+                    span.set_attribute("provider.request_id", request_id)
                 if not response.is_success:
                     error = await self._status_error(response)
                     log.warning(

@@ -1,0 +1,36 @@
+"""OpenTelemetry traces: one per request, with spans for the turn's lease, each provider round,
+each tool call and the commit. Off unless the standard environment asks for an exporter
+(``OTEL_EXPORTER_OTLP_ENDPOINT``, or ``OTEL_TRACES_EXPORTER`` other than ``none``); the OTLP
+exporter then reads the rest of the ``OTEL_*`` variables itself. Spans carry ids, counts,
+statuses and revisions, never message text, tool arguments or keys."""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+tracer = trace.get_tracer("turnstore")
+_configured = False
+
+
+def wanted() -> bool:
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")) or exporter not in ("", "none")
+
+
+def configure() -> None:
+    """Install the OTLP exporter once per process, when the environment asks for it."""
+    global _configured
+    if _configured or not wanted():
+        return
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "turnstore")})
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    _configured = True

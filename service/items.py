@@ -8,6 +8,7 @@ assistant's as the reply).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -151,3 +152,24 @@ def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgsp
     if len({msgspec.json.decode(t)["name"] for t in encoded}) != len(encoded):
         raise InvalidInput("tools: names must be unique.", param="tools")
     return tuple(encoded)
+
+
+def without_last_item(turn: Turn, items: Sequence[msgspec.Raw]) -> Turn:
+    """``turn`` with its last item removed (the Agents SDK's pop_item); its transcript texts
+    follow when that item was a message."""
+    rest = list(items[:-1])
+    popped = msgspec.json.decode(items[-1])
+    if not isinstance(popped, dict) or popped.get("type", "message") != "message":
+        return dataclasses.replace(turn, replay_items=rest)
+    said: dict[bool, list[str]] = {True: [], False: []}
+    for raw in rest:
+        item = msgspec.json.decode(raw)
+        if isinstance(item, dict) and item.get("type", "message") == "message":
+            role, text = message_text(item, "items")
+            said[role == "assistant"].append(text)
+    return dataclasses.replace(
+        turn,
+        replay_items=rest,
+        user_message="\n\n".join(said[False]),
+        assistant_message="\n\n".join(said[True]),
+    )

@@ -126,6 +126,7 @@ class Conversation:
     turns: list[Turn] = field(default_factory=list)  # all of them, or those after a revision
     context_start: int = 1  # turns before this one are outside the model's context
     owner: str = ANONYMOUS
+    rewritten_at: int = 0  # the revision at which earlier history last changed (a removal)
 
     @property
     def replay_items(self) -> list[msgspec.Raw]:

@@ -123,6 +123,27 @@ async def test_session_managed_runs_relay_the_history_with_its_sealed_reasoning(
         assert refused.value.param == "input"
 
 
+async def test_pop_item_removes_the_latest_item_on_every_replica(database_url: str) -> None:
+    async with turnstore(database_url) as a, turnstore(database_url) as b:
+        conversation = await a.conversations.create()
+        on_a = OpenAIConversationsSession(conversation_id=conversation.id, openai_client=a)
+        on_b = OpenAIConversationsSession(conversation_id=conversation.id, openai_client=b)
+        await Runner.run(agent(a), "one", session=on_a)  # replica A caches the history
+        await on_a.add_items([{"role": "user", "content": "oops"}])  # type: ignore[list-item]
+        popped = await on_b.pop_item()  # on the other replica
+        assert popped is not None and text_of(popped) == "oops"
+        assert [text_of(i) for i in await on_a.get_items() if i.get("type") == "message"][-1] == (
+            "[fake-llm] one"
+        )
+        answer = await Runner.run(agent(a), "two", session=on_a)  # A reads afresh
+        assert answer.final_output == "[fake-llm] two (history=2)"
+        await on_a.pop_item()  # the last answer's message
+        with pytest.raises(openai.BadRequestError) as refused:
+            first = (await on_a.get_items())[0]
+            await a.conversations.items.delete(first["id"], conversation_id=conversation.id)  # type: ignore[typeddict-item]
+        assert refused.value.param == "item_id"
+
+
 def text_of(item: Any) -> str:
     content = item["content"]
     return str(content if isinstance(content, str) else content[0]["text"])

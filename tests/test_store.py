@@ -360,3 +360,26 @@ async def test_an_empty_conversation_takes_its_first_turn_and_keeps_its_metadata
     with pytest.raises(PreconditionFailed):
         await store.update_metadata(made.id, "alice", {}, frozenset({0}))
     assert await store.describe(made.id, "bob") is None
+
+
+async def test_the_latest_item_is_removed_by_a_commit_that_marks_the_rewrite(
+    contract_store: AnyStore,
+) -> None:
+    store, cid = contract_store, uuid.uuid4()
+    for n in (1, 2):
+        await store.append(Append(cid, turn(n), n - 1, owner="alice"))
+
+    def keep_rest(last: Turn, items: list[msgspec.Raw]) -> Turn:
+        return Turn(last.user_message, last.assistant_message, items[:-1])
+
+    info, removed = await store.pop_item(cid, "alice", keep_rest, frozenset({2}))
+    assert info.revision == 3 and bytes(removed) == bytes(turn(2).replay_items[-1])
+    loaded = await store.load(cid, "alice")
+    assert loaded is not None and loaded.revision == 3 and loaded.rewritten_at == 3
+    assert [bytes(i) for i in loaded.replay_items] == [
+        *map(bytes, turn(1).replay_items), bytes(turn(2).replay_items[0])
+    ]  # fmt: skip
+    with pytest.raises(PreconditionFailed):
+        await store.pop_item(cid, "alice", keep_rest, frozenset({2}))
+    commit = await store.append(Append(cid, turn(3), 3, owner="alice"))
+    assert commit.revision == 4

@@ -10,11 +10,13 @@ does not exist.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from uuid import UUID
+
+import msgspec
 
 from service.model import (
     ANONYMOUS,
@@ -105,6 +107,19 @@ class ConversationStore(Protocol):
         """A new conversation of ``owner``'s holding turns 1..``at_revision`` of this one, as
         they are (replay bytes, origins, window starts); this one is untouched. Raises
         ConversationNotFound, InvalidInput (no such revision), StorageError."""
+
+    async def pop_item(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        rewrite: Callable[[Turn, list[msgspec.Raw]], Turn],
+        if_match: Precondition = None,
+    ) -> tuple[ConversationInfo, msgspec.Raw]:
+        """Remove the conversation's latest item: its last turn, as ``rewrite`` makes it from
+        the turn and its items, becomes the next revision (a commit; ``rewritten_at`` tells
+        readers that hold history to read afresh). The removed item. Raises
+        ConversationNotFound, PreconditionFailed, ConversationConflict (a turn is running),
+        InvalidInput (nothing to remove), StorageError."""
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         """The conversation without its turns; None as for ``load``. Raises StorageError."""

@@ -12,10 +12,12 @@ out first. Nothing here changes what clients see.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from uuid import UUID
+
+import msgspec
 
 from service.model import (
     ANONYMOUS,
@@ -183,6 +185,19 @@ class CachedStore:
     async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
         return await self._inner.fork(conversation_id, owner, at_revision)
 
+    async def pop_item(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        rewrite: Callable[[Turn, list[msgspec.Raw]], Turn],
+        if_match: Precondition = None,
+    ) -> tuple[ConversationInfo, msgspec.Raw]:
+        self._evict(conversation_id)
+        try:
+            return await self._inner.pop_item(conversation_id, owner, rewrite, if_match)
+        finally:
+            self._evict(conversation_id)
+
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         return await self._inner.describe(conversation_id, owner)
 
@@ -223,6 +238,8 @@ class CachedStore:
 
 def _continues(entry: _Entry, fresh: Conversation) -> bool:
     """Whether ``fresh`` (the turns after entry.revision) extends the cached turns."""
-    return fresh.created_at == entry.created_at and fresh.revision == entry.revision + len(
-        fresh.turns
+    return (
+        fresh.created_at == entry.created_at
+        and fresh.revision == entry.revision + len(fresh.turns)
+        and fresh.rewritten_at <= entry.revision  # no turn it holds was rewritten since
     )

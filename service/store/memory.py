@@ -7,11 +7,13 @@ no durability. ``tests/test_store.py`` runs the same contract tests against both
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
+
+import msgspec
 
 from service.errors import (
     ConversationConflict,
@@ -326,6 +328,30 @@ class MemoryStore:
             row, list(turns), metadata=dict(found.metadata)
         )
         return fork.info()
+
+    async def pop_item(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        rewrite: Callable[[Turn, list[msgspec.Raw]], Turn],
+        if_match: Precondition = None,
+    ) -> tuple[ConversationInfo, msgspec.Raw]:
+        found = self._live(conversation_id, owner)
+        if found is None:
+            raise ConversationNotFound()
+        if if_match is not None and found.row.revision not in if_match:
+            raise PreconditionFailed()
+        now = _now()
+        if found.holder is not None and not found.lease_free_for(None, now):
+            raise ConversationConflict()
+        if not found.turns or not found.turns[-1].replay_items:
+            raise InvalidInput("The conversation has no item to remove.", param="item_id")
+        last = found.turns[-1]
+        items = list(last.replay_items)
+        found.turns[-1] = rewrite(last, items)
+        revision = found.row.revision + 1
+        found.row = replace(found.row, revision=revision, updated_at=now, rewritten_at=revision)
+        return found.info(), items[-1]
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         found = self._live(conversation_id, owner)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -74,6 +74,7 @@ class _Statements:
         self.load = (
             sa.select(
                 c.c.revision, c.c.created_at, c.c.updated_at, c.c.context_start, c.c.owner,
+                c.c.rewritten_at,
                 t.c.user_message, t.c.assistant_message, t.c.replay_items,
                 t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
                 t.c.tool_calls, t.c.status, t.c.incomplete_reason,
@@ -144,6 +145,34 @@ class _Statements:
             )
             SELECT * FROM forked
         """)  # fmt: skip
+        # Removing the latest item (pop_item): the row locked, the last turn read, rewritten.
+        self.lock_head = (
+            sa.select(
+                c.c.revision,
+                sa.and_(c.c.lease_holder.is_not(None), c.c.lease_expires_at > sa.func.now())
+                .label("leased"),
+            )
+            .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
+            .with_for_update()
+        )  # fmt: skip
+        self.turn_at = sa.select(
+            *[t.c[name] for name in TURN_COLUMNS if name != "conversation_id"],
+            t.c.created_at.label("turn_created_at"),
+        ).where(t.c.conversation_id == sa.bindparam("cid"), t.c.seq == sa.bindparam("seq"))
+        self.delete_turn = sa.delete(t).where(
+            t.c.conversation_id == sa.bindparam("cid"), t.c.seq == sa.bindparam("seq")
+        )
+        self.insert_turn_at = sa.insert(t)
+        self.rewritten = (
+            sa.update(c)
+            .where(c.c.id == sa.bindparam("cid"))
+            .values(
+                revision=c.c.revision + 1,
+                rewritten_at=c.c.revision + 1,
+                updated_at=sa.func.now(),
+            )
+            .returning(c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata)
+        )
         self.describe = sa.select(
             c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata
         ).where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
@@ -194,6 +223,7 @@ class _Statements:
             )
             .returning(
                 c.c.revision, c.c.created_at, c.c.updated_at, c.c.context_start, c.c.owner,
+                c.c.rewritten_at,
                 (c.c.lease_holder == sa.bindparam("holder")).label("acquired"),
                 c.c.lease_expires_at,
             )
@@ -370,6 +400,7 @@ class PostgresStore:
             turns=turns,
             context_start=first["context_start"],
             owner=first["owner"],
+            rewritten_at=first["rewritten_at"],
         )
 
     async def lease(
@@ -419,6 +450,7 @@ class PostgresStore:
             turns=[_turn(row) for row in rows if row["replay_items"] is not None],
             context_start=first["context_start"],
             owner=first["owner"],
+            rewritten_at=first["rewritten_at"],
         )
         return LeaseAttempt(conversation, first["acquired"], busy_until)
 
@@ -584,6 +616,41 @@ class PostgresStore:
         if exists is None:
             return ConversationNotFound()
         return InvalidInput("at_revision must be a revision of the conversation.")
+
+    async def pop_item(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        rewrite: Callable[[Turn, list[msgspec.Raw]], Turn],
+        if_match: Precondition = None,
+    ) -> tuple[ConversationInfo, msgspec.Raw]:
+        params = {"cid": conversation_id, "caller": owner}
+
+        async def pop() -> tuple[ConversationInfo, msgspec.Raw]:
+            async with transaction(self._engine) as conn:
+                head = (await conn.execute(self._sql.lock_head, params)).mappings().first()
+                if head is None:
+                    raise ConversationNotFound()
+                if if_match is not None and head["revision"] not in if_match:
+                    raise PreconditionFailed()
+                if head["leased"]:
+                    raise ConversationConflict()  # a turn runs: it would commit on top
+                revision = head["revision"]
+                last = {"cid": conversation_id, "seq": revision}
+                row = (await conn.execute(self._sql.turn_at, last)).mappings().first()
+                items = _ITEMS.decode(row["replay_items"]) if row else []
+                if row is None or not items:
+                    raise InvalidInput("The conversation has no item to remove.", param="item_id")
+                rewritten = rewrite(_turn(row), items)
+                await conn.execute(self._sql.delete_turn, last)
+                new = _turn_row(conversation_id, revision + 1, rewritten, row["turn_id"])
+                await conn.execute(
+                    self._sql.insert_turn_at, {**new, "created_at": row["turn_created_at"]}
+                )
+                done = (await conn.execute(self._sql.rewritten, params)).mappings().one()
+                return _info(done), items[-1]
+
+        return await written(pop)
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         async with read(self._engine) as conn:

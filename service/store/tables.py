@@ -38,6 +38,7 @@ conversations = sa.Table(
     sa.Column("lease_holder", sa.Uuid),
     sa.Column("lease_expires_at", sa.DateTime(timezone=True)),
     sa.Column("lease_wanted", sa.Boolean, nullable=False),
+    sa.Column("rewritten_at", sa.Integer, nullable=False),  # history before it changed then
     sa.Column("metadata", RawJSON),  # the OpenAI surface's string pairs: no part of the history
 )
 

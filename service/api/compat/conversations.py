@@ -136,6 +136,22 @@ class OpenAIConversations(Controller):
         added = await views.append_items(store, cid, owner, turn, parse_if_match(if_match), include)
         return with_etag(added.body(), added.revision)
 
+    @delete(
+        "/{conversation_id:str}/items/{item_id:str}", status_code=200,
+        summary="Remove the latest item (a commit); any other item: 400.",
+        response_headers=[ETAG, CORRELATION_ID],
+        responses=errors(
+            ConversationNotFound, ItemNotFound, ConversationConflict, PreconditionFailed
+        ),
+    )  # fmt: skip
+    async def pop(
+        self, conversation_id: FromPath[str], item_id: FromPath[str], store: Store, owner: Owner,
+        if_match: IfMatch = None,
+    ) -> Response[dict[str, Any]]:  # fmt: skip
+        cid = parse_conversation(conversation_id)
+        info = await views.pop_item(store, cid, owner, item_id, parse_if_match(if_match))
+        return with_etag(conversation_object(info), info.revision)
+
     @get(
         "/{conversation_id:str}/items/{item_id:str}", summary="One of its items.",
         response_headers=[CORRELATION_ID], responses=errors(ConversationNotFound, ItemNotFound),

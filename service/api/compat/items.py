@@ -16,8 +16,15 @@ from typing import Any
 import msgspec
 
 from service.api.compat.ids import view_item_id
-from service.errors import ConversationNotFound, InvalidInput, ItemNotFound
-from service.model import Append, Conversation, Precondition, Turn
+from service.errors import (
+    ConversationConflict,
+    ConversationNotFound,
+    InvalidInput,
+    ItemNotFound,
+    PreconditionFailed,
+)
+from service.items import without_last_item
+from service.model import Append, Conversation, ConversationInfo, Precondition, Turn
 from service.plans import check_precondition
 from service.store.base import ConversationStore
 
@@ -177,3 +184,26 @@ async def append_items(
     return ItemPage(
         turn_items(cid, commit.revision, turn, encrypted=encrypted), False, commit.revision
     )
+
+
+async def pop_item(
+    store: ConversationStore, cid: uuid.UUID, owner: str, item_id: str, if_match: Precondition
+) -> ConversationInfo:
+    """Remove ``item_id`` if it is the conversation's latest item (the Agents SDK's pop_item);
+    any other item is 400, an unknown one 404. A commit between the look and the removal
+    makes it 409, with nothing removed."""
+    conversation = await store.load(cid, owner)
+    if conversation is None:
+        raise ConversationNotFound()
+    check_precondition(if_match, conversation.revision)
+    shown = all_items(conversation, encrypted=False)
+    find(shown, item_id)
+    if shown[-1]["id"] != item_id:
+        raise InvalidInput("Only the latest item can be removed.", param="item_id")
+    try:
+        info, _ = await store.pop_item(
+            cid, owner, without_last_item, frozenset({conversation.revision})
+        )
+    except PreconditionFailed:
+        raise ConversationConflict() from None
+    return info

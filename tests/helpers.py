@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from uuid import UUID
 
 import httpx
+import jwt
 import uvicorn
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -91,3 +93,18 @@ async def until_lease_expired(engine: AsyncEngine, cid: str, timeout_s: float = 
                 return
         assert asyncio.get_running_loop().time() < deadline, "the lease never expired"
         await asyncio.sleep(0.05)
+
+
+JWT_SECRET = "turnstore-tests-jwt-secret-" + "x" * 32
+JWT_SETTINGS = {
+    "auth_mode": "jwt",
+    "jwt_secret": JWT_SECRET,
+    "jwt_issuer": "t",
+    "jwt_audience": "t",
+}
+
+
+def jwt_bearer(sub: str) -> dict[str, str]:
+    """The Authorization header of a valid token for ``sub`` under JWT_SETTINGS."""
+    claims = {"sub": sub, "iss": "t", "aud": "t", "exp": int(time.time()) + 600}
+    return {"Authorization": f"Bearer {jwt.encode(claims, JWT_SECRET, algorithm='HS256')}"}

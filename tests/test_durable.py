@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import jwt
 import pytest
 from httpx_sse import aconnect_sse
 from sqlalchemy import text
@@ -38,7 +37,7 @@ from tests.cluster import (
 from tests.conftest import ClientFactory
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script
-from tests.helpers import CHAT, assert_error
+from tests.helpers import CHAT, JWT_SETTINGS, assert_error, jwt_bearer
 
 STREAM = f"{CHAT}/stream"
 TURNS = "/api/v1/turns"
@@ -346,18 +345,11 @@ async def test_an_idempotency_key_retry_of_a_background_turn_names_the_same_turn
 
 
 async def test_only_the_owner_reads_or_cancels_a_turn(make_client: ClientFactory) -> None:
-    secret = "durable-turns-secret-" + "x" * 32
-    settings = {"auth_mode": "jwt", "jwt_secret": secret, "jwt_issuer": "t", "jwt_audience": "t"}
-
-    def token(sub: str) -> dict[str, str]:
-        claims = {"sub": sub, "iss": "t", "aud": "t", "exp": int(time.time()) + 600}
-        return {"Authorization": f"Bearer {jwt.encode(claims, secret, algorithm='HS256')}"}
-
     api = FakeResponsesAPI()
     gate = asyncio.Event()
     api.then(Script(gate=gate))
-    async with make_client(provider=api.provider(), **settings) as client:
-        alice, mallory = token("alice"), token("mallory")
+    async with make_client(provider=api.provider(), **JWT_SETTINGS) as client:
+        alice, mallory = jwt_bearer("alice"), jwt_bearer("mallory")
         mine = {"message": "mine", "background": True}
         turn_id = (await client.post(CHAT, json=mine, headers=alice)).json()["turn_id"]
         unknown = "00000000-0000-4000-8000-000000000000"

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import jwt
 
 from tests.conftest import ClientFactory
-from tests.helpers import assert_error
+from tests.helpers import JWT_SETTINGS, assert_error, jwt_bearer
 
 CHAT = "/api/v1/chat"
 
@@ -63,16 +62,9 @@ async def test_a_fork_point_must_be_a_revision(make_client: ClientFactory) -> No
 
 
 async def test_another_owners_conversation_cannot_be_forked(make_client: ClientFactory) -> None:
-    secret = "s" * 32
-    settings = {"auth_mode": "jwt", "jwt_secret": secret, "jwt_issuer": "t", "jwt_audience": "t"}
-
-    def bearer(sub: str) -> dict[str, str]:
-        claims = {"sub": sub, "iss": "t", "aud": "t", "exp": 2_000_000_000}
-        return {"Authorization": f"Bearer {jwt.encode(claims, secret, algorithm='HS256')}"}
-
-    async with make_client(**settings) as client:
-        cid = (await say(client, None, "mine", headers=bearer("alice")))["conversation_id"]
+    async with make_client(**JWT_SETTINGS) as client:
+        cid = (await say(client, None, "mine", headers=jwt_bearer("alice")))["conversation_id"]
         stolen = await client.post(
-            f"/api/v1/conversations/{cid}/fork", json={"at_revision": 1}, headers=bearer("bob")
+            f"/api/v1/conversations/{cid}/fork", json={"at_revision": 1}, headers=jwt_bearer("bob")
         )
         assert_error(stolen, 404, "conversation_not_found")

@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import jwt
 import openai
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,7 +20,7 @@ from service.app import create_app
 from service.providers.fake import FakeProvider
 from service.settings import Settings
 from tests.fakeapi import FakeResponsesAPI, Script
-from tests.helpers import FailingRenewals, serve, until_lease_expired
+from tests.helpers import JWT_SETTINGS, FailingRenewals, jwt_bearer, serve, until_lease_expired
 
 Wire = list[httpx.Request]
 
@@ -470,16 +469,9 @@ async def test_truncation_disabled_refuses_a_turn_that_would_drop_history(
 
 
 async def test_owners_are_the_same_as_on_api_v1(database_url: str, engine: AsyncEngine) -> None:
-    secret = "s" * 32
-    settings = {"auth_mode": "jwt", "jwt_secret": secret, "jwt_issuer": "t", "jwt_audience": "t"}
-
-    def bearer(sub: str) -> dict[str, str]:
-        claims = {"sub": sub, "iss": "t", "aud": "t", "exp": 2_000_000_000}
-        return {"Authorization": f"Bearer {jwt.encode(claims, secret, algorithm='HS256')}"}
-
     async with (
-        sdk(database_url, headers=bearer("alice"), **settings) as (alice, _, alice_plain),
-        sdk(database_url, headers=bearer("bob"), **settings) as (bob, _, _bp),
+        sdk(database_url, headers=jwt_bearer("alice"), **JWT_SETTINGS) as (alice, _, alice_plain),
+        sdk(database_url, headers=jwt_bearer("bob"), **JWT_SETTINGS) as (bob, _, _bp),
     ):
         conversation = await alice.conversations.create()
         await alice.responses.create(conversation=conversation.id, input="mine")

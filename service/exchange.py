@@ -82,7 +82,7 @@ class Exchange:
         self._window = window
         self._new_items = new_items
         self._client_names = {msgspec.json.decode(t, type=_Named).name for t in client_tools}
-        self._tools = _advertised(tooling, client_tools)
+        self._tools = advertised(tooling, client_tools)
         self._instructions = instructions
         self._tooling = tooling
         self._stream = stream
@@ -177,7 +177,7 @@ class _Named(msgspec.Struct):
     name: str
 
 
-def _advertised(
+def advertised(
     tooling: Tooling | None, client_tools: tuple[msgspec.Raw, ...]
 ) -> msgspec.Raw | None:
     """The function tools the model is offered: turnstore's own, then the client's."""

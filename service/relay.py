@@ -13,14 +13,16 @@ found nowhere there, or another owner's, is 400 (``param: input``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Sequence
+from contextlib import aclosing
 from typing import Any
 
 import msgspec
 
 from service.errors import InvalidInput, UpstreamError
+from service.exchange import advertised
 from service.items import check_history
-from service.providers.base import Provider, ProviderRequest, Reply, TextDelta
+from service.providers.base import Provider, ProviderRequest, Reply
 from service.store.base import ConversationStore
 from service.window import SystemPrompt
 
@@ -94,16 +96,14 @@ class Relay:
                     found[head.id or view_id(cid, revision, index)] = raw
         return found
 
-    async def respond(self, items: list[msgspec.Raw], tools: msgspec.Raw | None) -> Reply:
-        """One provider call on ``items``; nothing is stored."""
-        request = ProviderRequest(items, self._prompt.text if self._prompt else None, tools)
+    async def respond(self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...]) -> Reply:
+        """One provider call on ``items``, offering the client's ``tools``; nothing is kept."""
+        prompt = self._prompt.text if self._prompt else None
+        request = ProviderRequest(items, prompt, advertised(None, tools))
         reply = None
-        events: AsyncGenerator[Any, None] = self._provider.respond(request, stream=False)
-        async for event in events:
-            if isinstance(event, Reply):
-                reply = event
-            elif not isinstance(event, TextDelta):
-                continue
+        async with aclosing(self._provider.respond(request, stream=False)) as events:
+            async for event in events:
+                reply = event if isinstance(event, Reply) else reply
         if reply is None:
             raise UpstreamError("The provider ended without a reply.")
         return reply

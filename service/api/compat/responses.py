@@ -13,7 +13,6 @@ import time
 import uuid
 from typing import Any
 
-import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, JSONBody
 from litestar.response import ServerSentEvent
@@ -57,13 +56,8 @@ UNSUPPORTED = {
 }
 
 
-async def plan_of(
-    asked: ResponseCreate, body: bytes, turns: TurnService, owner: str, key: str | None
-) -> TurnPlan:
-    """The turn ``asked`` for, or 400 naming the field that cannot be honoured. A
-    ``previous_response_id`` that is its conversation's latest response continues it (under
-    If-Match: a turn committed meanwhile makes it 400); an earlier one forks the conversation
-    there, and the turn runs on the fork (made by the turn's own commit)."""
+def check_fields(asked: ResponseCreate, turns: TurnService) -> None:
+    """400 naming a field this server cannot honour, for any call."""
     for field, why in UNSUPPORTED.items():
         if getattr(asked, field) not in (None, False):
             raise InvalidInput(why + ".", param=field)
@@ -71,6 +65,16 @@ async def plan_of(
     if asked.model is not None and asked.model != model:
         raise InvalidInput(f"model: this server answers with {model!r} only.", param="model")
     views.includes(asked.include)
+
+
+async def plan_of(
+    asked: ResponseCreate, body: bytes, turns: TurnService, owner: str, key: str | None
+) -> TurnPlan:
+    """The turn ``asked`` for, or 400 naming the field that cannot be honoured. A
+    ``previous_response_id`` that is its conversation's latest response continues it (under
+    If-Match: a turn committed meanwhile makes it 400); an earlier one forks the conversation
+    there, and the turn runs on the fork (made by the turn's own commit)."""
+    check_fields(asked, turns)
     if_match, raw_id, fork = None, asked.conversation_id, None
     if asked.previous_response_id is not None:
         if raw_id is not None:
@@ -102,29 +106,22 @@ async def stateless(
     asked: ResponseCreate, relay: Relay, turns: TurnService, owner: str
 ) -> dict[str, Any]:
     """A call without a conversation: relayed to the provider (store false), nothing kept."""
-    for field, why in UNSUPPORTED.items():
-        if getattr(asked, field) not in (None, False):
-            raise InvalidInput(why + ".", param=field)
+    check_fields(asked, turns)
     if asked.stream:
         raise InvalidInput("stream: not for calls without a conversation yet.", param="stream")
-    model = turns.provider.origin.model
-    if asked.model is not None and asked.model != model:
-        raise InvalidInput(f"model: this server answers with {model!r} only.", param="model")
-    views.includes(asked.include)
     given = (
         asked.input if isinstance(asked.input, list) else [{"role": "user", "content": asked.input}]
     )
-    tools = client_tools(asked.tools, set())
-    advertised = msgspec.Raw(b"[" + b",".join(map(bytes, tools)) + b"]") if tools else None
     started = time.time()
-    reply = await relay.respond(await relay.resolve(owner, given), advertised)
+    reply = await relay.respond(await relay.resolve(owner, given), client_tools(asked.tools, set()))
     if reply.incomplete_reason == "content_filter":
         raise ContentFiltered()
     # Sealed reasoning is kept in the answer: a client that keeps the history has no other
     # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
     output = views.output_items(uuid.uuid4(), 1, reply.output_items, 0, encrypted=True)
     return response_object(
-        None, None, rid=f"resp_{uuid.uuid4().hex}", model=model, status=reply.status,
+        None, None, rid=f"resp_{uuid.uuid4().hex}", model=turns.provider.origin.model,
+        status=reply.status,
         output=output, incomplete_reason=reply.incomplete_reason, created_at=started,
         store=False,
     )  # fmt: skip

@@ -43,6 +43,7 @@ from service.errors import (
 )
 from service.exchange import ToolCalled
 from service.locks import settle
+from service.logs import correlation_id_var
 from service.model import NewRun, Renewed, RunCommit, RunEnd, RunEvent, RunStatus, RunView
 from service.plans import TurnPlan
 from service.providers.base import TextDelta
@@ -345,7 +346,7 @@ class TurnRuns:
         view = await self._store.read_run(turn_id, owner)
         if view is None:
             raise TurnNotFound()
-        if view.stalled and await self._interrupt(view.id, owner):
+        if view.stalled and await self._interrupt(view.id):
             view = await self._store.read_run(turn_id, owner) or view
         return view
 
@@ -403,7 +404,7 @@ class TurnRuns:
                                 yield event
                     return
                 if view.stalled:
-                    await self._interrupt(turn_id, owner)
+                    await self._interrupt(turn_id)
                     continue
                 if not watching:
                     await self._store.watch_run(turn_id)
@@ -414,8 +415,10 @@ class TurnRuns:
                     async with asyncio.timeout(FOLLOW_POLL_S[healthy]):
                         await woken.wait()
 
-    async def _interrupt(self, turn_id: uuid.UUID, correlation_id: str) -> bool:
-        data = error_data("turn_interrupted", INTERRUPTED, correlation_id)
+    async def _interrupt(self, turn_id: uuid.UUID) -> bool:
+        """End a run whose replica vanished; its terminal event names the request that found
+        it (the run's own request is gone with its replica)."""
+        data = error_data("turn_interrupted", INTERRUPTED, correlation_id_var.get() or "")
         return await self._store.interrupt_run(turn_id, INTERRUPTED, _JSON.encode(data).decode())
 
     # --- this process's part: heartbeats, cancellations, shutdown --------------------------------

@@ -247,6 +247,8 @@ async def test_a_background_turn_whose_replica_stops_ends_interrupted_for_every_
                 stall.set()
                 end = assert_one_terminal(events)
                 assert end.name == "error" and end.data["error"]["code"] == "turn_interrupted"
+                # A request's correlation id, never the owner's name (it was, once).
+                assert end.data["error"]["correlation_id"] not in ("", "anonymous")
                 assert took < lease_s + 3, took
                 view = (await b.get(f"{TURNS}/{turn_id}")).json()
                 assert (view["status"], view["error"]["code"]) == ("failed", "turn_interrupted")

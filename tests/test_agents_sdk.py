@@ -138,8 +138,8 @@ async def test_pop_item_removes_the_latest_item_on_every_replica(database_url: s
         answer = await Runner.run(agent(a), "two", session=on_a)  # A reads afresh
         assert answer.final_output == "[fake-llm] two (history=2)"
         await on_a.pop_item()  # the last answer's message
+        first = (await on_a.get_items())[0]
         with pytest.raises(openai.BadRequestError) as refused:
-            first = (await on_a.get_items())[0]
             await a.conversations.items.delete(first["id"], conversation_id=conversation.id)  # type: ignore[typeddict-item]
         assert refused.value.param == "item_id"
 

@@ -125,11 +125,15 @@ async def test_http_requests_are_counted_by_route_template(make_client: ClientFa
     assert ("process_resident_memory_bytes", ()) in after
 
 
-def test_log_level_is_a_setting() -> None:
+def test_log_level_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from service.logs import configure
     from service.settings import Settings
 
-    assert Settings(log_level="warning").log_level == "warning"
-    config = configure("json", "WARNING")
-    assert config["root"]["level"] == "WARNING"
-    configure("json", "INFO")
+    monkeypatch.setenv("LOG_LEVEL", "warning")
+    settings = Settings.from_env()
+    try:
+        configure(settings.log_format, settings.log_level.upper())  # as the app wires it
+        assert not logging.getLogger("turnstore.api").isEnabledFor(logging.INFO)
+        assert logging.getLogger("turnstore.api").isEnabledFor(logging.WARNING)
+    finally:
+        configure("json", "INFO")

@@ -200,18 +200,6 @@ async def test_a_shutdown_ends_an_open_stream_with_one_error_event() -> None:
     assert provider.closed.is_set()  # the turn was stopped: the upstream call closed
 
 
-async def test_a_shutdown_after_message_done_adds_nothing() -> None:
-    provider = Stalling(done=True)
-    try:
-        stream = await _stream(provider)
-        assert [(await anext(stream)).event for _ in range(2)] == ["message.delta", "message.done"]
-        SHUTDOWN.set()
-        assert [message async for message in stream] == []
-    finally:
-        SHUTDOWN.clear()
-    assert provider.closed.is_set()
-
-
 async def test_the_pool_is_closed_after_everything_that_uses_it(database_url: str) -> None:
     """The listener pings through the pool: closed after the pool, a ping in between opened a
     connection in the disposed pool's successor that nobody closed (CI saw it as an unclosed

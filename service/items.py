@@ -88,18 +88,27 @@ def items_turn(items: Sequence[Any] | None) -> Turn | None:
         return None
     if len(items) > MAX_ITEMS:
         raise InvalidInput(f"items: at most {MAX_ITEMS}.", param="items")
-    said: dict[bool, list[str]] = {True: [], False: []}
+    messages = []
     for item in items:
         if isinstance(item, dict) and item.get("type") in _OPAQUE:
             check_opaque(item)  # kept as sent: what a model produced, or a tool's answer
-            continue
-        role, text = message_text(item, "items")
-        said[role == "assistant"].append(text)
+        else:
+            messages.append(item)
+    user, assistant = _transcript(messages)
     return Turn(
-        user_message="\n\n".join(said[False]),
-        assistant_message="\n\n".join(said[True]),
+        user_message=user,
+        assistant_message=assistant,
         replay_items=[msgspec.Raw(msgspec.json.encode(item)) for item in items],
     )
+
+
+def _transcript(messages: Sequence[Any]) -> tuple[str, str]:
+    """The user's (and system's) text and the assistant's text of these message items."""
+    said: dict[bool, list[str]] = {True: [], False: []}
+    for item in messages:
+        role, text = message_text(item, "items")
+        said[role == "assistant"].append(text)
+    return "\n\n".join(said[False]), "\n\n".join(said[True])
 
 
 def turn_input(input: str | list[Any]) -> tuple[str, tuple[msgspec.Raw, ...]]:
@@ -137,7 +146,7 @@ _TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict"}
 def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgspec.Raw, ...]:
     """The function tools a client offers the model and runs itself (``reserved``: the names
     of turnstore's own tools, which it may not take)."""
-    encoded = []
+    encoded, names = [], set()
     for tool in tools or ():
         if not isinstance(tool, dict) or tool.get("type") != "function":
             raise InvalidInput("tools: only function tools are supported.", param="tools")
@@ -149,27 +158,23 @@ def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgsp
                 f"tools: unsupported fields {sorted(set(tool) - _TOOL_FIELDS)}.", param="tools"
             )
         encoded.append(msgspec.Raw(msgspec.json.encode(tool)))
-    if len({msgspec.json.decode(t)["name"] for t in encoded}) != len(encoded):
+        names.add(name)
+    if len(names) != len(encoded):
         raise InvalidInput("tools: names must be unique.", param="tools")
     return tuple(encoded)
 
 
-def without_last_item(turn: Turn, items: Sequence[msgspec.Raw]) -> Turn:
+def without_last_item(turn: Turn) -> Turn:
     """``turn`` with its last item removed (the Agents SDK's pop_item); its transcript texts
     follow when that item was a message."""
-    rest = list(items[:-1])
-    popped = msgspec.json.decode(items[-1])
+    rest = list(turn.replay_items[:-1])
+    popped = msgspec.json.decode(turn.replay_items[-1])
     if not isinstance(popped, dict) or popped.get("type", "message") != "message":
         return dataclasses.replace(turn, replay_items=rest)
-    said: dict[bool, list[str]] = {True: [], False: []}
-    for raw in rest:
-        item = msgspec.json.decode(raw)
-        if isinstance(item, dict) and item.get("type", "message") == "message":
-            role, text = message_text(item, "items")
-            said[role == "assistant"].append(text)
+    decoded = (msgspec.json.decode(raw) for raw in rest)
+    user, assistant = _transcript(
+        [i for i in decoded if isinstance(i, dict) and i.get("type", "message") == "message"]
+    )
     return dataclasses.replace(
-        turn,
-        replay_items=rest,
-        user_message="\n\n".join(said[False]),
-        assistant_message="\n\n".join(said[True]),
+        turn, replay_items=rest, user_message=user, assistant_message=assistant
     )

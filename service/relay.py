@@ -31,9 +31,7 @@ _VIEW_LENGTH = len(_VIEW_PREFIX) + 32 + 8 + 4
 
 
 class _Head(msgspec.Struct):
-    type: str | None = None
     id: str | None = None
-    encrypted_content: str | None = None
 
 
 def view_id(cid: uuid.UUID, revision: int, index: int) -> str:

@@ -223,7 +223,8 @@ class TurnService:
                     held_at = conversation.revision if conversation else 0
                     yield TurnStarted(plan.conversation_id, held_at)
                 new_items = plan.input_items
-                check_answers(new_items, conversation)
+                if plan.items:  # a client's function outputs must answer its open calls
+                    check_answers(new_items, conversation)
                 window = self._window(conversation, [*new_items, *plan.client_tools], stream)
                 if not plan.truncate and window.start > 1:
                     raise ContextLengthExceeded(
@@ -364,14 +365,15 @@ class TurnService:
         if conversation is None or not conversation.turns:
             raise ConversationNotFound()  # deleted or expired since
         turn = conversation.turns[0]
+        first = input_count(turn.replay_items)
         return TurnDone(
             conversation_id=committed.conversation_id,
             message=turn.assistant_message,
             status=turn.status,
             incomplete_reason=turn.incomplete_reason,
             revision=committed.revision,
-            items=turn.replay_items[input_count(turn.replay_items) :],
-            inputs=input_count(turn.replay_items),
+            items=turn.replay_items[first:],
+            inputs=first,
         )
 
     def _overhead(self, stream: bool) -> int:

@@ -369,8 +369,8 @@ async def test_the_latest_item_is_removed_by_a_commit_that_marks_the_rewrite(
     for n in (1, 2):
         await store.append(Append(cid, turn(n), n - 1, owner="alice"))
 
-    def keep_rest(last: Turn, items: list[msgspec.Raw]) -> Turn:
-        return Turn(last.user_message, last.assistant_message, items[:-1])
+    def keep_rest(last: Turn) -> Turn:
+        return Turn(last.user_message, last.assistant_message, last.replay_items[:-1])
 
     info, removed = await store.pop_item(cid, "alice", keep_rest, frozenset({2}))
     assert info.revision == 3 and bytes(removed) == bytes(turn(2).replay_items[-1])

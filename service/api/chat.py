@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Controller, Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
+from service.api.bodies import decode
 from service.api.correlation import correlation_id
 from service.api.deps import KeepaliveSeconds, Owner, Runs, Turns
 from service.api.errors import documented
@@ -43,7 +43,6 @@ from service.errors import (
     UpstreamTimeout,
 )
 from service.runs import Started
-from service.strictjson import StrictJSONError, loads
 
 _ERRORS = documented(
     InvalidInput, ContextLengthExceeded, Unauthorized, ConversationNotFound,
@@ -62,12 +61,7 @@ async def strict_chat_request(request: Request[Any, Any, Any]) -> None:
     nothing."""
     if len(request.headers.getall("idempotency-key", [])) > 1:
         raise InvalidInput("Idempotency-Key must be sent once.")
-    body = await request.body()  # kept by the framework for the handler's own parse
-    try:
-        msgspec.json.decode(body, type=ChatRequest)
-        loads(body)
-    except (msgspec.DecodeError, StrictJSONError, RecursionError) as exc:
-        raise InvalidInput(f"The request body is invalid: {exc}.") from None
+    decode(await request.body(), ChatRequest)  # the body is kept for the handler's own parse
 
 
 class ChatController(Controller):

@@ -112,11 +112,11 @@ class ConversationStore(Protocol):
         self,
         conversation_id: UUID,
         owner: str,
-        rewrite: Callable[[Turn, list[msgspec.Raw]], Turn],
+        rewrite: Callable[[Turn], Turn],
         if_match: Precondition = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         """Remove the conversation's latest item: its last turn, as ``rewrite`` makes it from
-        the turn and its items, becomes the next revision (a commit; ``rewritten_at`` tells
+        the turn, becomes the next revision (a commit; ``rewritten_at`` tells
         readers that hold history to read afresh). The removed item. Raises
         ConversationNotFound, PreconditionFailed, ConversationConflict (a turn is running),
         InvalidInput (nothing to remove), StorageError."""

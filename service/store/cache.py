@@ -189,7 +189,7 @@ class CachedStore:
         self,
         conversation_id: UUID,
         owner: str,
-        rewrite: Callable[[Turn, list[msgspec.Raw]], Turn],
+        rewrite: Callable[[Turn], Turn],
         if_match: Precondition = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         self._evict(conversation_id)

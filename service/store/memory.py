@@ -333,7 +333,7 @@ class MemoryStore:
         self,
         conversation_id: UUID,
         owner: str,
-        rewrite: Callable[[Turn, list[msgspec.Raw]], Turn],
+        rewrite: Callable[[Turn], Turn],
         if_match: Precondition = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         found = self._live(conversation_id, owner)
@@ -347,11 +347,10 @@ class MemoryStore:
         if not found.turns or not found.turns[-1].replay_items:
             raise InvalidInput("The conversation has no item to remove.", param="item_id")
         last = found.turns[-1]
-        items = list(last.replay_items)
-        found.turns[-1] = rewrite(last, items)
+        found.turns[-1] = rewrite(last)
         revision = found.row.revision + 1
         found.row = replace(found.row, revision=revision, updated_at=now, rewritten_at=revision)
-        return found.info(), items[-1]
+        return found.info(), last.replay_items[-1]
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         found = self._live(conversation_id, owner)

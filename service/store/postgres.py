@@ -621,7 +621,7 @@ class PostgresStore:
         self,
         conversation_id: UUID,
         owner: str,
-        rewrite: Callable[[Turn, list[msgspec.Raw]], Turn],
+        rewrite: Callable[[Turn], Turn],
         if_match: Precondition = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         params = {"cid": conversation_id, "caller": owner}
@@ -638,17 +638,17 @@ class PostgresStore:
                 revision = head["revision"]
                 last = {"cid": conversation_id, "seq": revision}
                 row = (await conn.execute(self._sql.turn_at, last)).mappings().first()
-                items = _ITEMS.decode(row["replay_items"]) if row else []
-                if row is None or not items:
+                last_turn = _turn(row) if row else None
+                if row is None or last_turn is None or not last_turn.replay_items:
                     raise InvalidInput("The conversation has no item to remove.", param="item_id")
-                rewritten = rewrite(_turn(row), items)
+                rewritten = rewrite(last_turn)
                 await conn.execute(self._sql.delete_turn, last)
                 new = _turn_row(conversation_id, revision + 1, rewritten, row["turn_id"])
                 await conn.execute(
                     self._sql.insert_turn_at, {**new, "created_at": row["turn_created_at"]}
                 )
                 done = (await conn.execute(self._sql.rewritten, params)).mappings().one()
-                return _info(done), items[-1]
+                return _info(done), last_turn.replay_items[-1]
 
         return await written(pop)
 

@@ -17,13 +17,12 @@ from typing import Any
 import msgspec
 from litestar.response import ServerSentEventMessage
 
-from service.api.compat.ids import response_id, view_item_id
+from service.api.compat.ids import view_item_id
 from service.api.compat.items import output_items
 from service.api.compat.schemas import response_object
 from service.api.errors import log_failure, openai_type
 from service.api.sse import Stopped, with_keepalive
 from service.errors import ContentFiltered, NotReady, TurnstoreError
-from service.exchange import ToolCalled
 from service.providers.base import TextDelta
 from service.shutdown import SHUTDOWN
 from service.turns import TurnDone, TurnEvent, TurnStarted
@@ -38,7 +37,6 @@ class ResponseStream:
 
     def __init__(self, cid: uuid.UUID, revision: int, model: str, truncation: str | None) -> None:
         self.cid, self.revision, self.model, self.truncation = cid, revision, model, truncation
-        self.id = response_id(cid, revision)
         self.created_at = time.time()
         self.sequence = 0
         self.message_id: str | None = None
@@ -160,8 +158,7 @@ async def response_events(
                     for message in stream.done(event):
                         yield message
                     return
-                elif not isinstance(event, ToolCalled):  # turnstore's own tools stay inside
-                    continue
+                # ToolCalled: turnstore's own tools stay inside the turn, unannounced.
     except Stopped:  # the turn is cancelled (nothing kept): the client retries elsewhere
         yield stream.error(NotReady(SHUTTING_DOWN))
     except TurnstoreError as exc:

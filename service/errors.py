@@ -32,7 +32,13 @@ stack traces or secrets. The cause stays on ``__cause__`` for the logs.
 
 from __future__ import annotations
 
+from typing import Any
 from uuid import UUID
+
+
+def envelope(code: str, message: str, correlation_id: str) -> dict[str, Any]:
+    """The contract's error body, for JSON answers and SSE error events alike."""
+    return {"error": {"code": code, "message": message, "correlation_id": correlation_id}}
 
 
 class TurnstoreError(Exception):

@@ -40,6 +40,7 @@ from service.errors import (
     TurnInterrupted,
     TurnNotFound,
     TurnstoreError,
+    envelope,
 )
 from service.exchange import ToolCalled
 from service.locks import settle
@@ -61,10 +62,6 @@ FOLLOW_POLL_S = (0.1, 1.0)  # a reader elsewhere looks again after this long (no
 INTERRUPTED = "The replica running this turn stopped before the commit; nothing was kept."
 GONE = "The client went away before the turn committed; nothing was kept."
 _JSON = msgspec.json.Encoder()
-
-
-def error_data(code: str, message: str, correlation_id: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "correlation_id": correlation_id}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +327,7 @@ class TurnRuns:
             await run.done_event(event)
 
     async def _end(self, run: Run, status: RunStatus, error: TurnstoreError) -> None:
-        data = error_data(error.code, error.message, run.correlation_id)
+        data = envelope(error.code, error.message, run.correlation_id)
         try:
             await run.end(status, error.code, error.message, data)
         except StorageError:
@@ -418,7 +415,7 @@ class TurnRuns:
     async def _interrupt(self, turn_id: uuid.UUID) -> bool:
         """End a run whose replica vanished; its terminal event names the request that found
         it (the run's own request is gone with its replica)."""
-        data = error_data("turn_interrupted", INTERRUPTED, correlation_id_var.get() or "")
+        data = envelope("turn_interrupted", INTERRUPTED, correlation_id_var.get() or "")
         return await self._store.interrupt_run(turn_id, INTERRUPTED, _JSON.encode(data).decode())
 
     # --- this process's part: heartbeats, cancellations, shutdown --------------------------------

@@ -22,6 +22,13 @@ from service.store.postgres import PostgresStore
 CHAT = "/api/v1/chat"
 
 
+async def start(client: httpx.AsyncClient) -> str:
+    """A new conversation with one turn ("first"); its id."""
+    response = await client.post(CHAT, json={"message": "first"})
+    assert response.status_code == 200, response.text
+    return str(response.json()["conversation_id"])
+
+
 def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
     """The contract's envelope, with the same correlation id in body and header."""
     assert response.status_code == status, response.text

@@ -37,7 +37,7 @@ from tests.cluster import (
 from tests.conftest import ClientFactory
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script
-from tests.helpers import CHAT, JWT_SETTINGS, assert_error, jwt_bearer
+from tests.helpers import CHAT, JWT_SETTINGS, assert_error, jwt_bearer, start
 
 STREAM = f"{CHAT}/stream"
 TURNS = "/api/v1/turns"
@@ -93,12 +93,6 @@ def assert_one_terminal(events: list[Event]) -> Event:
     return events[-1]
 
 
-async def start(client: httpx.AsyncClient) -> str:
-    response = await client.post(CHAT, json={"message": "first"})
-    assert response.status_code == 200, response.text
-    return str(response.json()["conversation_id"])
-
-
 async def background(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
     response = await client.post(CHAT, json={"background": True, **body})
     assert response.status_code == 202, response.text
@@ -109,10 +103,12 @@ async def revision(client: httpx.AsyncClient, cid: str) -> int:
     return int((await client.get(f"/api/v1/conversations/{cid}")).json()["revision"])
 
 
-async def status_becomes(client: httpx.AsyncClient, turn_id: str, status: str) -> dict[str, Any]:
+async def status_becomes(
+    client: httpx.AsyncClient, turn_id: str, status: str, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     deadline = time.monotonic() + 15
     while True:
-        view = (await client.get(f"{TURNS}/{turn_id}")).json()
+        view = (await client.get(f"{TURNS}/{turn_id}", headers=headers)).json()
         if view["status"] == status:
             return dict(view)
         assert time.monotonic() < deadline, view
@@ -360,20 +356,8 @@ async def test_only_the_owner_reads_or_cancels_a_turn(make_client: ClientFactory
                 response = await client.request(method, f"{TURNS}/{target}{path}", headers=mallory)
                 assert_error(response, 404, "turn_not_found")
         gate.set()
-        view = await status_becomes_as(client, turn_id, "completed", alice)
+        view = await status_becomes(client, turn_id, "completed", alice)
         assert view["revision"] == 1
-
-
-async def status_becomes_as(
-    client: httpx.AsyncClient, turn_id: str, status: str, headers: dict[str, str]
-) -> dict[str, Any]:
-    deadline = time.monotonic() + 15
-    while True:
-        view = (await client.get(f"{TURNS}/{turn_id}", headers=headers)).json()
-        if view["status"] == status:
-            return dict(view)
-        assert time.monotonic() < deadline, view
-        await asyncio.sleep(0.02)
 
 
 async def runs_of(engine: AsyncEngine) -> dict[str, int]:

@@ -8,9 +8,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import ClientFactory
-from tests.helpers import JWT_SETTINGS, assert_error, jwt_bearer
-
-CHAT = "/api/v1/chat"
+from tests.helpers import CHAT, JWT_SETTINGS, assert_error, jwt_bearer
 
 
 async def say(

@@ -23,7 +23,7 @@ from service.settings import Settings
 from tests.cluster import fake_api, provider_env, replica, replicas, turnstore_env, wait_ready
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script, output_items
-from tests.helpers import CHAT, FailingRenewals, assert_error, serve, until_lease_expired
+from tests.helpers import CHAT, FailingRenewals, assert_error, serve, start, until_lease_expired
 
 FAST_S = 0.1  # "at once": a refusal comes back within this
 
@@ -33,12 +33,6 @@ def database(server_url: str) -> Iterator[str]:
     with fresh_database(server_url) as url:
         migrate.upgrade(url)
         yield url
-
-
-async def start(client: httpx.AsyncClient) -> str:
-    response = await client.post(CHAT, json={"message": "first"})
-    assert response.status_code == 200, response.text
-    return str(response.json()["conversation_id"])
 
 
 def turn(client: httpx.AsyncClient, cid: str, message: str) -> asyncio.Task[httpx.Response]:

@@ -12,7 +12,7 @@ from litestar.types import Scope
 
 from service.api.correlation import correlation_id
 from service.api.schemas import ErrorEnvelope
-from service.errors import RateLimited, TurnstoreError, Unauthorized
+from service.errors import RateLimited, TurnstoreError, Unauthorized, envelope
 
 log = logging.getLogger("turnstore.api")
 
@@ -37,10 +37,6 @@ def documented(
         status: ResponseSpec(shape, description=" or ".join(names))
         for status, names in sorted(codes.items())
     }
-
-
-def envelope(code: str, message: str, cid: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "correlation_id": cid}}
 
 
 def _framework_message(exc: HTTPException) -> str:

@@ -26,8 +26,8 @@ import msgspec
 from litestar.response import ServerSentEventMessage
 from litestar.types import Scope
 
-from service.api.errors import envelope, log_failure
-from service.errors import TurnstoreError
+from service.api.errors import log_failure
+from service.errors import TurnstoreError, envelope
 from service.metrics import OPEN_STREAMS
 from service.model import RunEvent
 from service.shutdown import SHUTDOWN

@@ -74,8 +74,11 @@ def make_plan(
         raise InvalidInput("message must be valid text without NUL characters.")
     idempotency = None
     if idempotency_key is not None:
-        # Endpoint-agnostic: a retry may switch between /chat and /chat/stream.
-        asked = msgspec.json.encode([message, conversation_id, background])
+        # Endpoint-agnostic: a retry may switch between /chat and /chat/stream. A plain turn
+        # hashes as before background turns existed, so keys claimed before an upgrade (or on
+        # a replica not yet upgraded) still match their retries.
+        subject = [message, conversation_id, *([True] if background else [])]
+        asked = msgspec.json.encode(subject)
         idempotency = IdempotencyKey(owner, idempotency_key, hashlib.sha256(asked).hexdigest())
     if conversation_id is None and if_match is not None:
         raise PreconditionFailed("If-Match needs an existing conversation.")

@@ -274,3 +274,20 @@ class HeldBack(Scripted):
         await self.release.wait()
         async for event in super().respond(request, stream=stream):
             yield event
+
+
+def test_an_idempotency_key_hashes_a_plain_turn_as_the_previous_release_did() -> None:
+    """Keys claimed before an upgrade (or by a replica not yet upgraded) must still match
+    their retries: a plain turn's subject is [message, conversation id], as it was."""
+    import hashlib
+
+    from service.plans import make_plan
+
+    cid = str(uuid.uuid4())
+    plain = make_plan("hi", cid, None, max_message_chars=100, idempotency_key="k")
+    old = hashlib.sha256(msgspec.json.encode(["hi", cid])).hexdigest()
+    assert plain.idempotency is not None and plain.idempotency.request_hash == old
+    background = make_plan(
+        "hi", cid, None, max_message_chars=100, idempotency_key="k", background=True
+    )
+    assert background.idempotency is not None and background.idempotency.request_hash != old

@@ -30,17 +30,17 @@ def message_text(item: Any, param: str) -> tuple[str, str]:
         kind = item.get("type") if isinstance(item, dict) else type(item).__name__
         raise InvalidInput(f"{param}: only message items are supported, not {kind!r}.", param=param)
     role, content = item.get("role"), item.get("content")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise InvalidInput(f"{param}: role must be one of {sorted(_ROLES)}.", param=param)
     if isinstance(content, str):
         text = content
     elif isinstance(content, list):
         want = _TEXT_PARTS.get(role, "output_text")
-        texts = [p.get("text") for p in content if isinstance(p, dict)]
-        types = {p.get("type") for p in content if isinstance(p, dict)}
+        parts = [p for p in content if isinstance(p, dict)]
+        texts = [p.get("text") for p in parts]
         if (
-            len(texts) != len(content)
-            or types - {want}
+            len(parts) != len(content)
+            or any(p.get("type") != want for p in parts)
             or not all(isinstance(t, str) for t in texts)
         ):
             raise InvalidInput(f"{param}: {role} content must be text ({want}) parts.", param=param)
@@ -52,27 +52,32 @@ def message_text(item: Any, param: str) -> tuple[str, str]:
     return str(role), text
 
 
-_OPAQUE = {  # item types appended as they are, and the fields each needs
-    "reasoning": ("id", "summary"),
-    "function_call": ("call_id", "name", "arguments"),
-    "function_call_output": ("call_id", "output"),
+_OPAQUE: dict[str, dict[str, type | tuple[type, ...]]] = {
+    # item types appended as they are, and the fields each needs (with their JSON types)
+    "reasoning": {"id": str, "summary": list},
+    "function_call": {"call_id": str, "name": str, "arguments": str},
+    "function_call_output": {"call_id": str, "output": (str, list)},
 }
 
 
+def is_opaque(item: Any) -> bool:
+    return isinstance(item, dict) and isinstance(kind := item.get("type"), str) and kind in _OPAQUE
+
+
 def check_opaque(item: dict[str, Any], param: str = "items") -> None:
-    missing = [name for name in _OPAQUE[item["type"]] if name not in item]
-    if missing:
-        raise InvalidInput(f"{param}: a {item['type']} item needs {missing}.", param=param)
+    fields = _OPAQUE[item["type"]]
+    wrong = [name for name, kind in fields.items() if not isinstance(item.get(name), kind)]
+    if wrong:
+        raise InvalidInput(f"{param}: a {item['type']} item needs {wrong}.", param=param)
 
 
 def check_history(items: Sequence[Any]) -> None:
     """A stateless call's input: a history of items turnstore can send, with a user message."""
     users = 0
     for item in items:
-        kind = item.get("type", "message") if isinstance(item, dict) else None
-        if kind in _OPAQUE:
+        if is_opaque(item):
             check_opaque(item, "input")
-        elif kind == "item_reference":
+        elif isinstance(item, dict) and item.get("type") == "item_reference":
             if not isinstance(item.get("id"), str):
                 raise InvalidInput("input: an item_reference needs its id.", param="input")
         else:
@@ -90,7 +95,7 @@ def items_turn(items: Sequence[Any] | None) -> Turn | None:
         raise InvalidInput(f"items: at most {MAX_ITEMS}.", param="items")
     messages = []
     for item in items:
-        if isinstance(item, dict) and item.get("type") in _OPAQUE:
+        if is_opaque(item):
             check_opaque(item)  # kept as sent: what a model produced, or a tool's answer
         else:
             messages.append(item)

@@ -399,6 +399,28 @@ async def test_unsupported_fields_are_refused_with_their_param(
         assert (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()["revision"] == 0
 
 
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": "message", "role": {"role": 1}, "content": "x"},  # found by the fuzzer: a 500
+        {"type": "message", "role": "user", "content": [{"type": ["input_text"], "text": "x"}]},
+        {"type": ["message"], "role": "user", "content": "x"},
+        {"type": "function_call", "call_id": {"id": 1}, "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": 3},
+        {"type": "reasoning", "id": ["r"], "summary": []},
+    ],
+)
+async def test_a_malformed_item_is_refused_with_its_param_and_nothing_kept(
+    database_url: str, engine: AsyncEngine, item: dict[str, Any]
+) -> None:
+    async with sdk(database_url) as (client, _, plain):
+        conversation = await client.conversations.create()
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.conversations.items.create(conversation.id, items=[item])  # type: ignore[list-item]
+        assert refused.value.param == "items"
+        assert (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()["revision"] == 0
+
+
 async def test_previous_response_id_continues_the_latest_and_forks_at_an_earlier_one(
     database_url: str, engine: AsyncEngine
 ) -> None:

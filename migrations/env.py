@@ -15,7 +15,11 @@ MIGRATION_LOCK_ID = 0x7475726E  # "turn"
 
 
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, transaction_per_migration=False)
+    # The keyring's chain (migrations/keyring) keeps its version in a table of its own.
+    version_table = context.config.attributes.get("version_table", "alembic_version")
+    context.configure(
+        connection=connection, transaction_per_migration=False, version_table=version_table
+    )
     with context.begin_transaction():
         connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
         context.run_migrations()

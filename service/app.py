@@ -55,6 +55,7 @@ from service.store.base import (
     RunStore,
 )
 from service.store.cache import CachedStore
+from service.store.keyring import Keyring
 from service.store.keys import ApiKeyStore
 from service.store.listener import PostgresNotifications
 from service.store.memory import LocalNotifications, MemoryStore
@@ -106,7 +107,9 @@ def build_tooling(settings: Settings) -> Tooling | None:
     )
 
 
-def postgres_store(engine: AsyncEngine, settings: Settings) -> PostgresStore:
+def postgres_store(
+    engine: AsyncEngine, settings: Settings, keyring: Keyring | None = None
+) -> PostgresStore:
     """The PostgreSQL store ports (also for the CLI's commands)."""
     # A claimed Idempotency-Key whose replica died is taken over once the longest turn is
     # surely over.
@@ -117,7 +120,22 @@ def postgres_store(engine: AsyncEngine, settings: Settings) -> PostgresStore:
         idempotency_ttl_s=settings.idempotency_ttl_s,
         idempotency_lease_s=lease_s,
         events_ttl_s=settings.turn_events_ttl_s,
+        keyring=keyring,
     )
+
+
+def build_keyring(
+    settings: Settings, engine: AsyncEngine, closers: list[Callable[[], Awaitable[None]]]
+) -> Keyring | None:
+    """The keyring with ENCRYPTION_KEYS_FILE (None: stored in clear), in the data's database
+    unless KEYRING_DATABASE_URL names another (whose pool is closed with the rest)."""
+    masters = settings.master_keys()
+    if masters is None:
+        return None
+    if settings.keyring_database_url:
+        engine = create_engine(settings.keyring_database_url, pool_size=2)
+        closers.append(engine.dispose)
+    return Keyring(engine, masters)
 
 
 def run_with_api_keys(url: str, action: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
@@ -172,7 +190,8 @@ def build_services(
             pool_size=settings.db_pool_size,
             statement_cache_size=settings.db_statement_cache_size,
         )
-        postgres = postgres_store(engine, settings)
+        keyring = build_keyring(settings, engine, closers)
+        postgres = postgres_store(engine, settings, keyring)
         # Closed in reverse: the pool after everything that uses it (the listener pings
         # through it; a ping after the pool's disposal would open a connection nobody closes).
         closers.append(postgres.close)
@@ -180,7 +199,7 @@ def build_services(
         closers.append(listener.close)
         notifications = listener
         store = idempotency = ops = postgres
-        run_store = PostgresRuns(engine, events_ttl_s=settings.turn_events_ttl_s)
+        run_store = PostgresRuns(engine, events_ttl_s=settings.turn_events_ttl_s, keyring=keyring)
         api_keys = api_keys or ApiKeyStore(engine)
         if settings.history_cache_bytes > 0:
             store = CachedStore(store, settings.history_cache_bytes)
@@ -328,7 +347,9 @@ def _runs_of(store: ConversationStore, settings: Settings) -> RunStore:
     if isinstance(store, MemoryStore):
         return store
     assert isinstance(store, PostgresStore), "a store handed in is in memory or PostgreSQL"
-    return PostgresRuns(store.engine, events_ttl_s=settings.turn_events_ttl_s)
+    return PostgresRuns(
+        store.engine, events_ttl_s=settings.turn_events_ttl_s, keyring=store.keyring
+    )
 
 
 def _rules(settings: Settings) -> RequestRules:

@@ -1,4 +1,5 @@
-"""The `turnstore` command: serve, Alembic migrations and API keys for operators."""
+"""The `turnstore` command: serve, Alembic migrations, API keys and encryption keys for
+operators."""
 
 from __future__ import annotations
 
@@ -8,17 +9,22 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import migrate
 from service.app import postgres_store, run_with_api_keys
 from service.auth import check_serving
+from service.crypto import MasterKeys
 from service.db import create_engine, resolve_database
 from service.http_server import uvicorn_options
 from service.logs import configure as configure_logging
 from service.model import key_id
 from service.settings import Settings, SettingsError
+from service.store.encrypting import ClearRows
+from service.store.keyring import Keyring, destroy_key
 
 CURL_EXAMPLE = """\
 turnstore is serving on http://{host}:{port} (provider: {provider}). Try:
@@ -105,6 +111,81 @@ def _purge(args: argparse.Namespace, settings: Settings) -> None:
     print(f"purged {purged} conversations{kept} and the expired Idempotency-Key records")
 
 
+@asynccontextmanager
+async def _engines(settings: Settings, url: str) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]:
+    """Small pools on the data's database and on the keyring's (the same one by default)."""
+    engine = create_engine(url, pool_size=2)
+    keyring = settings.keyring_database_url
+    keyring_engine = create_engine(keyring, pool_size=2) if keyring else engine
+    try:
+        yield engine, keyring_engine
+    finally:
+        await engine.dispose()
+        await keyring_engine.dispose()
+
+
+def _master_keys(settings: Settings, command: str) -> MasterKeys:
+    masters = settings.master_keys()
+    if masters is None:
+        sys.stderr.write(f"turnstore {command}: ENCRYPTION_KEYS_FILE is not set\n")
+        sys.exit(2)
+    return masters
+
+
+def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
+    """The data key first: from then on the owner's rows, here and in every backup of the
+    data taken before, cannot be decrypted; then the rows themselves."""
+
+    async def shred(url: str) -> tuple[bool, int]:
+        async with _engines(settings, url) as (engine, keyring_engine):
+            had_key = await destroy_key(keyring_engine, args.owner)
+            return had_key, await postgres_store(engine, settings).delete_owner(args.owner)
+
+    with _database(settings, migrate_embedded=True) as url:
+        had_key, deleted = asyncio.run(shred(url))
+    key = "destroyed the data key" if had_key else "found no data key"
+    print(f"{args.owner!r}: {key} and deleted {deleted} conversations")
+
+
+def _encrypt_existing(args: argparse.Namespace, settings: Settings) -> None:
+    """Rewrite rows written in clear (before ENCRYPTION_KEYS_FILE was set), while serving."""
+    masters = _master_keys(settings, "encrypt-existing")
+    terminal = sys.stderr.isatty()
+
+    async def encrypt(url: str) -> tuple[int, int]:
+        async with _engines(settings, url) as (engine, keyring_engine):
+            rows = ClearRows(engine, Keyring(keyring_engine, masters))
+            total, done = await rows.count(), 0
+            while sealed := await rows.encrypt_batch(args.batch):
+                done += sealed
+                if terminal:
+                    sys.stderr.write(f"\rencrypted {done} of {max(total, done)} rows")
+                    sys.stderr.flush()
+            if terminal:
+                sys.stderr.write("\n")
+            return done, await rows.count()
+
+    with _database(settings, migrate_embedded=True) as url:
+        done, left = asyncio.run(encrypt(url))
+    print(f"encrypted {done} rows written in clear; {left} left in clear")
+
+
+def _rewrap_keys(args: argparse.Namespace, settings: Settings) -> None:
+    """Wrap every owner's data key with the first master key, so older ones can be removed."""
+    masters = _master_keys(settings, "rewrap-keys")
+
+    async def rewrap(url: str) -> tuple[int, int]:
+        async with _engines(settings, url) as (_, keyring_engine):
+            keyring, done = Keyring(keyring_engine, masters), 0
+            while rewrapped := await keyring.rewrap(args.batch):
+                done += rewrapped
+            return done, await keyring.stale()
+
+    with _database(settings, migrate_embedded=True) as url:
+        done, left = asyncio.run(rewrap(url))
+    print(f"rewrapped {done} data keys with master key {masters.current!r}; {left} left")
+
+
 def _keys_create(args: argparse.Namespace, settings: Settings) -> None:
     with _database(settings, migrate_embedded=True) as url:
         try:
@@ -146,8 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = commands.add_parser("db", help="database migrations (Alembic)")
     db_commands = db.add_subparsers(dest="db_command", required=True)
-    db_commands.add_parser("upgrade", help="migrate to the newest schema").set_defaults(
-        run=_db(migrate.upgrade)
+    db_commands.add_parser(
+        "upgrade", help="migrate to the newest schema (and the keyring's)"
+    ).set_defaults(
+        run=lambda a, s: _db(lambda url: migrate.upgrade(url, keyring_url=s.keyring_database_url))(
+            a, s
+        )
     )
     down = db_commands.add_parser("downgrade", help="migrate back to REV (e.g. base)")
     down.add_argument("revision")
@@ -159,6 +244,26 @@ def build_parser() -> argparse.ArgumentParser:
     purge = commands.add_parser("purge", help="delete conversations past RETENTION_DAYS")
     purge.add_argument("--batch", type=int, default=500, help="rows per short transaction")
     purge.set_defaults(run=_purge)
+
+    owners = commands.add_parser("owners", help="what belongs to an owner")
+    owners_commands = owners.add_subparsers(dest="owners_command", required=True)
+    shred = owners_commands.add_parser(
+        "shred", help="destroy the owner's data key and delete their conversations"
+    )
+    shred.add_argument("owner", metavar="NAME")
+    shred.set_defaults(run=_owners_shred)
+
+    existing = commands.add_parser(
+        "encrypt-existing", help="encrypt rows written in clear (safe while serving)"
+    )
+    existing.add_argument("--batch", type=int, default=100, help="rows per short transaction")
+    existing.set_defaults(run=_encrypt_existing)
+
+    rewrap = commands.add_parser(
+        "rewrap-keys", help="wrap every data key with the first master key (key rotation)"
+    )
+    rewrap.add_argument("--batch", type=int, default=100, help="keys per statement batch")
+    rewrap.set_defaults(run=_rewrap_keys)
 
     keys = commands.add_parser("keys", help="API keys for AUTH_MODE=api_key")
     keys_commands = keys.add_subparsers(dest="keys_command", required=True)

@@ -129,7 +129,7 @@ class Run:
         async with self._flush_lock:
             batch = self.events[self._logged :]
             if batch:
-                await self._store.log_events(self.id, batch)
+                await self._store.log_events(self.id, self.new.owner, batch)
                 self._logged += len(batch)
 
     async def prepare_commit(self, status: RunStatus, incomplete_reason: str | None) -> RunCommit:
@@ -188,7 +188,7 @@ class Run:
             events = [*self.events[self._logged :], terminal]
             end = RunEnd(status, code, message, events, revision)
             try:
-                ended = await self._store.end_run(self.id, end)
+                ended = await self._store.end_run(self.id, self.new.owner, end)
             except StorageError:
                 # Its client here still gets its terminal event; readers elsewhere will find
                 # the run stalled once its heartbeat runs out, and end it as interrupted.

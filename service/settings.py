@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from service.crypto import KeyFileError, MasterKeys, read_master_keys
+
 
 class SettingsError(ValueError):
     """A variable is malformed or out of range; the message names it and what it accepts."""
@@ -59,6 +61,22 @@ class Settings:
         None,
         "where each replica LISTENs for its wake-ups (one connection); set it to the server "
         "itself when `DATABASE_URL` goes through PgBouncer in transaction mode",
+        secret=True,
+        shown="`DATABASE_URL`",
+    )
+    encryption_keys_file: Path | None = _setting(
+        "ENCRYPTION_KEYS_FILE",
+        None,
+        "master keys, one `<key id>:<base64 of 32 random bytes>` per line (the first encrypts, "
+        "all decrypt); set: transcripts, replay items, tool calls, events and metadata are "
+        "stored encrypted under per-owner data keys",
+        shown="unset: stored in clear",
+    )
+    keyring_database_url: str | None = _setting(
+        "KEYRING_DATABASE_URL",
+        None,
+        "where owners' data keys live, wrapped by a master key; a database of its own (and its "
+        "own backups) makes `turnstore owners shred` reach the data's backups too",
         secret=True,
         shown="`DATABASE_URL`",
     )
@@ -299,6 +317,17 @@ class Settings:
         if urlsplit(self.openai_base_url).username is not None:
             # httpx would turn them into Basic auth (replacing the key) and log them.
             raise SettingsError("OPENAI_BASE_URL must not carry credentials (user:password@)")
+        if self.encryption_keys_file is not None:
+            self.master_keys()  # a malformed or short key stops the process at start-up
+
+    def master_keys(self) -> MasterKeys | None:
+        """The master keys of ENCRYPTION_KEYS_FILE (None: unset)."""
+        if self.encryption_keys_file is None:
+            return None
+        try:
+            return read_master_keys(self.encryption_keys_file)
+        except KeyFileError as exc:
+            raise SettingsError(f"ENCRYPTION_KEYS_FILE: {exc}") from None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -39,7 +39,9 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     """Committed data (race tests need it), so every test starts from empty tables."""
     engine = create_engine(database_url, pool_size=5)
     async with engine.begin() as conn:
-        await conn.execute(text("TRUNCATE conversations, idempotency_keys, turn_runs CASCADE"))
+        await conn.execute(
+            text("TRUNCATE conversations, idempotency_keys, turn_runs, owner_keys CASCADE")
+        )
     yield engine
     await engine.dispose()
 

@@ -31,10 +31,12 @@ async def _tables(url: str) -> set[str]:
 def test_upgrade_downgrade_upgrade_on_an_empty_database(server_url: str) -> None:
     with fresh_database(server_url) as url:
         migrate.upgrade(url)
-        assert {"conversations", "turns"} <= asyncio.run(_tables(url))
+        keyring = {"owner_keys", "keyring_version"}
+        assert {"conversations", "turns"} | keyring <= asyncio.run(_tables(url))
         assert migrate.current(url).startswith(migrate.head_revision() or "?")
         migrate.downgrade(url, "base")
-        assert asyncio.run(_tables(url)) <= {"alembic_version"}
+        # The keyring is never downgraded: that would destroy every data key.
+        assert asyncio.run(_tables(url)) == {"alembic_version"} | keyring
         migrate.upgrade(url)
         assert {"conversations", "turns"} <= asyncio.run(_tables(url))
 

@@ -9,9 +9,11 @@ import uuid
 
 import msgspec
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.crypto import MasterKeys
 from service.db import create_engine
 from service.errors import (
     ConversationConflict,
@@ -23,18 +25,23 @@ from service.errors import (
     StorageError,
 )
 from service.model import ANONYMOUS, Append, Committed, IdempotencyKey, Turn
+from service.store.keyring import Keyring
 from service.store.memory import MemoryStore
 from service.store.postgres import PostgresStore
 
 AnyStore = PostgresStore | MemoryStore
 
 
-@pytest.fixture(params=["postgres", "memory"])
+@pytest.fixture(params=["postgres", "postgres-encrypted", "memory"])
 def contract_store(request: pytest.FixtureRequest) -> AnyStore:
-    """Each contract test runs against both stores."""
+    """Each contract test runs against both stores, PostgreSQL in clear and encrypted."""
     if request.param == "memory":
         return MemoryStore()
-    return PostgresStore(request.getfixturevalue("engine"))
+    engine = request.getfixturevalue("engine")
+    if request.param == "postgres":
+        return PostgresStore(engine)
+    masters = MasterKeys({"k1": AESGCM(AESGCM.generate_key(bit_length=256))}, "k1")
+    return PostgresStore(engine, keyring=Keyring(engine, masters))
 
 
 async def stored_turns(store: AnyStore) -> int:

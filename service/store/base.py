@@ -147,10 +147,11 @@ class RunStore(Protocol):
     async def begin_run(self, run_id: UUID) -> None:
         """The run's turn holds its conversation: it is in progress."""
 
-    async def log_events(self, run_id: UUID, events: Sequence[RunEvent]) -> None:
-        """Append events (the run is in progress from its first); wakes its watchers."""
+    async def log_events(self, run_id: UUID, owner: str, events: Sequence[RunEvent]) -> None:
+        """Append events of ``owner``'s run (in progress from its first); wakes its
+        watchers."""
 
-    async def end_run(self, run_id: UUID, end: RunEnd) -> bool:
+    async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
         """End an unfinished run that did not commit, with its last events; False when it had
         ended already (committed, cancelled elsewhere, interrupted)."""
 

@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 
+from service.crypto import DataKey
 from service.errors import IdempotencyKeyReused, RequestInProgress
 from service.model import Committed, IdempotencyKey
 from service.store.tables import idempotency_keys as k
@@ -74,14 +75,21 @@ COMPLETE = (
 
 EXPIRED = sa.delete(k).where(k.c.expires_at < sa.func.now())
 
-
-def key_params(key: IdempotencyKey) -> dict[str, Any]:
-    return {"caller": key.owner, "idem_key": key.key, "request_hash": key.request_hash}
+DELETE_OWNED = sa.delete(k).where(k.c.owner == sa.bindparam("owner"))
 
 
-def answer(row: Any, key: IdempotencyKey) -> Committed:
-    """What an existing record means for ``key``: its commit, or the error to raise."""
-    if row.request_hash != key.request_hash:
+def key_params(key: IdempotencyKey, data_key: DataKey | None = None) -> dict[str, Any]:
+    """The statements' parameters; with encryption the request hash is kept keyed by the
+    owner's data key (a plain hash of a short message would confirm a guess of it)."""
+    stored = data_key.digest(key.request_hash) if data_key else key.request_hash
+    return {"caller": key.owner, "idem_key": key.key, "request_hash": stored}
+
+
+def answer(row: Any, key: IdempotencyKey, data_key: DataKey | None = None) -> Committed:
+    """What an existing record means for ``key``: its commit, or the error to raise. A hash
+    stored in either form matches (a key claimed before encryption was switched on)."""
+    hashes = {key.request_hash, data_key.digest(key.request_hash) if data_key else None}
+    if row.request_hash not in hashes:
         raise IdempotencyKeyReused()
     if row.state != "done":
         raise RequestInProgress(turn_id=row.turn_id)

@@ -381,7 +381,7 @@ class MemoryStore:
         if run is not None and run.status == "queued":
             run.status = "in_progress"
 
-    async def log_events(self, run_id: UUID, events: Sequence[RunEvent]) -> None:
+    async def log_events(self, run_id: UUID, owner: str, events: Sequence[RunEvent]) -> None:
         run = self._runs.get(run_id)
         if run is not None and not run.finished:
             known = {e.seq for e in run.events}
@@ -389,7 +389,7 @@ class MemoryStore:
             run.status = "in_progress"
             self.notifications.notify(f"events:{run_id}")
 
-    async def end_run(self, run_id: UUID, end: RunEnd) -> bool:
+    async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
         run = self._runs.get(run_id)
         if run is None or run.finished:
             return False

@@ -9,6 +9,7 @@ and writer, before `turnstore purge` deletes it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.crypto import OVERHEAD, DataKey
 from service.errors import (
     ConversationConflict,
     ConversationNotFound,
@@ -50,15 +52,36 @@ from service.store import idempotency as idem
 from service.store import runs
 from service.store.base import Readiness
 from service.store.cursor import decode_cursor, encode_cursor
+from service.store.keyring import Keyring
 from service.store.pages import fitting, page_of
+from service.store.sealed import (
+    TURN_FIELDS,
+    get,
+    metadata_place,
+    put,
+    reading_key,
+    sealed_turn_columns,
+    turn_place,
+)
 from service.store.tables import conversations as c
 from service.store.tables import turns as t
 from service.store.tx import Compiled, driver, read, transaction, written
 
+log = logging.getLogger("turnstore.store")
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _CALLS = msgspec.json.Decoder(list[ToolCallRecord])
 _METADATA = msgspec.json.Decoder(dict[str, str])
 _JSON = msgspec.json.Encoder()
+
+
+# A turn as read back: its place, its fields (in clear or sealed) and where it came from.
+TURN_READ = (
+    t.c.seq, t.c.user_message, t.c.assistant_message, t.c.replay_items, t.c.tool_calls,
+    t.c.sealed_user_message, t.c.sealed_assistant_message, t.c.sealed_replay_items,
+    t.c.sealed_tool_calls, t.c.provider, t.c.endpoint, t.c.model, t.c.context_from,
+    t.c.prompt_version, t.c.status, t.c.incomplete_reason, t.c.created_at.label("turn_created_at"),
+)  # fmt: skip
+INFO = (c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata, c.c.sealed_metadata)
 
 
 class _Statements:
@@ -74,11 +97,7 @@ class _Statements:
         self.load = (
             sa.select(
                 c.c.revision, c.c.created_at, c.c.updated_at, c.c.context_start, c.c.owner,
-                c.c.rewritten_at,
-                t.c.user_message, t.c.assistant_message, t.c.replay_items,
-                t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
-                t.c.tool_calls, t.c.status, t.c.incomplete_reason,
-                t.c.created_at.label("turn_created_at"),
+                c.c.rewritten_at, *TURN_READ,
             )
             # Only the turns after :after (0: all); the conversation row comes back even when
             # none is newer, so a cache can revalidate with one query.
@@ -120,9 +139,9 @@ class _Statements:
             },
             where=sa.and_(c.c.revision == 0, c.c.owner == sa.bindparam("caller"), live, free),
         ).returning(c.c.revision, c.c.created_at, c.c.updated_at, c.c.lease_wanted)
-        self.create_empty = new_row.returning(
-            c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata
-        )
+        self.create_empty = new_row.values(
+            sealed_metadata=sa.bindparam("sealed_metadata")
+        ).returning(*INFO)
         # A fork: the conversation row and turns 1..:at copied in one statement (the turns'
         # bytes, origins, window starts and prompt versions as they are); none of it is read
         # into the process. Its window starts where turn :at's did.
@@ -131,13 +150,16 @@ class _Statements:
                 SELECT id, metadata FROM conversations
                 WHERE id = :src AND owner = :caller AND revision >= :at
                   AND {live.compile(compile_kwargs={"literal_binds": True})}
+                  AND sealed_metadata IS NULL AND NOT EXISTS (SELECT 1 FROM turns
+                      WHERE conversation_id = :src AND seq <= :at
+                        AND sealed_replay_items IS NOT NULL)
             ), forked AS (
                 INSERT INTO conversations (id, revision, created_at, updated_at, context_start,
                                            owner, lease_wanted, metadata)
                 SELECT :new, :at, now(), now(), coalesce((SELECT context_from FROM turns
                        WHERE conversation_id = :src AND seq = :at), 1), :caller, false, metadata
                 FROM src
-                RETURNING id, revision, created_at, updated_at, metadata
+                RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata
             ), copied AS (
                 INSERT INTO turns ({", ".join(FORKED_COLUMNS)}, conversation_id)
                 SELECT {", ".join(FORKED_COLUMNS)}, :new FROM turns
@@ -155,10 +177,32 @@ class _Statements:
             .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
             .with_for_update()
         )  # fmt: skip
-        self.turn_at = sa.select(
-            *[t.c[name] for name in TURN_COLUMNS if name != "conversation_id"],
-            t.c.created_at.label("turn_created_at"),
-        ).where(t.c.conversation_id == sa.bindparam("cid"), t.c.seq == sa.bindparam("seq"))
+        self.turn_at = sa.select(*TURN_READ, t.c.turn_id).where(
+            t.c.conversation_id == sa.bindparam("cid"), t.c.seq == sa.bindparam("seq")
+        )
+        # A fork made in the process, to seal its copy for its own place (with the keys).
+        self.fork_source = (
+            sa.select(
+                c.c.metadata, c.c.sealed_metadata,
+                sa.select(t.c.context_from)
+                .where(t.c.conversation_id == c.c.id, t.c.seq == sa.bindparam("at"))
+                .scalar_subquery().label("context_from"),
+            )
+            .where(c.c.id == sa.bindparam("src"), c.c.owner == sa.bindparam("caller"),
+                   c.c.revision >= sa.bindparam("at"), live)
+            .with_for_update(read=True)
+        )  # fmt: skip
+        self.fork_turns = (
+            sa.select(*TURN_READ)
+            .where(t.c.conversation_id == sa.bindparam("src"), t.c.seq <= sa.bindparam("at"))
+            .order_by(t.c.seq)
+        )
+        self.fork_row = insert(c).values(
+            id=sa.bindparam("new"), revision=sa.bindparam("at"), created_at=sa.func.now(),
+            updated_at=sa.func.now(), context_start=sa.bindparam("context_start"),
+            owner=sa.bindparam("caller"), lease_wanted=False, metadata=sa.bindparam("metadata"),
+            sealed_metadata=sa.bindparam("sealed_metadata"),
+        ).returning(*INFO)  # fmt: skip
         self.delete_turn = sa.delete(t).where(
             t.c.conversation_id == sa.bindparam("cid"), t.c.seq == sa.bindparam("seq")
         )
@@ -171,16 +215,18 @@ class _Statements:
                 rewritten_at=c.c.revision + 1,
                 updated_at=sa.func.now(),
             )
-            .returning(c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata)
+            .returning(*INFO)
         )
-        self.describe = sa.select(
-            c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata
-        ).where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
+        self.describe = sa.select(*INFO).where(
+            c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live
+        )
         self.set_metadata = (
             sa.update(c)
             .where(c.c.id == sa.bindparam("cid"), c.c.owner == sa.bindparam("caller"), live)
-            .values(metadata=sa.bindparam("metadata"))
-            .returning(c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.metadata)
+            .values(
+                metadata=sa.bindparam("metadata"), sealed_metadata=sa.bindparam("sealed_metadata")
+            )
+            .returning(*INFO)
         )
         bumped = (
             sa.update(c)
@@ -234,14 +280,7 @@ class _Statements:
         # updated row, which may be newer if a commit raced the statement: the caller then
         # sees a revision ahead of the turns it got and reads again.
         self.lease = (
-            sa.select(
-                attempt,
-                NO_SYNC_WAIT,
-                t.c.user_message, t.c.assistant_message, t.c.replay_items,
-                t.c.provider, t.c.endpoint, t.c.model, t.c.context_from, t.c.prompt_version,
-                t.c.tool_calls, t.c.status, t.c.incomplete_reason, t.c.seq,
-                t.c.created_at.label("turn_created_at"),
-            )
+            sa.select(attempt, NO_SYNC_WAIT, *TURN_READ)
             .select_from(attempt.outerjoin(t, sa.and_(
                 t.c.conversation_id == sa.bindparam("cid"), t.c.seq > sa.bindparam("after")
             )))
@@ -249,7 +288,14 @@ class _Statements:
         )  # fmt: skip
         # A transcript page: first the turns' sizes (octet_length reads no TOASTed text), so
         # that only the turns that fit the page are read.
-        size = sa.func.octet_length(t.c.user_message) + sa.func.octet_length(t.c.assistant_message)
+        # (Sealed, their size is the ciphertext's less its fixed overhead.)
+        size = sa.func.coalesce(
+            sa.func.octet_length(t.c.user_message),
+            sa.func.octet_length(t.c.sealed_user_message) - OVERHEAD,
+        ) + sa.func.coalesce(
+            sa.func.octet_length(t.c.assistant_message),
+            sa.func.octet_length(t.c.sealed_assistant_message) - OVERHEAD,
+        )
         self.page_sizes = {
             backwards: (
                 sa.select(
@@ -279,7 +325,8 @@ class _Statements:
         self.page_rows = (
             sa.select(
                 t.c.seq, t.c.user_message, t.c.assistant_message, t.c.context_from,
-                t.c.prompt_version, t.c.tool_calls,
+                t.c.prompt_version, t.c.tool_calls, t.c.sealed_user_message,
+                t.c.sealed_assistant_message, t.c.sealed_tool_calls,
             )
             .where(
                 t.c.conversation_id == sa.bindparam("cid"),
@@ -340,6 +387,10 @@ _RENEW = sa.text(
     " FROM unnest(CAST(:cids AS uuid[]), CAST(:holders AS uuid[])) AS l(id, holder)"
     f" WHERE c.id = l.id AND c.lease_holder = l.holder RETURNING c.id, {_NO_SYNC_WAIT}"
 )
+_OWNED = sa.text(
+    "DELETE FROM conversations WHERE id IN"
+    " (SELECT id FROM conversations WHERE owner = :owner LIMIT :batch) RETURNING id"
+)
 _READINESS = sa.text(
     "SELECT to_regclass('alembic_version') IS NOT NULL AS migrated, "
     "NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable"
@@ -357,8 +408,11 @@ class PostgresStore:
         idempotency_ttl_s: float = 86_400,
         idempotency_lease_s: float = 600,
         events_ttl_s: float = 600,
+        keyring: Keyring | None = None,
     ) -> None:
         self._engine = engine
+        # With a keyring (ENCRYPTION_KEYS_FILE), what users said is written sealed.
+        self._keyring = keyring
         self._sql = _Statements(retention_days)
         # The statements of every turn go straight to the driver (see store/tx.py).
         dialect = engine.dialect
@@ -366,12 +420,17 @@ class PostgresStore:
         self._create = Compiled(self._sql.create, dialect)
         self._create_empty = Compiled(self._sql.create_empty, dialect)
         self._fork = Compiled(self._sql.fork, dialect)
+        self._fork_source = Compiled(self._sql.fork_source, dialect)
+        self._fork_turns = Compiled(self._sql.fork_turns, dialect)
+        self._fork_row = Compiled(self._sql.fork_row, dialect)
+        self._insert_turn_at = Compiled(self._sql.insert_turn_at, dialect, list(FORK_COPY))
         self._bump = Compiled(self._sql.bump, dialect)
         self._lease = Compiled(self._sql.lease, dialect)
         self._insert_turn = Compiled(self._sql.insert_turn, dialect, list(TURN_COLUMNS))
         self._complete = Compiled(idem.COMPLETE, dialect)
         self._end_run = Compiled(runs.COMMIT, dialect)
         self._exists = Compiled(self._sql.exists, dialect)
+        self._describe = Compiled(self._sql.describe, dialect)
         self._retention = retention_days
         self._idempotency_ttl_s = idempotency_ttl_s
         self._events_ttl_s = events_ttl_s
@@ -382,6 +441,10 @@ class PostgresStore:
     def engine(self) -> AsyncEngine:
         return self._engine
 
+    @property
+    def keyring(self) -> Keyring | None:
+        return self._keyring
+
     async def load(
         self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
     ) -> Conversation | None:
@@ -391,7 +454,7 @@ class PostgresStore:
         if not rows:
             return None
         first = rows[0]
-        turns = [_turn(row) for row in rows if row["replay_items"] is not None]
+        turns = await self._turns(conversation_id, owner, rows)
         return Conversation(
             id=conversation_id,
             revision=first["revision"],
@@ -447,12 +510,22 @@ class PostgresStore:
             revision=first["revision"],
             created_at=first["created_at"],
             updated_at=first["updated_at"],
-            turns=[_turn(row) for row in rows if row["replay_items"] is not None],
+            turns=await self._turns(conversation_id, owner, rows),
             context_start=first["context_start"],
             owner=first["owner"],
             rewritten_at=first["rewritten_at"],
         )
         return LeaseAttempt(conversation, first["acquired"], busy_until)
+
+    async def _turns(self, conversation_id: UUID, owner: str, rows: Sequence[Any]) -> list[Turn]:
+        """The turns of rows read with TURN_READ (a row without one: the conversation alone)."""
+        rows = [row for row in rows if row["seq"] is not None]
+        key = await reading_key(self._keyring, owner, rows, TURN_FIELDS)
+        return [_turn(row, conversation_id, key) for row in rows]
+
+    async def _writing_key(self, owner: str) -> DataKey | None:
+        """The key new values of ``owner`` are sealed with (None: written in clear)."""
+        return None if self._keyring is None else await self._keyring.for_write(owner)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
         async def release() -> None:
@@ -497,13 +570,16 @@ class PostgresStore:
             context_start=head.context_start,
             owner=head.owner,
         )
-        turns = [_transcript_turn(row) for row in rows]
+        rows = [row._mapping for row in rows]
+        key = await reading_key(self._keyring, owner, rows, TURN_FIELDS)
+        turns = [_transcript_turn(row, conversation_id, key) for row in rows]
         return page_of(conversation, turns, page, fetched=sum(r.seq is not None for r in sizes))
 
     async def append(self, append: Append) -> Commit:
-        return await written(lambda: self._append(append))
+        key = await self._writing_key(append.owner)  # before the transaction: no keyring in it
+        return await written(lambda: self._append(append, key))
 
-    async def _append(self, append: Append) -> Commit:
+    async def _append(self, append: Append, key: DataKey | None) -> Commit:
         conversation_id, turn, idempotency = append.conversation_id, append.turn, append.idempotency
         params = {
             "cid": conversation_id,
@@ -520,8 +596,8 @@ class PostgresStore:
             if append.fork_of is not None:
                 fork = {"src": append.fork_of.source, "at": append.fork_of.revision,
                         "caller": append.owner, "new": conversation_id}  # fmt: skip
-                if await conn.fetchrow(self._fork.sql, *self._fork.args(fork)) is None:
-                    raise ConversationNotFound()  # the source went meanwhile
+                if await self._copy(conn, fork, key) is None:
+                    raise await self._why_no_fork(conn, fork)  # the source went meanwhile
             row = await conn.fetchrow(statement.sql, *statement.args(params))
             if row is None:
                 raise await self._why_not(conn, params)
@@ -529,21 +605,21 @@ class PostgresStore:
             if row.get("lease_wanted"):  # turns wait for the lease this commit releases
                 wake.append(f"lease:{conversation_id}")
             run = append.run
-            new_turn = _turn_row(conversation_id, revision, turn, run.run_id if run else None)
+            new_turn = _turn_row(conversation_id, revision, turn, run.run_id if run else None, key)
             await conn.execute(self._insert_turn.sql, *self._insert_turn.args(new_turn))
             if idempotency is not None:
-                done = idem.key_params(idempotency) | {
+                done = idem.key_params(idempotency, key) | {
                     "cid": conversation_id,
                     "committed_revision": revision,
                     "ttl_s": self._idempotency_ttl_s,
                 }
                 await conn.execute(self._complete.sql, *self._complete.args(done))
             if run is not None:
+                done_event = RunEvent(run.done_seq, "message.done", run.done_data(revision))
+                events = runs.sealed_batch(key, run.run_id, [done_event])
                 ended = await conn.fetchrow(self._end_run.sql, *self._end_run.args({
                     "id": run.run_id, "status": run.status, "revision": revision,
-                    "seq": run.done_seq, "ttl": self._events_ttl_s,
-                    "events": runs.batch([RunEvent(run.done_seq, "message.done",
-                                                   run.done_data(revision))]),
+                    "seq": run.done_seq, "ttl": self._events_ttl_s, **events,
                 }))  # fmt: skip
                 if ended is None:
                     raise TurnInterrupted()  # rolls the whole commit back
@@ -582,39 +658,72 @@ class PostgresStore:
     async def create_conversation(
         self, owner: str, metadata: dict[str, str], turn: Turn | None = None
     ) -> ConversationInfo:
-        return await written(lambda: self._create_conversation(owner, metadata, turn))
+        key = await self._writing_key(owner)
+        return await written(lambda: self._create_conversation(owner, metadata, turn, key))
 
     async def _create_conversation(
-        self, owner: str, metadata: dict[str, str], turn: Turn | None
+        self, owner: str, metadata: dict[str, str], turn: Turn | None, key: DataKey | None
     ) -> ConversationInfo:
         cid = uuid.uuid4()
         params = {
             "cid": cid, "caller": owner, "revision": 0 if turn is None else 1,
-            "context_start": 1, "metadata": _JSON.encode(metadata).decode(),
+            "context_start": 1, **_metadata_columns(key, cid, metadata),
         }  # fmt: skip
         async with driver(self._engine, write=True) as conn:
             row = await conn.fetchrow(self._create_empty.sql, *self._create_empty.args(params))
             if turn is not None:
-                new_turn = _turn_row(cid, 1, turn, None)
+                new_turn = _turn_row(cid, 1, turn, None, key)
                 await conn.execute(self._insert_turn.sql, *self._insert_turn.args(new_turn))
-        return _info(row)
+        return _info(row, key)
 
     async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
         params = {"src": conversation_id, "caller": owner, "at": at_revision, "new": uuid.uuid4()}
+        key = await self._writing_key(owner)
 
         async def fork() -> ConversationInfo:
-            async with transaction(self._engine) as conn:
-                row = (await conn.execute(self._sql.fork, params)).mappings().first()
+            async with driver(self._engine, write=True) as conn:
+                row = await self._copy(conn, params, key)
                 if row is None:
                     raise await self._why_no_fork(conn, params)
-                return _info(row)
+                return _info(row, key)
 
         return await written(fork)
 
+    async def _copy(self, conn: Any, fork: dict[str, Any], key: DataKey | None) -> Any:
+        """Make conversation :new as :src up to revision :at; its new row, or None if :src is
+        gone or not that far. In clear, one statement copies it inside the database; sealed,
+        each value is opened and sealed again for its new place."""
+        if key is None:
+            return await conn.fetchrow(self._fork.sql, *self._fork.args(fork))
+        source = await conn.fetchrow(self._fork_source.sql, *self._fork_source.args(fork))
+        if source is None:
+            return None
+        src, new = fork["src"], fork["new"]
+        metadata = get(key, metadata_place(src), source["metadata"], source["sealed_metadata"])
+        row = await conn.fetchrow(self._fork_row.sql, *self._fork_row.args({
+            **fork, "context_start": source["context_from"] or 1,
+            **_metadata_columns(key, new, _METADATA.decode(metadata) if metadata else {}),
+        }))  # fmt: skip
+        turns = await conn.fetch(self._fork_turns.sql, *self._fork_turns.args(fork))
+        copies = [
+            _turn_row(new, r["seq"], _turn(r, src, key), None, key)
+            | {"created_at": r["turn_created_at"]}
+            for r in turns
+        ]
+        await conn.executemany(
+            self._insert_turn_at.sql, [self._insert_turn_at.args(copy) for copy in copies]
+        )
+        return row
+
     async def _why_no_fork(self, conn: Any, params: dict[str, Any]) -> Exception:
-        exists = await conn.scalar(self._sql.describe, {"cid": params["src"], **params})
+        exists = await conn.fetchrow(self._describe.sql, *self._describe.args(
+            {"cid": params["src"], **params}
+        ))  # fmt: skip
         if exists is None:
             return ConversationNotFound()
+        if self._keyring is None and await conn.fetchval(_SEALED_SOURCE, params["src"]):
+            log.error("a fork of an encrypted conversation needs ENCRYPTION_KEYS_FILE")
+            return StorageError("The conversation is encrypted and the keys are not available.")
         return InvalidInput("at_revision must be a revision of the conversation.")
 
     async def pop_item(
@@ -625,6 +734,7 @@ class PostgresStore:
         if_match: Precondition = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         params = {"cid": conversation_id, "caller": owner}
+        key = await self._writing_key(owner)
 
         async def pop() -> tuple[ConversationInfo, msgspec.Raw]:
             async with transaction(self._engine) as conn:
@@ -638,17 +748,19 @@ class PostgresStore:
                 revision = head["revision"]
                 last = {"cid": conversation_id, "seq": revision}
                 row = (await conn.execute(self._sql.turn_at, last)).mappings().first()
-                last_turn = _turn(row) if row else None
+                rows = [row] if row is not None else []
+                opening = key or await reading_key(self._keyring, owner, rows, TURN_FIELDS)
+                last_turn = _turn(row, conversation_id, opening) if row else None
                 if row is None or last_turn is None or not last_turn.replay_items:
                     raise InvalidInput("The conversation has no item to remove.", param="item_id")
                 rewritten = rewrite(last_turn)
                 await conn.execute(self._sql.delete_turn, last)
-                new = _turn_row(conversation_id, revision + 1, rewritten, row["turn_id"])
+                new = _turn_row(conversation_id, revision + 1, rewritten, row["turn_id"], key)
                 await conn.execute(
                     self._sql.insert_turn_at, {**new, "created_at": row["turn_created_at"]}
                 )
                 done = (await conn.execute(self._sql.rewritten, params)).mappings().one()
-                return _info(done), last_turn.replay_items[-1]
+                return await self._info_of(done, owner), last_turn.replay_items[-1]
 
         return await written(pop)
 
@@ -656,7 +768,7 @@ class PostgresStore:
         async with read(self._engine) as conn:
             params = {"cid": conversation_id, "caller": owner}
             row = (await conn.execute(self._sql.describe, params)).mappings().first()
-        return None if row is None else _info(row)
+        return None if row is None else await self._info_of(row, owner)
 
     async def update_metadata(
         self,
@@ -665,10 +777,11 @@ class PostgresStore:
         metadata: dict[str, str],
         if_match: Precondition = None,
     ) -> ConversationInfo:
+        key = await self._writing_key(owner)
         params = {
             "cid": conversation_id,
             "caller": owner,
-            "metadata": _JSON.encode(metadata).decode(),
+            **_metadata_columns(key, conversation_id, metadata),
         }
 
         async def update() -> ConversationInfo:
@@ -678,9 +791,12 @@ class PostgresStore:
                     raise ConversationNotFound()
                 if if_match is not None and row["revision"] not in if_match:
                     raise PreconditionFailed()  # rolls the update back
-                return _info(row)
+                return _info(row, key)
 
         return await written(update)
+
+    async def _info_of(self, row: Any, owner: str) -> ConversationInfo:
+        return _info(row, await reading_key(self._keyring, owner, [row], ["metadata"]))
 
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None
@@ -695,10 +811,13 @@ class PostgresStore:
         return page, cursor
 
     async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
-        return await written(lambda: self._claim(key, turn_id))
+        data_key = await self._writing_key(key.owner)
+        return await written(lambda: self._claim(key, turn_id, data_key))
 
-    async def _claim(self, key: IdempotencyKey, turn_id: UUID | None) -> Committed | None:
-        params = idem.key_params(key)
+    async def _claim(
+        self, key: IdempotencyKey, turn_id: UUID | None, data_key: DataKey | None
+    ) -> Committed | None:
+        params = idem.key_params(key, data_key)
         async with transaction(self._engine) as conn:
             claimed = await conn.scalar(
                 idem.CLAIM,
@@ -707,13 +826,14 @@ class PostgresStore:
             if claimed is not None:
                 return None
             row = (await conn.execute(idem.EXISTING, params)).one()
-        return idem.answer(row, key)
+        return idem.answer(row, key, data_key)
 
     async def check(self, key: IdempotencyKey) -> None:
         async with read(self._engine) as conn:
             row = (await conn.execute(idem.LIVE, idem.key_params(key))).first()
         if row is not None:
-            idem.answer(row, key)
+            data_key = None if self._keyring is None else await self._keyring.for_read(key.owner)
+            idem.answer(row, key, data_key)
 
     async def release(self, key: IdempotencyKey) -> None:
         async def release() -> None:
@@ -739,6 +859,23 @@ class PostgresStore:
                 break
         return total
 
+    async def delete_owner(self, owner: str, batch: int = 500) -> int:
+        """Delete all of ``owner``'s conversations (with their turns, runs and events) and
+        Idempotency-Key records, a batch per transaction; the number of conversations."""
+        total = 0
+        while True:
+            async with transaction(self._engine) as conn:
+                result = await conn.execute(_OWNED, {"owner": owner, "batch": batch})
+                gone = list(result.scalars())
+                await conn.execute(runs.DELETE_OF, {"cids": gone})
+            total += len(gone)
+            if len(gone) < batch:
+                break
+        async with transaction(self._engine) as conn:
+            await conn.execute(runs.DELETE_OWNED, {"owner": owner})
+            await conn.execute(idem.DELETE_OWNED, {"owner": owner})
+        return total
+
     async def readiness(self) -> Readiness:
         async with read(self._engine) as conn:
             state = (await conn.execute(_READINESS)).one()
@@ -757,6 +894,7 @@ class PostgresStore:
         await self._engine.dispose()
 
 
+SEALED_COLUMNS = tuple(f"sealed_{name}" for name in TURN_FIELDS)
 FORKED_COLUMNS = (
     "seq", "user_message", "assistant_message", "replay_items", "created_at", "provider",
     "endpoint", "model", "context_from", "prompt_version", "tool_calls", "status",
@@ -765,23 +903,40 @@ FORKED_COLUMNS = (
 TURN_COLUMNS = (
     "conversation_id", "seq", "user_message", "assistant_message", "replay_items",
     "provider", "endpoint", "model", "context_from", "prompt_version", "tool_calls",
-    "status", "incomplete_reason", "turn_id",
+    "status", "incomplete_reason", "turn_id", *SEALED_COLUMNS,
 )  # fmt: skip
+FORK_COPY = (*TURN_COLUMNS, "created_at")
+_SEALED_SOURCE = (
+    "SELECT EXISTS (SELECT 1 FROM conversations WHERE id = $1 AND sealed_metadata IS NOT NULL)"
+    " OR EXISTS (SELECT 1 FROM turns WHERE conversation_id = $1"
+    " AND sealed_replay_items IS NOT NULL)"
+)
 
 
-def _transcript_turn(row: Any) -> TranscriptTurn:
+def _field(row: Any, key: DataKey | None, cid: UUID, name: str) -> Any:
+    """A turn's field from a row read with its clear and sealed columns."""
+    return get(key, turn_place(cid, row["seq"], name), row[name], row[f"sealed_{name}"])
+
+
+def _transcript_turn(row: Any, cid: UUID, key: DataKey | None) -> TranscriptTurn:
+    calls = _field(row, key, cid, "tool_calls")
     return TranscriptTurn(
-        number=row.seq,
-        user_message=row.user_message,
-        assistant_message=row.assistant_message,
-        context_from=row.context_from or 1,
-        prompt_version=row.prompt_version,
-        tool_calls=_CALLS.decode(row.tool_calls) if row.tool_calls else (),
+        number=row["seq"],
+        user_message=_field(row, key, cid, "user_message"),
+        assistant_message=_field(row, key, cid, "assistant_message"),
+        context_from=row["context_from"] or 1,
+        prompt_version=row["prompt_version"],
+        tool_calls=_CALLS.decode(calls) if calls else (),
     )
 
 
-def _info(row: Any) -> ConversationInfo:
-    metadata = row["metadata"]
+def _metadata_columns(key: DataKey | None, cid: UUID, metadata: dict[str, str]) -> dict[str, Any]:
+    clear, sealed = put(key, metadata_place(cid), _JSON.encode(metadata).decode())
+    return {"metadata": clear, "sealed_metadata": sealed}
+
+
+def _info(row: Any, key: DataKey | None) -> ConversationInfo:
+    metadata = get(key, metadata_place(row["id"]), row["metadata"], row["sealed_metadata"])
     return ConversationInfo(
         id=row["id"],
         revision=row["revision"],
@@ -791,15 +946,16 @@ def _info(row: Any) -> ConversationInfo:
     )
 
 
-def _turn(row: Any) -> Turn:
+def _turn(row: Any, cid: UUID, key: DataKey | None) -> Turn:
+    calls = _field(row, key, cid, "tool_calls")
     return Turn(
-        user_message=row["user_message"],
-        assistant_message=row["assistant_message"],
-        replay_items=_ITEMS.decode(row["replay_items"]),
+        user_message=_field(row, key, cid, "user_message"),
+        assistant_message=_field(row, key, cid, "assistant_message"),
+        replay_items=_ITEMS.decode(_field(row, key, cid, "replay_items")),
         origin=Origin(row["provider"], row["endpoint"], row["model"]) if row["provider"] else None,
         context_from=row["context_from"] or 1,
         prompt_version=row["prompt_version"],
-        tool_calls=_CALLS.decode(row["tool_calls"]) if row["tool_calls"] else (),
+        tool_calls=_CALLS.decode(calls) if calls else (),
         status=row["status"],
         incomplete_reason=row["incomplete_reason"],
         created_at=row["turn_created_at"],
@@ -807,21 +963,24 @@ def _turn(row: Any) -> Turn:
 
 
 def _turn_row(
-    conversation_id: UUID, seq: int, turn: Turn, turn_id: UUID | None
+    conversation_id: UUID, seq: int, turn: Turn, turn_id: UUID | None, key: DataKey | None
 ) -> dict[str, object]:
+    encrypted = {
+        "user_message": turn.user_message,
+        "assistant_message": turn.assistant_message,
+        "replay_items": msgspec.json.encode(turn.replay_items).decode(),
+        "tool_calls": msgspec.json.encode(turn.tool_calls).decode() if turn.tool_calls else None,
+    }
     return {
         "turn_id": turn_id,
         "conversation_id": conversation_id,
         "seq": seq,
-        "user_message": turn.user_message,
-        "assistant_message": turn.assistant_message,
-        "replay_items": msgspec.json.encode(turn.replay_items).decode(),
+        **sealed_turn_columns(key, conversation_id, seq, encrypted),
         "provider": turn.origin.provider if turn.origin else None,
         "endpoint": turn.origin.endpoint if turn.origin else None,
         "model": turn.origin.model if turn.origin else None,
         "context_from": turn.context_from,
         "prompt_version": turn.prompt_version,
-        "tool_calls": msgspec.json.encode(turn.tool_calls).decode() if turn.tool_calls else None,
         "status": turn.status,
         "incomplete_reason": turn.incomplete_reason,
     }

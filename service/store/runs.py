@@ -13,12 +13,18 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+import msgspec
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.crypto import DataKey
 from service.model import NewRun, Renewed, RunEnd, RunEvent, RunView
+from service.store.keyring import Keyring
 from service.store.listener import CHANNEL
+from service.store.sealed import events_place, get, put, reading_key, turn_place
 from service.store.tx import read, written
+
+_BATCH = msgspec.json.Decoder(list[tuple[int, str, msgspec.Raw]])
 
 _NO_SYNC_WAIT = "set_config('synchronous_commit', 'off', true)"
 _UNFINISHED = "status IN ('queued', 'in_progress')"
@@ -34,8 +40,8 @@ LOG = sa.text(
     "WITH r AS (UPDATE turn_runs SET last_event = :last,"
     " status = CASE WHEN status = 'queued' THEN 'in_progress' ELSE status END"
     f" WHERE id = :id AND {_UNFINISHED} RETURNING id, watched),"
-    " e AS (INSERT INTO turn_events (turn_id, seq, events) SELECT r.id, :last,"
-    " CAST(:events AS json) FROM r ON CONFLICT DO NOTHING RETURNING 1)"
+    " e AS (INSERT INTO turn_events (turn_id, seq, events, sealed_events) SELECT r.id, :last,"
+    " CAST(:events AS json), :sealed_events FROM r ON CONFLICT DO NOTHING RETURNING 1)"
     f" SELECT (SELECT count(*) FROM e), CASE WHEN r.watched THEN pg_notify('{CHANNEL}',"
     f" 'events:' || r.id::text) END, {_NO_SYNC_WAIT} FROM r"
 )
@@ -44,8 +50,8 @@ END = sa.text(
     " error_message = :message, last_event = :last, revision = :revision, finished_at = now(),"
     " expires_at = now() + make_interval(secs => :ttl)"
     f" WHERE id = :id AND {_UNFINISHED} RETURNING id, watched),"
-    " e AS (INSERT INTO turn_events (turn_id, seq, events) SELECT r.id, :last,"
-    " CAST(:events AS json) FROM r ON CONFLICT DO NOTHING RETURNING 1)"
+    " e AS (INSERT INTO turn_events (turn_id, seq, events, sealed_events) SELECT r.id, :last,"
+    " CAST(:events AS json), :sealed_events FROM r ON CONFLICT DO NOTHING RETURNING 1)"
     f" SELECT (SELECT count(*) FROM e), CASE WHEN r.watched THEN pg_notify('{CHANNEL}',"
     f" 'events:' || r.id::text) END, {_NO_SYNC_WAIT} FROM r"
 )
@@ -55,8 +61,8 @@ COMMIT = sa.text(
     "WITH r AS (UPDATE turn_runs SET status = :status, revision = :revision, last_event = :seq,"
     " finished_at = now(), expires_at = now() + make_interval(secs => :ttl)"
     f" WHERE id = :id AND {_UNFINISHED} RETURNING id, watched)"
-    " INSERT INTO turn_events (turn_id, seq, events) SELECT r.id, :seq, CAST(:events AS json)"
-    " FROM r"
+    " INSERT INTO turn_events (turn_id, seq, events, sealed_events)"
+    " SELECT r.id, :seq, CAST(:events AS json), :sealed_events FROM r"
     " RETURNING (SELECT watched FROM r)"
 )
 _VIEW = (
@@ -64,18 +70,16 @@ _VIEW = (
     " r.last_event, r.background, (r.heartbeat_until < now()) AS stalled"
 )
 READ = sa.text(
-    f"SELECT {_VIEW}, t.assistant_message FROM turn_runs r LEFT JOIN turns t"
+    f"SELECT {_VIEW}, t.seq, t.assistant_message, t.sealed_assistant_message"
+    " FROM turn_runs r LEFT JOIN turns t"
     " ON t.conversation_id = r.conversation_id AND t.seq = r.revision"
     f" WHERE r.id = :id AND r.owner = :owner AND {_LIVE}"
 )
-# The events after :after, from the batches that hold any (a batch logged twice, its first
-# try's outcome unknown, may overlap the next: each event once).
+# The batches that hold events after :after (a batch's seq is its last event's).
 READ_EVENTS = sa.text(
-    f"SELECT DISTINCT ON (x.seq) {_VIEW}, x.seq, x.event, x.data FROM turn_runs r"
-    " LEFT JOIN LATERAL (SELECT (i->>0)::int AS seq, i->>1 AS event, (i->2)::text AS data"
-    " FROM turn_events e, json_array_elements(e.events) AS i"
-    " WHERE e.turn_id = r.id AND e.seq > :after) AS x ON x.seq > :after"
-    f" WHERE r.id = :id AND r.owner = :owner AND {_LIVE} ORDER BY x.seq"
+    f"SELECT {_VIEW}, e.seq, CAST(e.events AS text) AS events, e.sealed_events"
+    " FROM turn_runs r LEFT JOIN turn_events e ON e.turn_id = r.id AND e.seq > :after"
+    f" WHERE r.id = :id AND r.owner = :owner AND {_LIVE} ORDER BY e.seq"
 )
 WATCH = sa.text(
     "UPDATE turn_runs SET watched = true WHERE id = :id AND NOT watched"
@@ -112,11 +116,32 @@ INTERRUPT = sa.text(
 )
 DELETE_OF = sa.text("DELETE FROM turn_runs WHERE conversation_id = ANY(CAST(:cids AS uuid[]))")
 EXPIRED = sa.text("DELETE FROM turn_runs WHERE expires_at < now()")
+DELETE_OWNED = sa.text("DELETE FROM turn_runs WHERE owner = :owner")
 
 
 def batch(events: Sequence[RunEvent]) -> str:
     """The JSON of a batch of events (names are plain words; data is JSON already)."""
     return "[" + ",".join(f'[{e.seq},"{e.name}",{e.data}]' for e in events) + "]"
+
+
+def sealed_batch(key: DataKey | None, run_id: UUID, events: Sequence[RunEvent]) -> dict[str, Any]:
+    """A batch's columns: in clear, or sealed for its run and place."""
+    clear, sealed = put(key, events_place(run_id, events[-1].seq), batch(events))
+    return {"events": clear, "sealed_events": sealed}
+
+
+def batch_events(rows: Sequence[Any], key: DataKey | None, after: int) -> list[RunEvent]:
+    """The events after ``after`` in these batches, each once (a batch logged twice, its
+    first try's outcome unknown, may overlap the next)."""
+    found: dict[int, RunEvent] = {}
+    for row in rows:
+        if row.seq is None:
+            continue
+        text = get(key, events_place(row.id, row.seq), row.events, row.sealed_events)
+        for seq, name, data in _BATCH.decode(text):
+            if seq > after:
+                found.setdefault(seq, RunEvent(seq, name, bytes(data).decode()))
+    return [found[seq] for seq in sorted(found)]
 
 
 def view(row: Any, message: str | None = None) -> RunView:
@@ -137,9 +162,12 @@ def view(row: Any, message: str | None = None) -> RunView:
 class PostgresRuns:
     """The RunStore port over one engine (the commit's part is PostgresStore.append's)."""
 
-    def __init__(self, engine: AsyncEngine, *, events_ttl_s: float) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, events_ttl_s: float, keyring: Keyring | None = None
+    ) -> None:
         self._engine = engine
         self._ttl_s = events_ttl_s
+        self._keyring = keyring  # events are sealed under their owner's key with one
 
     async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
         params = {
@@ -151,22 +179,30 @@ class PostgresRuns:
     async def begin_run(self, run_id: UUID) -> None:
         await self._write(BEGIN, {"id": run_id})
 
-    async def log_events(self, run_id: UUID, events: Sequence[RunEvent]) -> None:
-        params = {"id": run_id, "last": events[-1].seq, "events": batch(events)}
-        await self._write(LOG, params)
+    async def log_events(self, run_id: UUID, owner: str, events: Sequence[RunEvent]) -> None:
+        columns = sealed_batch(await self._key(owner), run_id, events)
+        await self._write(LOG, {"id": run_id, "last": events[-1].seq, **columns})
 
-    async def end_run(self, run_id: UUID, end: RunEnd) -> bool:
+    async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
         params = {
             "id": run_id, "status": end.status, "code": end.error_code,
             "message": end.error_message, "last": end.events[-1].seq, "ttl": self._ttl_s,
-            "revision": end.revision, "events": batch(end.events),
+            "revision": end.revision, **sealed_batch(await self._key(owner), run_id, end.events),
         }  # fmt: skip
         return bool(await self._write(END, params))
+
+    async def _key(self, owner: str) -> DataKey | None:
+        return None if self._keyring is None else await self._keyring.for_write(owner)
 
     async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
         async with read(self._engine) as conn:
             row = (await conn.execute(READ, {"id": run_id, "owner": owner})).first()
-        return None if row is None else view(row, row.assistant_message)
+        if row is None:
+            return None
+        fields = row._mapping
+        key = await reading_key(self._keyring, owner, [fields], ["assistant_message"])
+        where = turn_place(row.conversation_id, row.seq or 0, "assistant_message")
+        return view(row, get(key, where, row.assistant_message, row.sealed_assistant_message))
 
     async def run_events(
         self, run_id: UUID, owner: str, after: int
@@ -176,8 +212,9 @@ class PostgresRuns:
             rows = (await conn.execute(READ_EVENTS, params)).all()
         if not rows:
             return None
-        events = [RunEvent(r.seq, r.event, r.data) for r in rows if r.seq is not None]
-        return view(rows[0]), events
+        fields = [row._mapping for row in rows]
+        key = await reading_key(self._keyring, owner, fields, ["events"])
+        return view(rows[0]), batch_events(rows, key, after)
 
     async def watch_run(self, run_id: UUID) -> None:
         await self._write(WATCH, {"id": run_id})

@@ -40,6 +40,7 @@ conversations = sa.Table(
     sa.Column("lease_wanted", sa.Boolean, nullable=False),
     sa.Column("rewritten_at", sa.Integer, nullable=False),  # history before it changed then
     sa.Column("metadata", RawJSON),  # the OpenAI surface's string pairs: no part of the history
+    sa.Column("sealed_metadata", sa.LargeBinary),  # encrypted instead (service/store/sealed.py)
 )
 
 # One row per committed turn: the transcript pair and that turn's replay items, keyed by
@@ -49,9 +50,10 @@ turns = sa.Table(
     metadata,
     sa.Column("conversation_id", sa.Uuid, primary_key=True),
     sa.Column("seq", sa.Integer, primary_key=True),
-    sa.Column("user_message", sa.Text, nullable=False),
-    sa.Column("assistant_message", sa.Text, nullable=False),
-    sa.Column("replay_items", RawJSON, nullable=False),
+    # Each of these four in clear or, encrypted, in its sealed_ column (service/store/sealed.py).
+    sa.Column("user_message", sa.Text),
+    sa.Column("assistant_message", sa.Text),
+    sa.Column("replay_items", RawJSON),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("provider", sa.Text),
     sa.Column("endpoint", sa.Text),
@@ -62,6 +64,10 @@ turns = sa.Table(
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("incomplete_reason", sa.Text),
     sa.Column("turn_id", sa.Uuid),  # the run of a streamed or background turn
+    sa.Column("sealed_user_message", sa.LargeBinary),
+    sa.Column("sealed_assistant_message", sa.LargeBinary),
+    sa.Column("sealed_replay_items", sa.LargeBinary),
+    sa.Column("sealed_tool_calls", sa.LargeBinary),
 )
 
 idempotency_keys = sa.Table(
@@ -104,7 +110,8 @@ turn_events = sa.Table(
     metadata,
     sa.Column("turn_id", sa.Uuid, primary_key=True),
     sa.Column("seq", sa.Integer, primary_key=True),  # of the batch's last event
-    sa.Column("events", RawJSON, nullable=False),  # [[seq, name, data], ...]
+    sa.Column("events", RawJSON),  # [[seq, name, data], ...]
+    sa.Column("sealed_events", sa.LargeBinary),  # the same, encrypted
 )
 
 # API keys (AUTH_MODE=api_key): only the SHA-256 of a key is stored.

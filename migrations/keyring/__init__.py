@@ -1,0 +1,1 @@
+"""The keyring's own migrations (version table keyring_version), beside the data's."""

@@ -1,0 +1,114 @@
+"""The keyring: each owner's data key, wrapped by a master key, in PostgreSQL.
+
+A data key is made on its owner's first encrypted write and kept in memory for a minute
+(unwrapped), so a turn costs the keyring nothing while its owner is active. Shredding deletes
+the wrapped key; other replicas drop their copy within that minute (see the README). The
+keyring may live in a database of its own (KEYRING_DATABASE_URL).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.crypto import DataKey, MasterKeys, new_data_key
+from service.store.tx import read, written
+
+CACHE_S = 60.0  # how long a replica keeps an unwrapped data key
+CACHE_OWNERS = 10_000  # past this many, expired keys are dropped
+
+_READ = sa.text("SELECT master_key_id, wrapped FROM owner_keys WHERE owner = :owner")
+_CREATE = sa.text(
+    "INSERT INTO owner_keys (owner, master_key_id, wrapped, created_at)"
+    " VALUES (:owner, :key_id, :wrapped, now()) ON CONFLICT (owner) DO NOTHING"
+)
+_SHRED = sa.text("DELETE FROM owner_keys WHERE owner = :owner RETURNING owner")
+_STALE = sa.text(
+    "SELECT owner, master_key_id, wrapped FROM owner_keys WHERE master_key_id <> :current"
+    " ORDER BY owner LIMIT :batch"
+)
+_REWRAP = sa.text(
+    "UPDATE owner_keys SET master_key_id = :key_id, wrapped = :wrapped"
+    " WHERE owner = :owner AND master_key_id = :old"
+)
+_COUNT_STALE = sa.text("SELECT count(*) FROM owner_keys WHERE master_key_id <> :current")
+
+
+class Keyring:
+    """Owners' data keys over one engine (the data's, or the keyring's own)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        masters: MasterKeys,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engine = engine
+        self._masters = masters
+        self._clock = clock
+        self._cache: dict[str, tuple[float, DataKey]] = {}
+
+    async def for_write(self, owner: str) -> DataKey:
+        """The owner's data key, made (and stored wrapped) if the owner has none yet."""
+        key = await self.for_read(owner)
+        while key is None:  # (a shred between the two statements: make another)
+            wrapped = self._masters.wrap(owner, new_data_key())
+            await written(functools.partial(self._create, owner, *wrapped))
+            key = await self.for_read(owner)  # ours, or a replica's that was first
+        return key
+
+    async def _create(self, owner: str, key_id: str, wrapped: bytes) -> None:
+        async with read(self._engine) as conn:  # one statement: autocommit
+            await conn.execute(_CREATE, {"owner": owner, "key_id": key_id, "wrapped": wrapped})
+
+    async def for_read(self, owner: str) -> DataKey | None:
+        """The owner's data key; None if the owner has none (never encrypted, or shredded)."""
+        cached = self._cache.get(owner)
+        if cached is not None and cached[0] > self._clock():
+            return cached[1]
+        async with read(self._engine) as conn:
+            row = (await conn.execute(_READ, {"owner": owner})).first()
+        if row is None:
+            self._cache.pop(owner, None)
+            return None
+        key = DataKey(self._masters.unwrap(owner, row.master_key_id, row.wrapped))
+        now = self._clock()
+        if len(self._cache) >= CACHE_OWNERS:  # owners come and go: keep the live ones only
+            self._cache = {o: entry for o, entry in self._cache.items() if entry[0] > now}
+        self._cache[owner] = (now + CACHE_S, key)
+        return key
+
+    async def stale(self) -> int:
+        """How many data keys are wrapped by a master key other than the first."""
+        async with read(self._engine) as conn:
+            count = await conn.scalar(_COUNT_STALE, {"current": self._masters.current})
+        return int(count or 0)
+
+    async def rewrap(self, batch: int = 100) -> int:
+        """Wrap up to ``batch`` data keys wrapped by an older master key with the first one;
+        the number rewrapped (0: none is left). The data keys themselves do not change, so no
+        stored value is rewritten and replicas keep working throughout."""
+        current = self._masters.current
+        async with read(self._engine) as conn:
+            rows = (await conn.execute(_STALE, {"current": current, "batch": batch})).all()
+            for row in rows:
+                secret = self._masters.unwrap(row.owner, row.master_key_id, row.wrapped)
+                key_id, wrapped = self._masters.wrap(row.owner, secret)
+                await conn.execute(
+                    _REWRAP,
+                    {"owner": row.owner, "key_id": key_id, "wrapped": wrapped,
+                     "old": row.master_key_id},
+                )  # fmt: skip
+        return len(rows)
+
+
+async def destroy_key(engine: AsyncEngine, owner: str) -> bool:
+    """Delete the owner's data key from the keyring on ``engine``; False if there was none.
+    (No master key is needed to destroy one.)"""
+    async with read(engine) as conn:
+        return (await conn.execute(_SHRED, {"owner": owner})).first() is not None

@@ -92,6 +92,9 @@ def targets(
         value = ratio_to(name)
         label = f"store throughput vs {name}"
         yield _check(label, value, limit, True) if value else f"  {label}: not measured"
+    in_clear = ratio_to("turnstore-encrypted")  # ours (in clear) / encrypted
+    if in_clear:  # encrypting costs at most 10% of the store's throughput
+        yield _check("store throughput, encrypted vs in clear", 1 / in_clear, 0.9, True)
     first, last = HISTORY_POINTS[0], HISTORY_POINTS[-1]
     growth = ours.latency_ms[last] / ours.latency_ms[first]
     yield _check(f"store latency at {last} vs {first} turns of history", growth, 1.5, False)

@@ -27,6 +27,7 @@ Opener = Callable[[str], Awaitable[Subject]]
 # label -> (module, opener function); the first is the subject the targets are about.
 SUBJECTS: dict[str, tuple[str, str]] = {
     "turnstore": ("bench.stores.turnstore", "open_cached"),
+    "turnstore-encrypted": ("bench.stores.turnstore", "open_encrypted"),
     "turnstore-nocache": ("bench.stores.turnstore", "open_uncached"),
     "asyncpg-baseline": ("bench.stores.baseline", "open_baseline"),
     "agents-sqlalchemy": ("bench.stores.agents", "open_agents"),

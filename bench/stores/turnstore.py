@@ -1,17 +1,21 @@
-"""turnstore's own store: CachedStore over PostgresStore (as served), and PostgresStore alone."""
+"""turnstore's own store: CachedStore over PostgresStore (as served), the same encrypting
+(ENCRYPTION_KEYS_FILE set, keyring in the same database), and PostgresStore alone."""
 
 from __future__ import annotations
 
 from uuid import UUID
 
 import msgspec
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from bench.database import sqlalchemy_url
 from bench.workload import Payload
+from service.crypto import MasterKeys
 from service.db import create_engine
-from service.model import Origin, Turn
+from service.model import Append, Origin, Turn
 from service.store.base import ConversationStore
 from service.store.cache import CachedStore
+from service.store.keyring import Keyring
 from service.store.postgres import PostgresStore
 
 ORIGIN = Origin("openai", "https://api.openai.com/v1", "gpt-5-mini")
@@ -31,7 +35,7 @@ class TurnstoreSubject:
         assert len(loaded.turns if loaded else []) == history
         items = [msgspec.Raw(raw) for raw in payload.raw_items]
         turn = Turn(payload.user_text, payload.assistant_text, items, ORIGIN)
-        await self.store.append(conversation, turn, revision)
+        await self.store.append(Append(conversation, turn, revision))
 
     async def close(self) -> None:
         await self.store.close()
@@ -40,6 +44,13 @@ class TurnstoreSubject:
 async def open_cached(url: str) -> TurnstoreSubject:
     store = PostgresStore(create_engine(sqlalchemy_url(url), pool_size=POOL_SIZE))
     return TurnstoreSubject("turnstore", CachedStore(store, 64 * 1024 * 1024))
+
+
+async def open_encrypted(url: str) -> TurnstoreSubject:
+    engine = create_engine(sqlalchemy_url(url), pool_size=POOL_SIZE)
+    masters = MasterKeys({"bench": AESGCM(AESGCM.generate_key(bit_length=256))}, "bench")
+    store = PostgresStore(engine, keyring=Keyring(engine, masters))
+    return TurnstoreSubject("turnstore-encrypted", CachedStore(store, 64 * 1024 * 1024))
 
 
 async def open_uncached(url: str) -> TurnstoreSubject:

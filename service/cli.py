@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import NoReturn, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -19,12 +20,16 @@ from service.app import postgres_store, run_with_api_keys
 from service.auth import check_serving
 from service.crypto import MasterKeys
 from service.db import create_engine, resolve_database
+from service.errors import StorageError
 from service.http_server import uvicorn_options
 from service.logs import configure as configure_logging
 from service.model import key_id
 from service.settings import Settings, SettingsError
 from service.store.encrypting import ClearRows
+from service.store.keyring import CACHE_S as KEY_CACHE_S
 from service.store.keyring import Keyring, destroy_key
+
+T = TypeVar("T")
 
 CURL_EXAMPLE = """\
 turnstore is serving on http://{host}:{port} (provider: {provider}). Try:
@@ -83,7 +88,10 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def _db(action: Callable[[str], object]) -> Callable[[argparse.Namespace, Settings], None]:
     def run(args: argparse.Namespace, settings: Settings) -> None:
         with _database(settings, migrate_embedded=False) as url:
-            result = action(url)
+            try:
+                result = action(url)
+            except RuntimeError as exc:  # a migration that refuses (it names why)
+                _fail("db", str(exc))
             if isinstance(result, str):
                 print(result)
 
@@ -134,17 +142,46 @@ def _master_keys(settings: Settings, command: str) -> MasterKeys:
 
 def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
     """The data key first: from then on the owner's rows, here and in every backup of the
-    data taken before, cannot be decrypted; then the rows themselves."""
+    data taken before, cannot be decrypted. Then, once no replica can still hold the key in
+    memory (a write with it would leave rows nobody can read), the rows themselves."""
 
     async def shred(url: str) -> tuple[bool, int]:
         async with _engines(settings, url) as (engine, keyring_engine):
+            store = postgres_store(engine, settings)
+            sealed = await store.owner_has_sealed_rows(args.owner)
             had_key = await destroy_key(keyring_engine, args.owner)
-            return had_key, await postgres_store(engine, settings).delete_owner(args.owner)
+            if sealed and not had_key:
+                _fail(
+                    "owners shred",
+                    f"{args.owner!r} has encrypted rows but no data key in this keyring: is "
+                    "KEYRING_DATABASE_URL the service's? Nothing was deleted.",
+                )
+            if had_key and args.wait_s > 0:
+                sys.stderr.write(
+                    f"Destroyed the data key of {args.owner!r}; deleting their conversations "
+                    f"in {args.wait_s:g} s, once no replica holds the key any more.\n"
+                )
+                await asyncio.sleep(args.wait_s)
+            return had_key, await store.delete_owner(args.owner)
 
     with _database(settings, migrate_embedded=True) as url:
-        had_key, deleted = asyncio.run(shred(url))
+        had_key, deleted = _storage(lambda: asyncio.run(shred(url)), "owners shred")
     key = "destroyed the data key" if had_key else "found no data key"
     print(f"{args.owner!r}: {key} and deleted {deleted} conversations")
+
+
+def _fail(command: str, message: str) -> NoReturn:
+    sys.stderr.write(f"turnstore {command}: {message}\n")
+    sys.exit(1)
+
+
+def _storage(action: Callable[[], T], command: str) -> T:
+    """``action``, a database failure (unreachable, a master key missing) as one line."""
+    try:
+        return action()
+    except StorageError as exc:
+        cause = f" ({type(exc.__cause__).__name__})" if exc.__cause__ is not None else ""
+        _fail(command, exc.message + cause)
 
 
 def _encrypt_existing(args: argparse.Namespace, settings: Settings) -> None:
@@ -166,8 +203,10 @@ def _encrypt_existing(args: argparse.Namespace, settings: Settings) -> None:
             return done, await rows.count()
 
     with _database(settings, migrate_embedded=True) as url:
-        done, left = asyncio.run(encrypt(url))
+        done, left = _storage(lambda: asyncio.run(encrypt(url)), "encrypt-existing")
     print(f"encrypted {done} rows written in clear; {left} left in clear")
+    if left:  # written meanwhile by a replica without ENCRYPTION_KEYS_FILE
+        _fail("encrypt-existing", f"{left} rows are in clear: does every replica have the keys?")
 
 
 def _rewrap_keys(args: argparse.Namespace, settings: Settings) -> None:
@@ -182,8 +221,10 @@ def _rewrap_keys(args: argparse.Namespace, settings: Settings) -> None:
             return done, await keyring.stale()
 
     with _database(settings, migrate_embedded=True) as url:
-        done, left = asyncio.run(rewrap(url))
+        done, left = _storage(lambda: asyncio.run(rewrap(url)), "rewrap-keys")
     print(f"rewrapped {done} data keys with master key {masters.current!r}; {left} left")
+    if left:
+        _fail("rewrap-keys", f"{left} data keys are still wrapped by an older master key")
 
 
 def _keys_create(args: argparse.Namespace, settings: Settings) -> None:
@@ -213,6 +254,13 @@ def _keys_revoke(args: argparse.Namespace, settings: Settings) -> None:
     sys.stderr.write(
         f"Revoked {', '.join(revoked)}: every replica refuses them from its next request on.\n"
     )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,18 +299,23 @@ def build_parser() -> argparse.ArgumentParser:
         "shred", help="destroy the owner's data key and delete their conversations"
     )
     shred.add_argument("owner", metavar="NAME")
+    shred.add_argument(
+        "--wait-s", type=float, default=KEY_CACHE_S + 5,
+        help="how long replicas may still hold the key in memory (their cache time, and then "
+        "some); the rows are deleted after it",
+    )  # fmt: skip
     shred.set_defaults(run=_owners_shred)
 
     existing = commands.add_parser(
         "encrypt-existing", help="encrypt rows written in clear (safe while serving)"
     )
-    existing.add_argument("--batch", type=int, default=100, help="rows per short transaction")
+    existing.add_argument("--batch", type=_positive, default=100, help="rows per short transaction")
     existing.set_defaults(run=_encrypt_existing)
 
     rewrap = commands.add_parser(
         "rewrap-keys", help="wrap every data key with the first master key (key rotation)"
     )
-    rewrap.add_argument("--batch", type=int, default=100, help="keys per statement batch")
+    rewrap.add_argument("--batch", type=_positive, default=100, help="keys per batch")
     rewrap.set_defaults(run=_rewrap_keys)
 
     keys = commands.add_parser("keys", help="API keys for AUTH_MODE=api_key")

@@ -31,6 +31,8 @@ _NONCE = 12
 _FORMAT = b"\x01"  # the first byte of every sealed value: this layout (format, nonce, ciphertext)
 OVERHEAD = len(_FORMAT) + _NONCE + 16  # bytes a sealed value has beyond its plaintext
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# What a client is told when stored data does not decrypt (the log line says why and where).
+UNREADABLE = "Stored data could not be decrypted; nothing was returned."
 
 log = logging.getLogger("turnstore.crypto")
 
@@ -73,7 +75,7 @@ class DataKey:
 def _broken(where: bytes) -> StorageError:
     # The place names no content, only ids: safe to log.
     log.error("a stored value does not decrypt at %s (moved, altered or its key shredded)", where)
-    return StorageError("Stored data could not be decrypted; nothing was returned.")
+    return StorageError(UNREADABLE)
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,12 @@ class MasterKeys:
             log.error(
                 "the data key of an owner is wrapped by master key %r, not in the file", key_id
             )
-            raise StorageError("A data key's master key is missing from ENCRYPTION_KEYS_FILE.")
+            raise StorageError(UNREADABLE)
         try:
             return master.decrypt(wrapped[:_NONCE], wrapped[_NONCE:], _owner_place(owner))
         except InvalidTag:
             log.error("a data key does not unwrap under master key %r", key_id)
-            raise StorageError("A data key could not be unwrapped.") from None
+            raise StorageError(UNREADABLE) from None
 
 
 def _owner_place(owner: str) -> bytes:
@@ -130,13 +132,12 @@ def read_master_keys(path: Path) -> MasterKeys:
         try:
             secret = base64.b64decode(encoded.strip(), validate=True)
         except binascii.Error:
-            raise KeyFileError(f"line {number} (key {key_id!r}) is not valid base64") from None
+            raise KeyFileError(f"line {number}: the key is not valid base64") from None
+        # Messages name lines, never ids: a line with its fields swapped has the key first.
         if len(secret) != KEY_BYTES:
-            raise KeyFileError(
-                f"key {key_id!r} (line {number}) has {len(secret)} bytes, needs {KEY_BYTES}"
-            )
+            raise KeyFileError(f"line {number}: the key has {len(secret)} bytes, needs {KEY_BYTES}")
         if key_id in keys:
-            raise KeyFileError(f"key id {key_id!r} appears twice (line {number})")
+            raise KeyFileError(f"line {number}: its key id appears on an earlier line too")
         keys[key_id] = AESGCM(secret)
     if not keys:
         raise KeyFileError(f"{path} holds no key")

@@ -343,7 +343,7 @@ class TurnRuns:
         view = await self._store.read_run(turn_id, owner)
         if view is None:
             raise TurnNotFound()
-        if view.stalled and await self._interrupt(view.id):
+        if view.stalled and await self._interrupt(view.id, owner):
             view = await self._store.read_run(turn_id, owner) or view
         return view
 
@@ -401,7 +401,7 @@ class TurnRuns:
                                 yield event
                     return
                 if view.stalled:
-                    await self._interrupt(turn_id)
+                    await self._interrupt(turn_id, owner)
                     continue
                 if not watching:
                     await self._store.watch_run(turn_id)
@@ -412,11 +412,12 @@ class TurnRuns:
                     async with asyncio.timeout(FOLLOW_POLL_S[healthy]):
                         await woken.wait()
 
-    async def _interrupt(self, turn_id: uuid.UUID) -> bool:
+    async def _interrupt(self, turn_id: uuid.UUID, owner: str) -> bool:
         """End a run whose replica vanished; its terminal event names the request that found
         it (the run's own request is gone with its replica)."""
         data = envelope("turn_interrupted", INTERRUPTED, correlation_id_var.get() or "")
-        return await self._store.interrupt_run(turn_id, INTERRUPTED, _JSON.encode(data).decode())
+        event = _JSON.encode(data).decode()
+        return await self._store.interrupt_run(turn_id, owner, INTERRUPTED, event)
 
     # --- this process's part: heartbeats, cancellations, shutdown --------------------------------
 

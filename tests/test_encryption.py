@@ -11,10 +11,12 @@ import base64
 import hashlib
 import json
 import os
+import pty
 import re
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,11 +33,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import migrate
 from service.app import create_app
 from service.crypto import KeyFileError, read_master_keys
+from service.model import NewRun, RunEvent
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.settings import Settings
 from service.store.encrypting import ClearRows
 from service.store.keyring import CACHE_S, Keyring, destroy_key
+from service.store.runs import PostgresRuns
 from tests.conftest import ClientFactory
 from tests.database import REPO, asyncpg_dsn, fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script, output_items, response_object
@@ -132,11 +136,13 @@ async def messages(client: httpx.AsyncClient, cid: str, **kw: Any) -> list[str]:
 @pytest.mark.parametrize(
     ("content", "says"),
     [
-        ("k1:" + base64.b64encode(b"x" * 16).decode(), "has 16 bytes, needs 32"),
-        ("k1:not base64!", "not valid base64"),
+        ("k1:" + base64.b64encode(b"x" * 16).decode(), "line 1: the key has 16 bytes, needs 32"),
+        ("k1:not base64!", "line 1: the key is not valid base64"),
         (base64.b64encode(b"x" * 32).decode(), "line 1 is not <key id>:"),
         ("# only a comment\n", "holds no key"),
-        (f"k1:{KEYS['k1']}\nk1:{KEYS['k2']}", "appears twice"),
+        (f"k1:{KEYS['k1']}\nk1:{KEYS['k2']}", "line 2: its key id appears on an earlier line"),
+        # Fields swapped, the key in unpadded base64url: it must not be echoed as an "id".
+        (f"{base64.urlsafe_b64encode(b'y' * 32).decode().rstrip('=')}:k1", "line 1: the key is"),
     ],
 )
 def test_a_malformed_or_short_key_stops_the_process_with_one_line(
@@ -154,7 +160,7 @@ def test_a_malformed_or_short_key_stops_the_process_with_one_line(
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "ENCRYPTION_KEYS_FILE" in lines[0] and says in lines[0], lines
-    for secret in (*KEYS.values(), "eHh4eHh4"):  # no key material in the message
+    for secret in (*KEYS.values(), "eHh4eHh4", "eXl5eXl5"):  # no key material in the message
         assert secret not in done.stderr
 
 
@@ -275,6 +281,10 @@ MOVES = {
         "UPDATE turns SET sealed_assistant_message = sealed_user_message"
         " WHERE conversation_id = :a AND seq = 1"
     ),
+    "a sealed value replaced by clear text": (
+        "UPDATE turns SET sealed_user_message = NULL, user_message = 'forged'"
+        " WHERE conversation_id = :a AND seq = 1"
+    ),
     "a byte changed": (
         "UPDATE turns SET sealed_user_message = overlay(sealed_user_message placing"
         " CAST(E'\\\\x00' AS bytea) from 20 for 1) WHERE conversation_id = :a AND seq = 1"
@@ -313,6 +323,69 @@ async def test_a_replica_without_the_keys_refuses_encrypted_rows(
         assert_error(fork, 500, "storage_error")  # never a copy that no key can open
 
 
+async def test_metadata_or_events_moved_elsewhere_are_a_storage_error(
+    make_client: ClientFactory, engine: AsyncEngine
+) -> None:
+    async with make_client() as client:
+        made = [
+            (await client.post("/v1/conversations", json={"metadata": {"n": str(n)}})).json()
+            for n in (1, 2)
+        ]
+        ids = [conversation["id"].removeprefix("conv_") for conversation in made]
+        turns = []
+        for _ in range(2):
+            response = await client.post("/api/v1/chat/stream", json={"message": "events"})
+            turns.append(response.headers["x-turn-id"])
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "UPDATE conversations SET sealed_metadata = (SELECT sealed_metadata FROM"
+                    " conversations WHERE id = CAST(:one AS uuid)) WHERE id = CAST(:two AS uuid)"
+                ),
+                {"one": ids[0], "two": ids[1]},
+            )
+            await conn.execute(
+                text(
+                    "UPDATE turn_events SET sealed_events = (SELECT sealed_events FROM turn_events"
+                    " WHERE turn_id = :one ORDER BY seq LIMIT 1)"
+                    " WHERE turn_id = :two AND seq = (SELECT min(seq) FROM turn_events"
+                    " WHERE turn_id = :two)"
+                ),
+                {"one": turns[0], "two": turns[1]},
+            )
+        assert (await client.get(f"/v1/conversations/{made[0]['id']}")).status_code == 200
+        assert_error(await client.get(f"/v1/conversations/{made[1]['id']}"), 500, "storage_error")
+        assert (await client.get(f"/api/v1/turns/{turns[0]}/events")).status_code == 200
+        refused = await client.get(f"/api/v1/turns/{turns[1]}/events")  # a stream: its end
+        assert refused.text.startswith("event: error") and '"storage_error"' in refused.text
+        assert "message.delta" not in refused.text
+
+
+async def test_an_interrupted_runs_last_event_is_sealed_too(
+    engine: AsyncEngine, keys: Path
+) -> None:
+    masters = Settings(encryption_keys_file=keys).master_keys()
+    assert masters is not None
+    runs = PostgresRuns(engine, events_ttl_s=60, keyring=Keyring(engine, masters))
+    run = NewRun(uuid.uuid4(), uuid.uuid4(), "alice", background=True)
+    await runs.create_run(run, heartbeat_s=0.001)
+    await runs.log_events(run.id, "alice", [RunEvent(1, "message.delta", '{"delta": "x"}')])
+    async with engine.begin() as conn:  # its replica stopped renewing it long ago
+        await conn.execute(
+            text("UPDATE turn_runs SET heartbeat_until = now() - interval '1 minute'")
+        )
+    assert await runs.interrupt_run(run.id, "alice", "interrupted", '{"error": "gone"}')
+    async with engine.connect() as conn:
+        clear = await conn.scalar(text("SELECT count(*) FROM turn_events WHERE events IS NOT NULL"))
+    assert clear == 0
+    found = await runs.run_events(run.id, "alice", 0)
+    assert found is not None
+    assert [(e.seq, e.name, e.data) for e in found[1]] == [
+        (1, "message.delta", '{"delta": "x"}'),
+        (2, "error", '{"error": "gone"}'),
+    ]
+
+
 # -- rotation -------------------------------------------------------------------------------
 
 
@@ -329,29 +402,42 @@ def turnstore(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 async def test_master_keys_rotate_without_a_turn_becoming_unreadable(
     make_client: ClientFactory, engine: AsyncEngine, database_url: str, tmp_path: Path
 ) -> None:
-    old, both, new = (keys_file(tmp_path, *ids) for ids in (["k1"], ["k2", "k1"], ["k2"]))
+    """The README's procedure, with replicas of two steps serving at once at every step."""
+    files = {ids: keys_file(tmp_path, *ids.split(",")) for ids in ("k1", "k1,k2", "k2,k1", "k2")}
     alice, bob = jwt_bearer("alice"), jwt_bearer("bob")
-    async with make_client(encryption_keys_file=old, **JWT_SETTINGS) as client:
+
+    @asynccontextmanager
+    async def fleet(old: str, new: str) -> AsyncIterator[tuple[httpx.AsyncClient, ...]]:
+        async with (
+            make_client(encryption_keys_file=files[old], **JWT_SETTINGS) as not_yet,
+            make_client(encryption_keys_file=files[new], **JWT_SETTINGS) as restarted,
+        ):
+            yield not_yet, restarted
+
+    async with make_client(encryption_keys_file=files["k1"], **JWT_SETTINGS) as client:
         first = await say(client, "under k1", headers=alice)
-    # Replicas restarted one by one with k2 first: both kinds serve at once.
-    async with (
-        make_client(encryption_keys_file=both, **JWT_SETTINGS) as restarted,
-        make_client(encryption_keys_file=old, **JWT_SETTINGS) as not_yet,
-    ):
-        await say(restarted, "under k2", first, headers=alice)
-        await say(not_yet, "still under k1", first, headers=alice)
+    async with fleet("k1", "k1,k2") as (not_yet, restarted):  # 1. k2 added after k1
+        await say(restarted, "k2 known", first, headers=alice)
+        await say(not_yet, "k2 not known", first, headers=alice)
+    async with fleet("k1,k2", "k2,k1") as (not_yet, restarted):  # 2. k2 first
         second = await say(restarted, "bob's key is wrapped by k2", headers=bob)
-    env = {"DATABASE_URL": database_url, "ENCRYPTION_KEYS_FILE": str(both)}
-    rewrapped = await asyncio.to_thread(turnstore, "rewrap-keys", **env)
+        await say(not_yet, "read where k2 is not first", second, headers=bob)
+        await say(not_yet, "alice here", first, headers=alice)
+    env = {"DATABASE_URL": database_url, "ENCRYPTION_KEYS_FILE": str(files["k2,k1"])}
+    rewrapped = await asyncio.to_thread(turnstore, "rewrap-keys", **env)  # 3.
     assert "rewrapped 1 data keys with master key 'k2'; 0 left" in rewrapped.stdout
     async with engine.connect() as conn:
         wrapped_by = (await conn.execute(text("SELECT master_key_id FROM owner_keys"))).scalars()
         assert list(wrapped_by) == ["k2", "k2"]
-    async with make_client(encryption_keys_file=new, **JWT_SETTINGS) as client:
-        said = (await messages(client, first, headers=alice))[::2]
-        assert said == ["under k1", "under k2", "still under k1"]
-        assert (await messages(client, second, headers=bob))[0] == "bob's key is wrapped by k2"
-        await say(client, "after k1 is gone", first, headers=alice)
+    async with fleet("k2,k1", "k2") as (not_yet, restarted):  # 4. k1 removed
+        for client in (not_yet, restarted):
+            said = (await messages(client, first, headers=alice))[::2]
+            assert said == ["under k1", "k2 known", "k2 not known", "alice here"]
+            assert (await messages(client, second, headers=bob))[::2] == [
+                "bob's key is wrapped by k2",
+                "read where k2 is not first",
+            ]
+        await say(restarted, "after k1 is gone", first, headers=alice)
 
 
 async def test_a_replica_forgets_a_shredded_data_key_within_its_cache_time(
@@ -423,7 +509,8 @@ async def test_a_shred_makes_a_backup_taken_before_it_unreadable_for_that_owner_
         check=True,
     )
     env = {"DATABASE_URL": data, "KEYRING_DATABASE_URL": keyring, "ENCRYPTION_KEYS_FILE": str(keys)}
-    shredded = await asyncio.to_thread(turnstore, "owners", "shred", "alice", **env)
+    shred = ["owners", "shred", "alice", "--wait-s", "0"]  # (no replica runs meanwhile)
+    shredded = await asyncio.to_thread(turnstore, *shred, **env)
     assert "destroyed the data key and deleted 1 conversations" in shredded.stdout
     await asyncio.to_thread(
         subprocess.run,
@@ -498,7 +585,25 @@ async def test_encrypt_existing_while_turns_commit_loses_nothing_and_leaves_noth
         assert shown.json()["metadata"] == {"topic": TOPIC}
 
 
-def test_encrypt_existing_from_the_command_line(database_url: str, keys: Path) -> None:
-    env = {"DATABASE_URL": database_url, "ENCRYPTION_KEYS_FILE": str(keys)}
-    done = turnstore("encrypt-existing", "--batch", "10", **env)
-    assert re.fullmatch(r"encrypted \d+ rows written in clear; 0 left in clear\n", done.stdout)
+async def test_encrypt_existing_from_the_command_line_shows_its_progress_on_a_terminal(
+    make_client: ClientFactory, engine: AsyncEngine, database_url: str, keys: Path
+) -> None:
+    async with make_client(encryption_keys_file=None) as client:
+        for n in range(5):
+            await say(client, f"clear {n}")
+    env = {**os.environ, "DATABASE_URL": database_url, "ENCRYPTION_KEYS_FILE": str(keys)}
+    command = [sys.executable, "-m", "service.cli", "encrypt-existing", "--batch", "2"]
+    terminal, attached = pty.openpty()  # stderr on a terminal: the progress line is drawn
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run, command, env=env, stdout=subprocess.PIPE, stderr=attached,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+        drawn = os.read(terminal, 65536).decode()
+    finally:
+        os.close(terminal)
+        os.close(attached)
+    assert done.returncode == 0, drawn
+    assert done.stdout == "encrypted 5 rows written in clear; 0 left in clear\n"
+    assert "\rencrypted 5 of 5 rows" in drawn
+    assert "clear 3" not in await raw_rows(engine)

@@ -47,6 +47,8 @@ async def readyz(ops: Ops) -> dict[str, str]:
         raise NotReady("The database is not reachable.") from None
     if not readiness.writable:
         raise NotReady("The database is read-only (in recovery, or set read-only).")
+    if not readiness.keyring:
+        raise NotReady("The keyring (KEYRING_DATABASE_URL) is not reachable or not migrated.")
     current = readiness.schema
     # Ready at this release's head, or at a newer one it does not know: during a rolling
     # upgrade the old pods keep serving after the new release migrated (expand/contract).

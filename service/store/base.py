@@ -178,9 +178,9 @@ class RunStore(Protocol):
     async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
         """Those of these runs asked to stop (read only)."""
 
-    async def interrupt_run(self, run_id: UUID, message: str, event_data: str) -> bool:
-        """End a run whose replica stopped renewing it: failed, turn_interrupted, with this
-        terminal ``error`` event; False when it is alive or ended."""
+    async def interrupt_run(self, run_id: UUID, owner: str, message: str, event_data: str) -> bool:
+        """End ``owner``'s run whose replica stopped renewing it: failed, turn_interrupted,
+        with this terminal ``error`` event; False when it is alive or ended."""
 
 
 class IdempotencyStore(Protocol):
@@ -201,6 +201,7 @@ class IdempotencyStore(Protocol):
 class Readiness:
     schema: str | None  # the migration revision the database is at (None: not migrated)
     writable: bool  # False while the server is in recovery or sessions are read-only
+    keyring: bool = True  # with encryption: its keyring is reachable and migrated
 
 
 @runtime_checkable

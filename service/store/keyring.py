@@ -16,10 +16,10 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.crypto import DataKey, MasterKeys, new_data_key
+from service.errors import StorageError
 from service.store.tx import read, written
 
-CACHE_S = 60.0  # how long a replica keeps an unwrapped data key
-CACHE_OWNERS = 10_000  # past this many, expired keys are dropped
+CACHE_S = 60.0  # how long a replica keeps an unwrapped data key (at most twice that in memory)
 
 _READ = sa.text("SELECT master_key_id, wrapped FROM owner_keys WHERE owner = :owner")
 _CREATE = sa.text(
@@ -35,6 +35,7 @@ _REWRAP = sa.text(
     "UPDATE owner_keys SET master_key_id = :key_id, wrapped = :wrapped"
     " WHERE owner = :owner AND master_key_id = :old"
 )
+_READY = sa.text("SELECT to_regclass('owner_keys') IS NOT NULL")
 _COUNT_STALE = sa.text("SELECT count(*) FROM owner_keys WHERE master_key_id <> :current")
 
 
@@ -52,6 +53,7 @@ class Keyring:
         self._masters = masters
         self._clock = clock
         self._cache: dict[str, tuple[float, DataKey]] = {}
+        self._swept_at = clock()
 
     async def for_write(self, owner: str) -> DataKey:
         """The owner's data key, made (and stored wrapped) if the owner has none yet."""
@@ -68,8 +70,12 @@ class Keyring:
 
     async def for_read(self, owner: str) -> DataKey | None:
         """The owner's data key; None if the owner has none (never encrypted, or shredded)."""
+        now = self._clock()
+        if now - self._swept_at > CACHE_S:  # expired keys leave memory, looked up again or not
+            self._cache = {o: entry for o, entry in self._cache.items() if entry[0] > now}
+            self._swept_at = now
         cached = self._cache.get(owner)
-        if cached is not None and cached[0] > self._clock():
+        if cached is not None and cached[0] > now:
             return cached[1]
         async with read(self._engine) as conn:
             row = (await conn.execute(_READ, {"owner": owner})).first()
@@ -77,11 +83,16 @@ class Keyring:
             self._cache.pop(owner, None)
             return None
         key = DataKey(self._masters.unwrap(owner, row.master_key_id, row.wrapped))
-        now = self._clock()
-        if len(self._cache) >= CACHE_OWNERS:  # owners come and go: keep the live ones only
-            self._cache = {o: entry for o, entry in self._cache.items() if entry[0] > now}
-        self._cache[owner] = (now + CACHE_S, key)
+        self._cache[owner] = (self._clock() + CACHE_S, key)
         return key
+
+    async def ready(self) -> bool:
+        """Whether the keyring's database answers and has its table."""
+        try:
+            async with read(self._engine) as conn:
+                return bool(await conn.scalar(_READY))
+        except StorageError:
+            return False
 
     async def stale(self) -> int:
         """How many data keys are wrapped by a master key other than the first."""

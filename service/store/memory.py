@@ -434,7 +434,7 @@ class MemoryStore:
     async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
         return {i for i in run_ids if (run := self._runs.get(i)) and run.cancel_requested}
 
-    async def interrupt_run(self, run_id: UUID, message: str, event_data: str) -> bool:
+    async def interrupt_run(self, run_id: UUID, owner: str, message: str, event_data: str) -> bool:
         run = self._runs.get(run_id)
         if run is None or run.finished or run.heartbeat_until >= _now():
             return False

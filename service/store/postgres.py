@@ -56,6 +56,7 @@ from service.store.keyring import Keyring
 from service.store.pages import fitting, page_of
 from service.store.sealed import (
     TURN_FIELDS,
+    check_row,
     get,
     metadata_place,
     put,
@@ -386,6 +387,12 @@ _RENEW = sa.text(
     " SET lease_expires_at = now() + make_interval(secs => :lease_s)"
     " FROM unnest(CAST(:cids AS uuid[]), CAST(:holders AS uuid[])) AS l(id, holder)"
     f" WHERE c.id = l.id AND c.lease_holder = l.holder RETURNING c.id, {_NO_SYNC_WAIT}"
+)
+_OWNER_SEALED = sa.text(
+    "SELECT EXISTS (SELECT 1 FROM conversations c JOIN turns t ON t.conversation_id = c.id"
+    " WHERE c.owner = :owner AND t.sealed_replay_items IS NOT NULL)"
+    " OR EXISTS (SELECT 1 FROM conversations WHERE owner = :owner"
+    " AND sealed_metadata IS NOT NULL)"
 )
 _OWNED = sa.text(
     "DELETE FROM conversations WHERE id IN"
@@ -859,6 +866,10 @@ class PostgresStore:
                 break
         return total
 
+    async def owner_has_sealed_rows(self, owner: str) -> bool:
+        async with read(self._engine) as conn:
+            return bool(await conn.scalar(_OWNER_SEALED, {"owner": owner}))
+
     async def delete_owner(self, owner: str, batch: int = 500) -> int:
         """Delete all of ``owner``'s conversations (with their turns, runs and events) and
         Idempotency-Key records, a batch per transaction; the number of conversations."""
@@ -885,7 +896,8 @@ class PostgresStore:
         if not state.writable:
             # Sessions opened while the database is read-only stay so: start afresh next time.
             await self._engine.dispose()
-        return Readiness(None if version is None else str(version), state.writable)
+        keyring = self._keyring is None or await self._keyring.ready()
+        return Readiness(None if version is None else str(version), state.writable, keyring)
 
     def pool_in_use(self) -> int:
         return self._engine.sync_engine.pool.checkedout()  # type: ignore[attr-defined,no-any-return]
@@ -918,7 +930,12 @@ def _field(row: Any, key: DataKey | None, cid: UUID, name: str) -> Any:
     return get(key, turn_place(cid, row["seq"], name), row[name], row[f"sealed_{name}"])
 
 
+_TRANSCRIPT = ("user_message", "assistant_message", "tool_calls")
+_REQUIRED = ("user_message", "assistant_message", "replay_items")
+
+
 def _transcript_turn(row: Any, cid: UUID, key: DataKey | None) -> TranscriptTurn:
+    check_row(row, _TRANSCRIPT, _REQUIRED[:2], turn_place(cid, row["seq"], "*"))
     calls = _field(row, key, cid, "tool_calls")
     return TranscriptTurn(
         number=row["seq"],
@@ -947,6 +964,7 @@ def _info(row: Any, key: DataKey | None) -> ConversationInfo:
 
 
 def _turn(row: Any, cid: UUID, key: DataKey | None) -> Turn:
+    check_row(row, TURN_FIELDS, _REQUIRED, turn_place(cid, row["seq"], "*"))
     calls = _field(row, key, cid, "tool_calls")
     return Turn(
         user_message=_field(row, key, cid, "user_message"),

@@ -22,7 +22,7 @@ from service.model import NewRun, Renewed, RunEnd, RunEvent, RunView
 from service.store.keyring import Keyring
 from service.store.listener import CHANNEL
 from service.store.sealed import events_place, get, put, reading_key, turn_place
-from service.store.tx import read, written
+from service.store.tx import read, transaction, written
 
 _BATCH = msgspec.json.Decoder(list[tuple[int, str, msgspec.Raw]])
 
@@ -102,15 +102,19 @@ RENEW = sa.text(
 CANCEL_REQUESTED = sa.text(
     "SELECT id FROM turn_runs WHERE id = ANY(CAST(:ids AS uuid[])) AND cancel_requested"
 )
+# A stalled run is locked first, so its terminal event can be sealed for its place (the batch
+# is named by its event's number) before it is written.
+STALLED = sa.text(
+    "SELECT last_event + 1 FROM turn_runs"
+    f" WHERE id = :id AND {_UNFINISHED} AND heartbeat_until < now() FOR UPDATE"
+)
 INTERRUPT = sa.text(
     "WITH r AS (UPDATE turn_runs SET status = 'failed', error_code = 'turn_interrupted',"
-    " error_message = :message, last_event = last_event + 1, finished_at = now(),"
+    " error_message = :message, last_event = :last, finished_at = now(),"
     " expires_at = now() + make_interval(secs => :ttl)"
-    f" WHERE id = :id AND {_UNFINISHED} AND heartbeat_until < now()"
-    " RETURNING id, last_event, watched),"
-    " e AS (INSERT INTO turn_events (turn_id, seq, events) SELECT id, last_event,"
-    " json_build_array(json_build_array(last_event, 'error', CAST(:data AS json))) FROM r"
-    " RETURNING 1)"
+    " WHERE id = :id RETURNING id, watched),"
+    " e AS (INSERT INTO turn_events (turn_id, seq, events, sealed_events)"
+    " SELECT id, :last, CAST(:events AS json), :sealed_events FROM r RETURNING 1)"
     f" SELECT (SELECT count(*) FROM e), CASE WHEN r.watched THEN pg_notify('{CHANNEL}',"
     " 'events:' || r.id::text) END FROM r"
 )
@@ -235,9 +239,20 @@ class PostgresRuns:
             rows = (await conn.execute(CANCEL_REQUESTED, {"ids": list(run_ids)})).all()
         return {row.id for row in rows}
 
-    async def interrupt_run(self, run_id: UUID, message: str, event_data: str) -> bool:
-        params = {"id": run_id, "message": message, "data": event_data, "ttl": self._ttl_s}
-        return bool(await self._write(INTERRUPT, params))
+    async def interrupt_run(self, run_id: UUID, owner: str, message: str, event_data: str) -> bool:
+        key = await self._key(owner)
+
+        async def interrupt() -> bool:
+            async with transaction(self._engine) as conn:
+                last = await conn.scalar(STALLED, {"id": run_id})
+                if last is None:
+                    return False  # alive, or ended meanwhile
+                events = sealed_batch(key, run_id, [RunEvent(last, "error", event_data)])
+                params = {"id": run_id, "message": message, "ttl": self._ttl_s, "last": last}
+                await conn.execute(INTERRUPT, {**params, **events})
+                return True
+
+        return await written(interrupt)
 
     async def _write(self, statement: sa.TextClause, params: dict[str, Any]) -> int:
         """One statement (autocommit), retried on a stale read-only session; its rows."""

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import UUID
 
-from service.crypto import DataKey, place
+from service.crypto import UNREADABLE, DataKey, place
 from service.errors import StorageError
 from service.store.keyring import Keyring
 
@@ -48,8 +48,20 @@ def get(key: DataKey | None, where: bytes, clear: Any, sealed: bytes | None) -> 
         return clear
     if key is None:
         log.error("a stored value is encrypted, but its owner has no data key here: %s", where)
-        raise StorageError("Stored data is encrypted and its key is not available.")
+        raise StorageError(UNREADABLE)
     return key.open(where, sealed).decode()
+
+
+def check_row(row: Any, names: Iterable[str], required: Iterable[str], where: bytes) -> None:
+    """A row is written all in clear or all sealed, with its required fields: anything else
+    was altered outside turnstore (a sealed value swapped for clear text, or one removed)."""
+    names = tuple(names)
+    clear = any(row[name] is not None for name in names)
+    sealed = any(row[f"sealed_{name}"] is not None for name in names)
+    missing = any(row[name] is None and row[f"sealed_{name}"] is None for name in required)
+    if (clear and sealed) or missing:
+        log.error("a stored row mixes clear and sealed fields or lacks one: %s", where)
+        raise StorageError(UNREADABLE)
 
 
 def sealed_turn_columns(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import select
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.settings import Settings
@@ -50,26 +53,48 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
     }
     if statement_cache_size == 0:
         connect_args["prepared_statement_name_func"] = _unnamed
-    return create_async_engine(
+    engine = create_async_engine(
         async_url(url),
         pool_size=pool_size,
         # DB_POOL_SIZE is the hard limit per process: a turn holds a connection only to load and
         # to commit, never while the provider works, so a small pool serves many turns.
         max_overflow=0,
         pool_timeout=10,
-        # A stale connection (database restarted, backend terminated) is replaced at checkout
-        # instead of failing a request. Behind PgBouncer the ping is BEGIN; ";"; ROLLBACK (the
-        # dialect wraps it in a transaction), so it runs on one server connection and holds it
-        # no longer than that.
-        pool_pre_ping=True,
+        # No ping per checkout (a round trip per statement group): a connection the server
+        # closed (restart, failover, terminated backend, a pooler restart) is known closed to
+        # asyncpg without a round trip, and ``_skip_closed`` replaces it at checkout. One the
+        # network lost silently fails its statement and is discarded (store/tx.py).
+        pool_pre_ping=False,
         # json columns hold replay items that turnstore never decodes: read them as text.
         json_deserializer=lambda text: text,
         hide_parameters=True,  # SQL errors must not carry message text into logs
-        # Autocommit by default: a one-statement read needs no BEGIN/COMMIT, and the pre-ping
-        # is one round trip instead of three. Writes open a real transaction (store/tx.py).
+        # Autocommit by default: a one-statement read or write (a plain turn's lease and its
+        # commit) needs no BEGIN/COMMIT round trips. Others open a transaction (store/tx.py).
         isolation_level="AUTOCOMMIT",
         connect_args=connect_args,
     )
+    event.listen(engine.sync_engine, "checkout", _skip_closed)
+    return engine
+
+
+def _skip_closed(connection: Any, record: Any, proxy: Any) -> None:
+    """A pooled connection the server has closed meanwhile is not handed out: the pool
+    discards it and checks out another (or connects anew). No round trip: asyncpg knows once
+    its event loop has seen the close, and before that the socket is readable (an idle
+    connection of the pool has nothing to read but the server's goodbye)."""
+    driver = connection.driver_connection
+    if driver.is_closed() or _readable(driver):
+        raise DisconnectionError("the server closed this connection")
+
+
+def _readable(driver: Any) -> bool:
+    transport = getattr(driver, "_transport", None)  # asyncpg's, not public
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    poll = select.poll()
+    poll.register(sock.fileno(), select.POLLIN)
+    return bool(poll.poll(0))
 
 
 def resolve_database(settings: Settings, *, migrate: bool = True) -> tuple[str, Callable[[], None]]:

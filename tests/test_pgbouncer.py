@@ -1,7 +1,7 @@
 """The engine behind PgBouncer in transaction pooling mode (Debian's 1.18: no prepared
 statement support): DB_STATEMENT_CACHE_SIZE=0 leaves no prepared statement on any server
 connection, the default cache breaks (the reason for the setting, and proof that the pooler
-here really shares server connections), and pool_pre_ping recovers from a pooler restart.
+here really shares server connections), and a connection a pooler restart closed is replaced at checkout.
 The whole service through PgBouncer is in tests/test_cluster.py."""
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ async def test_the_default_statement_cache_breaks_under_transaction_pooling(
             await engine.dispose()
 
 
-async def test_pre_ping_replaces_connections_after_a_pooler_restart(database: str) -> None:
+async def test_connections_closed_by_a_pooler_restart_are_replaced_at_checkout(
+    database: str,
+) -> None:
     await _create_probe(database)
     engine = create_engine(database, pool_size=1, statement_cache_size=0)  # replaced below
     try:
@@ -112,6 +114,6 @@ async def test_pre_ping_replaces_connections_after_a_pooler_restart(database: st
             await _work(engine, 0, rounds=1)  # the pool now holds one client connection
         # That pooler is gone, and with it the pooled connection; a new one takes its port.
         with pgbouncer(database, pool_size=1, port=urlsplit(pooled).port):
-            await _work(engine, 1)  # would fail on the dead connection without the pre-ping
+            await _work(engine, 1)  # the dead one is never handed out (service/db.py)
     finally:
         await engine.dispose()

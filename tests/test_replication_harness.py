@@ -41,6 +41,7 @@ import pytest
 from sqlalchemy import exc, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from service.db import create_engine as service_engine
 from tests.replication import Node, ReplicatedPostgres, pg_bin_dir, replicated_postgres
 
 
@@ -154,10 +155,10 @@ async def test_failover_through_sqlalchemy(
         assert await server_port(conn) == old.port
 
     # Connections in four states when the primary dies: idle in the pool, inside a
-    # transaction with an uncommitted row, committing, and (turnstore-like, pre-pinged) idle
-    # in another pool. The COMMIT is held by pausing replay on the standby: its record is
+    # transaction with an uncommitted row, committing, and idle in a pool made as turnstore
+    # makes its own (service/db.py). The COMMIT is held by pausing replay on the standby: its record is
     # flushed there, not applied, so the primary (remote_apply) has not acknowledged it yet.
-    turnstore_like = engines(pair.url, pool_size=1, max_overflow=0, pool_pre_ping=True)
+    turnstore_like = service_engine(pair.url, pool_size=1)
     async with turnstore_like.connect() as conn:
         await server_port(conn)  # leaves a connection to the old primary in its pool
     idle, in_transaction, committing = [await engine.connect() for _ in range(3)]
@@ -212,10 +213,13 @@ async def test_failover_through_sqlalchemy(
         assert await server_port(conn) == new.port
         assert await values(conn) == [1, 3]
         await conn.execute(text("INSERT INTO t VALUES (4)"))
-    # With pool_pre_ping (as service/db.py), the stale pooled connection is replaced silently.
-    async with turnstore_like.begin() as conn:
-        assert await server_port(conn) == new.port
-        await conn.execute(text("INSERT INTO t VALUES (5)"))
+    # turnstore's pool (service/db.py) never hands out the stale connection: no request fails.
+    try:
+        async with turnstore_like.begin() as conn:
+            assert await server_port(conn) == new.port
+            await conn.execute(text("INSERT INTO t VALUES (5)"))
+    finally:
+        await turnstore_like.dispose()
     assert await fetchval(new, "SELECT array_agg(x ORDER BY x) FROM t") == [1, 3, 4, 5]
 
 

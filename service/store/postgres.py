@@ -65,6 +65,7 @@ from service.store.sealed import (
     turn_place,
 )
 from service.store.tables import conversations as c
+from service.store.tables import idempotency_keys as k
 from service.store.tables import turns as t
 from service.store.tx import Compiled, driver, read, transaction, written
 
@@ -139,7 +140,7 @@ class _Statements:
                 "lease_expires_at": None,
             },
             where=sa.and_(c.c.revision == 0, c.c.owner == sa.bindparam("caller"), live, free),
-        ).returning(c.c.revision, c.c.created_at, c.c.updated_at, c.c.lease_wanted)
+        ).returning(c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.lease_wanted)
         self.create_empty = new_row.values(
             sealed_metadata=sa.bindparam("sealed_metadata")
         ).returning(*INFO)
@@ -252,6 +253,14 @@ class _Statements:
         self.bump = sa.select(
             bumped.c.revision, bumped.c.created_at, bumped.c.updated_at, bumped.c.lease_wanted
         )
+        # A plain turn's whole commit in one statement (autocommit: one round trip): the
+        # conditional bump (or the new conversation), the turn's row at the new revision and
+        # its Idempotency-Key completed (:idem_key NULL: none); none of it if the bump found
+        # no row.
+        self.commit = {
+            new: _one_statement(head.cte("head"), ttl=_in_seconds("ttl_s"))
+            for new, head in ((False, bumped.element), (True, self.create))
+        }
         renewed_until = sa.func.now() + sa.func.make_interval(
             0, 0, 0, 0, 0, 0, sa.bindparam("lease_s")
         )
@@ -363,6 +372,35 @@ class _Statements:
         )
 
 
+def _in_seconds(name: str) -> Any:
+    return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam(name))
+
+
+def _one_statement(head: Any, *, ttl: Any) -> Any:
+    """The commit statement over ``head``, a CTE returning the committed conversation row."""
+    given = [name for name in TURN_COLUMNS if name not in ("conversation_id", "seq")]
+    row = sa.select(
+        *[sa.cast(sa.bindparam(name), t.c[name].type) for name in given],
+        head.c.id, head.c.revision, sa.func.now(),
+    )  # fmt: skip
+    inserted = (
+        sa.insert(t)
+        .from_select([*given, "conversation_id", "seq", "created_at"], row)
+        .returning(t.c.seq)
+        .cte("inserted")
+    )
+    completed = (
+        sa.update(k)
+        .where(k.c.owner == sa.bindparam("caller"), k.c.key == sa.bindparam("idem_key"))
+        .values(state="done", conversation_id=head.c.id, revision=head.c.revision, expires_at=ttl)
+        .returning(k.c.key)
+        .cte("completed")
+    )
+    return sa.select(
+        head.c.revision, head.c.created_at, head.c.updated_at, head.c.lease_wanted
+    ).add_cte(inserted, completed)
+
+
 CHANNEL = "turnstore"  # the one NOTIFY channel; payloads are topics, "lease:<conversation>"
 
 # Lease writes do not wait for a synchronous standby (nor for their own WAL flush): a lease
@@ -432,6 +470,9 @@ class PostgresStore:
         self._fork_row = Compiled(self._sql.fork_row, dialect)
         self._insert_turn_at = Compiled(self._sql.insert_turn_at, dialect, list(FORK_COPY))
         self._bump = Compiled(self._sql.bump, dialect)
+        self._one_statement = {
+            new: Compiled(statement, dialect) for new, statement in self._sql.commit.items()
+        }
         self._lease = Compiled(self._sql.lease, dialect)
         self._insert_turn = Compiled(self._sql.insert_turn, dialect, list(TURN_COLUMNS))
         self._complete = Compiled(idem.COMPLETE, dialect)
@@ -587,6 +628,42 @@ class PostgresStore:
         return await written(lambda: self._append(append, key))
 
     async def _append(self, append: Append, key: DataKey | None) -> Commit:
+        if append.fork_of is None and append.run is None:
+            return await self._commit(append, key)
+        return await self._commit_in_transaction(append, key)
+
+    async def _commit(self, append: Append, key: DataKey | None) -> Commit:
+        """A plain turn: one statement, so one round trip (see ``_Statements.commit``)."""
+        cid, expected = append.conversation_id, append.expected_revision
+        revision = expected + 1  # the commit's, if it happens (the turn's place for sealing)
+        idempotency = append.idempotency
+        params = {
+            **_turn_row(cid, revision, append.turn, None, key),
+            "cid": cid, "expected": expected, "context_start": append.turn.context_from,
+            "caller": append.owner, "holder": append.lease, "revision": 1, "metadata": None,
+            "ttl_s": self._idempotency_ttl_s,
+            "idem_key": idempotency.key if idempotency else None,
+        }  # fmt: skip
+        statement = self._one_statement[expected == 0]
+        async with driver(self._engine, write=False) as conn:
+            row = await conn.fetchrow(statement.sql, *statement.args(params))
+            if row is None:
+                raise await self._why_not(conn, params)
+        if row["lease_wanted"]:  # turns wait for the lease this commit released
+            await self._wake([f"lease:{cid}"])
+        return Commit(row["revision"], row["created_at"], row["updated_at"])
+
+    async def _wake(self, topics: list[str]) -> None:
+        # In a transaction of its own: a NOTIFY takes a global lock until its transaction has
+        # committed, replication wait included, so inside the commit it would line all commits
+        # up behind each other.
+        with contextlib.suppress(StorageError):  # those woken look again by themselves
+            async with read(self._engine) as conn:
+                await conn.execute(_WAKE, {"topics": topics})
+
+    async def _commit_in_transaction(self, append: Append, key: DataKey | None) -> Commit:
+        """A turn that also makes its fork or ends its run: statements in one transaction (the
+        run's end rolls it all back if the run was interrupted meanwhile)."""
         conversation_id, turn, idempotency = append.conversation_id, append.turn, append.idempotency
         params = {
             "cid": conversation_id,
@@ -633,12 +710,7 @@ class PostgresStore:
                 if ended[0]:  # its events are followed elsewhere
                     wake.append(f"events:{run.run_id}")
         if wake:
-            # In a transaction of its own: a NOTIFY takes a global lock until its transaction
-            # has committed, replication wait included, so inside the commit it would line all
-            # commits up behind each other.
-            with contextlib.suppress(StorageError):  # those woken look again by themselves
-                async with read(self._engine) as conn:
-                    await conn.execute(_WAKE, {"topics": wake})
+            await self._wake(wake)
         return Commit(revision, row["created_at"], row["updated_at"])
 
     async def _why_not(self, conn: Any, params: dict[str, Any]) -> Exception:

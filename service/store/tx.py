@@ -88,7 +88,7 @@ async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
 @asynccontextmanager
 async def driver(engine: AsyncEngine, *, write: bool) -> AsyncIterator[asyncpg.Connection]:
     """The asyncpg connection under a pooled SQLAlchemy one, for the hot path's statements
-    (compiled once by SQLAlchemy Core, see ``Compiled``): the same pool, pre-ping and failure
+    (compiled once by SQLAlchemy Core, see ``Compiled``): the same pool, checkout check and failure
     mapping, without Core's per-execution work. ``write`` runs it in one transaction."""
     async with _checked_out(engine) as conn:
         connection = (await conn.get_raw_connection()).driver_connection

@@ -1,6 +1,6 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
-Options: --parts store,e2e,holding,hostile,durable,fork,tracing  --subjects ...  --rounds N
+Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing  --subjects ...  --rounds N
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import durable, e2e, fork, holding, hostile, report, tracing
+from bench import durable, e2e, fork, holding, hostile, plots, report, tracing
 from bench.database import fresh_database, server, server_version
 from bench.store import StoreConfig, StoreResult, run_subject
 from bench.stores import SUBJECTS
@@ -28,7 +28,7 @@ def _say(line: str = "") -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--parts", default="store,e2e,holding,hostile,durable,fork,tracing")
+    parser.add_argument("--parts", default="store,e2e,scale,holding,hostile,durable,fork,tracing")
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
     parser.add_argument("--streams", type=int, default=1000)
@@ -60,6 +60,8 @@ def main() -> None:
             _say()
             for line in report.store_table(list(results.values())):
                 _say(line)
+            for path in plots.write(list(results.values())):
+                _say(f"   plot: {path}")
         e2e_result = None
         if "e2e" in parts or "holding" in parts:
             _say(
@@ -68,6 +70,13 @@ def main() -> None:
             e2e_result = e2e.run(url, logs, args.streams if "holding" in parts else 0)
             for line in report.e2e_lines(e2e_result, results):
                 _say(line)
+            if "scale" in parts:
+                two = e2e.run(url, logs, 0, name="e2e-workers-2", workers=2)
+                for line in report.e2e_lines(two, results):
+                    _say(line)
+                _say("\n   Scale-out, from the figures above")
+                for line in report.scale_lines(e2e_result, two, os.cpu_count() or 1):
+                    _say("   " + line)
         hold = None
         if "holding" in parts and e2e_result:
             _say(f"\n3. Holding power: {args.streams} concurrent streams, provider takes 2 s")

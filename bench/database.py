@@ -7,6 +7,7 @@ project's embedded server can never stop it halfway)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -28,11 +29,29 @@ def server() -> Iterator[str]:
         return
     from service.embedded import ensure_embedded_postgres
 
-    embedded = ensure_embedded_postgres(REPO / ".turnstore" / "bench")
+    root = REPO / ".turnstore" / "bench"
+    embedded = ensure_embedded_postgres(root)
+    if embedded.started_here and not asyncio.run(_preloaded(embedded.url)):
+        # pg_stat_statements counts the statements of a turn (bench/dbwork.py): it must be
+        # loaded at start, so the bench's own server is restarted once with it.
+        asyncio.run(_admin(embedded.url, _PRELOAD))
+        embedded.stop()
+        embedded = ensure_embedded_postgres(root)
     try:
         yield embedded.url
     finally:
         embedded.stop()
+
+
+_PRELOAD = "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"
+
+
+async def _preloaded(url: str) -> bool:
+    conn = await asyncpg.connect(libpq_url(url))
+    try:
+        return "pg_stat_statements" in str(await conn.fetchval("SHOW shared_preload_libraries"))
+    finally:
+        await conn.close()
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -60,6 +79,8 @@ def fresh_database(server_url: str) -> Iterator[str]:
     url = make_url(server_url).set(database=name).render_as_string(False)
     try:
         migrate.upgrade(sqlalchemy_url(url))
+        with contextlib.suppress(asyncpg.PostgresError):  # counted where the server has it
+            asyncio.run(_admin(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
         yield url
     finally:
         asyncio.run(_admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

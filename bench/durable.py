@@ -194,6 +194,8 @@ def lines(result: DurableResult) -> list[str]:
     for label, cost in result.costs.items():
         out.append(
             f"  {label:32} {cost.transactions:5.1f} write transactions, "
-            f"{cost.wal_bytes / 1024:6.1f} KiB WAL, {cost.event_rows:5.1f} event rows"
+            f"{cost.wal_bytes / 1024:6.1f} KiB WAL, {cost.event_rows:5.1f} event rows; per "
+            f"delta {cost.transactions / DELTAS:.3f} transactions, "
+            f"{cost.wal_bytes / DELTAS:.0f} B WAL"
         )
     return out

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from bench.database import sqlalchemy_url
+from bench.dbwork import DbMeter, DbWork
 from bench.http import Connection
 from bench.server import free_port, running, turnstore_command
 from bench.workload import payload
@@ -27,6 +28,8 @@ class E2EResult:
     p99_ms: float
     server_cpu_ms: float  # the server process's CPU time per turn: steadier than turns/s
     seeded: list[str]  # conversations made for the holding-power run
+    db: DbWork | None = None  # the database's work per turn
+    workers: int = 1
 
 
 def _body(message: str, conversation: str | None) -> bytes:
@@ -78,26 +81,41 @@ async def _seed(port: int, count: int, concurrency: int) -> list[str]:
 
 
 def _cpu_s(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
+    """The server's CPU time: its process and, with --workers, its worker processes."""
+    process = psutil.Process(pid)
+    total = 0.0
+    for each in (process, *process.children(recursive=True)):
+        times = each.cpu_times()
+        total += times.user + times.system
+    return total
 
 
-async def _measure(pid: int, port: int, seed: int) -> E2EResult:
+async def _measure(pid: int, port: int, seed: int, url: str, workers: int) -> E2EResult:
     await _load(port, 4, 3, 4)  # warm-up
     cpu, start = _cpu_s(pid), time.perf_counter()
-    latencies = await _load(port, 64, 20, 32)
+    async with DbMeter(url) as meter:
+        latencies = await _load(port, 64, 20, 32)
     elapsed, cpu = time.perf_counter() - start, _cpu_s(pid) - cpu
     cuts = statistics.quantiles(latencies, n=100)
     seeded = await _seed(port, seed, 32)
     turns = len(latencies)
-    return E2EResult(turns / elapsed, cuts[49] * 1000, cuts[98] * 1000, cpu / turns * 1000, seeded)
+    return E2EResult(
+        turns / elapsed, cuts[49] * 1000, cuts[98] * 1000, cpu / turns * 1000, seeded,
+        meter.per_turn(turns), workers,
+    )  # fmt: skip
 
 
 def run(
-    url: str, log_dir: Path, seed: int, extra_env: dict[str, str] | None = None, name: str = "e2e"
+    url: str,
+    log_dir: Path,
+    seed: int,
+    extra_env: dict[str, str] | None = None,
+    name: str = "e2e",
+    workers: int = 1,
 ) -> E2EResult:
     port = free_port()
     command = [*turnstore_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--workers", str(workers)]
     env = {"DATABASE_URL": sqlalchemy_url(url), "LLM_PROVIDER": "fake", **(extra_env or {})}
     with running(command, port, env, log_dir / f"{name}-server.log") as pid:
-        return asyncio.run(_measure(pid, port, seed))
+        return asyncio.run(_measure(pid, port, seed, url, workers))

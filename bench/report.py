@@ -16,8 +16,8 @@ def store_table(results: list[StoreResult]) -> Iterator[str]:
     points = " / ".join(str(h) for h in HISTORY_POINTS)
     spans = ", ".join(f"h {a}-{b}" for a, b in SIZE_SPANS)
     yield (
-        f"{'subject':19} {'turns/s best (rounds)':>25} {'client CPU':>11}   "
-        f"ms/turn at history {points:<26} B/turn ({spans})"
+        f"{'subject':19} {'turns/s best (rounds)':>25} {'client CPU':>11} {'DB CPU':>11} "
+        f"{'stmts':>5}   ms/turn at history {points:<26} B/turn ({spans})"
     )
     for r in results:
         if r.error:
@@ -25,22 +25,58 @@ def store_table(results: list[StoreResult]) -> Iterator[str]:
             continue
         rounds = ", ".join(f"{x:.0f}" for x in r.turns_per_s)
         cpu = f"{min(r.cpu_us):.0f} us/turn"
+        db = f"{min(r.db_cpu_us):.0f} us/turn"
+        statements = "-" if r.statements is None else f"{r.statements:.2f}"
         latency = " / ".join(f"{r.latency_ms[h]:.1f}" for h in HISTORY_POINTS)
         sizes = ", ".join(f"{r.bytes_per_turn[s]:,.0f}" for s in SIZE_SPANS)
         throughput = f"{r.best_turns_per_s:5.0f} ({rounds:>17})"
-        yield f"{r.name:19} {throughput} {cpu:>12}   {latency:>45}   {sizes}"
+        yield (
+            f"{r.name:19} {throughput} {cpu:>12} {db:>11} {statements:>5}   {latency:>45}   {sizes}"
+        )
+    yield (
+        "  (DB CPU: the PostgreSQL server's processes, per turn; stmts: statements per turn "
+        "from pg_stat_statements, BEGIN/COMMIT included: round trips with warm caches)"
+    )
 
 
 def e2e_lines(e2e: E2EResult, results: dict[str, StoreResult]) -> Iterator[str]:
     yield (
-        f"HTTP turns/s {e2e.turns_per_s:.0f}, "
+        f"--workers {e2e.workers}: HTTP turns/s {e2e.turns_per_s:.0f}, "
         f"latency p50 {e2e.p50_ms:.1f} ms, p99 {e2e.p99_ms:.1f} ms; "
         f"server CPU {e2e.server_cpu_ms:.2f} ms per turn"
     )
+    if e2e.db is not None:
+        statements = "-" if e2e.db.statements is None else f"{e2e.db.statements:.2f}"
+        yield (
+            f"  database per HTTP turn: {statements} statements (round trips), "
+            f"{e2e.db.cpu_us:.0f} us of server CPU"
+        )
     for name in (CACHED, BASELINE):
         if name in results and not results[name].error:
             store = results[name].best_turns_per_s
             yield f"  beside the store figure of this run: {name} {store:.0f} turns/s"
+
+
+def scale_lines(one: E2EResult, two: E2EResult | None, cpus: int) -> Iterator[str]:
+    """How far one PostgreSQL carries a fleet, from this run's CPU per turn."""
+    if one.db is None:
+        return
+    per_db_core = 1e6 / one.db.cpu_us
+    per_replica_core = 1000 / one.server_cpu_ms
+    yield (
+        f"one PostgreSQL core: {per_db_core:,.0f} turns/s ({one.db.cpu_us:.0f} us of database "
+        "CPU per HTTP turn)"
+    )
+    yield (
+        f"one replica core: {per_replica_core:,.0f} turns/s ({one.server_cpu_ms:.2f} ms per "
+        f"turn), so one database core feeds {per_db_core / per_replica_core:.1f} replica cores"
+    )
+    if two is not None:
+        yield (
+            f"measured: --workers 2 {two.turns_per_s:.0f} turns/s against --workers 1 "
+            f"{one.turns_per_s:.0f} ({two.turns_per_s / one.turns_per_s:.2f}x), on {cpus} cores "
+            "that the database and the load generator share"
+        )
 
 
 def holding_lines(h: HoldingResult) -> Iterator[str]:
@@ -88,7 +124,7 @@ def targets(
             return None
         return ours.best_turns_per_s / other.best_turns_per_s
 
-    for name, limit in ((BASELINE, 0.9), ("agents-sqlalchemy", 2), ("langgraph", 5)):
+    for name, limit in ((BASELINE, 1.0), ("agents-sqlalchemy", 2), ("langgraph", 5)):
         value = ratio_to(name)
         label = f"store throughput vs {name}"
         yield _check(label, value, limit, True) if value else f"  {label}: not measured"
@@ -105,6 +141,13 @@ def targets(
         yield _check("stored bytes per turn vs the baseline's (h 150-200)", size, 1.1, False)
     flat = ours.bytes_per_turn[late] / ours.bytes_per_turn[SIZE_SPANS[0]]
     yield _check("stored bytes per turn, h 150-200 vs h 0-50", flat, 1.1, False)
+    if baseline and not baseline.error:
+        value = min(ours.db_cpu_us) / min(baseline.db_cpu_us)
+        yield _check("store: database CPU per turn vs the baseline's", value, 1.0, False)
+    if e2e and e2e.db is not None and e2e.db.statements is not None:
+        yield _check("HTTP turn (warm): database round trips", e2e.db.statements, 2, False, "")
+    if e2e:
+        yield _check("HTTP turn: server CPU", e2e.server_cpu_ms, 0.6, False, "ms")
     if e2e and baseline and not baseline.error:
         value = e2e.turns_per_s / baseline.best_turns_per_s
         yield _check("end-to-end HTTP turns/s vs the store baseline's", value, 0.5, True)

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from bench.database import relation_bytes, settle
+from bench.dbwork import DbMeter
 from bench.stores import Subject, opener
 from bench.workload import payload
 
@@ -23,6 +24,8 @@ class StoreResult:
     name: str
     turns_per_s: list[float] = field(default_factory=list)  # one per round
     cpu_us: list[float] = field(default_factory=list)  # this process's CPU per turn, per round
+    db_cpu_us: list[float] = field(default_factory=list)  # the database server's, per round
+    statements: float | None = None  # per turn (pg_stat_statements), of the last round
     latency_ms: dict[int, float] = field(default_factory=dict)
     bytes_per_turn: dict[tuple[int, int], float] = field(default_factory=dict)
     error: str | None = None
@@ -88,11 +91,17 @@ async def run_subject(label: str, url: str, config: StoreConfig) -> StoreResult:
         for _ in range(config.rounds):
             await settle(url)
             cpu = time.process_time()
-            result.turns_per_s.append(
-                await throughput(subject, config.conversations, config.turns, config.concurrency)
-            )
+            async with DbMeter(url) as meter:
+                result.turns_per_s.append(
+                    await throughput(
+                        subject, config.conversations, config.turns, config.concurrency
+                    )
+                )
             turns = config.conversations * config.turns
             result.cpu_us.append((time.process_time() - cpu) / turns * 1e6)
+            work = meter.per_turn(turns)
+            result.db_cpu_us.append(work.cpu_us)
+            result.statements = work.statements
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:

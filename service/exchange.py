@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from service import metrics
+from service import metrics, tracing
 from service.errors import ContextLengthExceeded, InvalidEncryptedContent, UpstreamError
 from service.model import ToolCallRecord
 from service.providers.base import (
@@ -27,7 +27,6 @@ from service.providers.base import (
 from service.tools.executor import ToolExecutor
 from service.tools.gate import ToolGate
 from service.tools.registry import ToolRegistry
-from service.tracing import tracer
 from service.window import Window, request_bytes
 
 
@@ -119,7 +118,7 @@ class Exchange:
             if round_number == max_rounds and not theirs:
                 break
             for call in calls:  # one after another, through the whole gate
-                with tracer.start_as_current_span("tool.call") as span:
+                with tracing.span("tool.call") as span:
                     record = await gate.call(call.call_id, call.name, call.arguments)
                     span.set_attributes(
                         {"tool.name": record.name, "tool.status": str(record.status)}
@@ -153,7 +152,7 @@ class Exchange:
             try:
                 with (
                     metrics.PROVIDER_SECONDS.time(),
-                    tracer.start_as_current_span("provider.round") as span,
+                    tracing.span("provider.round") as span,
                 ):
                     span.set_attribute("provider.model", self._provider.origin.model)
                     span.set_attribute("provider.input_items", len(request.input_items))

@@ -26,13 +26,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from service import metrics
+from service import metrics, tracing
 from service.errors import ConversationBusy, ConversationNotFound, StorageError
 from service.locks import KeyedLocks, settle
 from service.model import Conversation
 from service.plans import TurnPlan
 from service.store.base import ConversationStore, Notifications
-from service.tracing import tracer
 
 log = logging.getLogger("turnstore.leases")
 
@@ -91,7 +90,7 @@ class Leases:
                 if plan.is_new:  # its id is new: no other turn can hold it
                     yield Held(None, holder)
                     return
-                with tracer.start_as_current_span("turn.lease") as span:
+                with tracing.span("turn.lease") as span:
                     conversation = await self._acquire(plan, holder, deadline)
                     span.set_attribute("turnstore.waited_s", time.monotonic() - started)
                     if conversation is not None:

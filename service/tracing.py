@@ -7,6 +7,8 @@ statuses and revisions, never message text, tool arguments or keys."""
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -15,6 +17,19 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 tracer = trace.get_tracer("turnstore")
 _configured = False
+
+
+def active() -> bool:
+    """Whether spans go anywhere: an SDK tracer provider is installed (by ``configure``, or by
+    a test). Otherwise the API's no-op spans would still cost a context switch each."""
+    return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+def span(name: str, **options: Any) -> AbstractContextManager[trace.Span]:
+    """A span of the current trace, or, while tracing is off, a no-op one at no cost."""
+    if not active():
+        return nullcontext(trace.INVALID_SPAN)
+    return tracer.start_as_current_span(name, **options)
 
 
 def wanted() -> bool:

@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
-from service import metrics
+from service import metrics, tracing
 from service.errors import (
     ContentFiltered,
     ContextLengthExceeded,
@@ -52,7 +52,6 @@ from service.providers.base import (
 )
 from service.store.base import ConversationStore, IdempotencyStore
 from service.strictjson import is_encodable
-from service.tracing import tracer
 from service.window import Budget, SystemPrompt, Window, choose_window
 
 T = TypeVar("T")
@@ -344,7 +343,7 @@ class TurnService:
                 fork_of=plan.fork_of,
             )
         )
-        with metrics.COMMIT_SECONDS.time(), tracer.start_as_current_span("turn.commit") as span:
+        with metrics.COMMIT_SECONDS.time(), tracing.span("turn.commit") as span:
             try:
                 commit = await settle(append)
             except TurnstoreError as exc:

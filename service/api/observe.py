@@ -10,8 +10,8 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from opentelemetry import propagate, trace
 
+from service import tracing
 from service.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
-from service.tracing import tracer
 
 
 def http_metrics_middleware(app: ASGIApp) -> ASGIApp:
@@ -29,16 +29,22 @@ def http_metrics_middleware(app: ASGIApp) -> ASGIApp:
 
         route = str(scope.get("path_template") or "unmatched")
         method = scope.get("method", "")
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
-        with tracer.start_as_current_span(
-            f"{method} {route}", context=propagate.extract(carrier), kind=trace.SpanKind.SERVER,
-            attributes={"http.request.method": method, "http.route": route},
-        ) as span:  # fmt: skip
-            try:
+        try:
+            if not tracing.active():
                 await app(scope, receive, observed)
-            finally:
-                span.set_attribute("http.response.status_code", status)
-                HTTP_REQUESTS.labels(route, method, str(status)).inc()
-                HTTP_REQUEST_SECONDS.labels(route, method).observe(time.perf_counter() - started)
+                return
+            carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            with tracing.span(
+                f"{method} {route}", context=propagate.extract(carrier),
+                kind=trace.SpanKind.SERVER,
+                attributes={"http.request.method": method, "http.route": route},
+            ) as span:  # fmt: skip
+                try:
+                    await app(scope, receive, observed)
+                finally:
+                    span.set_attribute("http.response.status_code", status)
+        finally:
+            HTTP_REQUESTS.labels(route, method, str(status)).inc()
+            HTTP_REQUEST_SECONDS.labels(route, method).observe(time.perf_counter() - started)
 
     return middleware

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from litestar import Litestar, Router
+from litestar import Litestar, Request, Router
 from litestar.di import Provide
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
@@ -28,6 +28,7 @@ from service.api.compat.conversations import OpenAIConversations
 from service.api.compat.responses import OpenAIResponses
 from service.api.conversations import ConversationController
 from service.api.correlation import add_correlation_header, correlation_middleware
+from service.api.deps import Api
 from service.api.errors import error_response
 from service.api.limits import RequestRules, allowed_hosts, request_rules_middleware
 from service.api.observe import http_metrics_middleware
@@ -283,13 +284,8 @@ def create_app(
     app = Litestar(
         route_handlers=[owned, healthz, readyz, metrics],
         dependencies={
-            "store": _constant(services.store),
             "ops": _constant(services.ops),
-            "turns": _constant(services.turns),
-            "runs": _constant(services.runs),
-            "relay": _constant(services.relay),
-            "sse_keepalive_s": _constant(settings.sse_keepalive_s),
-            "owner": Provide(owner),  # the guard's result (service/auth.py)
+            "api": Provide(_api(owner, services, settings.sse_keepalive_s)),
         },
         exception_handlers={Exception: error_response},
         before_send=[add_correlation_header],
@@ -355,6 +351,22 @@ def _runs_of(store: ConversationStore, settings: Settings) -> RunStore:
 def _rules(settings: Settings) -> RequestRules:
     hosts = allowed_hosts(settings.auth_mode, settings.allowed_hosts)
     return RequestRules(allowed_hosts=hosts, send_timeout_s=settings.client_send_timeout_s)
+
+
+def _api(
+    owner: Callable[[Request[Any, Any, Any]], Awaitable[str]],
+    services: Services,
+    sse_keepalive_s: float,
+) -> Callable[[Request[Any, Any, Any]], Awaitable[Api]]:
+    """The handlers' one dependency: who is asking (the guard's result) and the use cases."""
+
+    async def api(request: Request[Any, Any, Any]) -> Api:
+        return Api(
+            await owner(request), services.store, services.turns, services.runs,
+            services.relay, sse_keepalive_s,
+        )  # fmt: skip
+
+    return api
 
 
 def _constant(value: Any) -> Provide:

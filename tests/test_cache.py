@@ -3,6 +3,7 @@ that nobody can tell it is there."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator
@@ -12,7 +13,7 @@ import msgspec
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
+from service.app import build_services
 from service.db import create_engine
 from service.errors import ConversationConflict, ConversationNotFound, PreconditionFailed
 from service.model import ANONYMOUS, Append, Conversation, Turn
@@ -298,9 +299,11 @@ def test_the_setting() -> None:
 def test_the_app_wraps_its_store_unless_switched_off(
     database_url: str, cache_bytes: int, cached: bool
 ) -> None:
-    app = create_app(Settings(database_url=database_url, history_cache_bytes=cache_bytes))
-    store = app.dependencies["store"].dependency()
-    assert isinstance(store, CachedStore) is cached
+    services = build_services(Settings(database_url=database_url, history_cache_bytes=cache_bytes))
+    try:
+        assert isinstance(services.store, CachedStore) is cached
+    finally:
+        asyncio.run(services.close())
 
 
 async def test_clients_cannot_tell_the_cache_is_there(make_client: ClientFactory) -> None:

@@ -11,7 +11,7 @@ from litestar.response import ServerSentEvent
 
 from service.api.bodies import decode
 from service.api.correlation import correlation_id
-from service.api.deps import KeepaliveSeconds, Owner, Runs, Turns
+from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import (
     CONVERSATION_ID,
@@ -79,17 +79,22 @@ class ChatController(Controller):
         responses={202: ResponseSpec(TurnAccepted, description="background: started"), **_ERRORS},
     )
     async def chat(
-        self, request: Request[Any, Any, Any], data: JSONBody[ChatRequest], turns: Turns,
-        runs: Runs, owner: Owner, if_match: IfMatch = None,
+        self,
+        request: Request[Any, Any, Any],
+        data: JSONBody[ChatRequest],
+        api: Caller,
+        if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
-    ) -> Response[ChatResponse | TurnAccepted]:  # fmt: skip
-        plan = turns.plan(
-            data.message, data.conversation_id, parse_if_match(if_match), owner=owner,
+    ) -> Response[ChatResponse | TurnAccepted]:
+        plan = api.turns.plan(
+            data.message, data.conversation_id, parse_if_match(if_match), owner=api.owner,
             idempotency_key=idempotency_key, background=data.background,
         )  # fmt: skip
         if data.background:
-            return accepted(await runs.start(plan, background=True, correlation_id=cid(request)))
-        body = ChatResponse.of(await turns.run(plan), cid(request))
+            return accepted(
+                await api.runs.start(plan, background=True, correlation_id=cid(request))
+            )
+        body = ChatResponse.of(await api.turns.run(plan), cid(request))
         return Response(body, headers={"ETag": etag(body.revision)})
 
     @post(
@@ -108,17 +113,22 @@ class ChatController(Controller):
         responses=_ERRORS,
     )
     async def stream(
-        self, request: Request[Any, Any, Any], data: JSONBody[ChatRequest], turns: Turns,
-        runs: Runs, sse_keepalive_s: KeepaliveSeconds, owner: Owner, if_match: IfMatch = None,
+        self,
+        request: Request[Any, Any, Any],
+        data: JSONBody[ChatRequest],
+        api: Caller,
+        if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
-    ) -> ServerSentEvent:  # fmt: skip
-        plan = turns.plan(
-            data.message, data.conversation_id, parse_if_match(if_match), owner=owner,
+    ) -> ServerSentEvent:
+        plan = api.turns.plan(
+            data.message, data.conversation_id, parse_if_match(if_match), owner=api.owner,
             idempotency_key=idempotency_key, background=data.background,
         )  # fmt: skip
-        await turns.check(plan)
-        started = await runs.start(plan, background=data.background, correlation_id=cid(request))
-        return stream_of(runs, started, owner, request, sse_keepalive_s)
+        await api.turns.check(plan)
+        started = await api.runs.start(
+            plan, background=data.background, correlation_id=cid(request)
+        )
+        return stream_of(api.runs, started, api.owner, request, api.sse_keepalive_s)
 
 
 def cid(request: Request[Any, Any, Any]) -> str:

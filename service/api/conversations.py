@@ -8,7 +8,7 @@ from litestar import Controller, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.bodies import strict
-from service.api.deps import Owner, Store
+from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
 from service.api.schemas import ConversationList, ConversationView, Forked, ForkRequest
@@ -64,10 +64,8 @@ class ConversationController(Controller):
         response_headers=[CORRELATION_ID],
         responses=documented(InvalidInput, Unauthorized, StorageError),
     )
-    async def page(
-        self, store: Store, owner: Owner, limit: Limit = 20, after: After = None
-    ) -> ConversationList:
-        return ConversationList.of(*await store.list_conversations(owner, limit, after))
+    async def page(self, api: Caller, limit: Limit = 20, after: After = None) -> ConversationList:
+        return ConversationList.of(*await api.store.list_conversations(api.owner, limit, after))
 
     @get(
         "/{conversation_id:str}",
@@ -76,11 +74,15 @@ class ConversationController(Controller):
         responses=documented(InvalidInput, Unauthorized, ConversationNotFound, StorageError),
     )
     async def read(
-        self, conversation_id: FromPath[str], store: Store, owner: Owner,
-        limit: TurnLimit = 50, after: AfterTurn = 0, before: BeforeTurn = None,
-    ) -> Response[ConversationView]:  # fmt: skip
+        self,
+        conversation_id: FromPath[str],
+        api: Caller,
+        limit: TurnLimit = 50,
+        after: AfterTurn = 0,
+        before: BeforeTurn = None,
+    ) -> Response[ConversationView]:
         page = PageRequest(after, before, limit, MAX_PAGE_BYTES)
-        found = await store.transcript(parse_conversation_id(conversation_id), owner, page)
+        found = await api.store.transcript(parse_conversation_id(conversation_id), api.owner, page)
         if found is None:
             raise ConversationNotFound()
         view = ConversationView.of(found)
@@ -98,11 +100,10 @@ class ConversationController(Controller):
         responses=documented(InvalidInput, Unauthorized, ConversationNotFound, StorageError),
     )
     async def fork(
-        self, conversation_id: FromPath[str], data: JSONBody[ForkRequest], store: Store,
-        owner: Owner,
-    ) -> Response[Forked]:  # fmt: skip
+        self, conversation_id: FromPath[str], data: JSONBody[ForkRequest], api: Caller
+    ) -> Response[Forked]:
         source = parse_conversation_id(conversation_id)
-        info = await store.fork(source, owner, data.at_revision)
+        info = await api.store.fork(source, api.owner, data.at_revision)
         return Response(
             Forked.of(info, source, data.at_revision), headers={"ETag": etag(info.revision)}
         )
@@ -114,7 +115,7 @@ class ConversationController(Controller):
         responses=documented(Unauthorized, ConversationNotFound, PreconditionFailed, StorageError),
     )
     async def remove(
-        self, conversation_id: FromPath[str], store: Store, owner: Owner, if_match: IfMatch = None
+        self, conversation_id: FromPath[str], api: Caller, if_match: IfMatch = None
     ) -> None:
         cid = parse_conversation_id(conversation_id)
-        await store.delete(cid, owner, parse_if_match(if_match))
+        await api.store.delete(cid, api.owner, parse_if_match(if_match))

@@ -1,7 +1,11 @@
-"""What the controllers get injected (wired in service/app.py): singletons, no per-request
-validation (the store types are Protocols)."""
+"""What the controllers get injected (wired in service/app.py): who is asking and the use
+cases, as one value, so a handler has one dependency. (Litestar resolves two or more in an
+anyio task group per request: ~8% of a turn's server CPU, for singletons.) No per-request
+validation: the store types are Protocols."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
@@ -11,10 +15,16 @@ from service.runs import TurnRuns
 from service.store.base import ConversationStore, Operations
 from service.turns import TurnService
 
-Store = NamedDependency[SkipValidation[ConversationStore]]
+
+@dataclass(frozen=True)
+class Api:
+    owner: str  # who is asking: from authentication (service/auth.py)
+    store: ConversationStore
+    turns: TurnService
+    runs: TurnRuns
+    relay: Relay
+    sse_keepalive_s: float  # SSE_KEEPALIVE_S
+
+
+Caller = NamedDependency[SkipValidation[Api]]
 Ops = NamedDependency[SkipValidation[Operations]]
-Turns = NamedDependency[SkipValidation[TurnService]]
-Runs = NamedDependency[SkipValidation[TurnRuns]]
-Relayed = NamedDependency[SkipValidation[Relay]]
-KeepaliveSeconds = NamedDependency[SkipValidation[float]]  # SSE_KEEPALIVE_S
-Owner = NamedDependency[SkipValidation[str]]  # who is asking: from authentication (service/auth.py)

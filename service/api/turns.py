@@ -14,7 +14,7 @@ from litestar.params import FromPath, QueryParameter
 from litestar.response import ServerSentEvent
 
 from service.api.correlation import correlation_id
-from service.api.deps import KeepaliveSeconds, Owner, Runs
+from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, LastEventId
 from service.api.schemas import TurnView
@@ -71,8 +71,8 @@ class TurnController(Controller):
         response_headers=[CORRELATION_ID],
         responses=documented(Unauthorized, TurnNotFound, StorageError),
     )
-    async def status(self, turn_id: FromPath[str], runs: Runs, owner: Owner) -> TurnView:
-        return TurnView.of(await runs.status(parse_turn_id(turn_id), owner))
+    async def status(self, turn_id: FromPath[str], api: Caller) -> TurnView:
+        return TurnView.of(await api.runs.status(parse_turn_id(turn_id), api.owner))
 
     @get(
         "/{turn_id:str}/events",
@@ -85,14 +85,19 @@ class TurnController(Controller):
         responses=documented(InvalidInput, Unauthorized, TurnNotFound, StorageError),
     )
     async def events(
-        self, request: Request[Any, Any, Any], turn_id: FromPath[str], runs: Runs,
-        owner: Owner, sse_keepalive_s: KeepaliveSeconds, last_event_id: LastEventId = "",
+        self,
+        request: Request[Any, Any, Any],
+        turn_id: FromPath[str],
+        api: Caller,
+        last_event_id: LastEventId = "",
         after: After = None,
-    ) -> ServerSentEvent:  # fmt: skip
+    ) -> ServerSentEvent:
         tid, since = parse_turn_id(turn_id), resume_after(last_event_id, after)
-        await runs.status(tid, owner)  # an unknown turn is a JSON 404, before any stream
-        source = runs.events(tid, owner, since)
-        events = sse_events(source, correlation_id(request.scope), sse_keepalive_s, follower=True)
+        await api.runs.status(tid, api.owner)  # an unknown turn is a JSON 404, before any stream
+        source = api.runs.events(tid, api.owner, since)
+        events = sse_events(
+            source, correlation_id(request.scope), api.sse_keepalive_s, follower=True
+        )
         closed_with_response(request.scope, events)
         return ServerSentEvent(events, headers={"X-Turn-Id": str(tid)})
 
@@ -103,5 +108,5 @@ class TurnController(Controller):
         response_headers=[CORRELATION_ID],
         responses=documented(Unauthorized, TurnNotFound, StorageError),
     )
-    async def cancel(self, turn_id: FromPath[str], runs: Runs, owner: Owner) -> TurnView:
-        return TurnView.of(await runs.cancel(parse_turn_id(turn_id), owner))
+    async def cancel(self, turn_id: FromPath[str], api: Caller) -> TurnView:
+        return TurnView.of(await api.runs.cancel(parse_turn_id(turn_id), api.owner))

@@ -23,7 +23,7 @@ from service.api.compat.schemas import (
     conversation_object,
     deleted_object,
 )
-from service.api.deps import Owner, Store
+from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
 from service.errors import (
@@ -67,10 +67,10 @@ class OpenAIConversations(Controller):
         responses=errors(),
     )  # fmt: skip
     async def create(
-        self, data: JSONBody[ConversationCreate], store: Store, owner: Owner
+        self, data: JSONBody[ConversationCreate], api: Caller
     ) -> Response[dict[str, Any]]:
         metadata, turn = check_metadata(data.metadata), items_turn(data.items)
-        info = await store.create_conversation(owner, metadata, turn)
+        info = await api.store.create_conversation(api.owner, metadata, turn)
         return with_etag(conversation_object(info), info.revision)
 
     @get(
@@ -78,9 +78,9 @@ class OpenAIConversations(Controller):
         response_headers=[ETAG, CORRELATION_ID], responses=errors(ConversationNotFound),
     )  # fmt: skip
     async def retrieve(
-        self, conversation_id: FromPath[str], store: Store, owner: Owner
+        self, conversation_id: FromPath[str], api: Caller
     ) -> Response[dict[str, Any]]:
-        info = await store.describe(parse_conversation(conversation_id), owner)
+        info = await api.store.describe(parse_conversation(conversation_id), api.owner)
         if info is None:
             raise ConversationNotFound()
         return with_etag(conversation_object(info), info.revision)
@@ -91,12 +91,15 @@ class OpenAIConversations(Controller):
         responses=errors(ConversationNotFound, PreconditionFailed),
     )  # fmt: skip
     async def update(
-        self, data: JSONBody[ConversationUpdate], conversation_id: FromPath[str], store: Store,
-        owner: Owner, if_match: IfMatch = None,
-    ) -> Response[dict[str, Any]]:  # fmt: skip
+        self,
+        data: JSONBody[ConversationUpdate],
+        conversation_id: FromPath[str],
+        api: Caller,
+        if_match: IfMatch = None,
+    ) -> Response[dict[str, Any]]:
         metadata = check_metadata(data.metadata)
         cid = parse_conversation(conversation_id)
-        info = await store.update_metadata(cid, owner, metadata, parse_if_match(if_match))
+        info = await api.store.update_metadata(cid, api.owner, metadata, parse_if_match(if_match))
         return with_etag(conversation_object(info), info.revision)
 
     @delete(
@@ -105,10 +108,10 @@ class OpenAIConversations(Controller):
         responses=errors(ConversationNotFound, PreconditionFailed),
     )  # fmt: skip
     async def remove(
-        self, conversation_id: FromPath[str], store: Store, owner: Owner, if_match: IfMatch = None
+        self, conversation_id: FromPath[str], api: Caller, if_match: IfMatch = None
     ) -> dict[str, Any]:
         cid = parse_conversation(conversation_id)
-        await store.delete(cid, owner, parse_if_match(if_match))
+        await api.store.delete(cid, api.owner, parse_if_match(if_match))
         return deleted_object(cid)
 
     @get(
@@ -116,10 +119,17 @@ class OpenAIConversations(Controller):
         response_headers=[CORRELATION_ID], responses=errors(ConversationNotFound),
     )  # fmt: skip
     async def items(
-        self, conversation_id: FromPath[str], store: Store, owner: Owner, include: Include = None,
-        after: AfterItem = None, limit: ItemLimit = 20, order: Order = "desc",
-    ) -> dict[str, Any]:  # fmt: skip
-        found = await views.load_items(store, parse_conversation(conversation_id), owner, include)
+        self,
+        conversation_id: FromPath[str],
+        api: Caller,
+        include: Include = None,
+        after: AfterItem = None,
+        limit: ItemLimit = 20,
+        order: Order = "desc",
+    ) -> dict[str, Any]:
+        found = await views.load_items(
+            api.store, parse_conversation(conversation_id), api.owner, include
+        )
         return views.page(found, after=after, limit=limit, order=order).body()
 
     @post(
@@ -129,11 +139,17 @@ class OpenAIConversations(Controller):
         responses=errors(ConversationNotFound, ConversationConflict, PreconditionFailed),
     )  # fmt: skip
     async def append(
-        self, data: JSONBody[ItemsCreate], conversation_id: FromPath[str], store: Store,
-        owner: Owner, if_match: IfMatch = None, include: Include = None,
-    ) -> Response[dict[str, Any]]:  # fmt: skip
+        self,
+        data: JSONBody[ItemsCreate],
+        conversation_id: FromPath[str],
+        api: Caller,
+        if_match: IfMatch = None,
+        include: Include = None,
+    ) -> Response[dict[str, Any]]:
         cid, turn = parse_conversation(conversation_id), items_turn(data.items)
-        added = await views.append_items(store, cid, owner, turn, parse_if_match(if_match), include)
+        added = await views.append_items(
+            api.store, cid, api.owner, turn, parse_if_match(if_match), include
+        )
         return with_etag(added.body(), added.revision)
 
     @delete(
@@ -145,11 +161,14 @@ class OpenAIConversations(Controller):
         ),
     )  # fmt: skip
     async def pop(
-        self, conversation_id: FromPath[str], item_id: FromPath[str], store: Store, owner: Owner,
+        self,
+        conversation_id: FromPath[str],
+        item_id: FromPath[str],
+        api: Caller,
         if_match: IfMatch = None,
-    ) -> Response[dict[str, Any]]:  # fmt: skip
+    ) -> Response[dict[str, Any]]:
         cid = parse_conversation(conversation_id)
-        info = await views.pop_item(store, cid, owner, item_id, parse_if_match(if_match))
+        info = await views.pop_item(api.store, cid, api.owner, item_id, parse_if_match(if_match))
         return with_etag(conversation_object(info), info.revision)
 
     @get(
@@ -157,8 +176,13 @@ class OpenAIConversations(Controller):
         response_headers=[CORRELATION_ID], responses=errors(ConversationNotFound, ItemNotFound),
     )  # fmt: skip
     async def item(
-        self, conversation_id: FromPath[str], item_id: FromPath[str], store: Store, owner: Owner,
+        self,
+        conversation_id: FromPath[str],
+        item_id: FromPath[str],
+        api: Caller,
         include: Include = None,
-    ) -> dict[str, Any]:  # fmt: skip
-        found = await views.load_items(store, parse_conversation(conversation_id), owner, include)
+    ) -> dict[str, Any]:
+        found = await views.load_items(
+            api.store, parse_conversation(conversation_id), api.owner, include
+        )
         return views.find(found, item_id)

@@ -24,7 +24,7 @@ from service.api.compat.ids import parse_conversation, parse_response
 from service.api.compat.schemas import ResponseCreate, response_object
 from service.api.compat.stream import first_event, response_events
 from service.api.correlation import correlation_id
-from service.api.deps import KeepaliveSeconds, Owner, Relayed, Store, Turns
+from service.api.deps import Caller
 from service.api.headers import CORRELATION_ID, RETRY_AFTER, IdempotencyKey
 from service.api.sse import closed_with_response
 from service.errors import (
@@ -151,33 +151,39 @@ class OpenAIResponses(Controller):
         ),
     )  # fmt: skip
     async def create(
-        self, request: Request[Any, Any, Any], data: JSONBody[ResponseCreate], turns: Turns,
-        owner: Owner, sse_keepalive_s: KeepaliveSeconds, relay: Relayed,
+        self,
+        request: Request[Any, Any, Any],
+        data: JSONBody[ResponseCreate],
+        api: Caller,
         idempotency_key: IdempotencyKey = None,
-    ) -> Response[dict[str, Any]] | ServerSentEvent:  # fmt: skip
+    ) -> Response[dict[str, Any]] | ServerSentEvent:
         asked = data
         if asked.conversation is None and asked.previous_response_id is None:
-            return Response(await stateless(asked, relay, turns, owner))
-        plan = await plan_of(asked, await request.body(), turns, owner, idempotency_key)
+            return Response(await stateless(asked, api.relay, api.turns, api.owner))
+        plan = await plan_of(asked, await request.body(), api.turns, api.owner, idempotency_key)
         try:
             if asked.stream:
-                return await self._stream(request, asked, plan, turns, sse_keepalive_s)
+                return await self._stream(request, asked, plan, api.turns, api.sse_keepalive_s)
             started = time.time()
-            done = await turns.run(plan)
+            done = await api.turns.run(plan)
         except PreconditionFailed as exc:
             raise not_latest(asked, exc) from None
         assert done.revision is not None
         output = views.output_items(done.conversation_id, done.revision, done.items, done.inputs)
         return Response(response_object(
-            done.conversation_id, done.revision, model=turns.provider.origin.model,
+            done.conversation_id, done.revision, model=api.turns.provider.origin.model,
             status=done.status, output=output, incomplete_reason=done.incomplete_reason,
             created_at=started, truncation=asked.truncation,
         ))  # fmt: skip
 
     async def _stream(
-        self, request: Request[Any, Any, Any], asked: ResponseCreate, plan: TurnPlan,
-        turns: TurnService, keepalive_s: float,
-    ) -> ServerSentEvent:  # fmt: skip
+        self,
+        request: Request[Any, Any, Any],
+        asked: ResponseCreate,
+        plan: TurnPlan,
+        turns: TurnService,
+        keepalive_s: float,
+    ) -> ServerSentEvent:
         events = turns.events(plan, stream=True, announce=True)
         first = await first_event(events)
         messages = response_events(
@@ -191,11 +197,9 @@ class OpenAIResponses(Controller):
         "/{response_id:str}", summary="A committed response.",
         response_headers=[CORRELATION_ID], responses=errors(ResponseNotFound),
     )  # fmt: skip
-    async def retrieve(
-        self, response_id: FromPath[str], store: Store, owner: Owner
-    ) -> dict[str, Any]:
+    async def retrieve(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
         cid, revision = parse_response(response_id)
-        conversation = await store.load(cid, owner, after_revision=revision - 1)
+        conversation = await api.store.load(cid, api.owner, after_revision=revision - 1)
         if conversation is None or not conversation.turns:
             raise ResponseNotFound()
         turn = conversation.turns[0]

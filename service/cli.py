@@ -128,8 +128,8 @@ async def _engines(settings: Settings, url: str) -> AsyncIterator[tuple[AsyncEng
     try:
         yield engine, keyring_engine
     finally:
-        await engine.dispose()
-        await keyring_engine.dispose()
+        for each in {engine, keyring_engine}:
+            await each.dispose()
 
 
 def _master_keys(settings: Settings, command: str) -> MasterKeys:

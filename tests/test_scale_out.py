@@ -18,11 +18,8 @@ STATEMENTS = _Statements(retention_days=30)  # the retention filter included
 HOT_PATH = {
     "load (a cold turn, or a cache revalidation)": STATEMENTS.load,
     "lease (lease + revalidate: a turn's first round trip)": STATEMENTS.lease,
-    "commit of a turn (one statement)": STATEMENTS.commit[False],
+    "commit of a turn (one statement; a durable turn's or fork's too)": STATEMENTS.commit[False],
     "commit of a conversation's first turn": STATEMENTS.commit[True],
-    "commit of a durable turn: the bump": STATEMENTS.bump,
-    "commit of a durable turn: the new conversation": STATEMENTS.create,
-    "commit of a durable turn: its row": STATEMENTS.insert_turn,
     "why a commit found no row": STATEMENTS.exists,
     "lease release": postgres._RELEASE,
     "lease renewal": postgres._RENEW,
@@ -45,9 +42,8 @@ TABLE = re.compile(r"\b(?:FROM|JOIN|UPDATE|INTO)\s+(conversations|turns)\b")
 
 
 def sql(statement: Any) -> str:
-    """As the store runs it (an INSERT compiled for the columns it is given)."""
-    columns = list(postgres.TURN_COLUMNS) if statement is STATEMENTS.insert_turn else None
-    return Compiled(statement, asyncpg.dialect(), columns).sql
+    """As the store runs it."""
+    return Compiled(statement, asyncpg.dialect()).sql
 
 
 def unrouted(text: str) -> set[str]:

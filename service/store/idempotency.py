@@ -1,10 +1,11 @@
 """Idempotency keys in PostgreSQL, so a retry on any replica finds the first attempt.
 
-A key is claimed as 'running' with a lease; the turn's commit marks it 'done' in the same
-transaction, naming the commit (conversation and revision), and a failed attempt releases it.
-A claim whose lease or TTL ran out is taken over, so a crashed replica never blocks a key for
-good. A done key goes with its conversation (foreign key, ON DELETE CASCADE) and with its TTL
-(``turnstore purge``). These are the statements; ``PostgresStore`` runs them.
+A key is claimed as 'running' with a lease; the turn's commit statement marks it 'done'
+(``_Statements.commit`` in store/postgres.py), naming the commit (conversation and revision),
+and a failed attempt releases it. A claim whose lease or TTL ran out is taken over, so a
+crashed replica never blocks a key for good. A done key goes with its conversation (foreign
+key, ON DELETE CASCADE) and with its TTL (``turnstore purge``). These are the statements;
+``PostgresStore`` runs them.
 """
 
 from __future__ import annotations
@@ -61,17 +62,6 @@ EXISTING = sa.select(
 LIVE = EXISTING.where(k.c.expires_at >= sa.func.now())
 
 RELEASE = sa.delete(k).where(*_THIS_KEY, k.c.state == "running")
-
-COMPLETE = (
-    sa.update(k)
-    .where(*_THIS_KEY)
-    .values(
-        state="done",
-        conversation_id=sa.bindparam("cid"),
-        revision=sa.bindparam("committed_revision"),
-        expires_at=_in("ttl_s"),
-    )
-)
 
 EXPIRED = sa.delete(k).where(k.c.expires_at < sa.func.now())
 

@@ -248,18 +248,14 @@ class _Statements:
                 lease_expires_at=None,
             )
             .returning(c.c.id, c.c.revision, c.c.created_at, c.c.updated_at, c.c.lease_wanted)
-            .cte("bumped")
         )
-        self.bump = sa.select(
-            bumped.c.revision, bumped.c.created_at, bumped.c.updated_at, bumped.c.lease_wanted
-        )
-        # A plain turn's whole commit in one statement (autocommit: one round trip): the
-        # conditional bump (or the new conversation), the turn's row at the new revision and
-        # its Idempotency-Key completed (:idem_key NULL: none); none of it if the bump found
-        # no row.
+        # A turn's commit in one statement (for a plain turn, in autocommit: one round trip):
+        # the conditional bump (or the new conversation), the turn's row at the new revision
+        # and its Idempotency-Key completed (:idem_key NULL: none); none of it if the bump
+        # found no row.
         self.commit = {
             new: _one_statement(head.cte("head"), ttl=_in_seconds("ttl_s"))
-            for new, head in ((False, bumped.element), (True, self.create))
+            for new, head in ((False, bumped), (True, self.create))
         }
         renewed_until = sa.func.now() + sa.func.make_interval(
             0, 0, 0, 0, 0, 0, sa.bindparam("lease_s")
@@ -462,20 +458,17 @@ class PostgresStore:
         # The statements of every turn go straight to the driver (see store/tx.py).
         dialect = engine.dialect
         self._load = Compiled(self._sql.load, dialect)
-        self._create = Compiled(self._sql.create, dialect)
         self._create_empty = Compiled(self._sql.create_empty, dialect)
         self._fork = Compiled(self._sql.fork, dialect)
         self._fork_source = Compiled(self._sql.fork_source, dialect)
         self._fork_turns = Compiled(self._sql.fork_turns, dialect)
         self._fork_row = Compiled(self._sql.fork_row, dialect)
         self._insert_turn_at = Compiled(self._sql.insert_turn_at, dialect, list(FORK_COPY))
-        self._bump = Compiled(self._sql.bump, dialect)
         self._one_statement = {
             new: Compiled(statement, dialect) for new, statement in self._sql.commit.items()
         }
         self._lease = Compiled(self._sql.lease, dialect)
         self._insert_turn = Compiled(self._sql.insert_turn, dialect, list(TURN_COLUMNS))
-        self._complete = Compiled(idem.COMPLETE, dialect)
         self._end_run = Compiled(runs.COMMIT, dialect)
         self._exists = Compiled(self._sql.exists, dialect)
         self._describe = Compiled(self._sql.describe, dialect)
@@ -628,76 +621,32 @@ class PostgresStore:
         return await written(lambda: self._append(append, key))
 
     async def _append(self, append: Append, key: DataKey | None) -> Commit:
-        if append.fork_of is None and append.run is None:
-            return await self._commit(append, key)
-        return await self._commit_in_transaction(append, key)
-
-    async def _commit(self, append: Append, key: DataKey | None) -> Commit:
-        """A plain turn: one statement, so one round trip (see ``_Statements.commit``)."""
-        cid, expected = append.conversation_id, append.expected_revision
+        """The commit statement (see ``_Statements.commit``); a turn that makes its fork or
+        ends its run does those in the same transaction (the run's end rolls it all back if
+        the run was interrupted meanwhile), a plain one is that statement alone."""
+        cid, expected, run = append.conversation_id, append.expected_revision, append.run
         revision = expected + 1  # the commit's, if it happens (the turn's place for sealing)
-        idempotency = append.idempotency
         params = {
-            **_turn_row(cid, revision, append.turn, None, key),
+            **_turn_row(cid, revision, append.turn, run.run_id if run else None, key),
             "cid": cid, "expected": expected, "context_start": append.turn.context_from,
             "caller": append.owner, "holder": append.lease, "revision": 1, "metadata": None,
             "ttl_s": self._idempotency_ttl_s,
-            "idem_key": idempotency.key if idempotency else None,
+            "idem_key": append.idempotency.key if append.idempotency else None,
         }  # fmt: skip
         statement = self._one_statement[expected == 0]
-        async with driver(self._engine, write=False) as conn:
-            row = await conn.fetchrow(statement.sql, *statement.args(params))
-            if row is None:
-                raise await self._why_not(conn, params)
-        if row["lease_wanted"]:  # turns wait for the lease this commit released
-            await self._wake([f"lease:{cid}"])
-        return Commit(row["revision"], row["created_at"], row["updated_at"])
-
-    async def _wake(self, topics: list[str]) -> None:
-        # In a transaction of its own: a NOTIFY takes a global lock until its transaction has
-        # committed, replication wait included, so inside the commit it would line all commits
-        # up behind each other.
-        with contextlib.suppress(StorageError):  # those woken look again by themselves
-            async with read(self._engine) as conn:
-                await conn.execute(_WAKE, {"topics": topics})
-
-    async def _commit_in_transaction(self, append: Append, key: DataKey | None) -> Commit:
-        """A turn that also makes its fork or ends its run: statements in one transaction (the
-        run's end rolls it all back if the run was interrupted meanwhile)."""
-        conversation_id, turn, idempotency = append.conversation_id, append.turn, append.idempotency
-        params = {
-            "cid": conversation_id,
-            "expected": append.expected_revision,
-            "context_start": turn.context_from,
-            "caller": append.owner,
-            "holder": append.lease,
-            "revision": 1,
-            "metadata": None,
-        }
-        statement = self._create if append.expected_revision == 0 else self._bump
         wake: list[str] = []  # topics to notify once committed
-        async with driver(self._engine, write=True) as conn:
+        plain = append.fork_of is None and run is None
+        async with driver(self._engine, write=not plain) as conn:
             if append.fork_of is not None:
                 fork = {"src": append.fork_of.source, "at": append.fork_of.revision,
-                        "caller": append.owner, "new": conversation_id}  # fmt: skip
+                        "caller": append.owner, "new": cid}  # fmt: skip
                 if await self._copy(conn, fork, key) is None:
                     raise await self._why_no_fork(conn, fork)  # the source went meanwhile
             row = await conn.fetchrow(statement.sql, *statement.args(params))
             if row is None:
                 raise await self._why_not(conn, params)
-            revision = row["revision"]
-            if row.get("lease_wanted"):  # turns wait for the lease this commit releases
-                wake.append(f"lease:{conversation_id}")
-            run = append.run
-            new_turn = _turn_row(conversation_id, revision, turn, run.run_id if run else None, key)
-            await conn.execute(self._insert_turn.sql, *self._insert_turn.args(new_turn))
-            if idempotency is not None:
-                done = idem.key_params(idempotency, key) | {
-                    "cid": conversation_id,
-                    "committed_revision": revision,
-                    "ttl_s": self._idempotency_ttl_s,
-                }
-                await conn.execute(self._complete.sql, *self._complete.args(done))
+            if row["lease_wanted"]:  # turns wait for the lease this commit released
+                wake.append(f"lease:{cid}")
             if run is not None:
                 done_event = RunEvent(run.done_seq, "message.done", run.done_data(revision))
                 events = runs.sealed_batch(key, run.run_id, [done_event])
@@ -710,8 +659,13 @@ class PostgresStore:
                 if ended[0]:  # its events are followed elsewhere
                     wake.append(f"events:{run.run_id}")
         if wake:
-            await self._wake(wake)
-        return Commit(revision, row["created_at"], row["updated_at"])
+            # In a transaction of its own: a NOTIFY takes a global lock until its transaction
+            # has committed, replication wait included, so inside the commit it would line all
+            # commits up behind each other.
+            with contextlib.suppress(StorageError):  # those woken look again by themselves
+                async with read(self._engine) as conn:
+                    await conn.execute(_WAKE, {"topics": wake})
+        return Commit(row["revision"], row["created_at"], row["updated_at"])
 
     async def _why_not(self, conn: Any, params: dict[str, Any]) -> Exception:
         if params["expected"] == 0:

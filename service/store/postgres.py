@@ -63,6 +63,7 @@ from service.store.sealed import (
     reading_key,
     sealed_turn_columns,
     turn_place,
+    writing_key,
 )
 from service.store.tables import conversations as c
 from service.store.tables import idempotency_keys as k
@@ -564,10 +565,6 @@ class PostgresStore:
         key = await reading_key(self._keyring, owner, rows, TURN_FIELDS)
         return [_turn(row, conversation_id, key) for row in rows]
 
-    async def _writing_key(self, owner: str) -> DataKey | None:
-        """The key new values of ``owner`` are sealed with (None: written in clear)."""
-        return None if self._keyring is None else await self._keyring.for_write(owner)
-
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
         async def release() -> None:
             async with read(self._engine) as conn:
@@ -617,7 +614,8 @@ class PostgresStore:
         return page_of(conversation, turns, page, fetched=sum(r.seq is not None for r in sizes))
 
     async def append(self, append: Append) -> Commit:
-        key = await self._writing_key(append.owner)  # before the transaction: no keyring in it
+        # Before the transaction: no keyring lookup inside it.
+        key = await writing_key(self._keyring, append.owner)
         return await written(lambda: self._append(append, key))
 
     async def _append(self, append: Append, key: DataKey | None) -> Commit:
@@ -691,7 +689,7 @@ class PostgresStore:
     async def create_conversation(
         self, owner: str, metadata: dict[str, str], turn: Turn | None = None
     ) -> ConversationInfo:
-        key = await self._writing_key(owner)
+        key = await writing_key(self._keyring, owner)
         return await written(lambda: self._create_conversation(owner, metadata, turn, key))
 
     async def _create_conversation(
@@ -711,7 +709,7 @@ class PostgresStore:
 
     async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
         params = {"src": conversation_id, "caller": owner, "at": at_revision, "new": uuid.uuid4()}
-        key = await self._writing_key(owner)
+        key = await writing_key(self._keyring, owner)
 
         async def fork() -> ConversationInfo:
             async with driver(self._engine, write=True) as conn:
@@ -767,7 +765,7 @@ class PostgresStore:
         if_match: Precondition = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         params = {"cid": conversation_id, "caller": owner}
-        key = await self._writing_key(owner)
+        key = await writing_key(self._keyring, owner)
 
         async def pop() -> tuple[ConversationInfo, msgspec.Raw]:
             async with transaction(self._engine) as conn:
@@ -810,7 +808,7 @@ class PostgresStore:
         metadata: dict[str, str],
         if_match: Precondition = None,
     ) -> ConversationInfo:
-        key = await self._writing_key(owner)
+        key = await writing_key(self._keyring, owner)
         params = {
             "cid": conversation_id,
             "caller": owner,
@@ -844,7 +842,7 @@ class PostgresStore:
         return page, cursor
 
     async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
-        data_key = await self._writing_key(key.owner)
+        data_key = await writing_key(self._keyring, key.owner)
         return await written(lambda: self._claim(key, turn_id, data_key))
 
     async def _claim(

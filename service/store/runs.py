@@ -21,7 +21,14 @@ from service.crypto import DataKey
 from service.model import NewRun, Renewed, RunEnd, RunEvent, RunView
 from service.store.keyring import Keyring
 from service.store.listener import CHANNEL
-from service.store.sealed import events_place, get, put, reading_key, turn_place
+from service.store.sealed import (
+    events_place,
+    get,
+    put,
+    reading_key,
+    turn_place,
+    writing_key,
+)
 from service.store.tx import read, transaction, written
 
 _BATCH = msgspec.json.Decoder(list[tuple[int, str, msgspec.Raw]])
@@ -184,19 +191,17 @@ class PostgresRuns:
         await self._write(BEGIN, {"id": run_id})
 
     async def log_events(self, run_id: UUID, owner: str, events: Sequence[RunEvent]) -> None:
-        columns = sealed_batch(await self._key(owner), run_id, events)
+        columns = sealed_batch(await writing_key(self._keyring, owner), run_id, events)
         await self._write(LOG, {"id": run_id, "last": events[-1].seq, **columns})
 
     async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
+        events = sealed_batch(await writing_key(self._keyring, owner), run_id, end.events)
         params = {
             "id": run_id, "status": end.status, "code": end.error_code,
             "message": end.error_message, "last": end.events[-1].seq, "ttl": self._ttl_s,
-            "revision": end.revision, **sealed_batch(await self._key(owner), run_id, end.events),
+            "revision": end.revision, **events,
         }  # fmt: skip
         return bool(await self._write(END, params))
-
-    async def _key(self, owner: str) -> DataKey | None:
-        return None if self._keyring is None else await self._keyring.for_write(owner)
 
     async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
         async with read(self._engine) as conn:
@@ -240,7 +245,7 @@ class PostgresRuns:
         return {row.id for row in rows}
 
     async def interrupt_run(self, run_id: UUID, owner: str, message: str, event_data: str) -> bool:
-        key = await self._key(owner)
+        key = await writing_key(self._keyring, owner)
 
         async def interrupt() -> bool:
             async with transaction(self._engine) as conn:

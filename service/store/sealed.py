@@ -89,3 +89,8 @@ async def reading_key(
     if keyring is None or not any(is_sealed(row, fields) for row in rows):
         return None
     return await keyring.for_read(owner)
+
+
+async def writing_key(keyring: Keyring | None, owner: str) -> DataKey | None:
+    """The key ``owner``'s new values are sealed with (None: written in clear)."""
+    return None if keyring is None else await keyring.for_write(owner)

@@ -17,7 +17,7 @@ from pathlib import Path
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from service import migrate
+from service.platform import migrate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def server() -> Iterator[str]:
     if url := os.environ.get("BENCH_DATABASE_URL"):
         yield url
         return
-    from service.embedded import ensure_embedded_postgres
+    from service.platform.embedded import ensure_embedded_postgres
 
     root = REPO / ".turnstore" / "bench"
     embedded = ensure_embedded_postgres(root)

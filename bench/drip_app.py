@@ -14,9 +14,9 @@ from collections.abc import AsyncGenerator
 from litestar import Litestar
 
 from service.app import create_app
+from service.platform.settings import Settings
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.fake import FakeProvider
-from service.settings import Settings
 
 
 class DrippingFakeProvider(FakeProvider):

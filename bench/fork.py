@@ -17,8 +17,8 @@ import msgspec
 
 from bench.database import libpq_url, sqlalchemy_url
 from bench.workload import payload
-from service.db import create_engine
-from service.model import Append, Turn
+from service.core.model import Append, Turn
+from service.platform.db import create_engine
 from service.store.postgres import PostgresStore
 
 LENGTHS = (10, 50, 200)

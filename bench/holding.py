@@ -17,7 +17,7 @@ import psutil
 from bench.database import libpq_url, sqlalchemy_url
 from bench.http import Connection
 from bench.server import free_port, running
-from service.settings import Settings
+from service.platform.settings import Settings
 
 STREAM = "/api/v1/chat/stream"
 SAMPLE_S = 0.02

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.http import Connection
-from service import migrate
+from service.platform import migrate
 
 REPO = Path(__file__).resolve().parents[1]
 

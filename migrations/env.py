@@ -9,7 +9,7 @@ from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from service.db import async_url
+from service.platform.db import async_url
 
 MIGRATION_LOCK_ID = 0x7475726E  # "turn"
 

@@ -22,7 +22,7 @@ from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Schema
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tracing
+from service.api.auth import authentication, build_authenticator, openapi_security
 from service.api.chat import ChatController
 from service.api.compat.conversations import OpenAIConversations
 from service.api.compat.responses import OpenAIResponses
@@ -35,19 +35,21 @@ from service.api.observe import http_metrics_middleware
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, ForkRequest
 from service.api.turns import TurnController
-from service.auth import authentication, build_authenticator, openapi_security
-from service.db import create_engine, resolve_database
-from service.exchange import Tooling
-from service.leases import LeasePolicy, Leases
-from service.logs import configure as configure_logging
+from service.core.window import Budget, SystemPrompt
+from service.platform import tracing
+from service.platform.db import create_engine, resolve_database
+from service.platform.logs import configure as configure_logging
+from service.platform.settings import Settings, SettingsError
+from service.platform.shutdown import shutdown_on_signals
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.responses import Endpoint, ResponsesProvider
-from service.relay import Relay
-from service.runs import TurnRuns
-from service.settings import Settings, SettingsError
-from service.shutdown import shutdown_on_signals
-from service.store.base import (
+from service.store.cache import CachedStore
+from service.store.keyring import Keyring
+from service.store.keys import ApiKeyStore
+from service.store.listener import PostgresNotifications
+from service.store.memory import LocalNotifications, MemoryStore
+from service.store.ports import (
     ApiKeys,
     ConversationStore,
     IdempotencyStore,
@@ -55,17 +57,15 @@ from service.store.base import (
     Operations,
     RunStore,
 )
-from service.store.cache import CachedStore
-from service.store.keyring import Keyring
-from service.store.keys import ApiKeyStore
-from service.store.listener import PostgresNotifications
-from service.store.memory import LocalNotifications, MemoryStore
 from service.store.postgres import PostgresStore
 from service.store.runs import PostgresRuns
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
-from service.turns import TurnService
-from service.window import Budget, SystemPrompt
+from service.usecases.exchange import Tooling
+from service.usecases.leases import LeasePolicy, Leases
+from service.usecases.relay import Relay
+from service.usecases.runs import TurnRuns
+from service.usecases.turns import TurnService
 
 T = TypeVar("T")
 

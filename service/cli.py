@@ -15,16 +15,16 @@ from typing import NoReturn, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import migrate
+from service.api.auth import check_serving
+from service.api.http_server import uvicorn_options
 from service.app import postgres_store, run_with_api_keys
-from service.auth import check_serving
-from service.crypto import MasterKeys
-from service.db import create_engine, resolve_database
-from service.errors import StorageError
-from service.http_server import uvicorn_options
-from service.logs import configure as configure_logging
-from service.model import key_id
-from service.settings import Settings, SettingsError
+from service.core.errors import StorageError
+from service.core.model import key_id
+from service.platform import migrate
+from service.platform.crypto import MasterKeys
+from service.platform.db import create_engine, resolve_database
+from service.platform.logs import configure as configure_logging
+from service.platform.settings import Settings, SettingsError
 from service.store.encrypting import ClearRows
 from service.store.keyring import CACHE_S as KEY_CACHE_S
 from service.store.keyring import Keyring, destroy_key

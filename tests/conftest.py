@@ -9,12 +9,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import migrate
 from service.app import create_app
-from service.db import create_engine
+from service.platform import migrate
+from service.platform.db import create_engine
+from service.platform.settings import Settings
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
-from service.settings import Settings
 from service.store.postgres import PostgresStore
 from tests.database import fresh_database, postgres_server
 from tests.helpers import serve

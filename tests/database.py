@@ -30,7 +30,7 @@ def postgres_server() -> Iterator[str]:
         return
     except Exception:  # no Docker engine: fails within milliseconds
         pass
-    from service.embedded import ensure_embedded_postgres
+    from service.platform.embedded import ensure_embedded_postgres
 
     server = ensure_embedded_postgres(REPO / ".turnstore")
     try:

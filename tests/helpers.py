@@ -16,7 +16,7 @@ import uvicorn
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.errors import StorageError
+from service.core.errors import StorageError
 from service.store.postgres import PostgresStore
 
 CHAT = "/api/v1/chat"

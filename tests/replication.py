@@ -59,7 +59,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.embedded import _bin_dir, _check_reachable, _free_port, _run_as_ids
+from service.platform.embedded import _bin_dir, _check_reachable, _free_port, _run_as_ids
 
 TOOLS = ("initdb", "pg_ctl", "pg_basebackup", "postgres", "psql")
 TIMEOUT_S = 30.0  # any single step; a healthy one takes well under a second

@@ -16,8 +16,8 @@ from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_traci
 from agents.memory import OpenAIConversationsSession
 
 from service.app import create_app
+from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
-from service.settings import Settings
 from tests.helpers import serve
 
 set_tracing_disabled(True)

@@ -1,7 +1,15 @@
-"""The import graph of service/: controllers -> use case -> ports -> adapters, nothing back up.
+"""The import graph of service/, by folder: each folder is a layer, and a module may import its
+own layer or lower ones, never a higher one.
 
-Read from the source with ast (no imports run). A module may import its own layer or lower
-ones; concrete adapters are named only by the wiring (service/app.py).
+    core/        values, rules and errors: imports nothing of service/ but core/
+    platform/    settings, database engine, crypto, metrics, tracing, logs, shutdown, migrations
+    ports        store/ports.py, providers/base.py, tools/ (the gate): what use cases see
+    adapters     the rest of store/ and providers/, tools/lookup.py: named only by the wiring
+    usecases/    turns, runs, leases, the exchange, the relay, item edits, responses
+    api/         HTTP: controllers, rendering (api/compat/), errors -> responses, auth
+    wiring       app.py and cli.py, the only modules that build adapters
+
+Read from the source with ast (no imports run).
 """
 
 from __future__ import annotations
@@ -11,51 +19,18 @@ from pathlib import Path
 
 SERVICE = Path(__file__).resolve().parents[1] / "service"
 
-# Lowest first. A module not listed belongs to the layer of its package's entry.
-LAYERS: list[tuple[str, set[str]]] = [
-    (
-        "foundation",
-        {
-            "service.errors", "service.model", "service.strictjson", "service.settings",
-            "service.logs", "service.metrics", "service.shutdown", "service.migrate",
-            "service.embedded", "service.db", "service.tracing", "service.crypto",
-        },
-    ),
-    (
-        "ports",
-        {
-            "service.store.base", "service.providers.base", "service.tools",
-            "service.tools.registry", "service.tools.executor", "service.tools.gate",
-        },
-    ),
-    (
-        "adapters",
-        {
-            "service.store.postgres", "service.store.cache", "service.store.memory",
-            "service.store.keys", "service.store.tables", "service.store.tx",
-            "service.store.cursor", "service.store.idempotency", "service.store.pages",
-            "service.store.listener", "service.store.runs", "service.store.keyring",
-            "service.store.sealed", "service.store.encrypting",
-            "service.providers.fake",
-            "service.providers.responses", "service.tools.lookup",
-        },
-    ),
-    (
-        "use case",
-        {
-            "service.window", "service.plans", "service.exchange", "service.locks",
-            "service.leases", "service.turns", "service.runs", "service.items", "service.relay",
-        },
-    ),
-    ("http", {"service.auth", "service.http_server"}),
-    ("wiring", {"service.app", "service.cli"}),
-]  # fmt: skip
-ADAPTER_INTERNALS = {
-    "service.store.tables", "service.store.tx", "service.store.cursor",
-    "service.store.idempotency", "service.store.pages",
-}  # fmt: skip
-ADAPTERS = LAYERS[2][1] - ADAPTER_INTERNALS
-WIRING = LAYERS[-1][1]
+# Lowest first: (layer, the paths under service/ that belong to it). The longest matching
+# path decides, so a port inside an adapter's folder is named on its own.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("core",)),
+    ("platform", ("platform",)),
+    ("ports", ("store/ports.py", "providers/base.py", "tools")),
+    ("adapters", ("store", "providers", "tools/lookup.py")),
+    ("usecases", ("usecases",)),
+    ("api", ("api",)),
+    ("wiring", ("app.py", "cli.py", "__init__.py")),
+]
+ADAPTERS = "adapters"
 
 
 def module_name(path: Path) -> str:
@@ -63,16 +38,18 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def layer(module: str) -> int:
-    if module.startswith("service.api"):
-        return 4
-    for number, (_, members) in enumerate(LAYERS):
-        if module in members:
-            return number
-    raise AssertionError(f"{module} is in no layer: add it to tests/test_architecture.py")
+def layer_of(path: Path) -> int:
+    relative = path.relative_to(SERVICE).as_posix()
+    best: tuple[int, int] | None = None  # (length of the matching path, layer)
+    for number, (_, places) in enumerate(LAYERS):
+        for place in places:
+            if relative == place or relative.startswith(place.removesuffix(".py") + "/"):
+                best = max(best or (0, 0), (len(place), number))
+    assert best is not None, f"service/{relative} is in no layer: add its folder to LAYERS"
+    return best[1]
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, known: set[str]) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("service"):
@@ -80,22 +57,35 @@ def imports(path: Path) -> set[str]:
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("service")}
-    known = {module_name(p) for p in SERVICE.rglob("*.py")}
-    return found & known - PACKAGES
+    return {name for name in found if name in known and not _is_package(name)}
 
 
-PACKAGES = {"service", "service.store", "service.providers", "service.api"}  # empty __init__
+def _is_package(name: str) -> bool:
+    return (SERVICE.parent / name.replace(".", "/") / "__init__.py").exists()
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in SERVICE.rglob("*.py")}
 
 
 def graph() -> dict[str, set[str]]:
-    return {module_name(p): imports(p) for p in SERVICE.rglob("*.py") if p.name != "__main__.py"}
+    known = modules()
+    return {name: imports(path, set(known)) for name, path in known.items()}
+
+
+def layer(module: str) -> int:
+    return layer_of(modules()[module])
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for path in SERVICE.rglob("*.py"):
+        layer_of(path)
 
 
 def test_no_module_imports_a_higher_layer() -> None:
     upward = [
-        f"{module} ({LAYERS[layer(module)][0] if layer(module) != 4 else 'api'}) imports {target}"
+        f"{module} ({LAYERS[layer(module)][0]}) imports {target} ({LAYERS[layer(target)][0]})"
         for module, targets in graph().items()
-        if module not in PACKAGES
         for target in targets
         if layer(target) > layer(module)
     ]
@@ -103,15 +93,32 @@ def test_no_module_imports_a_higher_layer() -> None:
 
 
 def test_only_the_wiring_names_concrete_adapters() -> None:
+    adapters = LAYERS.index(next(entry for entry in LAYERS if entry[0] == ADAPTERS))
+    wiring = len(LAYERS) - 1
     named = {
         (module, target)
         for module, targets in graph().items()
-        for target in targets & ADAPTERS
-        if module not in ADAPTERS and module not in WIRING
+        for target in targets
+        if layer(target) == adapters and layer(module) not in (adapters, wiring)
     }
     assert named == set()
 
 
-def test_the_use_case_sees_ports_only() -> None:
-    use_case = LAYERS[3][1]
-    assert all(not (graph()[module] & LAYERS[2][1]) for module in use_case)
+def test_the_core_imports_only_the_core() -> None:
+    outside = {
+        (module, target)
+        for module, targets in graph().items()
+        if module.startswith("service.core")
+        for target in targets
+        if not target.startswith("service.core")
+    }
+    assert outside == set()
+
+
+def test_nothing_in_service_imports_the_tests() -> None:
+    for path in SERVICE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {
+            node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+        } | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        assert not any(name.split(".")[0] == "tests" for name in names), path

@@ -25,10 +25,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import cli
-from service.auth import check_serving, is_loopback, jwt_verifier
-from service.http_server import uvicorn_options
-from service.logs import JSONFormatter
-from service.settings import Settings
+from service.api.auth import check_serving, is_loopback, jwt_verifier
+from service.api.http_server import uvicorn_options
+from service.platform.logs import JSONFormatter
+from service.platform.settings import Settings
 from service.store.keys import ApiKeyStore
 from tests.conftest import ClientFactory
 from tests.helpers import CHAT, assert_error

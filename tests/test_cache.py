@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import build_services
-from service.db import create_engine
-from service.errors import ConversationConflict, ConversationNotFound, PreconditionFailed
-from service.model import ANONYMOUS, Append, Conversation, Turn
-from service.settings import Settings
+from service.core.errors import ConversationConflict, ConversationNotFound, PreconditionFailed
+from service.core.model import ANONYMOUS, Append, Conversation, Turn
+from service.platform.db import create_engine
+from service.platform.settings import Settings
 from service.store.cache import CachedStore, turn_size
 from service.store.postgres import PostgresStore
 from tests.conftest import ClientFactory

@@ -29,9 +29,9 @@ import pytest
 from httpx_sse import aconnect_sse
 from sqlalchemy import text
 
-from service import migrate
-from service.db import create_engine
-from service.embedded import EmbeddedPostgres
+from service.platform import migrate
+from service.platform.db import create_engine
+from service.platform.embedded import EmbeddedPostgres
 from tests.cluster import (
     TURNSTORE,
     Replica,

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.errors import ContextLengthExceeded
-from service.window import Budget, window_start
+from service.core.errors import ContextLengthExceeded
+from service.core.window import Budget, window_start
 from tests.conftest import ClientFactory
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import CHAT, assert_error, snapshot

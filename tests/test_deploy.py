@@ -179,8 +179,8 @@ def _containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _metric_kinds() -> dict[str, str]:
-    """Prometheus metric name -> Counter, Gauge or Histogram, as service/metrics.py declares."""
-    source = (ROOT / "service" / "metrics.py").read_text()
+    """Prometheus metric name -> Counter, Gauge or Histogram, as service/platform/metrics.py declares."""
+    source = (ROOT / "service" / "platform" / "metrics.py").read_text()
     found = re.findall(r"\b(Counter|Gauge|Histogram)\(\s*\"(turnstore_\w+)\"", source)
     return {name: kind for kind, name in found}
 
@@ -349,7 +349,9 @@ def test_autoscaler_scales_on_in_flight_work() -> None:
     for name, metric in pods_metrics.items():
         # A gauge the service exports today: a metric the adapter cannot serve stops every
         # scale-down.
-        assert metric_kinds.get(name) == "Gauge", f"{name} is not a gauge of service/metrics.py"
+        assert metric_kinds.get(name) == "Gauge", (
+            f"{name} is not a gauge of service/platform/metrics.py"
+        )
         assert metric["target"]["type"] == "AverageValue"
         assert int(metric["target"]["averageValue"]) > 0
         # ... and one the documented prometheus-adapter rule serves per pod, under its name.
@@ -391,7 +393,7 @@ def test_database_connections_fit_the_cluster() -> None:
 
 
 def test_configmap_passes_turnstore_settings_validation() -> None:
-    from service.settings import Settings
+    from service.platform.settings import Settings
 
     data = _manifests()["ConfigMap"]["data"]
     settings = Settings.from_env(data | {"OPENAI_API_KEY": "sk-placeholder"})
@@ -460,8 +462,8 @@ def test_cloudnativepg_cluster_commits_on_a_quorum() -> None:
 
 
 def test_cloudnativepg_app_secret_gives_turnstore_its_database_url() -> None:
-    from service.db import async_url
-    from service.settings import Settings
+    from service.platform.db import async_url
+    from service.platform.settings import Settings
 
     stack = _kustomize(RECOMMENDED)
     name = stack["Cluster"]["metadata"]["name"]

@@ -22,7 +22,7 @@ from httpx_sse import aconnect_sse
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import migrate
+from service.platform import migrate
 from service.store.postgres import PostgresStore
 from tests.cluster import (
     Replica,

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from service.embedded import EmbeddedPostgres, ensure_embedded_postgres
+from service.platform.embedded import EmbeddedPostgres, ensure_embedded_postgres
 
 
 @pytest.fixture

@@ -30,13 +30,13 @@ from httpx_sse import aconnect_sse
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import migrate
 from service.app import create_app
-from service.crypto import KeyFileError, read_master_keys
-from service.model import NewRun, RunEvent
+from service.core.model import NewRun, RunEvent
+from service.platform import migrate
+from service.platform.crypto import KeyFileError, read_master_keys
+from service.platform.settings import Settings
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
-from service.settings import Settings
 from service.store.encrypting import ClearRows
 from service.store.keyring import CACHE_S, Keyring, destroy_key
 from service.store.runs import PostgresRuns

@@ -29,9 +29,9 @@ from schemathesis.specs.openapi.checks import (
     positive_data_acceptance,
 )
 
+from service.api.http_server import uvicorn_options
 from service.app import create_app, run_with_api_keys
-from service.http_server import uvicorn_options
-from service.settings import Settings
+from service.platform.settings import Settings
 from tests.helpers import CHAT, assert_error
 
 EXAMPLES = 100  # per operation and mode: the whole run takes ~25 s

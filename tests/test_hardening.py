@@ -19,12 +19,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import cli
+from service.api.http_server import BoundedHttpToolsProtocol, uvicorn_options
 from service.app import create_app
-from service.http_server import BoundedHttpToolsProtocol, uvicorn_options
-from service.model import Origin
+from service.core.model import Origin
+from service.platform.settings import Settings, SettingsError, markdown_table
 from service.providers.base import ProviderEvent, ProviderRequest, TextDelta
 from service.providers.fake import FakeProvider
-from service.settings import Settings, SettingsError, markdown_table
 from tests.conftest import ClientFactory
 from tests.database import admin
 from tests.fakeapi import FakeResponsesAPI, Script
@@ -221,7 +221,7 @@ async def test_a_jwt_subject_that_cannot_be_an_owner_is_unauthorized(
 def test_credentials_in_the_provider_url_are_refused_and_request_lines_not_logged() -> None:
     with pytest.raises(SettingsError, match="OPENAI_BASE_URL"):
         Settings.from_env({"OPENAI_BASE_URL": "https://user:sk-secret@proxy.example/v1"})
-    from service.logs import configure
+    from service.platform.logs import configure
 
     configure("json")
     import logging
@@ -416,7 +416,7 @@ async def test_api_keys_are_revoked_by_id_owner_or_standard_input_and_anonymous_
             ["keys", "create", "--owner", "anonymous"], database_url, monkeypatch, capsys
         )
     planted = "ts_" + "A" * 43  # a key for the anonymous owner, made before it was reserved
-    from service.model import key_hash
+    from service.core.model import key_hash
 
     async with engine.begin() as conn:
         await conn.execute(

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import migrate
 from service.app import create_app
-from service.settings import Settings
+from service.platform import migrate
+from service.platform.settings import Settings
 from tests.cluster import fake_api, provider_env, replica, replicas, turnstore_env, wait_ready
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script, output_items

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from service.locks import KeyedLocks
+from service.usecases.locks import KeyedLocks
 
 
 async def test_holders_of_one_key_are_serialised_and_the_registry_empties() -> None:

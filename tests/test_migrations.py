@@ -8,10 +8,10 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from service import migrate
 from service.app import create_app
-from service.db import create_engine
-from service.settings import Settings
+from service.platform import migrate
+from service.platform.db import create_engine
+from service.platform.settings import Settings
 from tests.database import fresh_database
 from tests.helpers import serve
 

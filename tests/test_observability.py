@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.logs import JSONFormatter
+from service.platform.logs import JSONFormatter
 from tests.conftest import ClientFactory
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import CHAT
@@ -126,8 +126,8 @@ async def test_http_requests_are_counted_by_route_template(make_client: ClientFa
 
 
 def test_log_level_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.logs import configure
-    from service.settings import Settings
+    from service.platform.logs import configure
+    from service.platform.settings import Settings
 
     monkeypatch.setenv("LOG_LEVEL", "warning")
     settings = Settings.from_env()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from service.app import create_app
+from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
-from service.settings import Settings
 from tests.helpers import serve
 
 JS = Path(__file__).parent / "js"

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app
+from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
-from service.settings import Settings
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import JWT_SETTINGS, FailingRenewals, jwt_bearer, serve, until_lease_expired
 

@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.errors import ConversationNotFound
-from service.model import Append, Turn
-from service.providers.base import user_input_item
+from service.core.errors import ConversationNotFound
+from service.core.items import user_input_item
+from service.core.model import Append, Turn
 from service.store.postgres import PostgresStore
 from tests.conftest import ClientFactory
 from tests.fakeapi import FakeResponsesAPI, Script

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.db import create_engine
+from service.platform.db import create_engine
 from tests.cluster import pgbouncer
 from tests.database import asyncpg_dsn, fresh_database
 

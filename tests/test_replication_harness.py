@@ -41,7 +41,7 @@ import pytest
 from sqlalchemy import exc, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from service.db import create_engine as service_engine
+from service.platform.db import create_engine as service_engine
 from tests.replication import Node, ReplicatedPostgres, pg_bin_dir, replicated_postgres
 
 

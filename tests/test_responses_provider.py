@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from service.app import build_endpoint
-from service.errors import (
+from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
     InvalidEncryptedContent,
@@ -26,10 +26,10 @@ from service.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.model import Origin
+from service.core.model import Origin
+from service.platform.settings import Settings
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.responses import Endpoint, ResponsesProvider
-from service.settings import Settings
 from tests.fakeapi import FakeResponsesAPI, Script, output_items, response_object, stream_events
 
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])

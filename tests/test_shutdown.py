@@ -17,20 +17,20 @@ import pytest
 from httpx_sse import ServerSentEvent, aconnect_sse
 from sqlalchemy import text
 
-from service import migrate
 from service.api.sse import sse_events
 from service.app import build_services
-from service.db import create_engine
-from service.leases import Leases
-from service.model import Origin
+from service.core.model import Origin
+from service.platform import migrate
+from service.platform.db import create_engine
+from service.platform.settings import Settings
+from service.platform.shutdown import SHUTDOWN
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
-from service.runs import TurnRuns
-from service.settings import Settings
-from service.shutdown import SHUTDOWN
 from service.store.listener import PostgresNotifications
 from service.store.memory import MemoryStore
 from service.store.postgres import PostgresStore
-from service.turns import TurnService
+from service.usecases.leases import Leases
+from service.usecases.runs import TurnRuns
+from service.usecases.turns import TurnService
 from tests.cluster import fake_api, provider_env, replica, turnstore_env, wait_ready, wait_until
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script

@@ -13,9 +13,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.crypto import MasterKeys
-from service.db import create_engine
-from service.errors import (
+from service.core.errors import (
     ConversationConflict,
     ConversationNotFound,
     IdempotencyKeyReused,
@@ -24,7 +22,9 @@ from service.errors import (
     RequestInProgress,
     StorageError,
 )
-from service.model import ANONYMOUS, Append, Committed, IdempotencyKey, Turn
+from service.core.model import ANONYMOUS, Append, Committed, IdempotencyKey, Turn
+from service.platform.crypto import MasterKeys
+from service.platform.db import create_engine
 from service.store.keyring import Keyring
 from service.store.memory import MemoryStore
 from service.store.postgres import PostgresStore

@@ -12,8 +12,8 @@ from httpx_sse import aconnect_sse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app
-from service.model import Append, Commit
-from service.settings import Settings
+from service.core.model import Append, Commit
+from service.platform.settings import Settings
 from service.store.postgres import PostgresStore
 from tests.conftest import ClientFactory
 from tests.database import admin

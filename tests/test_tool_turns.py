@@ -10,7 +10,8 @@ import pytest
 from httpx_sse import aconnect_sse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.providers.base import ProviderRequest, Reply, function_calls, user_input_item
+from service.core.items import function_calls, user_input_item
+from service.providers.base import ProviderRequest, Reply
 from tests.conftest import ClientFactory
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import CHAT, assert_error, snapshot

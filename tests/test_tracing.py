@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app
-from service.logs import JSONFormatter
-from service.settings import Settings
+from service.platform.logs import JSONFormatter
+from service.platform.settings import Settings
 from tests.conftest import ClientFactory
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import CHAT, FailingRenewals, serve, until_lease_expired

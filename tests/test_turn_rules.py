@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from service.errors import (
+from service.core.errors import (
     ContentFiltered,
     ConversationBusy,
     ConversationConflict,
@@ -26,22 +26,17 @@ from service.errors import (
     RateLimited,
     UpstreamError,
 )
-from service.exchange import Tooling
-from service.leases import LeasePolicy, Leases
-from service.model import ANONYMOUS, Append, Origin, Turn
-from service.providers.base import (
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-    user_input_item,
-)
+from service.core.items import user_input_item
+from service.core.model import ANONYMOUS, Append, Origin, Turn
+from service.core.window import Budget
+from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.fake import FakeProvider
 from service.store.memory import MemoryStore
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
-from service.turns import TurnDone, TurnService
-from service.window import Budget
+from service.usecases.exchange import Tooling
+from service.usecases.leases import LeasePolicy, Leases
+from service.usecases.turns import TurnDone, TurnService
 from tests.tools_fixtures import Echo
 
 ORIGIN = Origin("scripted", "memory", "m")
@@ -281,7 +276,7 @@ def test_an_idempotency_key_hashes_a_plain_turn_as_the_previous_release_did() ->
     their retries: a plain turn's subject is [message, conversation id], as it was."""
     import hashlib
 
-    from service.plans import make_plan
+    from service.core.plans import make_plan
 
     cid = str(uuid.uuid4())
     plain = make_plan("hi", cid, None, max_message_chars=100, idempotency_key="k")

@@ -10,12 +10,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from bench.database import sqlalchemy_url
 from bench.workload import Payload
-from service.crypto import MasterKeys
-from service.db import create_engine
-from service.model import Append, Origin, Turn
-from service.store.base import ConversationStore
+from service.core.model import Append, Origin, Turn
+from service.platform.crypto import MasterKeys
+from service.platform.db import create_engine
 from service.store.cache import CachedStore
 from service.store.keyring import Keyring
+from service.store.ports import ConversationStore
 from service.store.postgres import PostgresStore
 
 ORIGIN = Origin("openai", "https://api.openai.com/v1", "gpt-5-mini")

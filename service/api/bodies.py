@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import msgspec
 from litestar import Request
 
-from service.errors import InvalidInput
-from service.strictjson import StrictJSONError, loads
+from service.core.errors import InvalidInput
+from service.core.strictjson import StrictJSONError, loads
 
 S = TypeVar("S", bound=msgspec.Struct)
 _AT = re.compile(r"at `\$\.([A-Za-z_]+)")

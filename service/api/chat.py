@@ -26,7 +26,7 @@ from service.api.headers import (
 )
 from service.api.schemas import ChatRequest, ChatResponse, TurnAccepted
 from service.api.turns import stream_of
-from service.errors import (
+from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
     ConversationConflict,
@@ -42,7 +42,7 @@ from service.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.runs import Started
+from service.usecases.runs import Started
 
 _ERRORS = documented(
     InvalidInput, ContextLengthExceeded, Unauthorized, ConversationNotFound,

@@ -12,15 +12,15 @@ from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
 from service.api.schemas import ConversationList, ConversationView, Forked, ForkRequest
-from service.errors import (
+from service.core.errors import (
     ConversationNotFound,
     InvalidInput,
     PreconditionFailed,
     StorageError,
     Unauthorized,
 )
-from service.model import PageRequest
-from service.plans import parse_conversation_id
+from service.core.model import PageRequest
+from service.core.plans import parse_conversation_id
 
 MAX_PAGE_TURNS = 200
 MAX_PAGE_BYTES = 1024 * 1024  # of message text: what one read may hold in memory

@@ -9,7 +9,7 @@ from litestar.datastructures import MutableScopeHeaders
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.logs import correlation_id_var
+from service.platform.logs import correlation_id_var
 
 HEADER = "X-Correlation-Id"
 _SAFE = re.compile(r"[A-Za-z0-9._~:/+=@-]{1,128}")

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
-from service.relay import Relay
-from service.runs import TurnRuns
-from service.store.base import ConversationStore, Operations
-from service.turns import TurnService
+from service.store.ports import ConversationStore, Operations
+from service.usecases.relay import Relay
+from service.usecases.runs import TurnRuns
+from service.usecases.turns import TurnService
 
 
 @dataclass(frozen=True)

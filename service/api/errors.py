@@ -12,7 +12,7 @@ from litestar.types import Scope
 
 from service.api.correlation import correlation_id
 from service.api.schemas import ErrorEnvelope
-from service.errors import RateLimited, TurnstoreError, Unauthorized, envelope
+from service.core.errors import RateLimited, TurnstoreError, Unauthorized, envelope
 
 log = logging.getLogger("turnstore.api")
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from litestar.datastructures import ResponseHeader
 from litestar.params import HeaderParameter
 
-from service.model import Precondition
+from service.core.model import Precondition
 
 IdempotencyKey = Annotated[
     str | None,

@@ -24,7 +24,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.sse import close_streams
-from service.errors import InvalidHost, InvalidInput, UnsupportedMediaType
+from service.core.errors import InvalidHost, InvalidInput, UnsupportedMediaType
 
 MAX_HEAD_BYTES = 16 * 1024  # room for a large JWT
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})

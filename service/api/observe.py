@@ -10,8 +10,8 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from opentelemetry import propagate, trace
 
-from service import tracing
-from service.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
+from service.platform import tracing
+from service.platform.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
 
 
 def http_metrics_middleware(app: ASGIApp) -> ASGIApp:

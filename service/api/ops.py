@@ -7,10 +7,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api.deps import Ops
 from service.api.errors import documented
-from service.errors import NotReady, StorageError
-from service.metrics import POOL_IN_USE, REGISTRY
-from service.migrate import head_revision, known_revisions
-from service.shutdown import SHUTDOWN
+from service.core.errors import NotReady, StorageError
+from service.platform.metrics import POOL_IN_USE, REGISTRY
+from service.platform.migrate import head_revision, known_revisions
+from service.platform.shutdown import SHUTDOWN
 
 _HEAD = head_revision()
 _KNOWN = known_revisions()

@@ -8,7 +8,7 @@ from uuid import UUID
 
 import msgspec
 
-from service.model import (
+from service.core.model import (
     ConversationInfo,
     ReplyStatus,
     Role,
@@ -17,8 +17,8 @@ from service.model import (
     Summary,
     TranscriptPage,
 )
-from service.plans import MESSAGE_PATTERN
-from service.turns import TurnDone
+from service.core.plans import MESSAGE_PATTERN
+from service.usecases.turns import TurnDone
 
 # What the turn service enforces on a message (service/plans.py), stated for the OpenAPI
 # document only: the service's own checks give clearer messages than a regex failure would.

@@ -27,10 +27,10 @@ from litestar.response import ServerSentEventMessage
 from litestar.types import Scope
 
 from service.api.errors import log_failure
-from service.errors import TurnstoreError, envelope
-from service.metrics import OPEN_STREAMS
-from service.model import RunEvent
-from service.shutdown import SHUTDOWN
+from service.core.errors import TurnstoreError, envelope
+from service.core.model import RunEvent
+from service.platform.metrics import OPEN_STREAMS
+from service.platform.shutdown import SHUTDOWN
 
 T = TypeVar("T")
 log = logging.getLogger("turnstore.api")

@@ -19,8 +19,8 @@ from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, LastEventId
 from service.api.schemas import TurnView
 from service.api.sse import closed_with_response, sse_events
-from service.errors import Cancelled, InvalidInput, StorageError, TurnNotFound, Unauthorized
-from service.runs import GONE, Started, TurnRuns
+from service.core.errors import Cancelled, InvalidInput, StorageError, TurnNotFound, Unauthorized
+from service.usecases.runs import GONE, Started, TurnRuns
 
 After = Annotated[
     int | None,

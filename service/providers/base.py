@@ -9,13 +9,13 @@ UpstreamError, UpstreamTimeout); an adapter never retries on its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
 
-from service.model import Origin, ReplyStatus
+from service.core.model import Origin, ReplyStatus
 
 
 @dataclass(frozen=True)
@@ -86,75 +86,3 @@ class Provider(Protocol):
         """Yield the reply's events; closing the iterator early cancels the upstream call."""
 
     async def close(self) -> None: ...
-
-
-class _ItemHead(msgspec.Struct):
-    type: str | None = None
-    encrypted_content: str | None = None
-
-
-@dataclass(frozen=True)
-class FunctionCall:
-    call_id: str
-    name: str
-    arguments: str  # the model's JSON text, unparsed: the tool gate judges it
-
-
-class _FunctionCallItem(msgspec.Struct):
-    type: str | None = None
-    call_id: str = ""
-    name: str = ""
-    arguments: str = ""
-
-
-def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
-    """The ``function_call`` items among a reply's output items, in order."""
-    heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
-    return [
-        FunctionCall(h.call_id, h.name, h.arguments) for h in heads if h.type == "function_call"
-    ]
-
-
-def function_outputs(items: Sequence[msgspec.Raw]) -> list[FunctionCall]:
-    """The ``function_call_output`` items among ``items`` (their call ids), in order."""
-    heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
-    return [FunctionCall(h.call_id, "", "") for h in heads if h.type == "function_call_output"]
-
-
-class _InputHead(msgspec.Struct):
-    type: str | None = None
-    role: str | None = None
-
-
-def input_count(items: Sequence[msgspec.Raw]) -> int:
-    """How many of a turn's items are its input (function outputs and messages the client
-    sent), not the provider's output: the leading ones that are not the assistant's."""
-    for index, item in enumerate(items):
-        head = msgspec.json.decode(item, type=_InputHead)
-        if head.type not in (None, "message", "function_call_output") or head.role == "assistant":
-            return index
-    return len(items)
-
-
-def open_calls(items: Sequence[msgspec.Raw]) -> set[str]:
-    """The call ids of the function calls among ``items`` that no output among them answers."""
-    heads = [msgspec.json.decode(item, type=_FunctionCallItem) for item in items]
-    called = {h.call_id for h in heads if h.type == "function_call"}
-    return called - {h.call_id for h in heads if h.type == "function_call_output"}
-
-
-def function_call_output(call_id: str, output: str) -> msgspec.Raw:
-    item = {"type": "function_call_output", "call_id": call_id, "output": output}
-    return msgspec.Raw(msgspec.json.encode(item))
-
-
-def is_sealed_reasoning(item: msgspec.Raw) -> bool:
-    """A reasoning item whose encrypted_content only the provider that made it can open."""
-    head = msgspec.json.decode(item, type=_ItemHead)
-    return head.type == "reasoning" and bool(head.encrypted_content)
-
-
-def user_input_item(text: str) -> msgspec.Raw:
-    """The Responses API input item for a user message."""
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    return msgspec.Raw(msgspec.json.encode(item))

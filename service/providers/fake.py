@@ -14,14 +14,9 @@ from collections.abc import AsyncGenerator, Mapping
 
 import msgspec
 
-from service.errors import InvalidEncryptedContent, UpstreamError
-from service.model import Origin
-from service.providers.base import (
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-)
+from service.core.errors import InvalidEncryptedContent, UpstreamError
+from service.core.model import Origin
+from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
 
 _SEAL_KEY = b"turnstore-fake-provider"
 

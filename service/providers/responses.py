@@ -36,7 +36,7 @@ import httpx
 import msgspec
 from opentelemetry import propagate, trace
 
-from service.errors import (
+from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
     InvalidEncryptedContent,
@@ -45,14 +45,8 @@ from service.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.model import Origin, ReplyStatus
-from service.providers.base import (
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-    encode_request,
-)
+from service.core.model import Origin, ReplyStatus
+from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta, encode_request
 
 log = logging.getLogger("turnstore.provider")
 

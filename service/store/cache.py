@@ -19,7 +19,7 @@ from uuid import UUID
 
 import msgspec
 
-from service.model import (
+from service.core.model import (
     ANONYMOUS,
     Append,
     Commit,
@@ -32,7 +32,7 @@ from service.model import (
     TranscriptPage,
     Turn,
 )
-from service.store.base import ConversationStore
+from service.store.ports import ConversationStore
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import base64
 from datetime import UTC, datetime
 from uuid import UUID
 
-from service.errors import InvalidInput
-from service.model import Summary
+from service.core.errors import InvalidInput
+from service.core.model import Summary
 
 # Before every conversation: the first page starts here.
 FIRST_PAGE = (datetime.max.replace(tzinfo=UTC), UUID(int=(1 << 128) - 1))

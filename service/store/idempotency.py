@@ -15,9 +15,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 
-from service.crypto import DataKey
-from service.errors import IdempotencyKeyReused, RequestInProgress
-from service.model import Committed, IdempotencyKey
+from service.core.errors import IdempotencyKeyReused, RequestInProgress
+from service.core.model import Committed, IdempotencyKey
+from service.platform.crypto import DataKey
 from service.store.tables import idempotency_keys as k
 
 

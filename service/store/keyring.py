@@ -15,8 +15,8 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.crypto import DataKey, MasterKeys, new_data_key
-from service.errors import StorageError
+from service.core.errors import StorageError
+from service.platform.crypto import DataKey, MasterKeys, new_data_key
 from service.store.tx import read, written
 
 CACHE_S = 60.0  # how long a replica keeps an unwrapped data key (at most twice that in memory)

@@ -10,7 +10,7 @@ import secrets
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.model import ANONYMOUS, KEY_ID_CHARS, is_owner_name, key_hash
+from service.core.model import ANONYMOUS, KEY_ID_CHARS, is_owner_name, key_hash
 from service.store.tables import api_keys
 from service.store.tx import read, transaction
 

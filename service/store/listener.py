@@ -25,8 +25,8 @@ import asyncpg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.db import driver_connect_args
-from service.errors import StorageError
+from service.core.errors import StorageError
+from service.platform.db import driver_connect_args
 from service.store.tx import read
 
 CHANNEL = "turnstore"

@@ -15,7 +15,7 @@ from uuid import UUID, uuid4
 
 import msgspec
 
-from service.errors import (
+from service.core.errors import (
     ConversationConflict,
     ConversationNotFound,
     IdempotencyKeyReused,
@@ -24,8 +24,7 @@ from service.errors import (
     RequestInProgress,
     TurnInterrupted,
 )
-from service.migrate import head_revision
-from service.model import (
+from service.core.model import (
     ANONYMOUS,
     FINISHED,
     Append,
@@ -48,9 +47,10 @@ from service.model import (
     TranscriptTurn,
     Turn,
 )
-from service.store.base import Readiness
+from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
+from service.store.ports import Readiness
 
 
 @dataclass

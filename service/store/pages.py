@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from service.model import Conversation, PageRequest, TranscriptPage, TranscriptTurn
+from service.core.model import Conversation, PageRequest, TranscriptPage, TranscriptTurn
 
 
 def fitting(sizes: Sequence[tuple[int, int]], page: PageRequest) -> list[int]:

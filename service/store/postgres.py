@@ -20,8 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.crypto import OVERHEAD, DataKey
-from service.errors import (
+from service.core.errors import (
     ConversationConflict,
     ConversationNotFound,
     InvalidInput,
@@ -29,7 +28,7 @@ from service.errors import (
     StorageError,
     TurnInterrupted,
 )
-from service.model import (
+from service.core.model import (
     ANONYMOUS,
     Append,
     Commit,
@@ -48,12 +47,13 @@ from service.model import (
     TranscriptTurn,
     Turn,
 )
+from service.platform.crypto import OVERHEAD, DataKey
 from service.store import idempotency as idem
 from service.store import runs
-from service.store.base import Readiness
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.keyring import Keyring
 from service.store.pages import fitting, page_of
+from service.store.ports import Readiness
 from service.store.sealed import (
     TURN_FIELDS,
     check_row,

@@ -17,8 +17,8 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.crypto import DataKey
-from service.model import NewRun, Renewed, RunEnd, RunEvent, RunView
+from service.core.model import NewRun, Renewed, RunEnd, RunEvent, RunView
+from service.platform.crypto import DataKey
 from service.store.keyring import Keyring
 from service.store.listener import CHANNEL
 from service.store.sealed import (

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import UUID
 
-from service.crypto import UNREADABLE, DataKey, place
-from service.errors import StorageError
+from service.core.errors import StorageError
+from service.platform.crypto import UNREADABLE, DataKey, place
 from service.store.keyring import Keyring
 
 log = logging.getLogger("turnstore.crypto")

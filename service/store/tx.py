@@ -10,7 +10,7 @@ import asyncpg
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.errors import StorageError
+from service.core.errors import StorageError
 
 # What a database failure looks like, from SQLAlchemy or from the driver underneath it.
 _FAILURES = (

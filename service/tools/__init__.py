@@ -2,7 +2,7 @@
 executor it admits calls to (``executor``), examples (``lookup``). Tool authors need only
 ``cancel_requested``; turnstore wires the rest."""
 
-from service.model import MAX_ARGUMENT_CHARS, ToolCallRecord, ToolStatus
+from service.core.model import MAX_ARGUMENT_CHARS, ToolCallRecord, ToolStatus
 from service.tools.executor import ToolExecutor, cancel_requested
 from service.tools.gate import MAX_RESULT_CHARS, ToolGate
 from service.tools.registry import Tool, ToolRegistry

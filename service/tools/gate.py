@@ -17,8 +17,8 @@ import threading
 import time
 from typing import Any
 
-from service.model import MAX_ARGUMENT_CHARS, ToolCallRecord, ToolStatus
-from service.strictjson import StrictJSONError, is_encodable, loads
+from service.core.model import MAX_ARGUMENT_CHARS, ToolCallRecord, ToolStatus
+from service.core.strictjson import StrictJSONError, is_encodable, loads
 from service.tools.executor import ToolExecutor, run_cancellable
 from service.tools.registry import Tool, ToolRegistry
 

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from service.strictjson import StrictJSONError, loads
+from service.core.strictjson import StrictJSONError, loads
 
 ENV = "LOOKUP_DATA_FILE"
 

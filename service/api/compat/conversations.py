@@ -26,7 +26,7 @@ from service.api.compat.schemas import (
 from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
-from service.errors import (
+from service.core.errors import (
     ConversationConflict,
     ConversationNotFound,
     InvalidInput,
@@ -36,7 +36,7 @@ from service.errors import (
     TurnstoreError,
     Unauthorized,
 )
-from service.items import items_turn
+from service.core.items import items_turn
 
 Include = Annotated[
     list[str] | None,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 import uuid
 
-from service.errors import ConversationNotFound, ResponseNotFound
-from service.relay import view_id as view_item_id
+from service.core.errors import ConversationNotFound, ResponseNotFound
+from service.usecases.relay import view_id as view_item_id
 
 __all__ = ["conversation_id", "parse_conversation", "parse_response", "response_id", "view_item_id"]
 

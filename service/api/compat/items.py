@@ -16,17 +16,17 @@ from typing import Any
 import msgspec
 
 from service.api.compat.ids import view_item_id
-from service.errors import (
+from service.core.errors import (
     ConversationConflict,
     ConversationNotFound,
     InvalidInput,
     ItemNotFound,
     PreconditionFailed,
 )
-from service.items import without_last_item
-from service.model import Append, Conversation, ConversationInfo, Precondition, Turn
-from service.plans import check_precondition
-from service.store.base import ConversationStore
+from service.core.items import run_inside, without_last_item
+from service.core.model import Append, Conversation, ConversationInfo, Precondition, Turn
+from service.core.plans import check_precondition
+from service.store.ports import ConversationStore
 
 ENCRYPTED = "reasoning.encrypted_content"
 INCLUDABLE = frozenset({ENCRYPTED, "message.output_text.logprobs"})
@@ -80,26 +80,13 @@ def output_items(
 def _shown_items(
     cid: uuid.UUID, revision: int, raws: Sequence[msgspec.Raw], first: int, encrypted: bool
 ) -> list[dict[str, Any]]:
+    inside = run_inside(raws)
     items = [msgspec.json.decode(raw) for raw in raws]
-    inside = _run_inside(items)
     return [
         _shown(item, cid, revision, index, encrypted)
         for index, item in enumerate(items, start=first)
         if isinstance(item, dict) and item.get("call_id") not in inside
     ]
-
-
-def _run_inside(items: list[Any]) -> set[str]:
-    """The calls turnstore's own tools ran inside the turn: answered in the same turn, after
-    the call (a client's calls are answered by its next turn)."""
-    called, inside = set(), set()
-    for item in items:
-        kind = item.get("type") if isinstance(item, dict) else None
-        if kind == "function_call":
-            called.add(item.get("call_id"))
-        elif kind == "function_call_output" and item.get("call_id") in called:
-            inside.add(item.get("call_id"))
-    return inside
 
 
 def _shown(

@@ -27,7 +27,7 @@ from service.api.correlation import correlation_id
 from service.api.deps import Caller
 from service.api.headers import CORRELATION_ID, RETRY_AFTER, IdempotencyKey
 from service.api.sse import closed_with_response
-from service.errors import (
+from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
     ConversationConflict,
@@ -41,13 +41,12 @@ from service.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.items import client_tools, turn_input
-from service.model import ForkPoint
-from service.model import IdempotencyKey as Key
-from service.plans import TurnPlan
-from service.providers.base import input_count
-from service.relay import Relay
-from service.turns import TurnService
+from service.core.items import client_tools, input_count, turn_input
+from service.core.model import ForkPoint
+from service.core.model import IdempotencyKey as Key
+from service.core.plans import TurnPlan
+from service.usecases.relay import Relay
+from service.usecases.turns import TurnService
 
 UNSUPPORTED = {
     "instructions": "instructions are not supported: the system prompt is the server's "

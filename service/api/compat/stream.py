@@ -22,10 +22,10 @@ from service.api.compat.items import output_items
 from service.api.compat.schemas import response_object
 from service.api.errors import log_failure, openai_type
 from service.api.sse import Stopped, with_keepalive
-from service.errors import ContentFiltered, NotReady, TurnstoreError
+from service.core.errors import ContentFiltered, NotReady, TurnstoreError
+from service.platform.shutdown import SHUTDOWN
 from service.providers.base import TextDelta
-from service.shutdown import SHUTDOWN
-from service.turns import TurnDone, TurnEvent, TurnStarted
+from service.usecases.turns import TurnDone, TurnEvent, TurnStarted
 
 log = logging.getLogger("turnstore.api")
 _JSON = msgspec.json.Encoder()

@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from service.errors import (
+from service.core.errors import (
     Cancelled,
     NotReady,
     RequestInProgress,
@@ -42,15 +42,15 @@ from service.errors import (
     TurnstoreError,
     envelope,
 )
-from service.exchange import ToolCalled
-from service.locks import settle
-from service.logs import correlation_id_var
-from service.model import NewRun, Renewed, RunCommit, RunEnd, RunEvent, RunStatus, RunView
-from service.plans import TurnPlan
+from service.core.model import NewRun, Renewed, RunCommit, RunEnd, RunEvent, RunStatus, RunView
+from service.core.plans import TurnPlan
+from service.platform.logs import correlation_id_var
+from service.platform.shutdown import SHUTDOWN
 from service.providers.base import TextDelta
-from service.shutdown import SHUTDOWN
-from service.store.base import IdempotencyStore, Notifications, RunStore
-from service.turns import TurnDone, TurnEvent, TurnService, TurnStarted
+from service.store.ports import IdempotencyStore, Notifications, RunStore
+from service.usecases.exchange import ToolCalled
+from service.usecases.locks import settle
+from service.usecases.turns import TurnDone, TurnEvent, TurnService, TurnStarted
 
 log = logging.getLogger("turnstore.runs")
 

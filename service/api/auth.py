@@ -29,10 +29,10 @@ from litestar.handlers import BaseRouteHandler
 from litestar.openapi.spec import Components, SecurityRequirement, SecurityScheme
 from litestar.types import Guard
 
-from service.errors import Unauthorized
-from service.model import ANONYMOUS, is_owner_name
-from service.settings import Settings
-from service.store.base import ApiKeys
+from service.core.errors import Unauthorized
+from service.core.model import ANONYMOUS, is_owner_name
+from service.platform.settings import Settings
+from service.store.ports import ApiKeys
 
 Connection = ASGIConnection[Any, Any, Any, Any]
 Authenticator = Callable[[Connection], Awaitable[str]]

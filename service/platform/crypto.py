@@ -24,7 +24,7 @@ from uuid import UUID
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from service.errors import StorageError
+from service.core.errors import StorageError
 
 KEY_BYTES = 32
 _NONCE = 12

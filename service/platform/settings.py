@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from service.crypto import KeyFileError, MasterKeys, read_master_keys
+from service.platform.crypto import KeyFileError, MasterKeys, read_master_keys
 
 
 class SettingsError(ValueError):

@@ -19,12 +19,12 @@ from typing import Any
 
 import msgspec
 
-from service.errors import InvalidInput, UpstreamError
-from service.exchange import advertised
-from service.items import check_history
+from service.core.errors import InvalidInput, UpstreamError
+from service.core.items import check_history
+from service.core.window import SystemPrompt
 from service.providers.base import Provider, ProviderRequest, Reply
-from service.store.base import ConversationStore
-from service.window import SystemPrompt
+from service.store.ports import ConversationStore
+from service.usecases.exchange import advertised
 
 _VIEW_PREFIX = "msg_"
 _VIEW_LENGTH = len(_VIEW_PREFIX) + 32 + 8 + 4

@@ -13,21 +13,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from service import metrics, tracing
-from service.errors import ContextLengthExceeded, InvalidEncryptedContent, UpstreamError
-from service.model import ToolCallRecord
-from service.providers.base import (
-    Provider,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-    function_call_output,
-    function_calls,
-)
+from service.core.errors import ContextLengthExceeded, InvalidEncryptedContent, UpstreamError
+from service.core.items import function_call_output, function_calls
+from service.core.model import ToolCallRecord
+from service.core.window import Window, request_bytes
+from service.platform import metrics, tracing
+from service.providers.base import Provider, ProviderRequest, Reply, TextDelta
 from service.tools.executor import ToolExecutor
 from service.tools.gate import ToolGate
 from service.tools.registry import ToolRegistry
-from service.window import Window, request_bytes
 
 
 @dataclass(frozen=True)

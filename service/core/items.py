@@ -1,4 +1,8 @@
-"""Input items a client sends on the OpenAI surface, checked before anything is stored.
+"""The item grammar: items as the Responses API defines them, in one place.
+
+Items are kept as the provider's (or the client's) JSON bytes and read only by their heads
+(``type``, ``role``, ``call_id``...): the bytes are never rebuilt. Input items a client sends
+on the OpenAI surface are checked here before anything is stored.
 
 Items appended without calling the model (``POST /v1/conversations`` with ``items``) become
 one committed turn: their bytes are the turn's replay items, re-sent as they came; its
@@ -11,13 +15,105 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from service.errors import InvalidInput
-from service.model import Turn
-from service.strictjson import is_encodable
+from service.core.errors import InvalidInput
+from service.core.model import Turn
+from service.core.strictjson import is_encodable
+
+# --- items as the provider defines them: read by their heads, never rebuilt ---------------
+
+
+class _ItemHead(msgspec.Struct):
+    type: str | None = None
+    encrypted_content: str | None = None
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    call_id: str
+    name: str
+    arguments: str  # the model's JSON text, unparsed: the tool gate judges it
+
+
+class _FunctionCallItem(msgspec.Struct):
+    type: str | None = None
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
+    """The ``function_call`` items among a reply's output items, in order."""
+    heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
+    return [
+        FunctionCall(h.call_id, h.name, h.arguments) for h in heads if h.type == "function_call"
+    ]
+
+
+def function_outputs(items: Sequence[msgspec.Raw]) -> list[FunctionCall]:
+    """The ``function_call_output`` items among ``items`` (their call ids), in order."""
+    heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
+    return [FunctionCall(h.call_id, "", "") for h in heads if h.type == "function_call_output"]
+
+
+class _InputHead(msgspec.Struct):
+    type: str | None = None
+    role: str | None = None
+
+
+def input_count(items: Sequence[msgspec.Raw]) -> int:
+    """How many of a turn's items are its input (function outputs and messages the client
+    sent), not the provider's output: the leading ones that are not the assistant's."""
+    for index, item in enumerate(items):
+        head = msgspec.json.decode(item, type=_InputHead)
+        if head.type not in (None, "message", "function_call_output") or head.role == "assistant":
+            return index
+    return len(items)
+
+
+def open_calls(items: Sequence[msgspec.Raw]) -> set[str]:
+    """The call ids of the function calls among ``items`` that no output among them answers."""
+    heads = [msgspec.json.decode(item, type=_FunctionCallItem) for item in items]
+    called = {h.call_id for h in heads if h.type == "function_call"}
+    return called - {h.call_id for h in heads if h.type == "function_call_output"}
+
+
+def function_call_output(call_id: str, output: str) -> msgspec.Raw:
+    item = {"type": "function_call_output", "call_id": call_id, "output": output}
+    return msgspec.Raw(msgspec.json.encode(item))
+
+
+def is_sealed_reasoning(item: msgspec.Raw) -> bool:
+    """A reasoning item whose encrypted_content only the provider that made it can open."""
+    head = msgspec.json.decode(item, type=_ItemHead)
+    return head.type == "reasoning" and bool(head.encrypted_content)
+
+
+def run_inside(items: Sequence[msgspec.Raw]) -> set[str]:
+    """The call ids of the calls turnstore's own tools ran inside the turn of ``items``:
+    answered in the same turn, after the call (a client's calls are answered by its next
+    turn)."""
+    called, inside = set(), set()
+    for item in items:
+        head = msgspec.json.decode(item, type=_FunctionCallItem)
+        if head.type == "function_call":
+            called.add(head.call_id)
+        elif head.type == "function_call_output" and head.call_id in called:
+            inside.add(head.call_id)
+    return inside
+
+
+def user_input_item(text: str) -> msgspec.Raw:
+    """The Responses API input item for a user message."""
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    return msgspec.Raw(msgspec.json.encode(item))
+
+
+# --- items a client sends ----------------------------------------------------------------
 
 MAX_ITEMS = 20
 _ROLES = frozenset({"user", "assistant", "system", "developer"})

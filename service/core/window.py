@@ -19,9 +19,9 @@ from pathlib import Path
 
 import msgspec
 
-from service.errors import ContextLengthExceeded
-from service.model import Origin, Turn
-from service.providers.base import is_sealed_reasoning
+from service.core.errors import ContextLengthExceeded
+from service.core.items import is_sealed_reasoning
+from service.core.model import Origin, Turn
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from service.settings import Settings
+from service.platform.settings import Settings
 
 
 def async_url(url: str) -> str:
@@ -103,8 +103,8 @@ def resolve_database(settings: Settings, *, migrate: bool = True) -> tuple[str, 
     Returns the URL and what to call at shutdown (stops the server if this call started it)."""
     if settings.database_url:
         return settings.database_url, lambda: None
-    from service.embedded import ensure_embedded_postgres
-    from service.migrate import upgrade
+    from service.platform.embedded import ensure_embedded_postgres
+    from service.platform.migrate import upgrade
 
     server = ensure_embedded_postgres(settings.data_dir)
     if migrate:

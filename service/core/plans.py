@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from service.errors import ConversationNotFound, InvalidInput, PreconditionFailed
-from service.model import ANONYMOUS, ForkPoint, IdempotencyKey, Precondition
-from service.providers.base import user_input_item
-from service.strictjson import is_encodable
+from service.core.errors import ConversationNotFound, InvalidInput, PreconditionFailed
+from service.core.items import user_input_item
+from service.core.model import ANONYMOUS, ForkPoint, IdempotencyKey, Precondition
+from service.core.strictjson import is_encodable
 
 # Whitespace as JSON Schema (ECMA-262) patterns know it: the OpenAPI document states the
 # message rule with this very class (service/api/schemas.py), so a client validating against

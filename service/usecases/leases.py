@@ -26,12 +26,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from service import metrics, tracing
-from service.errors import ConversationBusy, ConversationNotFound, StorageError
-from service.locks import KeyedLocks, settle
-from service.model import Conversation
-from service.plans import TurnPlan
-from service.store.base import ConversationStore, Notifications
+from service.core.errors import ConversationBusy, ConversationNotFound, StorageError
+from service.core.model import Conversation
+from service.core.plans import TurnPlan
+from service.platform import metrics, tracing
+from service.store.ports import ConversationStore, Notifications
+from service.usecases.locks import KeyedLocks, settle
 
 log = logging.getLogger("turnstore.leases")
 

@@ -18,8 +18,7 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
-from service import metrics, tracing
-from service.errors import (
+from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
     ConversationNotFound,
@@ -28,10 +27,8 @@ from service.errors import (
     TurnstoreError,
     UpstreamError,
 )
-from service.exchange import Answer, Exchange, ToolCalled, Tooling
-from service.leases import Held, Leases
-from service.locks import settle
-from service.model import (
+from service.core.items import function_outputs, input_count, open_calls
+from service.core.model import (
     ANONYMOUS,
     Append,
     Committed,
@@ -41,18 +38,15 @@ from service.model import (
     RunCommit,
     Turn,
 )
-from service.plans import TurnPlan, check_precondition, make_plan
-from service.providers.base import (
-    Provider,
-    TextDelta,
-    function_outputs,
-    input_count,
-    open_calls,
-    request_overhead,
-)
-from service.store.base import ConversationStore, IdempotencyStore
-from service.strictjson import is_encodable
-from service.window import Budget, SystemPrompt, Window, choose_window
+from service.core.plans import TurnPlan, check_precondition, make_plan
+from service.core.strictjson import is_encodable
+from service.core.window import Budget, SystemPrompt, Window, choose_window
+from service.platform import metrics, tracing
+from service.providers.base import Provider, TextDelta, request_overhead
+from service.store.ports import ConversationStore, IdempotencyStore
+from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling
+from service.usecases.leases import Held, Leases
+from service.usecases.locks import settle
 
 T = TypeVar("T")
 

@@ -24,7 +24,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.api.limits import MAX_HEAD_BYTES
-from service.settings import Settings
+from service.platform.settings import Settings
 
 
 @functools.cache

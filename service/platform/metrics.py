@@ -15,7 +15,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from service.errors import TurnstoreError
+from service.core.errors import TurnstoreError
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)  # CPU, memory, open files of this process

@@ -18,7 +18,7 @@ from uuid import UUID
 
 import msgspec
 
-from service.model import (
+from service.core.model import (
     ANONYMOUS,
     Append,
     Commit,

@@ -28,13 +28,14 @@ from service.api.compat.conversations import OpenAIConversations
 from service.api.compat.responses import OpenAIResponses
 from service.api.conversations import ConversationController
 from service.api.correlation import add_correlation_header, correlation_middleware
-from service.api.deps import Api
+from service.api.deps import Api, UseCases
 from service.api.errors import error_response
 from service.api.limits import RequestRules, allowed_hosts, request_rules_middleware
 from service.api.observe import http_metrics_middleware
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, ForkRequest
 from service.api.turns import TurnController
+from service.core.plans import PlanRules, claim_lease_s
 from service.core.window import Budget, SystemPrompt
 from service.platform import tracing
 from service.platform.db import create_engine, resolve_database
@@ -48,22 +49,22 @@ from service.store.cache import CachedStore
 from service.store.keyring import Keyring
 from service.store.keys import ApiKeyStore
 from service.store.listener import PostgresNotifications
-from service.store.memory import LocalNotifications, MemoryStore
 from service.store.ports import (
     ApiKeys,
+    Backend,
+    Closer,
     ConversationStore,
-    IdempotencyStore,
-    Notifications,
     Operations,
-    RunStore,
 )
 from service.store.postgres import PostgresStore
 from service.store.runs import PostgresRuns
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
+from service.usecases.conversations import Conversations
 from service.usecases.exchange import Tooling
 from service.usecases.leases import LeasePolicy, Leases
 from service.usecases.relay import Relay
+from service.usecases.responses import Responses
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService
 
@@ -112,22 +113,19 @@ def postgres_store(
     engine: AsyncEngine, settings: Settings, keyring: Keyring | None = None
 ) -> PostgresStore:
     """The PostgreSQL store ports (also for the CLI's commands)."""
-    # A claimed Idempotency-Key whose replica died is taken over once the longest turn is
-    # surely over.
-    lease_s = settings.upstream_read_timeout_s * settings.tool_max_rounds + 60
     return PostgresStore(
         engine,
         retention_days=settings.retention_days,
         idempotency_ttl_s=settings.idempotency_ttl_s,
-        idempotency_lease_s=lease_s,
+        idempotency_lease_s=claim_lease_s(
+            settings.upstream_read_timeout_s, settings.tool_max_rounds
+        ),
         events_ttl_s=settings.turn_events_ttl_s,
         keyring=keyring,
     )
 
 
-def build_keyring(
-    settings: Settings, engine: AsyncEngine, closers: list[Callable[[], Awaitable[None]]]
-) -> Keyring | None:
+def build_keyring(settings: Settings, engine: AsyncEngine, closers: list[Closer]) -> Keyring | None:
     """The keyring with ENCRYPTION_KEYS_FILE (None: stored in clear), in the data's database
     unless KEYRING_DATABASE_URL names another (whose pool is closed with the rest)."""
     masters = settings.master_keys()
@@ -152,37 +150,13 @@ def run_with_api_keys(url: str, action: Callable[[ApiKeyStore], Awaitable[T]]) -
     return asyncio.run(main())
 
 
-@dataclass
-class Services:
-    """Everything the HTTP layer is wired to, and how to let it go at shutdown."""
-
-    store: ConversationStore
-    ops: Operations
-    turns: TurnService
-    runs: TurnRuns
-    relay: Relay
-    api_keys: ApiKeys | None
-    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-
-    async def close(self) -> None:
-        for close in reversed(self.closers):
-            await close()
-
-
-def build_services(
-    settings: Settings,
-    *,
-    store: ConversationStore | None = None,
-    provider: Provider | None = None,
-    api_keys: ApiKeys | None = None,
-) -> Services:
-    """The store (PostgreSQL unless one is handed in), the provider, the tools and the turn
-    service over them."""
-    closers: list[Callable[[], Awaitable[None]]] = []
-    idempotency: IdempotencyStore | None = None
-    ops: Operations
-    notifications: Notifications
-    run_store: RunStore
+def postgres_backend(settings: Settings, *, store: PostgresStore | None = None) -> Backend:
+    """PostgreSQL behind every port: the database of the settings (the embedded one unless
+    DATABASE_URL names one), or the one of ``store`` (a store the caller made, e.g. a test's
+    seam), which is then used as it is, without the history cache."""
+    closers: list[Closer] = []
+    url = settings.database_url
+    conversations: ConversationStore
     if store is None:
         url, stop_database = resolve_database(settings)
         closers.append(_async(stop_database))
@@ -191,71 +165,95 @@ def build_services(
             pool_size=settings.db_pool_size,
             statement_cache_size=settings.db_statement_cache_size,
         )
-        keyring = build_keyring(settings, engine, closers)
-        postgres = postgres_store(engine, settings, keyring)
-        # Closed in reverse: the pool after everything that uses it (the listener pings
-        # through it; a ping after the pool's disposal would open a connection nobody closes).
-        closers.append(postgres.close)
-        listener = PostgresNotifications(settings.database_listen_url or url, engine)
-        closers.append(listener.close)
-        notifications = listener
-        store = idempotency = ops = postgres
-        run_store = PostgresRuns(engine, events_ttl_s=settings.turn_events_ttl_s, keyring=keyring)
-        api_keys = api_keys or ApiKeyStore(engine)
-        if settings.history_cache_bytes > 0:
-            store = CachedStore(store, settings.history_cache_bytes)
+        store = postgres_store(engine, settings, build_keyring(settings, engine, closers))
+        cache = settings.history_cache_bytes
+        conversations = CachedStore(store, cache) if cache > 0 else store
     else:
-        closers.append(store.close)
-        ops = store if isinstance(store, Operations) else MemoryStore()
-        notifications = _notifications_of(store, settings, closers)
-        run_store = _runs_of(store, settings)
+        conversations = store
+    assert url is not None  # a store handed in came with the settings' database
+    # Closed in reverse: the pool after everything that uses it (the listener pings through
+    # it; a ping after the pool's disposal would open a connection nobody closes).
+    closers.append(store.close)
+    listener = PostgresNotifications(settings.database_listen_url or url, store.engine)
+    closers.append(listener.close)
+    runs = PostgresRuns(
+        store.engine, events_ttl_s=settings.turn_events_ttl_s, keyring=store.keyring
+    )
+    return Backend(conversations, runs, listener, store, store, ApiKeyStore(store.engine), closers)
+
+
+@dataclass
+class Services:
+    """Everything the HTTP layer is wired to, and how to let it go at shutdown."""
+
+    store: ConversationStore
+    ops: Operations
+    cases: UseCases
+    api_keys: ApiKeys | None
+    closers: list[Closer] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in reversed(self.closers):
+            await close()
+
+
+def build_services(
+    settings: Settings, backend: Backend | None = None, provider: Provider | None = None
+) -> Services:
+    """The use cases over ``backend`` (PostgreSQL's unless one is handed in) and the
+    provider (the settings' unless one is handed in)."""
+    backend = backend or postgres_backend(settings)
+    closers = list(backend.closers)
     provider = provider or build_provider(settings)
     closers.append(provider.close)
     tooling = build_tooling(settings)
     if tooling is not None:
         closers.append(_async(tooling.executor.shutdown))
+    leases = Leases(backend.store, backend.notifications, _lease_policy(settings))
+    closers.append(leases.close)
     prompt = settings.system_prompt_file
-    policy = LeasePolicy(
+    turns = TurnService(
+        backend.store,
+        provider,
+        leases=leases,
+        system_prompt=SystemPrompt.from_file(prompt) if prompt else None,
+        budget=Budget(settings.context_max_turns, settings.context_max_request_bytes),
+        tooling=tooling,
+        idempotency=backend.idempotency,
+    )
+    runs = TurnRuns(turns, backend.runs, backend.notifications, heartbeat_s=settings.turn_lease_s)
+    closers.append(lambda: runs.close(settings.shutdown_grace_s))  # first: runs use the rest
+    rules = PlanRules(
+        max_message_chars=settings.max_message_chars,
+        idempotency=backend.idempotency is not None,
+        own_tools=turns.tool_names,
+    )
+    conversations = Conversations(backend.store)
+    relay = Relay(backend.store, provider, turns.prompt)
+    responses = Responses(turns, runs, relay, conversations, rules)
+    cases = UseCases(turns, runs, conversations, responses, rules, settings.sse_keepalive_s)
+    return Services(backend.store, backend.ops, cases, backend.api_keys, closers)
+
+
+def _lease_policy(settings: Settings) -> LeasePolicy:
+    return LeasePolicy(
         queue=settings.turn_concurrency == "queue",
         queue_wait_s=settings.turn_queue_wait_s,
         lease_s=settings.turn_lease_s,
     )
-    leases = Leases(store, notifications, policy)
-    closers.append(leases.close)
-    turns = TurnService(
-        store,
-        provider,
-        leases=leases,
-        max_message_chars=settings.max_message_chars,
-        system_prompt=SystemPrompt.from_file(prompt) if prompt else None,
-        budget=Budget(settings.context_max_turns, settings.context_max_request_bytes),
-        tooling=tooling,
-        idempotency=idempotency,
-    )
-    runs = TurnRuns(
-        turns,
-        run_store,
-        notifications,
-        heartbeat_s=settings.turn_lease_s,
-        idempotency=idempotency,
-    )
-    closers.append(lambda: runs.close(settings.shutdown_grace_s))  # first: runs use the rest
-    relay = Relay(store, provider, turns.prompt)
-    return Services(store, ops, turns, runs, relay, api_keys, closers)
 
 
 def create_app(
     settings: Settings | None = None,
     *,
-    store: ConversationStore | None = None,
+    backend: Backend | None = None,
     provider: Provider | None = None,
-    api_keys: ApiKeys | None = None,
 ) -> Litestar:
-    """The app. ``store`` replaces the PostgreSQL store (and with it idempotency, operations
-    and API keys, which then need ``api_keys`` for AUTH_MODE=api_key)."""
+    """The app over ``backend`` (PostgreSQL's, see ``postgres_backend``, unless one is handed
+    in) and ``provider`` (the settings', unless one is handed in)."""
     settings = settings or Settings.from_env()
     tracing.configure()
-    services = build_services(settings, store=store, provider=provider, api_keys=api_keys)
+    services = build_services(settings, backend, provider)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -285,7 +283,7 @@ def create_app(
         route_handlers=[owned, healthz, readyz, metrics],
         dependencies={
             "ops": _constant(services.ops),
-            "api": Provide(_api(owner, services, settings.sse_keepalive_s)),
+            "api": Provide(_api(owner, services.cases)),
         },
         exception_handlers={Exception: error_response},
         before_send=[add_correlation_header],
@@ -323,48 +321,18 @@ def _openapi(components: Components) -> OpenAPIConfig:
     )  # fmt: skip
 
 
-def _notifications_of(
-    store: ConversationStore, settings: Settings, closers: list[Callable[[], Awaitable[None]]]
-) -> Notifications:
-    """For a store handed in (tests): the in-memory store's own, else PostgreSQL's."""
-    if isinstance(store, MemoryStore):
-        return store.notifications
-    if not isinstance(store, PostgresStore):
-        return LocalNotifications()
-    url = settings.database_listen_url or settings.database_url
-    assert url is not None  # a PostgresStore came with its database
-    listener = PostgresNotifications(url, store.engine)
-    closers.append(listener.close)
-    return listener
-
-
-def _runs_of(store: ConversationStore, settings: Settings) -> RunStore:
-    """For a store handed in (tests): the in-memory store's own, else PostgreSQL's."""
-    if isinstance(store, MemoryStore):
-        return store
-    assert isinstance(store, PostgresStore), "a store handed in is in memory or PostgreSQL"
-    return PostgresRuns(
-        store.engine, events_ttl_s=settings.turn_events_ttl_s, keyring=store.keyring
-    )
-
-
 def _rules(settings: Settings) -> RequestRules:
     hosts = allowed_hosts(settings.auth_mode, settings.allowed_hosts)
     return RequestRules(allowed_hosts=hosts, send_timeout_s=settings.client_send_timeout_s)
 
 
 def _api(
-    owner: Callable[[Request[Any, Any, Any]], Awaitable[str]],
-    services: Services,
-    sse_keepalive_s: float,
+    owner: Callable[[Request[Any, Any, Any]], Awaitable[str]], cases: UseCases
 ) -> Callable[[Request[Any, Any, Any]], Awaitable[Api]]:
     """The handlers' one dependency: who is asking (the guard's result) and the use cases."""
 
     async def api(request: Request[Any, Any, Any]) -> Api:
-        return Api(
-            await owner(request), services.store, services.turns, services.runs,
-            services.relay, sse_keepalive_s,
-        )  # fmt: skip
+        return Api(await owner(request), cases)
 
     return api
 

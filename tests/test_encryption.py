@@ -31,7 +31,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app
-from service.core.model import NewRun, RunEvent
+from service.core.events import RunEvent
+from service.core.model import NewRun
 from service.platform import migrate
 from service.platform.crypto import KeyFileError, read_master_keys
 from service.platform.settings import Settings

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
+from service.app import create_app, postgres_backend
 from service.platform import migrate
 from service.platform.settings import Settings
 from tests.cluster import fake_api, provider_env, replica, replicas, turnstore_env, wait_ready
@@ -142,7 +142,11 @@ async def test_a_holder_whose_lease_expired_loses_to_the_turn_that_took_it(
 ) -> None:
     api = FakeResponsesAPI()
     settings = Settings(database_url=database_url, turn_lease_s=1)
-    stale = create_app(settings, store=FailingRenewals(engine), provider=api.provider())
+    stale = create_app(
+        settings,
+        backend=postgres_backend(settings, store=FailingRenewals(engine)),
+        provider=api.provider(),
+    )
     fresh = create_app(settings, provider=api.provider())
     async with (
         serve(stale) as stale_url,

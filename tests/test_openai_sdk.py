@@ -16,7 +16,7 @@ import openai
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
+from service.app import create_app, postgres_backend
 from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
 from tests.fakeapi import FakeResponsesAPI, Script
@@ -33,10 +33,11 @@ async def sdk(
     every request the SDK sent, and a plain client for /api/v1."""
     retries = settings.pop("max_retries", 0)
     headers = settings.pop("headers", {})
+    config = Settings(database_url=database_url, **settings)
     app = create_app(
-        Settings(database_url=database_url, **settings),
+        config,
         provider=provider or FakeProvider(),
-        store=store,
+        backend=postgres_backend(config, store=store) if store is not None else None,
     )
     wire: Wire = []
 

@@ -17,16 +17,16 @@ import pytest
 from httpx_sse import ServerSentEvent, aconnect_sse
 from sqlalchemy import text
 
-from service.api.sse import sse_events
+from service.api.sse import TurnEvents, sse_events
 from service.app import build_services
 from service.core.model import Origin
+from service.core.plans import PlanRules, make_plan
 from service.platform import migrate
 from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.platform.shutdown import SHUTDOWN
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.store.listener import PostgresNotifications
-from service.store.memory import MemoryStore
 from service.store.postgres import PostgresStore
 from service.usecases.leases import Leases
 from service.usecases.runs import TurnRuns
@@ -34,6 +34,7 @@ from service.usecases.turns import TurnService
 from tests.cluster import fake_api, provider_env, replica, turnstore_env, wait_ready, wait_until
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script
+from tests.memory import MemoryStore
 
 CHAT = "/api/v1/chat"
 GRACE_S = 10
@@ -178,12 +179,15 @@ class Stalling:
 async def _stream(provider: Stalling, *, background: bool = False) -> AsyncIterator[Any]:
     store = MemoryStore()
     leases = Leases(store, store.notifications)
-    turns = TurnService(store, provider, leases=leases, max_message_chars=100)
+    turns = TurnService(store, provider, leases=leases)
     runs = TurnRuns(turns, store, store.notifications, heartbeat_s=30)
-    plan = turns.plan("hi", None, None, background=background)
-    started = await runs.start(plan, background=background, correlation_id="cid")
+    plan = make_plan(PlanRules(max_message_chars=100), "hi", None, None, background=background)
+    started = await runs.start(plan, correlation_id="cid")
     assert started.run is not None
-    return sse_events(started.run.follow(), "cid", keepalive_s=60, follower=background)
+    rendering = TurnEvents("cid")
+    return sse_events(
+        started.run.follow(), rendering, 60, correlation_id="cid", follower=background
+    )
 
 
 async def test_a_shutdown_ends_an_open_stream_with_one_error_event() -> None:

@@ -26,8 +26,8 @@ from service.core.model import ANONYMOUS, Append, Committed, IdempotencyKey, Tur
 from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine
 from service.store.keyring import Keyring
-from service.store.memory import MemoryStore
 from service.store.postgres import PostgresStore
+from tests.memory import MemoryStore
 
 AnyStore = PostgresStore | MemoryStore
 

@@ -11,7 +11,7 @@ import httpx
 from httpx_sse import aconnect_sse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
+from service.app import create_app, postgres_backend
 from service.core.model import Append, Commit
 from service.platform.settings import Settings
 from service.store.postgres import PostgresStore
@@ -182,7 +182,8 @@ async def test_disconnect_during_the_commit_lets_the_commit_finish(
     message.done had been lost on the wire; then the conversation lock is released."""
     store = PausingStore(engine)
     store.proceed.set()
-    app = create_app(Settings(database_url=database_url), store=store)
+    settings = Settings(database_url=database_url)
+    app = create_app(settings, backend=postgres_backend(settings, store=store))
     async with serve(app) as base, httpx.AsyncClient(base_url=base) as client:
         _, events = await stream(client, message="start")
         cid = events[-1][1]["conversation_id"]
@@ -279,7 +280,11 @@ async def test_across_replicas_the_stale_stream_ends_with_conflict(
     replica committed: it ends with conversation_conflict and writes nothing."""
     slow, fast = FakeResponsesAPI(), FakeResponsesAPI()
     settings = Settings(database_url=database_url, turn_lease_s=1)
-    stale = create_app(settings, store=FailingRenewals(engine), provider=slow.provider())
+    stale = create_app(
+        settings,
+        backend=postgres_backend(settings, store=FailingRenewals(engine)),
+        provider=slow.provider(),
+    )
     async with (
         serve(stale) as stale_url,
         httpx.AsyncClient(base_url=stale_url, timeout=30) as one,

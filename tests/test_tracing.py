@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
+from service.app import create_app, postgres_backend
 from service.platform.logs import JSONFormatter
 from service.platform.settings import Settings
 from tests.conftest import ClientFactory
@@ -80,7 +80,11 @@ async def test_a_committed_turn(make_client: ClientFactory) -> None:
 async def test_a_conflicted_turn(database_url: str, engine: AsyncEngine) -> None:
     api = FakeResponsesAPI()
     settings = Settings(database_url=database_url, turn_lease_s=1)
-    stale = create_app(settings, store=FailingRenewals(engine), provider=api.provider())
+    stale = create_app(
+        settings,
+        backend=postgres_backend(settings, store=FailingRenewals(engine)),
+        provider=api.provider(),
+    )
     fresh_app = create_app(settings, provider=api.provider())
     async with (
         serve(stale) as stale_url,

@@ -28,15 +28,16 @@ from service.core.errors import (
 )
 from service.core.items import user_input_item
 from service.core.model import ANONYMOUS, Append, Origin, Turn
+from service.core.plans import PlanRules, make_plan
 from service.core.window import Budget
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.fake import FakeProvider
-from service.store.memory import MemoryStore
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
 from service.usecases.exchange import Tooling
 from service.usecases.leases import LeasePolicy, Leases
 from service.usecases.turns import TurnDone, TurnService
+from tests.memory import MemoryStore
 from tests.tools_fixtures import Echo
 
 ORIGIN = Origin("scripted", "memory", "m")
@@ -87,11 +88,12 @@ def service(
 ) -> TurnService:
     store = store or MemoryStore()
     leases = Leases(store, store.notifications, policy)
-    return TurnService(store, provider, leases=leases, max_message_chars=1000, **kw)
+    return TurnService(store, provider, leases=leases, **kw)
 
 
 async def turn(turns: TurnService, text: str, cid: uuid.UUID | None = None, **kw: Any) -> TurnDone:
-    plan = turns.plan(text, str(cid) if cid else None, kw.pop("if_match", None), **kw)
+    rules = PlanRules(max_message_chars=1000)
+    plan = make_plan(rules, text, str(cid) if cid else None, kw.pop("if_match", None), **kw)
     return await turns.run(plan)
 
 
@@ -276,13 +278,10 @@ def test_an_idempotency_key_hashes_a_plain_turn_as_the_previous_release_did() ->
     their retries: a plain turn's subject is [message, conversation id], as it was."""
     import hashlib
 
-    from service.core.plans import make_plan
-
     cid = str(uuid.uuid4())
-    plain = make_plan("hi", cid, None, max_message_chars=100, idempotency_key="k")
+    rules = PlanRules(max_message_chars=100)
+    plain = make_plan(rules, "hi", cid, None, idempotency_key="k")
     old = hashlib.sha256(msgspec.json.encode(["hi", cid])).hexdigest()
     assert plain.idempotency is not None and plain.idempotency.request_hash == old
-    background = make_plan(
-        "hi", cid, None, max_message_chars=100, idempotency_key="k", background=True
-    )
+    background = make_plan(rules, "hi", cid, None, idempotency_key="k", background=True)
     assert background.idempotency is not None and background.idempotency.request_hash != old

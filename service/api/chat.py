@@ -11,7 +11,7 @@ from litestar.response import ServerSentEvent
 
 from service.api.bodies import decode
 from service.api.correlation import correlation_id
-from service.api.deps import Caller
+from service.api.deps import Api, Caller
 from service.api.errors import documented
 from service.api.headers import (
     CONVERSATION_ID,
@@ -25,7 +25,7 @@ from service.api.headers import (
     parse_if_match,
 )
 from service.api.schemas import ChatRequest, ChatResponse, TurnAccepted
-from service.api.turns import stream_of
+from service.api.sse import TurnEvents, run_stream
 from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
@@ -42,6 +42,7 @@ from service.core.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from service.core.plans import TurnPlan, make_plan
 from service.usecases.runs import Started
 
 _ERRORS = documented(
@@ -86,14 +87,9 @@ class ChatController(Controller):
         if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
     ) -> Response[ChatResponse | TurnAccepted]:
-        plan = api.turns.plan(
-            data.message, data.conversation_id, parse_if_match(if_match), owner=api.owner,
-            idempotency_key=idempotency_key, background=data.background,
-        )  # fmt: skip
+        plan = chat_plan(api, data, if_match, idempotency_key)
         if data.background:
-            return accepted(
-                await api.runs.start(plan, background=True, correlation_id=cid(request))
-            )
+            return accepted(await api.runs.start(plan, correlation_id=cid(request)))
         body = ChatResponse.of(await api.turns.run(plan), cid(request))
         return Response(body, headers={"ETag": etag(body.revision)})
 
@@ -120,15 +116,24 @@ class ChatController(Controller):
         if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
     ) -> ServerSentEvent:
-        plan = api.turns.plan(
-            data.message, data.conversation_id, parse_if_match(if_match), owner=api.owner,
-            idempotency_key=idempotency_key, background=data.background,
-        )  # fmt: skip
+        plan = chat_plan(api, data, if_match, idempotency_key)
         await api.turns.check(plan)
-        started = await api.runs.start(
-            plan, background=data.background, correlation_id=cid(request)
+        started = await api.runs.start(plan, correlation_id=cid(request))
+        headers = {"X-Conversation-Id": str(started.conversation_id),
+                   "X-Turn-Id": str(started.turn_id)}  # fmt: skip
+        rendering = TurnEvents(cid(request))
+        return run_stream(
+            api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, headers
         )
-        return stream_of(api.runs, started, api.owner, request, api.sse_keepalive_s)
+
+
+def chat_plan(
+    api: Api, data: ChatRequest, if_match: str | None, idempotency_key: str | None
+) -> TurnPlan:
+    return make_plan(
+        api.rules, data.message, data.conversation_id, parse_if_match(if_match),
+        owner=api.owner, idempotency_key=idempotency_key, background=data.background,
+    )  # fmt: skip
 
 
 def cid(request: Request[Any, Any, Any]) -> str:

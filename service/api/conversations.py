@@ -19,8 +19,8 @@ from service.core.errors import (
     StorageError,
     Unauthorized,
 )
+from service.core.ids import parse_conversation_id
 from service.core.model import PageRequest
-from service.core.plans import parse_conversation_id
 
 MAX_PAGE_TURNS = 200
 MAX_PAGE_BYTES = 1024 * 1024  # of message text: what one read may hold in memory
@@ -65,7 +65,7 @@ class ConversationController(Controller):
         responses=documented(InvalidInput, Unauthorized, StorageError),
     )
     async def page(self, api: Caller, limit: Limit = 20, after: After = None) -> ConversationList:
-        return ConversationList.of(*await api.store.list_conversations(api.owner, limit, after))
+        return ConversationList.of(*await api.conversations.listing(api.owner, limit, after))
 
     @get(
         "/{conversation_id:str}",
@@ -82,9 +82,8 @@ class ConversationController(Controller):
         before: BeforeTurn = None,
     ) -> Response[ConversationView]:
         page = PageRequest(after, before, limit, MAX_PAGE_BYTES)
-        found = await api.store.transcript(parse_conversation_id(conversation_id), api.owner, page)
-        if found is None:
-            raise ConversationNotFound()
+        cid = parse_conversation_id(conversation_id)
+        found = await api.conversations.transcript(cid, api.owner, page)
         view = ConversationView.of(found)
         return Response(view, headers={"ETag": etag(view.revision)})
 
@@ -103,7 +102,7 @@ class ConversationController(Controller):
         self, conversation_id: FromPath[str], data: JSONBody[ForkRequest], api: Caller
     ) -> Response[Forked]:
         source = parse_conversation_id(conversation_id)
-        info = await api.store.fork(source, api.owner, data.at_revision)
+        info = await api.conversations.fork(source, api.owner, data.at_revision)
         return Response(
             Forked.of(info, source, data.at_revision), headers={"ETag": etag(info.revision)}
         )
@@ -118,4 +117,4 @@ class ConversationController(Controller):
         self, conversation_id: FromPath[str], api: Caller, if_match: IfMatch = None
     ) -> None:
         cid = parse_conversation_id(conversation_id)
-        await api.store.delete(cid, api.owner, parse_if_match(if_match))
+        await api.conversations.delete(cid, api.owner, parse_if_match(if_match))

@@ -1,7 +1,7 @@
 """What the controllers get injected (wired in service/app.py): who is asking and the use
 cases, as one value, so a handler has one dependency. (Litestar resolves two or more in an
 anyio task group per request: ~8% of a turn's server CPU, for singletons.) No per-request
-validation: the store types are Protocols."""
+validation: the use cases are plain classes behind SkipValidation."""
 
 from __future__ import annotations
 
@@ -10,20 +10,54 @@ from dataclasses import dataclass
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
-from service.store.ports import ConversationStore, Operations
-from service.usecases.relay import Relay
+from service.core.plans import PlanRules
+from service.store.ports import Operations
+from service.usecases.conversations import Conversations
+from service.usecases.responses import Responses
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService
 
 
 @dataclass(frozen=True)
-class Api:
-    owner: str  # who is asking: from authentication (service/auth.py)
-    store: ConversationStore
+class UseCases:
+    """The use cases, built once by the wiring."""
+
     turns: TurnService
     runs: TurnRuns
-    relay: Relay
+    conversations: Conversations
+    responses: Responses
+    rules: PlanRules  # what a request may ask
     sse_keepalive_s: float  # SSE_KEEPALIVE_S
+
+
+@dataclass(frozen=True)
+class Api:
+    owner: str  # who is asking: from authentication (service/api/auth.py)
+    cases: UseCases
+
+    @property
+    def turns(self) -> TurnService:
+        return self.cases.turns
+
+    @property
+    def runs(self) -> TurnRuns:
+        return self.cases.runs
+
+    @property
+    def conversations(self) -> Conversations:
+        return self.cases.conversations
+
+    @property
+    def responses(self) -> Responses:
+        return self.cases.responses
+
+    @property
+    def rules(self) -> PlanRules:
+        return self.cases.rules
+
+    @property
+    def sse_keepalive_s(self) -> float:
+        return self.cases.sse_keepalive_s
 
 
 Caller = NamedDependency[SkipValidation[Api]]

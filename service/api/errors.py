@@ -10,9 +10,17 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import Scope
 
+from service.api.compat.schemas import OpenAIError
 from service.api.correlation import correlation_id
 from service.api.schemas import ErrorEnvelope
-from service.core.errors import RateLimited, TurnstoreError, Unauthorized, envelope
+from service.core.errors import (
+    InvalidInput,
+    RateLimited,
+    StorageError,
+    TurnstoreError,
+    Unauthorized,
+    envelope,
+)
 
 log = logging.getLogger("turnstore.api")
 
@@ -37,6 +45,11 @@ def documented(
         status: ResponseSpec(shape, description=" or ".join(names))
         for status, names in sorted(codes.items())
     }
+
+
+def openai_documented(*more: type[TurnstoreError]) -> dict[int, ResponseSpec]:
+    """As ``documented``, for an operation of the OpenAI surface (its error shape)."""
+    return documented(InvalidInput, Unauthorized, StorageError, *more, shape=OpenAIError)
 
 
 def _framework_message(exc: HTTPException) -> str:

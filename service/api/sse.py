@@ -1,12 +1,12 @@
 """A turn's events as Server-Sent Events, with keep-alive comments during long silences.
 
-The events are a run's (service/runs.py): each carries its number as the SSE ``id``, so a
+The events are a run's (service/usecases/runs.py): each carries its number as the SSE ``id``, so a
 client that lost its connection resumes with ``Last-Event-ID`` on any replica. A stream ends
 after its terminal event (``message.done`` or ``error``). ``on_close`` runs when the stream
 ends, however it ends: a turn whose client goes away is then stopped (unless it runs in the
 background).
 
-When the process is told to stop (service/shutdown.py) a stream that merely follows a run
+When the process is told to stop (service/platform/shutdown.py) a stream that merely follows a run
 (a background turn, a resumed one) ends without a terminal event, so that graceful shutdown
 can finish: its client resumes elsewhere. A turn whose client waits for it is ended by the
 runs themselves, with an ``error`` event ``not_ready``, which this stream then sends.
@@ -19,18 +19,21 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import msgspec
-from litestar.response import ServerSentEventMessage
+from litestar import Request
+from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.types import Scope
 
+from service.api.correlation import correlation_id
 from service.api.errors import log_failure
-from service.core.errors import TurnstoreError, envelope
-from service.core.model import RunEvent
+from service.core.errors import Cancelled, TurnstoreError, envelope
+from service.core.events import ERROR, GONE, RunEvent
 from service.platform.metrics import OPEN_STREAMS
 from service.platform.shutdown import SHUTDOWN
+from service.usecases.runs import Started, TurnRuns
 
 T = TypeVar("T")
 log = logging.getLogger("turnstore.api")
@@ -57,39 +60,91 @@ async def close_streams(scope: Scope) -> None:
         await events.aclose()
 
 
-TERMINAL = frozenset({"message.done", "error"})
+class Rendering(Protocol):
+    """How a run's events go on the wire: /api/v1 sends them as they are (``TurnEvents``),
+    /v1 as OpenAI's Response stream (service/api/compat/stream.py)."""
+
+    def started(self) -> list[ServerSentEventMessage]: ...
+
+    def render(self, event: RunEvent) -> list[ServerSentEventMessage]: ...
+
+    def error(self, exc: TurnstoreError) -> ServerSentEventMessage: ...
+
+
+class TurnEvents:
+    """A run's events as /api/v1 sends them: each with its number as the SSE ``id``."""
+
+    def __init__(self, correlation_id: str) -> None:
+        self._correlation_id = correlation_id
+
+    def started(self) -> list[ServerSentEventMessage]:
+        return []
+
+    def render(self, event: RunEvent) -> list[ServerSentEventMessage]:
+        return [ServerSentEventMessage(id=str(event.seq), event=event.name, data=event.data)]
+
+    def error(self, exc: TurnstoreError) -> ServerSentEventMessage:
+        data = envelope(exc.code, exc.message, self._correlation_id)
+        return ServerSentEventMessage(event=ERROR, data=msgspec.json.encode(data).decode())
 
 
 async def sse_events(
     events: AsyncGenerator[RunEvent, None],
-    correlation_id: str,
+    rendering: Rendering,
     keepalive_s: float,
     *,
+    correlation_id: str,
     follower: bool,
     on_close: Callable[[], None] | None = None,
 ) -> AsyncGenerator[ServerSentEventMessage, None]:
     OPEN_STREAMS.inc()
     stop = SHUTDOWN.wait if follower else None
     try:
+        for message in rendering.started():
+            yield message
         async with aclosing(with_keepalive(events, keepalive_s, stop)) as items:
             async for event in items:
                 if event is None:
                     yield ServerSentEventMessage(comment="keep-alive")
                     continue
-                yield ServerSentEventMessage(id=str(event.seq), event=event.name, data=event.data)
-                if event.name in TERMINAL:
+                for message in rendering.render(event):
+                    yield message
+                if event.terminal:
                     return
     except Stopped:
         log.info("stream ended: shutting down", extra={"correlation_id": correlation_id})
     except TurnstoreError as exc:  # a run that could not be read on (e.g. its events expired)
         if exc.status >= 500:
             log_failure(exc, correlation_id)
-        data = msgspec.json.encode(envelope(exc.code, exc.message, correlation_id)).decode()
-        yield ServerSentEventMessage(event="error", data=data)
+        yield rendering.error(exc)
     finally:
         OPEN_STREAMS.dec()
         if on_close is not None:
             on_close()
+
+
+def run_stream(
+    runs: TurnRuns,
+    started: Started,
+    owner: str,
+    rendering: Rendering,
+    request: Request[Any, Any, Any],
+    keepalive_s: float,
+    headers: dict[str, str],
+) -> ServerSentEvent:
+    """The stream of a run just started: its events live from this process, or (an
+    Idempotency-Key retry naming an earlier run) followed wherever it runs. Closing the
+    stream of a turn that is not in the background stops it."""
+    run = started.run
+    source = run.follow() if run is not None else runs.events(started.turn_id, owner, 0)
+    background = run is None or run.new.background
+    on_close = None if background else (lambda: run.stop(Cancelled(GONE)))  # type: ignore[union-attr]
+    events = sse_events(
+        source, rendering, keepalive_s, correlation_id=correlation_id(request.scope),
+        follower=background, on_close=on_close,
+    )  # fmt: skip
+    closed_with_response(request.scope, events)
+    return ServerSentEvent(events, headers=headers)
 
 
 async def with_keepalive(

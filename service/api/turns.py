@@ -18,9 +18,8 @@ from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, LastEventId
 from service.api.schemas import TurnView
-from service.api.sse import closed_with_response, sse_events
-from service.core.errors import Cancelled, InvalidInput, StorageError, TurnNotFound, Unauthorized
-from service.usecases.runs import GONE, Started, TurnRuns
+from service.api.sse import TurnEvents, closed_with_response, sse_events
+from service.core.errors import InvalidInput, StorageError, TurnNotFound, Unauthorized
 
 After = Annotated[
     int | None,
@@ -43,22 +42,6 @@ def resume_after(last_event_id: str, after: int | None) -> int:
     if not last_event_id.isascii() or not last_event_id.isdigit() or len(last_event_id) > 10:
         raise InvalidInput("Last-Event-ID must be the id of an event of this turn.")
     return int(last_event_id)
-
-
-def stream_of(
-    runs: TurnRuns, started: Started, owner: str, request: Request[Any, Any, Any], keepalive: float
-) -> ServerSentEvent:
-    """The stream of a run just started: its events live from this process, or (an
-    Idempotency-Key retry of a background turn) followed wherever it runs. Closing the
-    stream of a turn that is not in the background stops it."""
-    run, cid = started.run, correlation_id(request.scope)
-    source = run.follow() if run is not None else runs.events(started.turn_id, owner, 0)
-    background = run is None or run.new.background
-    on_close = None if background else (lambda: run.stop(Cancelled(GONE)))  # type: ignore[union-attr]
-    events = sse_events(source, cid, keepalive, follower=background, on_close=on_close)
-    closed_with_response(request.scope, events)
-    headers = {"X-Conversation-Id": str(started.conversation_id), "X-Turn-Id": str(started.turn_id)}
-    return ServerSentEvent(events, headers=headers)
 
 
 class TurnController(Controller):
@@ -95,8 +78,9 @@ class TurnController(Controller):
         tid, since = parse_turn_id(turn_id), resume_after(last_event_id, after)
         await api.runs.status(tid, api.owner)  # an unknown turn is a JSON 404, before any stream
         source = api.runs.events(tid, api.owner, since)
+        cid = correlation_id(request.scope)
         events = sse_events(
-            source, correlation_id(request.scope), api.sse_keepalive_s, follower=True
+            source, TurnEvents(cid), api.sse_keepalive_s, correlation_id=cid, follower=True
         )
         closed_with_response(request.scope, events)
         return ServerSentEvent(events, headers={"X-Turn-Id": str(tid)})

@@ -188,3 +188,15 @@ class TurnInterrupted(TurnstoreError):
 
 class UpstreamTimeout(TurnstoreError):
     code, status, default_message = "upstream_timeout", 504, "The provider did not answer in time."
+
+
+def status_of(code: str) -> int:
+    """The HTTP status of an error code (a run's error event names only its code)."""
+    return _STATUS.get(code, 500)
+
+
+def _family(cls: type[TurnstoreError]) -> list[type[TurnstoreError]]:
+    return [cls, *(sub for child in cls.__subclasses__() for sub in _family(child))]
+
+
+_STATUS = {cls.code: cls.status for cls in reversed(_family(TurnstoreError))}

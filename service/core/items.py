@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
+from service.core.ids import view_item_id
 from service.core.model import Turn
 from service.core.strictjson import is_encodable
 
@@ -105,6 +107,31 @@ def run_inside(items: Sequence[msgspec.Raw]) -> set[str]:
         elif head.type == "function_call_output" and head.call_id in called:
             inside.add(head.call_id)
     return inside
+
+
+class _Listed(msgspec.Struct):
+    id: str | None = None
+    call_id: str | None = None
+
+
+def listed(
+    cid: uuid.UUID, revision: int, items: Sequence[msgspec.Raw], first: int = 0
+) -> list[tuple[str, msgspec.Raw]]:
+    """The items of the turn that made ``revision`` that the OpenAI surface lists, with the id
+    each is known by (its own, or a view-only id naming its place; ``first``: the index of the
+    first of ``items`` in its turn). The calls turnstore's own tools ran inside the turn are
+    not listed: a client shown them would try to run them itself."""
+    inside = run_inside(items)
+    shown = []
+    for index, raw in enumerate(items, start=first):
+        head = msgspec.json.decode(raw, type=_Listed)
+        if head.call_id is None or head.call_id not in inside:
+            shown.append((head.id or view_item_id(cid, revision, index), raw))
+    return shown
+
+
+def listed_item_ids(cid: uuid.UUID, revision: int, items: Sequence[msgspec.Raw]) -> list[str]:
+    return [item_id for item_id, _ in listed(cid, revision, items)]
 
 
 def user_input_item(text: str) -> msgspec.Raw:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -17,6 +17,8 @@ from typing import Literal
 from uuid import UUID
 
 import msgspec
+
+from service.core.events import Done, RunEvent
 
 Role = Literal["user", "assistant"]
 ReplyStatus = Literal["completed", "incomplete"]
@@ -231,16 +233,6 @@ FINISHED: frozenset[str] = frozenset({"completed", "incomplete", "failed", "canc
 
 
 @dataclass(frozen=True)
-class RunEvent:
-    """One event of a durable turn, as its client saw it: its number (the SSE ``id``), its
-    name (``message.delta``, ``tool.call``, ``message.done``, ``error``) and its JSON data."""
-
-    seq: int
-    name: str
-    data: str
-
-
-@dataclass(frozen=True)
 class NewRun:
     """A streamed or background turn about to run (service/runs.py)."""
 
@@ -264,13 +256,13 @@ class RunEnd:
 
 @dataclass(frozen=True)
 class RunCommit:
-    """What a durable turn's commit also writes: the run's end and its terminal event, whose
-    data names the revision the commit makes."""
+    """What a durable turn's commit also writes: the run's end and its ``message.done``,
+    whose revision is the one the commit makes."""
 
     run_id: UUID
     status: RunStatus
-    done_seq: int
-    done_data: Callable[[int], str]  # the revision -> message.done's data
+    done_seq: int  # the number of its message.done
+    done: Done
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
-"""A turn request, validated before any I/O: what the turn service is asked to do."""
+"""A turn request, validated before any I/O: what the turn service is asked to do, built once.
+
+Also the one If-Match rule (``check_precondition``): every use case and both stores decide
+a precondition with it.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
 import uuid
@@ -10,7 +13,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from service.core.errors import ConversationNotFound, InvalidInput, PreconditionFailed
+from service.core.errors import InvalidInput, PreconditionFailed
+from service.core.ids import parse_conversation_id
 from service.core.items import user_input_item
 from service.core.model import ANONYMOUS, ForkPoint, IdempotencyKey, Precondition
 from service.core.strictjson import is_encodable
@@ -24,6 +28,15 @@ _VISIBLE = re.compile(rf"[^{WHITESPACE}]")
 
 
 @dataclass(frozen=True)
+class PlanRules:
+    """What a request may ask, from the server's configuration."""
+
+    max_message_chars: int = 100_000  # MAX_MESSAGE_CHARS
+    idempotency: bool = True  # Idempotency-Key is served (its claims are stored somewhere)
+    own_tools: frozenset[str] = frozenset()  # TOOLS: names no client tool may take
+
+
+@dataclass(frozen=True)
 class TurnPlan:
     conversation_id: uuid.UUID
     is_new: bool  # a new conversation's id is provisional until its first turn commits
@@ -31,8 +44,7 @@ class TurnPlan:
     if_match: Precondition
     owner: str = ANONYMOUS
     idempotency: IdempotencyKey | None = None
-    background: bool = False  # runs on when its client goes away (service/runs.py)
-    claimed: bool = False  # its Idempotency-Key is claimed already (a background turn's)
+    background: bool = False  # runs on when its client goes away (service/usecases/runs.py)
     truncate: bool = True  # False: a turn whose window would leave earlier turns out is refused
     fork_of: ForkPoint | None = None  # a new conversation forked here, made by this turn's commit
     # The turn's input as items, when a client sent items (answers to its function calls, and
@@ -45,66 +57,76 @@ class TurnPlan:
     def input_items(self) -> list[msgspec.Raw]:
         return list(self.items) if self.items else [user_input_item(self.message)]
 
-    def with_idempotency(self, key: IdempotencyKey) -> TurnPlan:
-        return dataclasses.replace(self, idempotency=key)
-
-    def forked(self, point: ForkPoint) -> TurnPlan:
-        """This turn on a new conversation that begins as turns 1..point.revision of
-        point.source (its If-Match, if any, is checked against the source)."""
-        return dataclasses.replace(self, conversation_id=uuid.uuid4(), is_new=True, fork_of=point)
-
 
 def make_plan(
+    rules: PlanRules,
     message: str,
     conversation_id: str | None,
     if_match: Precondition,
     *,
-    max_message_chars: int,
     owner: str = ANONYMOUS,
     idempotency_key: str | None = None,
+    key_subject: bytes | None = None,
     background: bool = False,
     truncate: bool = True,
     items: tuple[msgspec.Raw, ...] = (),
+    client_tools: tuple[msgspec.Raw, ...] = (),
+    fork_of: ForkPoint | None = None,
 ) -> TurnPlan:
-    if not items and not _VISIBLE.search(message):
-        raise InvalidInput("message must not be empty or whitespace only.")
-    if len(message) > max_message_chars:
-        raise InvalidInput(f"message is longer than {max_message_chars} characters.")
-    if "\x00" in message or not is_encodable(message):
-        raise InvalidInput("message must be valid text without NUL characters.")
+    """The plan of a turn on ``conversation_id`` (None: a new conversation, whose id is made
+    here), or on a new conversation forked at ``fork_of`` (``conversation_id`` then names
+    the source, and ``if_match`` is checked against the fork point). ``key_subject``: what an
+    Idempotency-Key's retries must repeat exactly (default: the message, the conversation and
+    the background flag)."""
+    _check_message(rules, message, items)
     idempotency = None
     if idempotency_key is not None:
-        # Endpoint-agnostic: a retry may switch between /chat and /chat/stream. A plain turn
-        # hashes as before background turns existed, so keys claimed before an upgrade (or on
-        # a replica not yet upgraded) still match their retries.
-        subject = [message, conversation_id, *([True] if background else [])]
-        asked = msgspec.json.encode(subject)
-        idempotency = IdempotencyKey(owner, idempotency_key, hashlib.sha256(asked).hexdigest())
+        if not rules.idempotency:
+            raise InvalidInput("Idempotency-Key is not enabled on this server.")
+        subject = key_subject or _chat_subject(message, conversation_id, background)
+        idempotency = IdempotencyKey(owner, idempotency_key, hashlib.sha256(subject).hexdigest())
     if conversation_id is None and if_match is not None:
         raise PreconditionFailed("If-Match needs an existing conversation.")
+    new = conversation_id is None or fork_of is not None
     return TurnPlan(
-        conversation_id=(
-            uuid.uuid4() if conversation_id is None else parse_conversation_id(conversation_id)
-        ),
-        is_new=conversation_id is None,
+        conversation_id=uuid.uuid4() if new else parse_conversation_id(conversation_id or ""),
+        is_new=new,
         message=message,
         if_match=if_match,
         owner=owner,
         idempotency=idempotency,
         background=background,
         truncate=truncate,
+        fork_of=fork_of,
         items=items,
+        client_tools=client_tools,
     )
 
 
-def parse_conversation_id(raw: str) -> uuid.UUID:
-    """A uuid, or the ``conv_<hex>`` the OpenAI surface shows for it."""
-    try:
-        return uuid.UUID(raw.removeprefix("conv_"))
-    except ValueError:
-        raise ConversationNotFound() from None  # malformed looks exactly like unknown
+def _check_message(rules: PlanRules, message: str, items: tuple[msgspec.Raw, ...]) -> None:
+    if not items and not _VISIBLE.search(message):
+        raise InvalidInput("message must not be empty or whitespace only.")
+    if len(message) > rules.max_message_chars:
+        raise InvalidInput(f"message is longer than {rules.max_message_chars} characters.")
+    if "\x00" in message or not is_encodable(message):
+        raise InvalidInput("message must be valid text without NUL characters.")
+
+
+def _chat_subject(message: str, conversation_id: str | None, background: bool) -> bytes:
+    # Endpoint-agnostic: a retry may switch between /chat and /chat/stream. A plain turn
+    # hashes as before background turns existed, so keys claimed before an upgrade (or on a
+    # replica not yet upgraded) still match their retries.
+    return msgspec.json.encode([message, conversation_id, *([True] if background else [])])
 
 
 def check_precondition(if_match: Precondition, revision: int) -> None:
+    """The If-Match rule: ``if_match`` (None: no precondition) must list ``revision``."""
     if if_match is not None and revision not in if_match:
         raise PreconditionFailed()
+
+
+def claim_lease_s(read_timeout_s: float, max_rounds: int) -> float:
+    """How long an Idempotency-Key claim is held for its first attempt: a claim whose replica
+    died is taken over once the longest turn is surely over (every provider round at its read
+    timeout, plus a minute)."""
+    return read_timeout_s * max_rounds + 60

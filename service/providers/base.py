@@ -9,12 +9,13 @@ UpstreamError, UpstreamTimeout); an adapter never retries on its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
 
+from service.core.errors import UpstreamError
 from service.core.model import Origin, ReplyStatus
 
 
@@ -86,3 +87,13 @@ class Provider(Protocol):
         """Yield the reply's events; closing the iterator early cancels the upstream call."""
 
     async def close(self) -> None: ...
+
+
+async def replied(events: AsyncIterator[ProviderEvent]) -> AsyncGenerator[ProviderEvent, None]:
+    """A provider's events, checked: its text deltas, then its Reply (UpstreamError when it
+    ends without one: the one place that rule lives)."""
+    async for event in events:
+        yield event
+        if isinstance(event, Reply):
+            return
+    raise UpstreamError("The provider ended without a reply.")

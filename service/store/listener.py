@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.errors import StorageError
 from service.platform.db import driver_connect_args
+from service.store.subscribers import Subscribers
 from service.store.tx import read
 
 CHANNEL = "turnstore"
@@ -42,7 +43,7 @@ class PostgresNotifications:
     def __init__(self, url: str, engine: AsyncEngine) -> None:
         self._connect_args = driver_connect_args(url)
         self._engine = engine  # the pool, to ping through
-        self._inboxes: dict[str, set[asyncio.Event]] = {}
+        self._subscribers = Subscribers()
         self._healthy = False
         self._pong = asyncio.Event()
         self._ping = ""
@@ -66,26 +67,13 @@ class PostgresNotifications:
     @asynccontextmanager
     async def subscribe(self, topic: str) -> AsyncIterator[asyncio.Event]:
         self.start()
-        inbox = asyncio.Event()
-        self._inboxes.setdefault(topic, set()).add(inbox)
-        try:
+        async with self._subscribers.subscribe(topic) as inbox:
             yield inbox
-        finally:
-            subscribers = self._inboxes[topic]
-            subscribers.discard(inbox)
-            if not subscribers:
-                del self._inboxes[topic]
 
     def _deliver(self, topic: str) -> None:
         if topic == self._ping:
             self._pong.set()
-        for inbox in self._inboxes.get(topic, ()):
-            inbox.set()
-
-    def _wake_all(self) -> None:
-        for inboxes in self._inboxes.values():
-            for inbox in inboxes:
-                inbox.set()
+        self._subscribers.notify(topic)
 
     async def _listen(self) -> None:
         backoff = RECONNECT_S[0]
@@ -102,7 +90,8 @@ class PostgresNotifications:
                 backoff = RECONNECT_S[0]
                 while not lost.is_set():
                     await self._check()
-                    self._wake_all()  # after (re)connecting: anything may have been missed
+                    # After (re)connecting: anything may have been missed.
+                    self._subscribers.wake_all()
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(PING_EVERY_S):
                             await lost.wait()

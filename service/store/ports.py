@@ -10,14 +10,15 @@ does not exist.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 from uuid import UUID
 
 import msgspec
 
+from service.core.events import RunEvent
 from service.core.model import (
     ANONYMOUS,
     Append,
@@ -32,7 +33,6 @@ from service.core.model import (
     Precondition,
     Renewed,
     RunEnd,
-    RunEvent,
     RunView,
     Summary,
     TranscriptPage,
@@ -233,3 +233,21 @@ class Notifications(Protocol):
     @property
     def healthy(self) -> bool:
         """Whether notifications arrive now; if not, waiters look again sooner."""
+
+
+Closer = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Backend:
+    """Where a deployment keeps its state, as the use cases see it: every port, and what to
+    close at shutdown (in reverse order). The wiring builds PostgreSQL's (service/app.py);
+    tests may hand in another that keeps the same contracts."""
+
+    store: ConversationStore
+    runs: RunStore
+    notifications: Notifications
+    ops: Operations
+    idempotency: IdempotencyStore | None = None
+    api_keys: ApiKeys | None = None
+    closers: list[Closer] = field(default_factory=list)

@@ -40,7 +40,6 @@ from service.core.model import (
     Origin,
     PageRequest,
     Precondition,
-    RunEvent,
     Summary,
     ToolCallRecord,
     TranscriptPage,
@@ -646,7 +645,7 @@ class PostgresStore:
             if row["lease_wanted"]:  # turns wait for the lease this commit released
                 wake.append(f"lease:{cid}")
             if run is not None:
-                done_event = RunEvent(run.done_seq, "message.done", run.done_data(revision))
+                done_event = run.done.event(run.done_seq, revision)
                 events = runs.sealed_batch(key, run.run_id, [done_event])
                 ended = await conn.fetchrow(self._end_run.sql, *self._end_run.args({
                     "id": run.run_id, "status": run.status, "revision": revision,

@@ -17,7 +17,8 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.model import NewRun, Renewed, RunEnd, RunEvent, RunView
+from service.core.events import ERROR, RunEvent
+from service.core.model import NewRun, Renewed, RunEnd, RunView
 from service.platform.crypto import DataKey
 from service.store.keyring import Keyring
 from service.store.listener import CHANNEL
@@ -252,9 +253,9 @@ class PostgresRuns:
                 last = await conn.scalar(STALLED, {"id": run_id})
                 if last is None:
                     return False  # alive, or ended meanwhile
-                events = sealed_batch(key, run_id, [RunEvent(last, "error", event_data)])
+                batch = sealed_batch(key, run_id, [RunEvent(last, ERROR, event_data)])
                 params = {"id": run_id, "message": message, "ttl": self._ttl_s, "last": last}
-                await conn.execute(INTERRUPT, {**params, **events})
+                await conn.execute(INTERRUPT, {**params, **batch})
                 return True
 
         return await written(interrupt)

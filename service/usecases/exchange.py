@@ -18,7 +18,7 @@ from service.core.items import function_call_output, function_calls
 from service.core.model import ToolCallRecord
 from service.core.window import Window, request_bytes
 from service.platform import metrics, tracing
-from service.providers.base import Provider, ProviderRequest, Reply, TextDelta
+from service.providers.base import Provider, ProviderRequest, Reply, TextDelta, replied
 from service.tools.executor import ToolExecutor
 from service.tools.gate import ToolGate
 from service.tools.registry import ToolRegistry
@@ -100,8 +100,7 @@ class Exchange:
                         yield event
                     else:
                         reply = event
-            if reply is None:
-                raise UpstreamError("The provider ended without a reply.")
+            assert reply is not None  # a round ends with its reply or raises (``replied``)
             items.extend(reply.output_items)
             calls = function_calls(reply.output_items)
             theirs = [call for call in calls if call.name in self._client_names]
@@ -152,7 +151,7 @@ class Exchange:
                     span.set_attribute("provider.input_items", len(request.input_items))
                     # aclosing: a client that goes away closes the upstream request at once.
                     async with aclosing(
-                        self._provider.respond(request, stream=self._stream)
+                        replied(self._provider.respond(request, stream=self._stream))
                     ) as events:
                         async for event in events:
                             self._streamed = self._streamed or isinstance(event, TextDelta)

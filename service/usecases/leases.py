@@ -31,6 +31,7 @@ from service.core.model import Conversation
 from service.core.plans import TurnPlan
 from service.platform import metrics, tracing
 from service.store.ports import ConversationStore, Notifications
+from service.usecases.heartbeat import Heartbeat
 from service.usecases.locks import KeyedLocks, settle
 
 log = logging.getLogger("turnstore.leases")
@@ -169,50 +170,37 @@ class _Keeper:
         self._lease_s = lease_s
         self._held: dict[uuid.UUID, uuid.UUID] = {}  # holder -> conversation
         self.abandoned: set[tuple[uuid.UUID, uuid.UUID]] = set()  # (conversation, holder)
-        self._task: asyncio.Task[None] | None = None
-        self._woken = asyncio.Event()  # something was abandoned: do not sleep on
+        self._heartbeat = Heartbeat(
+            lease_s / 3,
+            self._renew,
+            lambda: bool(self._held or self.abandoned),
+            between=self._give_back,
+            poll_s=lambda: RELEASE_RETRY_S if self.abandoned else None,
+        )
 
     def add(self, conversation_id: uuid.UUID, holder: uuid.UUID) -> None:
         self._held[holder] = conversation_id
-        self._start()
+        self._heartbeat.start()
 
     def discard(self, holder: uuid.UUID) -> None:
         self._held.pop(holder, None)
 
     def abandon(self, conversation_id: uuid.UUID, holder: uuid.UUID) -> None:
         self.abandoned.add((conversation_id, holder))
-        self._woken.set()
-        self._start()
+        self._heartbeat.wake()
 
     def abandoned_in(self, conversation_id: uuid.UUID) -> uuid.UUID | None:
         """A holder of this process that could not give back its lease of the conversation."""
         return next((h for c, h in self.abandoned if c == conversation_id), None)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._heartbeat.close()
 
-    def _start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        renew_at = time.monotonic() + self._lease_s / 3
-        while self._held or self.abandoned:
-            wait = renew_at - time.monotonic()
-            self._woken.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(wait, RELEASE_RETRY_S) if self.abandoned else wait):
-                    await self._woken.wait()
-            for cid, holder in list(self.abandoned):
-                with contextlib.suppress(StorageError):
-                    await self._store.release_lease(cid, holder)
-                    self.abandoned.discard((cid, holder))
-            if time.monotonic() >= renew_at:
-                await self._renew()
-                renew_at = time.monotonic() + self._lease_s / 3
+    async def _give_back(self) -> None:
+        for cid, holder in list(self.abandoned):
+            with contextlib.suppress(StorageError):
+                await self._store.release_lease(cid, holder)
+                self.abandoned.discard((cid, holder))
 
     async def _renew(self) -> None:
         leases = [(cid, holder) for holder, cid in self._held.items()]

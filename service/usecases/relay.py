@@ -12,40 +12,23 @@ found nowhere there, or another owner's, is 400 (``param: input``).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from contextlib import aclosing
 from typing import Any
 
 import msgspec
 
-from service.core.errors import InvalidInput, UpstreamError
+from service.core.errors import InvalidInput
+from service.core.ids import view_item_conversation, view_item_id
 from service.core.items import check_history
 from service.core.window import SystemPrompt
-from service.providers.base import Provider, ProviderRequest, Reply
+from service.providers.base import Provider, ProviderRequest, Reply, replied
 from service.store.ports import ConversationStore
 from service.usecases.exchange import advertised
-
-_VIEW_PREFIX = "msg_"
-_VIEW_LENGTH = len(_VIEW_PREFIX) + 32 + 8 + 4
 
 
 class _Head(msgspec.Struct):
     id: str | None = None
-
-
-def view_id(cid: uuid.UUID, revision: int, index: int) -> str:
-    """The id shown for an item stored without one: it names where the item is."""
-    return f"{_VIEW_PREFIX}{cid.hex}{revision:08x}{index:04x}"
-
-
-def _named_conversation(item_id: str) -> uuid.UUID | None:
-    if len(item_id) != _VIEW_LENGTH or not item_id.startswith(_VIEW_PREFIX):
-        return None
-    try:
-        return uuid.UUID(item_id[4:36])
-    except ValueError:
-        return None
 
 
 class Relay:
@@ -66,7 +49,7 @@ class Relay:
             needs_store = (
                 kind == "item_reference"
                 or (kind == "reasoning" and not item.get("encrypted_content"))
-                or (isinstance(item_id, str) and _named_conversation(item_id) is not None)
+                or (isinstance(item_id, str) and view_item_conversation(item_id) is not None)
             )
             if not needs_store:
                 resolved.append(msgspec.Raw(msgspec.json.encode(item)))
@@ -81,7 +64,7 @@ class Relay:
         named = {
             cid
             for item in items
-            if isinstance(item.get("id"), str) and (cid := _named_conversation(item["id"]))
+            if isinstance(item.get("id"), str) and (cid := view_item_conversation(item["id"]))
         }
         found: dict[str, msgspec.Raw] = {}
         for cid in named:
@@ -91,7 +74,7 @@ class Relay:
             for revision, turn in enumerate(conversation.turns, start=1):
                 for index, raw in enumerate(turn.replay_items):
                     head = msgspec.json.decode(raw, type=_Head)
-                    found[head.id or view_id(cid, revision, index)] = raw
+                    found[head.id or view_item_id(cid, revision, index)] = raw
         return found
 
     async def respond(self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...]) -> Reply:
@@ -99,9 +82,8 @@ class Relay:
         prompt = self._prompt.text if self._prompt else None
         request = ProviderRequest(items, prompt, advertised(None, tools))
         reply = None
-        async with aclosing(self._provider.respond(request, stream=False)) as events:
+        async with aclosing(replied(self._provider.respond(request, stream=False))) as events:
             async for event in events:
                 reply = event if isinstance(event, Reply) else reply
-        if reply is None:
-            raise UpstreamError("The provider ended without a reply.")
+        assert reply is not None  # ``replied`` raises without one
         return reply

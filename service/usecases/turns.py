@@ -1,9 +1,12 @@
-"""The turn-commit use case, shared by the plain and the streaming chat endpoints.
+"""The turn-commit use case, shared by every way a turn is asked for.
 
 lease (and load) -> check If-Match -> window -> exchange with the provider -> accept or reject
 the reply -> conditional commit (releasing the lease). Nothing is written before the reply is
 accepted, and the commit is one transaction conditional on the revision read with the lease,
 so a stale writer in another replica gets ConversationConflict and writes nothing.
+
+An Idempotency-Key is claimed once, by whoever starts the turn (``claim``: ``run`` for a plain
+turn, service/usecases/runs.py for a run), and freed here when the turn does not commit.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import msgspec
 
@@ -28,17 +31,8 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.items import function_outputs, input_count, open_calls
-from service.core.model import (
-    ANONYMOUS,
-    Append,
-    Committed,
-    Conversation,
-    Precondition,
-    ReplyStatus,
-    RunCommit,
-    Turn,
-)
-from service.core.plans import TurnPlan, check_precondition, make_plan
+from service.core.model import Append, Committed, Conversation, ReplyStatus, RunCommit, Turn
+from service.core.plans import TurnPlan, check_precondition
 from service.core.strictjson import is_encodable
 from service.core.window import Budget, SystemPrompt, Window, choose_window
 from service.platform import metrics, tracing
@@ -47,8 +41,6 @@ from service.store.ports import ConversationStore, IdempotencyStore
 from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling
 from service.usecases.leases import Held, Leases
 from service.usecases.locks import settle
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,23 +54,15 @@ class TurnDone:
     inputs: int = 1  # how many input items precede them in the turn
 
 
-@dataclass(frozen=True)
-class TurnStarted:
-    """The turn holds its conversation, at ``revision`` (0: a new one): if it commits, it
-    makes revision + 1. Sent first when asked for (``announce``)."""
-
-    conversation_id: uuid.UUID
-    revision: int
-
-
-TurnEvent = TurnStarted | TextDelta | ToolCalled | TurnDone
+TurnEvent = TextDelta | ToolCalled | TurnDone
 
 
 class DurableRun(Protocol):
-    """A turn running as a run (service/runs.py): its commit also ends the run."""
+    """A turn running as a run (service/usecases/run.py): its commit also ends the run."""
 
-    async def begin(self) -> None:
-        """The turn holds its conversation (it queued until now)."""
+    async def begin(self, revision: int) -> None:
+        """The turn holds its conversation at ``revision`` (0: a new one; it queued until
+        now): if it commits, it makes ``revision + 1``."""
 
     async def prepare_commit(
         self, status: ReplyStatus, incomplete_reason: str | None
@@ -92,7 +76,6 @@ class TurnService:
         provider: Provider,
         *,
         leases: Leases,
-        max_message_chars: int,
         system_prompt: SystemPrompt | None = None,
         budget: Budget | None = None,
         tooling: Tooling | None = None,
@@ -101,7 +84,6 @@ class TurnService:
         self.store = store
         self.provider = provider
         self.leases = leases
-        self._max_message_chars = max_message_chars
         self._prompt = system_prompt
         self._budget = budget or Budget()
         self._tooling = tooling
@@ -116,47 +98,34 @@ class TurnService:
         """The names of turnstore's own tools (TOOLS): no client tool may take them."""
         return self._tooling.registry.names() if self._tooling else frozenset()
 
-    def plan(
-        self,
-        message: str,
-        conversation_id: str | None,
-        if_match: Precondition,
-        *,
-        owner: str = ANONYMOUS,
-        idempotency_key: str | None = None,
-        background: bool = False,
-        truncate: bool = True,
-        items: tuple[msgspec.Raw, ...] = (),
-    ) -> TurnPlan:
-        """Validate a request without I/O; a new conversation gets its id here."""
-        if idempotency_key is not None and self._idempotency is None:
-            raise InvalidInput("Idempotency-Key is not enabled on this server.")
-        return make_plan(
-            message,
-            conversation_id,
-            if_match,
-            max_message_chars=self._max_message_chars,
-            owner=owner,
-            idempotency_key=idempotency_key,
-            background=background,
-            truncate=truncate,
-            items=items,
-        )
-
     async def check(self, plan: TurnPlan) -> None:
-        """Fail early (before a stream starts) when the turn cannot succeed."""
+        """Fail early (before a stream starts) when the turn cannot succeed: an unknown
+        conversation, a failed If-Match, an Idempotency-Key used with another request. The
+        turn checks them again (under its lease, and in its claim)."""
         if not plan.is_new:
-            await self._load(plan)
+            info = await self.store.describe(plan.conversation_id, plan.owner)
+            if info is None:
+                raise ConversationNotFound()
+            check_precondition(plan.if_match, info.revision)
         if plan.idempotency is not None and self._idempotency is not None:
             await self._idempotency.check(plan.idempotency)
 
+    async def claim(self, plan: TurnPlan, turn_id: uuid.UUID | None = None) -> Committed | None:
+        """Claim the plan's Idempotency-Key for this attempt (``turn_id``: its run); where an
+        earlier attempt committed, if one did. Raises RequestInProgress while an earlier
+        attempt runs, IdempotencyKeyReused when the key came with another request."""
+        if plan.idempotency is None or self._idempotency is None:
+            return None
+        return await self._idempotency.claim(plan.idempotency, turn_id)
+
     async def run(self, plan: TurnPlan) -> TurnDone:
         """A non-streaming turn: the committed result, or a domain error."""
+        committed = await self.claim(plan)
         done: TurnDone | None = None
-        async for event in self.events(plan, stream=False):  # drained: the turn ends cleanly
+        events = self.events(plan, stream=False, committed=committed)
+        async for event in events:  # drained: the turn ends cleanly
             done = event if isinstance(event, TurnDone) else done
-        if done is None:
-            raise UpstreamError("The provider ended without a reply.")
+        assert done is not None  # a turn ends with TurnDone or raises
         if done.revision is None:
             raise ContentFiltered()  # the only TurnDone without a commit
         return done
@@ -167,54 +136,46 @@ class TurnService:
         *,
         stream: bool,
         run: DurableRun | None = None,
-        announce: bool = False,
+        committed: Committed | None = None,
     ) -> AsyncGenerator[TurnEvent, None]:
         """The turn as events: text deltas, then one TurnDone. Closing the iterator early
         cancels the provider call and commits nothing (unless the commit already started).
 
-        With an Idempotency-Key, a retry of a committed turn replays its result without
-        calling the provider, and a turn that does not commit frees the key again (a plan
-        ``claimed`` before, as a background turn's is, skips the claim). A ``run`` is ended by
-        the commit, in its transaction. With ``announce``, a TurnStarted comes first (not for
-        a replayed turn: its TurnDone names its revision)."""
-        key, keys = plan.idempotency, self._idempotency
-        if key is None or keys is None:
-            async with aclosing(self._turn(plan, stream, run, announce)) as events:
-                async for event in events:
+        ``committed``: the plan's Idempotency-Key names an earlier commit (see ``claim``): its
+        result is replayed without calling the provider. Otherwise a turn with a key that
+        does not commit frees it again. A ``run`` is ended by the commit, in its
+        transaction."""
+        if committed is not None:
+            async with aclosing(self._replay(plan, committed, stream, run)) as replayed:
+                async for event in replayed:
                     yield event
             return
-        committed = None if plan.claimed else await keys.claim(key)
-        if committed is not None:
-            done = await self._replay(plan, committed)
-            if stream:
-                yield TextDelta(done.message)
-            yield done
-            return
-        done_ok = False
+        committing = False
         try:
-            async with aclosing(self._turn(plan, stream, run, announce)) as events:
+            async with aclosing(self._turn(plan, stream, run)) as events:
                 async for event in events:
-                    done_ok = isinstance(event, TurnDone) and event.revision is not None
+                    committing = isinstance(event, TurnDone) and event.revision is not None
                     yield event
         finally:
-            if not done_ok:
-                with contextlib.suppress(StorageError):  # the claim's lease runs out anyway
-                    await settle(keys.release(key))
+            if not committing:
+                await self.release(plan)
+
+    async def release(self, plan: TurnPlan) -> None:
+        """A turn that did not commit does not use its Idempotency-Key up."""
+        key, keys = plan.idempotency, self._idempotency
+        if key is not None and keys is not None:
+            with contextlib.suppress(StorageError):  # the claim's lease runs out anyway
+                await settle(keys.release(key))
 
     async def _turn(
-        self, plan: TurnPlan, stream: bool, run: DurableRun | None, announce: bool
+        self, plan: TurnPlan, stream: bool, run: DurableRun | None
     ) -> AsyncGenerator[TurnEvent, None]:
         mode = "stream" if stream else "chat"
         with metrics.turn_outcome(mode):  # what ends the turn before its TurnDone
             async with self.leases.hold(plan) as held:
-                if run is not None:
-                    await run.begin()
                 conversation = held.conversation or await self._fork_basis(plan)
                 if conversation is not None:
                     check_precondition(plan.if_match, conversation.revision)
-                if announce:
-                    held_at = conversation.revision if conversation else 0
-                    yield TurnStarted(plan.conversation_id, held_at)
                 new_items = plan.input_items
                 if plan.items:  # a client's function outputs must answer its open calls
                     check_answers(new_items, conversation)
@@ -224,6 +185,8 @@ class TurnService:
                         "The conversation no longer fits the model's context, and truncation "
                         "is disabled."
                     )
+                if run is not None:
+                    await run.begin(conversation.revision if conversation else 0)
                 answer: Answer | None = None
                 exchange_of = self._exchange(window, new_items, plan.client_tools, stream)
                 async with aclosing(exchange_of) as exchange:
@@ -232,6 +195,7 @@ class TurnService:
                             answer = event
                         else:
                             yield event
+                assert answer is not None  # an exchange ends with its Answer or raises
                 turn = self._accept(plan, window, new_items, answer)
                 revision = (
                     None
@@ -242,18 +206,11 @@ class TurnService:
         # Outside the outcome count: a client leaving now does not undo the commit.
         yield _done(plan, answer, revision, len(new_items))
 
-    async def _load(self, plan: TurnPlan) -> Conversation:
-        conversation = await self.store.load(plan.conversation_id, plan.owner)
-        if conversation is None:
-            raise ConversationNotFound()
-        check_precondition(plan.if_match, conversation.revision)
-        return conversation
-
     def _window(
         self, conversation: Conversation | None, new_items: list[msgspec.Raw], stream: bool
     ) -> Window:
-        """The earlier turns to send (service/window.py): never before the committed window
-        start; only committed together with this turn."""
+        """The earlier turns to send (service/core/window.py): never before the committed
+        window start; only committed together with this turn."""
         turns = conversation.turns if conversation else []
         committed = conversation.context_start if conversation else 1
         fixed = self._overhead(stream) + sum(map(len, new_items))
@@ -280,11 +237,9 @@ class TurnService:
         return exchange.events()
 
     def _accept(
-        self, plan: TurnPlan, window: Window, new_items: list[msgspec.Raw], answer: Answer | None
+        self, plan: TurnPlan, window: Window, new_items: list[msgspec.Raw], answer: Answer
     ) -> Turn | None:
         """The turn to commit, or None when the reply was filtered (nothing commits)."""
-        if answer is None:
-            raise UpstreamError("The provider ended without a reply.")
         reply = answer.reply
         if reply.incomplete_reason == "content_filter":
             return None
@@ -349,7 +304,9 @@ class TurnService:
         held.committed = True  # the commit released the lease
         return commit.revision
 
-    async def _replay(self, plan: TurnPlan, committed: Committed) -> TurnDone:
+    async def _replay(
+        self, plan: TurnPlan, committed: Committed, stream: bool, run: DurableRun | None
+    ) -> AsyncGenerator[TurnEvent, None]:
         """The committed result of an earlier attempt with the same Idempotency-Key."""
         after = committed.revision - 1
         conversation = await self.store.load(
@@ -357,9 +314,13 @@ class TurnService:
         )
         if conversation is None or not conversation.turns:
             raise ConversationNotFound()  # deleted or expired since
+        if run is not None:
+            await run.begin(after)
         turn = conversation.turns[0]
         first = input_count(turn.replay_items)
-        return TurnDone(
+        if stream:
+            yield TextDelta(turn.assistant_message)
+        yield TurnDone(
             conversation_id=committed.conversation_id,
             message=turn.assistant_message,
             status=turn.status,
@@ -388,8 +349,7 @@ def check_answers(new_items: list[msgspec.Raw], conversation: Conversation | Non
         )
 
 
-def _done(plan: TurnPlan, answer: Answer | None, revision: int | None, inputs: int) -> TurnDone:
-    assert answer is not None  # _accept has refused a turn without an answer
+def _done(plan: TurnPlan, answer: Answer, revision: int | None, inputs: int) -> TurnDone:
     reply = answer.reply
     return TurnDone(
         conversation_id=plan.conversation_id,

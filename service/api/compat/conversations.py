@@ -13,30 +13,24 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.bodies import strict
 from service.api.compat import items as views
-from service.api.compat.ids import parse_conversation
 from service.api.compat.schemas import (
     ConversationCreate,
     ConversationUpdate,
     ItemsCreate,
-    OpenAIError,
     check_metadata,
     conversation_object,
     deleted_object,
 )
 from service.api.deps import Caller
-from service.api.errors import documented
+from service.api.errors import openai_documented
 from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
 from service.core.errors import (
     ConversationConflict,
     ConversationNotFound,
-    InvalidInput,
     ItemNotFound,
     PreconditionFailed,
-    StorageError,
-    TurnstoreError,
-    Unauthorized,
 )
-from service.core.items import items_turn
+from service.core.ids import parse_conversation_id
 
 Include = Annotated[
     list[str] | None,
@@ -47,10 +41,6 @@ AfterItem = Annotated[str | None, QueryParameter(description="Items after this o
 Order = Annotated[
     Literal["asc", "desc"], QueryParameter(description="Commit order or newest first.")
 ]
-
-
-def errors(*more: type[TurnstoreError]) -> Any:
-    return documented(InvalidInput, Unauthorized, StorageError, *more, shape=OpenAIError)
 
 
 def with_etag(body: dict[str, Any], revision: int) -> Response[dict[str, Any]]:
@@ -64,31 +54,29 @@ class OpenAIConversations(Controller):
     @post(
         "/", status_code=200, summary="Create a conversation (metadata, up to 20 items).",
         before_request=strict(ConversationCreate), response_headers=[ETAG, CORRELATION_ID],
-        responses=errors(),
+        responses=openai_documented(),
     )  # fmt: skip
     async def create(
         self, data: JSONBody[ConversationCreate], api: Caller
     ) -> Response[dict[str, Any]]:
-        metadata, turn = check_metadata(data.metadata), items_turn(data.items)
-        info = await api.store.create_conversation(api.owner, metadata, turn)
+        metadata = check_metadata(data.metadata)
+        info = await api.conversations.create(api.owner, metadata, data.items)
         return with_etag(conversation_object(info), info.revision)
 
     @get(
         "/{conversation_id:str}", summary="A conversation: id, created_at, metadata.",
-        response_headers=[ETAG, CORRELATION_ID], responses=errors(ConversationNotFound),
+        response_headers=[ETAG, CORRELATION_ID], responses=openai_documented(ConversationNotFound),
     )  # fmt: skip
     async def retrieve(
         self, conversation_id: FromPath[str], api: Caller
     ) -> Response[dict[str, Any]]:
-        info = await api.store.describe(parse_conversation(conversation_id), api.owner)
-        if info is None:
-            raise ConversationNotFound()
+        info = await api.conversations.describe(parse_conversation_id(conversation_id), api.owner)
         return with_etag(conversation_object(info), info.revision)
 
     @post(
         "/{conversation_id:str}", status_code=200, summary="Replace its metadata (no commit).",
         before_request=strict(ConversationUpdate), response_headers=[ETAG, CORRELATION_ID],
-        responses=errors(ConversationNotFound, PreconditionFailed),
+        responses=openai_documented(ConversationNotFound, PreconditionFailed),
     )  # fmt: skip
     async def update(
         self,
@@ -98,25 +86,27 @@ class OpenAIConversations(Controller):
         if_match: IfMatch = None,
     ) -> Response[dict[str, Any]]:
         metadata = check_metadata(data.metadata)
-        cid = parse_conversation(conversation_id)
-        info = await api.store.update_metadata(cid, api.owner, metadata, parse_if_match(if_match))
+        cid = parse_conversation_id(conversation_id)
+        info = await api.conversations.update_metadata(
+            cid, api.owner, metadata, parse_if_match(if_match)
+        )
         return with_etag(conversation_object(info), info.revision)
 
     @delete(
         "/{conversation_id:str}", status_code=200, summary="Delete it and all its turns.",
         response_headers=[CORRELATION_ID],
-        responses=errors(ConversationNotFound, PreconditionFailed),
+        responses=openai_documented(ConversationNotFound, PreconditionFailed),
     )  # fmt: skip
     async def remove(
         self, conversation_id: FromPath[str], api: Caller, if_match: IfMatch = None
     ) -> dict[str, Any]:
-        cid = parse_conversation(conversation_id)
-        await api.store.delete(cid, api.owner, parse_if_match(if_match))
+        cid = parse_conversation_id(conversation_id)
+        await api.conversations.delete(cid, api.owner, parse_if_match(if_match))
         return deleted_object(cid)
 
     @get(
         "/{conversation_id:str}/items", summary="Its items, newest first by default.",
-        response_headers=[CORRELATION_ID], responses=errors(ConversationNotFound),
+        response_headers=[CORRELATION_ID], responses=openai_documented(ConversationNotFound),
     )  # fmt: skip
     async def items(
         self,
@@ -127,16 +117,16 @@ class OpenAIConversations(Controller):
         limit: ItemLimit = 20,
         order: Order = "desc",
     ) -> dict[str, Any]:
-        found = await views.load_items(
-            api.store, parse_conversation(conversation_id), api.owner, include
-        )
-        return views.page(found, after=after, limit=limit, order=order).body()
+        encrypted = views.includes(include)
+        found = await api.conversations.load(parse_conversation_id(conversation_id), api.owner)
+        shown = views.all_items(found, encrypted=encrypted)
+        return views.page(shown, after=after, limit=limit, order=order).body()
 
     @post(
         "/{conversation_id:str}/items", status_code=200,
         summary="Append up to 20 items without calling the model: one commit.",
         before_request=strict(ItemsCreate), response_headers=[ETAG, CORRELATION_ID],
-        responses=errors(ConversationNotFound, ConversationConflict, PreconditionFailed),
+        responses=openai_documented(ConversationNotFound, ConversationConflict, PreconditionFailed),
     )  # fmt: skip
     async def append(
         self,
@@ -146,17 +136,18 @@ class OpenAIConversations(Controller):
         if_match: IfMatch = None,
         include: Include = None,
     ) -> Response[dict[str, Any]]:
-        cid, turn = parse_conversation(conversation_id), items_turn(data.items)
-        added = await views.append_items(
-            api.store, cid, api.owner, turn, parse_if_match(if_match), include
+        cid, encrypted = parse_conversation_id(conversation_id), views.includes(include)
+        turn, commit = await api.conversations.append_items(
+            cid, api.owner, data.items, parse_if_match(if_match)
         )
-        return with_etag(added.body(), added.revision)
+        added = views.turn_items(cid, commit.revision, turn, encrypted=encrypted)
+        return with_etag(views.ItemPage(added, has_more=False).body(), commit.revision)
 
     @delete(
         "/{conversation_id:str}/items/{item_id:str}", status_code=200,
         summary="Remove the latest item (a commit); any other item: 400.",
         response_headers=[ETAG, CORRELATION_ID],
-        responses=errors(
+        responses=openai_documented(
             ConversationNotFound, ItemNotFound, ConversationConflict, PreconditionFailed
         ),
     )  # fmt: skip
@@ -167,13 +158,14 @@ class OpenAIConversations(Controller):
         api: Caller,
         if_match: IfMatch = None,
     ) -> Response[dict[str, Any]]:
-        cid = parse_conversation(conversation_id)
-        info = await views.pop_item(api.store, cid, api.owner, item_id, parse_if_match(if_match))
+        cid = parse_conversation_id(conversation_id)
+        info = await api.conversations.pop_item(cid, api.owner, item_id, parse_if_match(if_match))
         return with_etag(conversation_object(info), info.revision)
 
     @get(
         "/{conversation_id:str}/items/{item_id:str}", summary="One of its items.",
-        response_headers=[CORRELATION_ID], responses=errors(ConversationNotFound, ItemNotFound),
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(ConversationNotFound, ItemNotFound),
     )  # fmt: skip
     async def item(
         self,
@@ -182,7 +174,6 @@ class OpenAIConversations(Controller):
         api: Caller,
         include: Include = None,
     ) -> dict[str, Any]:
-        found = await views.load_items(
-            api.store, parse_conversation(conversation_id), api.owner, include
-        )
-        return views.find(found, item_id)
+        encrypted = views.includes(include)
+        found = await api.conversations.load(parse_conversation_id(conversation_id), api.owner)
+        return views.find(views.all_items(found, encrypted=encrypted), item_id)

@@ -1,14 +1,9 @@
-"""/v1/responses: a turn asked the OpenAI way, answered as a Response or as its event stream.
-
-A response is a committed turn of a conversation (see ids.py). What a request may ask is
-checked before anything else happens (``plan_of``); the turn itself runs under the same rules
-as on /api/v1: lease, If-Match, Idempotency-Key, the commit before the answer.
+"""/v1/responses: a turn asked the OpenAI way (service/usecases/responses.py), answered as a
+Response or as its event stream (stream.py renders the run of a streamed turn).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import time
 import uuid
 from typing import Any
@@ -19,14 +14,13 @@ from litestar.response import ServerSentEvent
 
 from service.api.bodies import strict
 from service.api.compat import items as views
-from service.api.compat.conversations import errors
-from service.api.compat.ids import parse_conversation, parse_response
 from service.api.compat.schemas import ResponseCreate, response_object
-from service.api.compat.stream import first_event, response_events
+from service.api.compat.stream import ResponseStream
 from service.api.correlation import correlation_id
-from service.api.deps import Caller
+from service.api.deps import Api, Caller
+from service.api.errors import openai_documented
 from service.api.headers import CORRELATION_ID, RETRY_AFTER, IdempotencyKey
-from service.api.sse import closed_with_response
+from service.api.sse import run_stream
 from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
@@ -41,12 +35,8 @@ from service.core.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.core.items import client_tools, input_count, turn_input
-from service.core.model import ForkPoint
-from service.core.model import IdempotencyKey as Key
+from service.core.items import input_count
 from service.core.plans import TurnPlan
-from service.usecases.relay import Relay
-from service.usecases.turns import TurnService
 
 UNSUPPORTED = {
     "instructions": "instructions are not supported: the system prompt is the server's "
@@ -55,84 +45,14 @@ UNSUPPORTED = {
 }
 
 
-def check_fields(asked: ResponseCreate, turns: TurnService) -> None:
+def check_fields(asked: ResponseCreate, model: str) -> None:
     """400 naming a field this server cannot honour, for any call."""
     for field, why in UNSUPPORTED.items():
         if getattr(asked, field) not in (None, False):
             raise InvalidInput(why + ".", param=field)
-    model = turns.provider.origin.model
     if asked.model is not None and asked.model != model:
         raise InvalidInput(f"model: this server answers with {model!r} only.", param="model")
     views.includes(asked.include)
-
-
-async def plan_of(
-    asked: ResponseCreate, body: bytes, turns: TurnService, owner: str, key: str | None
-) -> TurnPlan:
-    """The turn ``asked`` for, or 400 naming the field that cannot be honoured. A
-    ``previous_response_id`` that is its conversation's latest response continues it (under
-    If-Match: a turn committed meanwhile makes it 400); an earlier one forks the conversation
-    there, and the turn runs on the fork (made by the turn's own commit)."""
-    check_fields(asked, turns)
-    if_match, raw_id, fork = None, asked.conversation_id, None
-    if asked.previous_response_id is not None:
-        if raw_id is not None:
-            raise InvalidInput(
-                "Send conversation or previous_response_id, not both.",
-                param="previous_response_id",
-            )
-        cid, revision = parse_response(asked.previous_response_id)
-        info = await turns.store.describe(cid, owner)
-        if info is None or info.revision < revision:
-            raise ResponseNotFound()
-        raw_id, if_match = str(cid), frozenset({revision})
-        fork = ForkPoint(cid, revision) if revision < info.revision else None
-    assert raw_id is not None  # without either, the call is stateless (see ``stateless``)
-    message, items = turn_input(asked.input)
-    tools = client_tools(asked.tools, set(turns.tool_names))
-    plan = turns.plan(message, str(parse_conversation(raw_id)), if_match, owner=owner,
-                      truncate=asked.truncation != "disabled", items=items)  # fmt: skip
-    plan = dataclasses.replace(plan, client_tools=tools)
-    if fork is not None:
-        plan = plan.forked(fork)
-    if key is None:
-        return plan
-    # The whole request is the key's subject: a retry must ask exactly the same.
-    return plan.with_idempotency(Key(owner, key, hashlib.sha256(body).hexdigest()))
-
-
-async def stateless(
-    asked: ResponseCreate, relay: Relay, turns: TurnService, owner: str
-) -> dict[str, Any]:
-    """A call without a conversation: relayed to the provider (store false), nothing kept."""
-    check_fields(asked, turns)
-    if asked.stream:
-        raise InvalidInput("stream: not for calls without a conversation yet.", param="stream")
-    given = (
-        asked.input if isinstance(asked.input, list) else [{"role": "user", "content": asked.input}]
-    )
-    started = time.time()
-    reply = await relay.respond(await relay.resolve(owner, given), client_tools(asked.tools, set()))
-    if reply.incomplete_reason == "content_filter":
-        raise ContentFiltered()
-    # Sealed reasoning is kept in the answer: a client that keeps the history has no other
-    # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
-    output = views.output_items(uuid.uuid4(), 1, reply.output_items, 0, encrypted=True)
-    return response_object(
-        None, None, rid=f"resp_{uuid.uuid4().hex}", model=turns.provider.origin.model,
-        status=reply.status,
-        output=output, incomplete_reason=reply.incomplete_reason, created_at=started,
-        store=False,
-    )  # fmt: skip
-
-
-def not_latest(asked: ResponseCreate, exc: PreconditionFailed) -> Exception:
-    if asked.previous_response_id is None:
-        return exc
-    return InvalidInput(
-        "previous_response_id must name the latest response of its conversation.",
-        param="previous_response_id",
-    )
 
 
 class OpenAIResponses(Controller):
@@ -143,7 +63,7 @@ class OpenAIResponses(Controller):
         "/", status_code=200, summary="A turn: a Response, or (stream) its event stream.",
         description="A busy conversation is 400 conversation_locked, as OpenAI answers it.",
         before_request=strict(ResponseCreate), response_headers=[CORRELATION_ID, RETRY_AFTER],
-        responses=errors(
+        responses=openai_documented(
             ContextLengthExceeded, ConversationNotFound, ConversationConflict, RequestInProgress,
             PreconditionFailed, ContentFiltered, IdempotencyKeyReused, RateLimited, UpstreamError,
             UpstreamTimeout,
@@ -156,52 +76,35 @@ class OpenAIResponses(Controller):
         api: Caller,
         idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]] | ServerSentEvent:
-        asked = data
+        asked, responses = data, api.responses
+        check_fields(asked, responses.model)
         if asked.conversation is None and asked.previous_response_id is None:
-            return Response(await stateless(asked, api.relay, api.turns, api.owner))
-        plan = await plan_of(asked, await request.body(), api.turns, api.owner, idempotency_key)
-        try:
-            if asked.stream:
-                return await self._stream(request, asked, plan, api.turns, api.sse_keepalive_s)
-            started = time.time()
-            done = await api.turns.run(plan)
-        except PreconditionFailed as exc:
-            raise not_latest(asked, exc) from None
+            return Response(await stateless(asked, api))
+        plan = await responses.plan(
+            api.owner, input=asked.input, conversation=asked.conversation_id,
+            previous_response_id=asked.previous_response_id, tools=asked.tools,
+            truncation=asked.truncation, idempotency_key=idempotency_key,
+            request=await request.body(),
+        )  # fmt: skip
+        chained = asked.previous_response_id is not None
+        if asked.stream:
+            return await stream(request, asked, plan, chained, api)
+        started = time.time()
+        done = await responses.run(plan, chained)
         assert done.revision is not None
         output = views.output_items(done.conversation_id, done.revision, done.items, done.inputs)
         return Response(response_object(
-            done.conversation_id, done.revision, model=api.turns.provider.origin.model,
+            done.conversation_id, done.revision, model=responses.model,
             status=done.status, output=output, incomplete_reason=done.incomplete_reason,
             created_at=started, truncation=asked.truncation,
         ))  # fmt: skip
 
-    async def _stream(
-        self,
-        request: Request[Any, Any, Any],
-        asked: ResponseCreate,
-        plan: TurnPlan,
-        turns: TurnService,
-        keepalive_s: float,
-    ) -> ServerSentEvent:
-        events = turns.events(plan, stream=True, announce=True)
-        first = await first_event(events)
-        messages = response_events(
-            first, events, model=turns.provider.origin.model, truncation=asked.truncation,
-            keepalive_s=keepalive_s, correlation_id=correlation_id(request.scope),
-        )  # fmt: skip
-        closed_with_response(request.scope, messages)
-        return ServerSentEvent(messages)
-
     @get(
         "/{response_id:str}", summary="A committed response.",
-        response_headers=[CORRELATION_ID], responses=errors(ResponseNotFound),
+        response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
     )  # fmt: skip
     async def retrieve(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
-        cid, revision = parse_response(response_id)
-        conversation = await api.store.load(cid, api.owner, after_revision=revision - 1)
-        if conversation is None or not conversation.turns:
-            raise ResponseNotFound()
-        turn = conversation.turns[0]
+        cid, revision, turn = await api.responses.retrieve(api.owner, response_id)
         first = input_count(turn.replay_items)
         output = views.output_items(cid, revision, turn.replay_items[first:], first)
         return response_object(
@@ -209,3 +112,32 @@ class OpenAIResponses(Controller):
             status=turn.status, output=output, incomplete_reason=turn.incomplete_reason,
             created_at=turn.created_at,
         )  # fmt: skip
+
+
+async def stateless(asked: ResponseCreate, api: Api) -> dict[str, Any]:
+    if asked.stream:
+        raise InvalidInput("stream: not for calls without a conversation yet.", param="stream")
+    started = time.time()
+    reply = await api.responses.stateless(api.owner, asked.input, asked.tools)
+    # Sealed reasoning is kept in the answer: a client that keeps the history has no other
+    # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
+    output = views.output_items(uuid.uuid4(), 1, reply.output_items, 0, encrypted=True)
+    return response_object(
+        None, None, rid=f"resp_{uuid.uuid4().hex}", model=api.responses.model,
+        status=reply.status, output=output, incomplete_reason=reply.incomplete_reason,
+        created_at=started, store=False,
+    )  # fmt: skip
+
+
+async def stream(
+    request: Request[Any, Any, Any], asked: ResponseCreate, plan: TurnPlan, chained: bool, api: Api
+) -> ServerSentEvent:
+    cid = correlation_id(request.scope)
+    started = await api.responses.stream(plan, chained, cid)
+    run = started.run
+    assert run is not None  # a run of its own: /v1 streams are never background (yet)
+    rendering = ResponseStream(
+        run, started.conversation_id, run.held.result() + 1, api.responses.model,
+        asked.truncation,
+    )  # fmt: skip
+    return run_stream(api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, {})

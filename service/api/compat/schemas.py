@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from service.api.compat.ids import conversation_id, response_id
 from service.core.errors import InvalidInput
+from service.core.ids import conversation_id, response_id
 from service.core.model import ConversationInfo
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512

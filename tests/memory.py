@@ -1,4 +1,4 @@
-"""An in-memory store that keeps the same contract as the PostgreSQL adapter.
+"""A fake of the store ports, in memory, that keeps the same contracts as the PostgreSQL adapter.
 
 For the fast layer of tests (the turn rules in milliseconds) and nothing else: one process,
 no durability. ``tests/test_store.py`` runs the same contract tests against both stores.
@@ -6,15 +6,14 @@ no durability. ``tests/test_store.py`` runs the same contract tests against both
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
 import msgspec
 
+from service.core import events
 from service.core.errors import (
     ConversationConflict,
     ConversationNotFound,
@@ -24,6 +23,7 @@ from service.core.errors import (
     RequestInProgress,
     TurnInterrupted,
 )
+from service.core.events import RunEvent
 from service.core.model import (
     ANONYMOUS,
     FINISHED,
@@ -39,7 +39,6 @@ from service.core.model import (
     Precondition,
     Renewed,
     RunEnd,
-    RunEvent,
     RunStatus,
     RunView,
     Summary,
@@ -51,6 +50,7 @@ from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
 from service.store.ports import Readiness
+from service.store.subscribers import Subscribers
 
 
 @dataclass
@@ -110,31 +110,8 @@ class _Conversation:
         return self.holder is None or expired or self.holder == holder
 
 
-class LocalNotifications:
+class LocalNotifications(Subscribers):
     """Notifications within one process (the in-memory store's, and a test's)."""
-
-    def __init__(self) -> None:
-        self._inboxes: dict[str, set[asyncio.Event]] = {}
-
-    @property
-    def healthy(self) -> bool:
-        return True
-
-    @asynccontextmanager
-    async def subscribe(self, topic: str) -> AsyncIterator[asyncio.Event]:
-        inbox = asyncio.Event()
-        self._inboxes.setdefault(topic, set()).add(inbox)
-        try:
-            yield inbox
-        finally:
-            subscribers = self._inboxes[topic]
-            subscribers.discard(inbox)
-            if not subscribers:
-                del self._inboxes[topic]
-
-    def notify(self, topic: str) -> None:
-        for inbox in self._inboxes.get(topic, ()):
-            inbox.set()
 
 
 class MemoryStore:
@@ -294,7 +271,7 @@ class MemoryStore:
             key.committed = Committed(conversation_id, revision, key.turn_id)
             key.expires_at = now + self._ttl
         if append.run is not None and run is not None:
-            done = RunEvent(append.run.done_seq, "message.done", append.run.done_data(revision))
+            done = append.run.done.event(append.run.done_seq, revision)
             self._end(run, append.run.status, None, None, [done])
             run.revision = revision
         return Commit(revision, found.row.created_at, found.row.updated_at)
@@ -439,7 +416,9 @@ class MemoryStore:
         if run is None or run.finished or run.heartbeat_until >= _now():
             return False
         seq = (run.events[-1].seq if run.events else 0) + 1
-        self._end(run, "failed", "turn_interrupted", message, [RunEvent(seq, "error", event_data)])
+        self._end(
+            run, "failed", "turn_interrupted", message, [RunEvent(seq, events.ERROR, event_data)]
+        )
         return True
 
     def _readable(self, run_id: UUID, owner: str) -> _Run | None:

@@ -1,0 +1,126 @@
+"""What both surfaces do to a conversation besides a turn: read it, list, fork, delete, and the
+item edits of the OpenAI surface (items appended without the model, the latest one removed),
+each a commit under the same rules as a turn's (If-Match, the revision, the lease).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from service.core.errors import (
+    ConversationConflict,
+    ConversationNotFound,
+    InvalidInput,
+    ItemNotFound,
+    PreconditionFailed,
+)
+from service.core.items import items_turn, listed_item_ids, without_last_item
+from service.core.model import (
+    Append,
+    Commit,
+    Conversation,
+    ConversationInfo,
+    PageRequest,
+    Precondition,
+    Summary,
+    TranscriptPage,
+    Turn,
+)
+from service.core.plans import check_precondition
+from service.store.ports import ConversationStore
+
+
+class Conversations:
+    def __init__(self, store: ConversationStore) -> None:
+        self._store = store
+
+    # --- reading ------------------------------------------------------------------------------
+
+    async def load(self, cid: uuid.UUID, owner: str) -> Conversation:
+        conversation = await self._store.load(cid, owner)
+        if conversation is None:
+            raise ConversationNotFound()
+        return conversation
+
+    async def describe(self, cid: uuid.UUID, owner: str) -> ConversationInfo:
+        info = await self.info(cid, owner)
+        if info is None:
+            raise ConversationNotFound()
+        return info
+
+    async def info(self, cid: uuid.UUID, owner: str) -> ConversationInfo | None:
+        return await self._store.describe(cid, owner)
+
+    async def transcript(self, cid: uuid.UUID, owner: str, page: PageRequest) -> TranscriptPage:
+        found = await self._store.transcript(cid, owner, page)
+        if found is None:
+            raise ConversationNotFound()
+        return found
+
+    async def listing(
+        self, owner: str, limit: int, after: str | None
+    ) -> tuple[list[Summary], str | None]:
+        return await self._store.list_conversations(owner, limit, after)
+
+    async def turn_at(self, cid: uuid.UUID, owner: str, revision: int) -> Turn | None:
+        """The turn that made ``revision`` (None: no such turn of the owner's)."""
+        conversation = await self._store.load(cid, owner, after_revision=revision - 1)
+        if conversation is None or not conversation.turns:
+            return None
+        return conversation.turns[0]
+
+    # --- writing ------------------------------------------------------------------------------
+
+    async def create(
+        self, owner: str, metadata: dict[str, str], items: Sequence[object] | None
+    ) -> ConversationInfo:
+        return await self._store.create_conversation(owner, metadata, items_turn(items))
+
+    async def update_metadata(
+        self, cid: uuid.UUID, owner: str, metadata: dict[str, str], if_match: Precondition
+    ) -> ConversationInfo:
+        return await self._store.update_metadata(cid, owner, metadata, if_match)
+
+    async def delete(self, cid: uuid.UUID, owner: str, if_match: Precondition) -> None:
+        await self._store.delete(cid, owner, if_match)
+
+    async def fork(self, cid: uuid.UUID, owner: str, at_revision: int) -> ConversationInfo:
+        return await self._store.fork(cid, owner, at_revision)
+
+    async def append_items(
+        self, cid: uuid.UUID, owner: str, items: Sequence[object], if_match: Precondition
+    ) -> tuple[Turn, Commit]:
+        """Commit ``items`` (appended without the model) on top of the conversation's current
+        revision: 409 conversation_conflict if another turn commits or runs meanwhile."""
+        turn = items_turn(items)
+        if turn is None:
+            raise InvalidInput("items: at least one.", param="items")
+        info = await self.describe(cid, owner)
+        check_precondition(if_match, info.revision)
+        return turn, await self._store.append(Append(cid, turn, info.revision, owner=owner))
+
+    async def pop_item(
+        self, cid: uuid.UUID, owner: str, item_id: str, if_match: Precondition
+    ) -> ConversationInfo:
+        """Remove ``item_id`` if it is the conversation's latest item (the Agents SDK's
+        pop_item); any other item is 400, an unknown one 404. A commit between the look and
+        the removal makes it 409, with nothing removed."""
+        conversation = await self.load(cid, owner)
+        check_precondition(if_match, conversation.revision)
+        ids = [
+            item_id
+            for revision, turn in enumerate(conversation.turns, start=1)
+            for item_id in listed_item_ids(cid, revision, turn.replay_items)
+        ]
+        if item_id not in ids:
+            raise ItemNotFound()
+        if ids[-1] != item_id:
+            raise InvalidInput("Only the latest item can be removed.", param="item_id")
+        try:
+            info, _ = await self._store.pop_item(
+                cid, owner, without_last_item, frozenset({conversation.revision})
+            )
+        except PreconditionFailed:
+            raise ConversationConflict() from None
+        return info

@@ -1,0 +1,218 @@
+"""One durable turn running in this process: its numbered events, handed to this process's
+subscribers at once and to the event log in PostgreSQL in batches (see runs.py for the whole
+story). The event names and payloads are service/core/events.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Callable
+
+from service.core import events
+from service.core.errors import Cancelled, StorageError, TurnstoreError
+from service.core.events import RunEvent
+from service.core.model import NewRun, ReplyStatus, RunCommit, RunEnd, RunStatus
+from service.core.plans import TurnPlan
+from service.providers.base import TextDelta
+from service.store.ports import RunStore
+from service.usecases.exchange import ToolCalled
+from service.usecases.turns import TurnDone, TurnEvent
+
+log = logging.getLogger("turnstore.runs")
+
+FLUSH_S = 0.05  # a watched run's events reach the log, and readers elsewhere, this soon
+IDLE_FLUSH_S = 1.0  # an unwatched run's: what a replica that dies takes with it
+
+
+class Run:
+    """A durable turn running in this process."""
+
+    def __init__(self, new: NewRun, plan: TurnPlan, correlation_id: str, store: RunStore) -> None:
+        self.new, self.id, self.plan = new, new.id, plan
+        self.correlation_id = correlation_id
+        self.events: list[RunEvent] = []
+        self.finished = False
+        self.stop_reason: TurnstoreError = Cancelled()
+        self.task: asyncio.Task[None] | None = None
+        # The revision the turn holds its conversation at, once it does (or why it never
+        # did): a caller that answers only then (a /v1 stream) waits for it.
+        self.held: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.held.add_done_callback(_retrieved)
+        self.message_id: str | None = None  # the provider's id of the streamed message
+        self.result: TurnDone | None = None  # how the turn ended, when it did here
+        self._store = store
+        self._logged = 0  # events[:_logged] are in the log
+        self._flush_lock = asyncio.Lock()
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._changed = asyncio.Event()
+        self._commit: RunCommit | None = None
+        self._watched = False
+
+    async def begin(self, revision: int) -> None:
+        await self._store.begin_run(self.id)
+        if not self.held.done():
+            self.held.set_result(revision)
+
+    async def record(self, event: TurnEvent) -> None:
+        """What the turn did, as the event its client sees."""
+        if isinstance(event, TextDelta):
+            self.message_id = self.message_id or event.item_id
+            self._publish(lambda seq: events.delta(seq, event.text))
+        elif isinstance(event, ToolCalled):
+            self._publish(lambda seq: events.tool_call(seq, event.name, event.status))
+        else:
+            self.result = event
+            await self._done(event)
+
+    async def fail(self, status: RunStatus, error: TurnstoreError) -> None:
+        """The turn ended without a commit: its terminal ``error`` event, logged with the
+        run's end."""
+        if not self.held.done():
+            self.held.set_exception(error)
+        try:
+            await self.end(
+                status,
+                error.code,
+                error.message,
+                lambda seq: events.failure(seq, error, self.correlation_id),
+            )
+        except StorageError:
+            log.warning("turn %s: could not log its end; readers will find it stalled", self.id)
+
+    def watched(self) -> None:
+        """Someone follows the run from elsewhere: log what it has now, and soon from now on."""
+        if not self._watched and not self.finished:
+            self._watched = True
+            self._cancel_timer()
+            self._flush_soon()
+
+    async def follow(self, after: int = 0) -> AsyncGenerator[RunEvent, None]:
+        """Its events after ``after``, as they come, to its terminal event."""
+        index = after
+        while True:
+            while index < len(self.events):
+                index += 1
+                yield self.events[index - 1]
+            if self.finished:
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+    def stop(self, reason: TurnstoreError) -> None:
+        if self.task is not None and not self.finished:
+            self.stop_reason = reason
+            self.task.cancel()
+
+    async def flush(self) -> None:
+        async with self._flush_lock:
+            batch = self.events[self._logged :]
+            if batch:
+                await self._store.log_events(self.id, self.new.owner, batch)
+                self._logged += len(batch)
+
+    async def prepare_commit(self, status: ReplyStatus, incomplete_reason: str | None) -> RunCommit:
+        """What the turn's commit writes of this run (its events so far are logged first)."""
+        self._cancel_timer()
+        await self.flush()
+        done = self._done_of(status, incomplete_reason)
+        self._commit = RunCommit(self.id, status, len(self.events) + 1, done)
+        return self._commit
+
+    async def end(
+        self,
+        status: RunStatus,
+        code: str | None,
+        message: str | None,
+        terminal: Callable[[int], RunEvent],
+        revision: int | None = None,
+    ) -> None:
+        """End without a commit of its own: the terminal event (``terminal`` of its number)
+        after the others, logged with the end. Should the run have ended meanwhile
+        (committed, interrupted elsewhere), what the log says is published here instead."""
+        self._cancel_timer()
+        last = terminal(len(self.events) + 1)
+        async with self._flush_lock:
+            batch = [*self.events[self._logged :], last]
+            end = RunEnd(status, code, message, batch, revision)
+            try:
+                ended = await self._store.end_run(self.id, self.new.owner, end)
+            except StorageError:
+                # Its client here still gets its terminal event; readers elsewhere will find
+                # the run stalled once its heartbeat runs out, and end it as interrupted.
+                self._add(last)
+                raise
+            if ended:
+                self._add(last)
+                self._logged = len(self.events)
+                return
+        await self.catch_up()
+
+    async def catch_up(self) -> None:
+        """Publish what the log holds beyond what this process published."""
+        found = await self._store.run_events(self.id, self.new.owner, len(self.events))
+        for event in found[1] if found else ():
+            self._add(event)
+        self._logged = len(self.events)
+
+    def done(self) -> None:
+        self.finished = True
+        self._cancel_timer()
+        self._changed.set()
+
+    async def _done(self, done: TurnDone) -> None:
+        """The turn ended with message.done: its commit logged it (publish it here too, as
+        logged); or nothing was committed (the content filter), or an Idempotency-Key replay
+        names an earlier commit: the run ends with it now."""
+        commit = self._commit
+        if commit is not None and done.revision is not None:
+            self._add(commit.done.event(commit.done_seq, done.revision))
+            self._logged = len(self.events)
+            return
+        pending = self._done_of(done.status, done.incomplete_reason)
+        if done.revision is None:
+            filtered = "The content filter refused it."
+            await self.end(
+                "failed", "content_filtered", filtered, lambda seq: pending.event(seq, None)
+            )
+        else:
+            revision = done.revision
+            await self.end(
+                done.status, None, None, lambda seq: pending.event(seq, revision), revision
+            )
+
+    def _done_of(self, status: str, incomplete_reason: str | None) -> events.Done:
+        return events.Done(status, incomplete_reason, self.plan.conversation_id, self.id)
+
+    def _publish(self, make: Callable[[int], RunEvent]) -> None:
+        self._add(make(len(self.events) + 1))
+        if self._flush_timer is None:
+            delay = FLUSH_S if self._watched else IDLE_FLUSH_S
+            self._flush_timer = asyncio.get_running_loop().call_later(delay, self._flush_soon)
+
+    def _add(self, event: RunEvent) -> None:
+        self.events.append(event)
+        self._changed.set()
+
+    def _flush_soon(self) -> None:
+        self._flush_timer = None
+        asyncio.get_running_loop().create_task(self._flush_logged())
+
+    async def _flush_logged(self) -> None:
+        try:
+            await self.flush()
+        except StorageError:
+            log.warning(
+                "turn %s: could not log its events (they are kept for the next try)", self.id
+            )
+
+    def _cancel_timer(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+
+
+def _retrieved(future: asyncio.Future[int]) -> None:
+    """Nobody need wait for ``held`` (only a /v1 stream does): its failure is not news."""
+    if not future.cancelled():
+        future.exception()

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps js-deps run test lint bench clean
+.PHONY: help install system-deps js-deps run test test-fast lint bench clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -50,6 +50,9 @@ js-deps: $(JS_STAMP) ## install the openai npm package for the JavaScript SDK te
 
 test: $(STAMP) system-deps js-deps ## run the whole test suite against real PostgreSQL
 	$(BIN)/python -m pytest
+
+test-fast: $(STAMP) ## the inner loop: the use-case rules over the in-memory fake (no database, seconds)
+	$(BIN)/python -m pytest -m fast -q
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict service
 	$(BIN)/ruff check .

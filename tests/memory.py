@@ -71,6 +71,7 @@ class _Run:
     error_message: str | None = None
     events: list[RunEvent] = field(default_factory=list)
     cancel_requested: bool = False
+    watched: bool = False
     expires_at: datetime | None = None
 
     def view(self, message: str | None = None) -> RunView:
@@ -391,7 +392,9 @@ class MemoryStore:
         return run.view(), [e for e in run.events if e.seq > after]
 
     async def watch_run(self, run_id: UUID) -> None:
-        return None  # in one process every event wakes its readers anyway
+        run = self._runs.get(run_id)
+        if run is not None:
+            run.watched = True  # in one process every event wakes its readers anyway
 
     async def cancel_run(self, run_id: UUID, owner: str) -> bool:
         run = self._readable(run_id, owner)
@@ -406,7 +409,8 @@ class MemoryStore:
             run = self._runs.get(run_id)
             if run is not None and not run.finished:
                 run.heartbeat_until = _now() + timedelta(seconds=heartbeat_s)
-        return Renewed(frozenset(await self.cancel_requested(run_ids)))
+        watched = {i for i in run_ids if (run := self._runs.get(i)) and run.watched}
+        return Renewed(frozenset(await self.cancel_requested(run_ids)), frozenset(watched))
 
     async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
         return {i for i in run_ids if (run := self._runs.get(i)) and run.cancel_requested}

@@ -15,7 +15,12 @@ Read from the source with ast (no imports run).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.fast  # `make test-fast`: no database, seconds
 
 SERVICE = Path(__file__).resolve().parents[1] / "service"
 
@@ -64,15 +69,18 @@ def _is_package(name: str) -> bool:
     return (SERVICE.parent / name.replace(".", "/") / "__init__.py").exists()
 
 
+@functools.cache
 def modules() -> dict[str, Path]:
     return {module_name(p): p for p in SERVICE.rglob("*.py")}
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     known = modules()
     return {name: imports(path, set(known)) for name, path in known.items()}
 
 
+@functools.cache
 def layer(module: str) -> int:
     return layer_of(modules()[module])
 

@@ -2,7 +2,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from service.usecases.locks import KeyedLocks
+
+pytestmark = pytest.mark.fast  # `make test-fast`: no database, seconds
 
 
 async def test_holders_of_one_key_are_serialised_and_the_registry_empties() -> None:

@@ -32,6 +32,8 @@ from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDe
 from service.providers.responses import Endpoint, ResponsesProvider
 from tests.fakeapi import FakeResponsesAPI, Script, output_items, response_object, stream_events
 
+pytestmark = pytest.mark.fast  # `make test-fast`: no database, seconds
+
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 URL = "https://fake.invalid/v1/responses"
 

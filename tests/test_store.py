@@ -32,7 +32,9 @@ from tests.memory import MemoryStore
 AnyStore = PostgresStore | MemoryStore
 
 
-@pytest.fixture(params=["postgres", "postgres-encrypted", "memory"])
+@pytest.fixture(
+    params=["postgres", "postgres-encrypted", pytest.param("memory", marks=pytest.mark.fast)]
+)
 def contract_store(request: pytest.FixtureRequest) -> AnyStore:
     """Each contract test runs against both stores, PostgreSQL in clear and encrypted."""
     if request.param == "memory":

@@ -29,6 +29,8 @@ from service.tools import (
 from service.tools.lookup import LookupTool
 from tests.tools_fixtures import SECRET, Cooperative, Echo, Explodes, Returns, Stubborn
 
+pytestmark = pytest.mark.fast  # `make test-fast`: no database, seconds
+
 S = ToolStatus
 WAIT_S = 5.0  # bound for waits on events that are expected to happen promptly
 BLOCKED_TIMEOUT_S = 0.05  # only for calls whose tool is blocked until the test releases it

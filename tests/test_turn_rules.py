@@ -40,6 +40,8 @@ from service.usecases.turns import TurnDone, TurnService
 from tests.memory import MemoryStore
 from tests.tools_fixtures import Echo
 
+pytestmark = pytest.mark.fast  # `make test-fast`: no database, seconds
+
 ORIGIN = Origin("scripted", "memory", "m")
 
 

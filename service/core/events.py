@@ -18,7 +18,7 @@ from uuid import UUID
 
 import msgspec
 
-from service.core.errors import TurnstoreError, envelope
+from service.core.errors import TurnInterrupted, TurnstoreError, envelope
 
 DELTA = "message.delta"
 TOOL_CALL = "tool.call"
@@ -27,7 +27,7 @@ ERROR = "error"
 TERMINAL = frozenset({DONE, ERROR})
 
 # The messages of the two ways a run ends without its client or its replica.
-INTERRUPTED = "The replica running this turn stopped before the commit; nothing was kept."
+INTERRUPTED = TurnInterrupted.default_message
 GONE = "The client went away before the turn committed; nothing was kept."
 
 _JSON = msgspec.json.Encoder()

@@ -230,8 +230,7 @@ class TurnRuns:
     async def _interrupt(self, turn_id: uuid.UUID, owner: str) -> bool:
         """End a run whose replica vanished; its terminal event names the request that found
         it (the run's own request is gone with its replica)."""
-        cid = correlation_id_var.get() or ""
-        error = events.error(0, "turn_interrupted", events.INTERRUPTED, cid)
+        error = events.failure(0, TurnInterrupted(), correlation_id_var.get() or "")
         return await self._store.interrupt_run(turn_id, owner, events.INTERRUPTED, error.data)
 
     # --- this process's part: heartbeats, cancellations, shutdown --------------------------------

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.api.auth import authentication, build_authenticator, openapi_security
 from service.api.chat import ChatController
 from service.api.compat.conversations import OpenAIConversations
+from service.api.compat.models import OpenAIModels
 from service.api.compat.responses import OpenAIResponses
 from service.api.conversations import ConversationController
 from service.api.correlation import add_correlation_header, correlation_middleware
@@ -227,9 +228,11 @@ def build_services(
         max_message_chars=settings.max_message_chars,
         idempotency=backend.idempotency is not None,
         own_tools=turns.tool_names,
+        models=settings.served_models(),
+        instructions=settings.instructions,
     )
     conversations = Conversations(backend.store)
-    relay = Relay(backend.store, provider, turns.prompt)
+    relay = Relay(backend.store, provider, turns.prompt, rules)
     responses = Responses(turns, runs, relay, conversations, rules)
     cases = UseCases(turns, runs, conversations, responses, rules, settings.sse_keepalive_s)
     return Services(backend.store, backend.ops, cases, backend.api_keys, closers)
@@ -275,6 +278,7 @@ def create_app(
             TurnController,
             OpenAIConversations,
             OpenAIResponses,
+            OpenAIModels,
         ],
         guards=[guard],
         security=security,

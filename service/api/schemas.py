@@ -18,6 +18,7 @@ from service.core.model import (
     TranscriptPage,
 )
 from service.core.plans import MESSAGE_PATTERN
+from service.core.usage import Usage
 from service.usecases.turns import TurnDone
 
 # What the turn service enforces on a message (service/plans.py), stated for the OpenAPI
@@ -54,6 +55,35 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
     ] = False
 
 
+class InputTokens(msgspec.Struct):
+    cached_tokens: int
+    cache_write_tokens: int
+
+
+class OutputTokens(msgspec.Struct):
+    reasoning_tokens: int
+
+
+class UsageView(msgspec.Struct):
+    """What the turn's provider calls cost, in the provider's tokens (the Responses API's
+    ``usage``, added up over the turn's calls)."""
+
+    input_tokens: int
+    input_tokens_details: InputTokens
+    output_tokens: int
+    output_tokens_details: OutputTokens
+    total_tokens: int
+
+    @classmethod
+    def of(cls, usage: Usage | None) -> UsageView | None:
+        if usage is None:
+            return None
+        return cls(
+            usage.input_tokens, InputTokens(usage.cached_tokens, 0), usage.output_tokens,
+            OutputTokens(usage.reasoning_tokens), usage.total_tokens,
+        )  # fmt: skip
+
+
 class ChatResponse(msgspec.Struct):
     conversation_id: str
     message: str
@@ -61,6 +91,7 @@ class ChatResponse(msgspec.Struct):
     incomplete_reason: Literal["max_output_tokens"] | None
     revision: int
     correlation_id: str
+    usage: UsageView | None
 
     @classmethod
     def of(cls, done: TurnDone, correlation_id: str) -> ChatResponse:
@@ -72,6 +103,7 @@ class ChatResponse(msgspec.Struct):
             incomplete_reason=done.incomplete_reason,  # type: ignore[arg-type]
             revision=done.revision,
             correlation_id=correlation_id,
+            usage=UsageView.of(done.usage),
         )
 
 

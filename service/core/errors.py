@@ -2,12 +2,14 @@
 
 TurnstoreError
  +-- InvalidInput                 400 invalid_input
+ |    +-- ModelNotFound                400 model_not_found (a model not in MODELS)
  +-- InvalidHost                  400 invalid_host (AUTH_MODE=none: a Host that is not loopback)
  +-- ContextLengthExceeded        400 context_length_exceeded
  +-- Unauthorized                 401 unauthorized (+ WWW-Authenticate)
  +-- ConversationNotFound         404 conversation_not_found
  +-- TurnNotFound                 404 turn_not_found
  +-- ResponseNotFound             404 response_not_found (the OpenAI surface)
+ +-- UnknownModel                 404 model_not_found (the OpenAI surface's model lookup)
  +-- ItemNotFound                 404 item_not_found (the OpenAI surface)
  +-- ConversationConflict         409 conversation_conflict
  +-- RequestInProgress            409 request_in_progress
@@ -19,8 +21,11 @@ TurnstoreError
  +-- IdempotencyKeyReused         422 idempotency_key_reused
  +-- RateLimited                  429 rate_limited (+ Retry-After)
  +-- StorageError                 500 storage_error
+ +-- RequestRefused               400 <the provider's code> (the OpenAI surface: a client's
+ |                                     request the provider refused, with its param)
  +-- UpstreamError                502 upstream_error
  |    +-- InvalidEncryptedContent      (sealed reasoning the provider cannot open)
+ |    +-- ProviderRefused              (HTTP 400 naming a code and a field)
  +-- NotReady                     503 not_ready
  +-- Cancelled                    (a turn's end only) cancelled
  +-- TurnInterrupted              (a turn's end only) turn_interrupted
@@ -32,6 +37,7 @@ stack traces or secrets. The cause stays on ``__cause__`` for the logs.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from uuid import UUID
 
@@ -54,6 +60,21 @@ class TurnstoreError(Exception):
 
 class InvalidInput(TurnstoreError):
     code, status, default_message = "invalid_input", 400, "The request is invalid."
+
+
+class ModelNotFound(InvalidInput):
+    """A model a request may not use (not in MODELS), refused as OpenAI refuses one."""
+
+    code, default_message = "model_not_found", "The model does not exist or is not served here."
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, param="model")
+
+
+class UnknownModel(TurnstoreError):
+    """A model asked for by name (GET /v1/models/{id}) that is not served here."""
+
+    code, status, default_message = "model_not_found", 404, "The model is not served here."
 
 
 class InvalidHost(TurnstoreError):
@@ -168,6 +189,41 @@ class InvalidEncryptedContent(UpstreamError):
     """The provider could not decrypt a replayed reasoning item (it was sealed elsewhere)."""
 
     default_message = "The provider could not use the conversation's sealed reasoning."
+
+
+class ProviderRefused(UpstreamError):
+    """The provider refused the request (HTTP 400), naming its code and the field at fault:
+    the server's own fault on /api/v1 (502), the client's on /v1 (``client_error``)."""
+
+    default_message = "The provider refused the request."
+
+    def __init__(self, provider_code: str | None, param: str | None) -> None:
+        super().__init__(param=_safe(param, _PARAM))
+        self.provider_code = _safe(provider_code, _CODE) or "invalid_request"
+
+    def client_error(self) -> RequestRefused:
+        return RequestRefused(self.provider_code, self.param)
+
+
+class RequestRefused(TurnstoreError):
+    """A client's request that the provider refused (``ProviderRefused``), passed on as the
+    provider's 400 with its code and param; the message is turnstore's own."""
+
+    status = 400
+
+    def __init__(self, code: str, param: str | None) -> None:
+        where = f" ({param})" if param else ""
+        super().__init__(f"The provider refused the request: {code}{where}.", param=param)
+        self.code = code
+
+
+_CODE = re.compile(r"[a-z0-9_.]{1,64}")
+_PARAM = re.compile(r"[A-Za-z0-9_.\[\]-]{1,128}")
+
+
+def _safe(value: str | None, shape: re.Pattern[str]) -> str | None:
+    """A provider's code or param, passed on only when it looks like one (never free text)."""
+    return value if isinstance(value, str) and shape.fullmatch(value) else None
 
 
 class NotReady(TurnstoreError):

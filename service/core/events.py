@@ -4,7 +4,8 @@ sends them, ``/v1`` renders them as a Response stream).
 
     message.delta  {"delta": "<text>"}
     tool.call      {"name": "<tool>", "status": "<status>"}
-    message.done   {"status", "incomplete_reason", "conversation_id", "revision", "turn_id"}
+    message.done   {"status", "incomplete_reason", "conversation_id", "revision", "turn_id",
+                    "usage"}
     error          {"error": {"code", "message", "correlation_id"}}
 
 Exactly one terminal event (``message.done`` or ``error``) ends a run's events.
@@ -19,6 +20,7 @@ from uuid import UUID
 import msgspec
 
 from service.core.errors import TurnInterrupted, TurnstoreError, envelope
+from service.core.usage import Usage
 
 DELTA = "message.delta"
 TOOL_CALL = "tool.call"
@@ -76,6 +78,7 @@ class Done:
     incomplete_reason: str | None
     conversation_id: UUID
     turn_id: UUID
+    usage: Usage | None = None
 
     def event(self, seq: int, revision: int | None) -> RunEvent:
         return _event(
@@ -87,5 +90,6 @@ class Done:
                 "conversation_id": str(self.conversation_id),
                 "revision": revision,
                 "turn_id": str(self.turn_id),
+                "usage": self.usage.as_openai() if self.usage is not None else None,
             },
         )

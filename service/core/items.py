@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.ids import view_item_id
-from service.core.model import Turn
+from service.core.model import Said, Turn
 from service.core.strictjson import is_encodable
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
@@ -95,43 +95,34 @@ def is_sealed_reasoning(item: msgspec.Raw) -> bool:
     return head.type == "reasoning" and bool(head.encrypted_content)
 
 
-def run_inside(items: Sequence[msgspec.Raw]) -> set[str]:
-    """The call ids of the calls turnstore's own tools ran inside the turn of ``items``:
-    answered in the same turn, after the call (a client's calls are answered by its next
-    turn)."""
-    called, inside = set(), set()
-    for item in items:
-        head = msgspec.json.decode(item, type=_FunctionCallItem)
-        if head.type == "function_call":
-            called.add(head.call_id)
-        elif head.type == "function_call_output" and head.call_id in called:
-            inside.add(head.call_id)
-    return inside
-
-
 class _Listed(msgspec.Struct):
     id: str | None = None
     call_id: str | None = None
 
 
 def listed(
-    cid: uuid.UUID, revision: int, items: Sequence[msgspec.Raw], first: int = 0
+    cid: uuid.UUID,
+    revision: int,
+    items: Sequence[msgspec.Raw],
+    first: int = 0,
+    own_calls: Collection[str] = (),
 ) -> list[tuple[str, msgspec.Raw]]:
     """The items of the turn that made ``revision`` that the OpenAI surface lists, with the id
     each is known by (its own, or a view-only id naming its place; ``first``: the index of the
-    first of ``items`` in its turn). The calls turnstore's own tools ran inside the turn are
-    not listed: a client shown them would try to run them itself."""
-    inside = run_inside(items)
+    first of ``items`` in its turn). The calls of turnstore's own tools that ran inside the
+    turn (``own_calls``, the call ids its tool records name) are not listed: a client shown
+    them would try to run them itself. Every other item is, whoever made it."""
     shown = []
     for index, raw in enumerate(items, start=first):
         head = msgspec.json.decode(raw, type=_Listed)
-        if head.call_id is None or head.call_id not in inside:
+        if head.call_id is None or head.call_id not in own_calls:
             shown.append((head.id or view_item_id(cid, revision, index), raw))
     return shown
 
 
-def listed_item_ids(cid: uuid.UUID, revision: int, items: Sequence[msgspec.Raw]) -> list[str]:
-    return [item_id for item_id, _ in listed(cid, revision, items)]
+def listed_ids(cid: uuid.UUID, revision: int, turn: Turn) -> list[str]:
+    own = {call.call_id for call in turn.tool_calls}
+    return [item_id for item_id, _ in listed(cid, revision, turn.replay_items, 0, own)]
 
 
 def user_input_item(text: str) -> msgspec.Raw:
@@ -144,11 +135,13 @@ def user_input_item(text: str) -> msgspec.Raw:
 
 MAX_ITEMS = 20
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
-_TEXT_PARTS = {"user": "input_text", "system": "input_text", "developer": "input_text"}
+_INPUT_PARTS = frozenset({"input_text", "input_image", "input_file"})
+_OUTPUT_PARTS = frozenset({"output_text", "refusal"})  # an assistant message's, replayed
 
 
 def message_text(item: Any, param: str) -> tuple[str, str]:
-    """The role and text of a message item (its content a string or text parts)."""
+    """The role and transcript text of a message item: its text, with a non-text part shown as
+    ``[image]`` or ``[file <name>]``."""
     if not isinstance(item, dict) or item.get("type", "message") != "message":
         kind = item.get("type") if isinstance(item, dict) else type(item).__name__
         raise InvalidInput(f"{param}: only message items are supported, not {kind!r}.", param=param)
@@ -158,113 +151,128 @@ def message_text(item: Any, param: str) -> tuple[str, str]:
     if isinstance(content, str):
         text = content
     elif isinstance(content, list):
-        want = _TEXT_PARTS.get(role, "output_text")
-        parts = [p for p in content if isinstance(p, dict)]
-        texts = [p.get("text") for p in parts]
-        if (
-            len(parts) != len(content)
-            or any(p.get("type") != want for p in parts)
-            or not all(isinstance(t, str) for t in texts)
-        ):
-            raise InvalidInput(f"{param}: {role} content must be text ({want}) parts.", param=param)
-        text = "".join(texts)  # type: ignore[arg-type]
+        allowed = _OUTPUT_PARTS if role == "assistant" else _INPUT_PARTS
+        text = "".join(_part_text(part, allowed, role, param) for part in content)
     else:
         raise InvalidInput(f"{param}: content must be a string or a list of parts.", param=param)
-    if "\x00" in text or not is_encodable(text):
-        raise InvalidInput(f"{param}: text must be valid and without NUL characters.", param=param)
+    _check_text(text, param)
     return str(role), text
 
 
+def _part_text(part: Any, allowed: frozenset[str], role: str, param: str) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if not isinstance(kind, str) or kind not in allowed:
+        raise InvalidInput(
+            f"{param}: a {role} message's parts are {sorted(allowed)}, not {kind!r}.", param=param
+        )
+    if kind == "input_image":
+        if not any(isinstance(part.get(key), str) for key in ("image_url", "file_id")):
+            raise InvalidInput(f"{param}: an input_image needs image_url or file_id.", param=param)
+        return "[image]"
+    if kind == "input_file":
+        name = next((part[key] for key in _FILE_NAMES if isinstance(part.get(key), str)), None)
+        if name is None or ("file_data" in part and not isinstance(part.get("filename"), str)):
+            raise InvalidInput(
+                f"{param}: an input_file needs file_id, file_url, or file_data and filename.",
+                param=param,
+            )
+        return f"[file {name}]"
+    text = part.get("refusal") if kind == "refusal" else part.get("text")
+    if not isinstance(text, str):
+        raise InvalidInput(f"{param}: a {kind} part needs its text.", param=param)
+    return text
+
+
+_FILE_NAMES = ("filename", "file_id", "file_url")  # what a file part is shown by, in this order
+
+
+def _check_text(text: str, param: str) -> None:
+    if "\x00" in text or not is_encodable(text):
+        raise InvalidInput(f"{param}: text must be valid and without NUL characters.", param=param)
+
+
 _OPAQUE: dict[str, dict[str, type | tuple[type, ...]]] = {
-    # item types appended as they are, and the fields each needs (with their JSON types)
+    # item types kept as they are, and the fields each needs (with their JSON types)
     "reasoning": {"id": str, "summary": list},
     "function_call": {"call_id": str, "name": str, "arguments": str},
     "function_call_output": {"call_id": str, "output": (str, list)},
+    "compaction": {"encrypted_content": str},
+    "item_reference": {"id": str},
 }
 
 
-def is_opaque(item: Any) -> bool:
-    return isinstance(item, dict) and isinstance(kind := item.get("type"), str) and kind in _OPAQUE
-
-
-def check_opaque(item: dict[str, Any], param: str = "items") -> None:
-    fields = _OPAQUE[item["type"]]
-    wrong = [name for name, kind in fields.items() if not isinstance(item.get(name), kind)]
-    if wrong:
-        raise InvalidInput(f"{param}: a {item['type']} item needs {wrong}.", param=param)
+def check_item(item: Any, param: str, *, stored: bool = True) -> tuple[str, str] | None:
+    """An item a client may send (as input, or appended): checked, and its transcript entry
+    (role, text) when it is a message. An ``item_reference`` only where it is resolved before
+    it is sent (a call without a conversation), never into a conversation (``stored``): the
+    provider keeps nothing it could refer to, and a conversation sends its items anyway."""
+    kind = item.get("type", "message") if isinstance(item, dict) else None
+    if stored and kind == "item_reference":
+        raise InvalidInput(
+            f"{param}: item_reference is for calls without a conversation; a conversation's "
+            "own items are sent with every turn.",
+            param=param,
+        )
+    if isinstance(kind, str) and kind in _OPAQUE:
+        wanted = _OPAQUE[kind]
+        wrong = [name for name, of in wanted.items() if not isinstance(item.get(name), of)]
+        if wrong:
+            raise InvalidInput(f"{param}: a {kind} item needs {wrong}.", param=param)
+        return None
+    return message_text(item, param)
 
 
 def check_history(items: Sequence[Any]) -> None:
     """A stateless call's input: a history of items turnstore can send, with a user message."""
-    users = 0
-    for item in items:
-        if is_opaque(item):
-            check_opaque(item, "input")
-        elif isinstance(item, dict) and item.get("type") == "item_reference":
-            if not isinstance(item.get("id"), str):
-                raise InvalidInput("input: an item_reference needs its id.", param="input")
-        else:
-            role, _ = message_text(item, "input")
-            users += role == "user"
-    if not users:
+    said = [check_item(item, "input", stored=False) for item in items]
+    if not any(entry is not None and entry[0] == "user" for entry in said):
         raise InvalidInput("input: at least one user message.", param="input")
 
 
 def items_turn(items: Sequence[Any] | None) -> Turn | None:
-    """The turn that appends ``items`` (None for none)."""
+    """The turn that appends ``items`` (None for none): their bytes as they came."""
     if not items:
         return None
     if len(items) > MAX_ITEMS:
         raise InvalidInput(f"items: at most {MAX_ITEMS}.", param="items")
-    messages = []
-    for item in items:
-        if is_opaque(item):
-            check_opaque(item)  # kept as sent: what a model produced, or a tool's answer
-        else:
-            messages.append(item)
-    user, assistant = _transcript(messages)
+    said = tuple(entry for item in items if (entry := check_item(item, "items")) is not None)
+    user, assistant = _joined(said)
     return Turn(
         user_message=user,
         assistant_message=assistant,
         replay_items=[msgspec.Raw(msgspec.json.encode(item)) for item in items],
+        transcript=said,
     )
 
 
-def _transcript(messages: Sequence[Any]) -> tuple[str, str]:
-    """The user's (and system's) text and the assistant's text of these message items."""
-    said: dict[bool, list[str]] = {True: [], False: []}
-    for item in messages:
-        role, text = message_text(item, "items")
-        said[role == "assistant"].append(text)
-    return "\n\n".join(said[False]), "\n\n".join(said[True])
+def _joined(said: Sequence[Said]) -> tuple[str, str]:
+    """The user's (and system's) text and the assistant's text of a transcript: what a
+    release without per-message transcripts reads."""
+    texts: dict[bool, list[str]] = {True: [], False: []}
+    for role, text in said:
+        texts[role == "assistant"].append(text)
+    return "\n\n".join(texts[False]), "\n\n".join(texts[True])
 
 
-def turn_input(input: str | list[Any]) -> tuple[str, tuple[msgspec.Raw, ...]]:
-    """A turn asked with ``input``: its message text, and its input items when they are more
-    than one user message (answers to the client's function calls, as sent)."""
+@dataclass(frozen=True)
+class TurnInput:
+    """A turn asked with ``input``: its items as sent (a string is one user message), their
+    transcript entries, and its message (their text) for the transcript's user side."""
+
+    message: str
+    items: tuple[msgspec.Raw, ...]
+    said: tuple[Said, ...]
+
+
+def turn_input(input: str | list[Any]) -> TurnInput:
     if isinstance(input, str):
-        return input, ()
+        return TurnInput(input, (), (("user", input),))
     if not input:
         raise InvalidInput("input: at least one item.", param="input")
-    texts, answers = [], False
-    for item in input:
-        if isinstance(item, dict) and item.get("type") == "function_call_output":
-            call_id, output = item.get("call_id"), item.get("output")
-            if not isinstance(call_id, str) or not call_id or not isinstance(output, str | list):
-                raise InvalidInput(
-                    "input: a function_call_output needs call_id and output.", param="input"
-                )
-            answers = True
-            continue
-        role, text = message_text(item, "input")
-        if role != "user":
-            raise InvalidInput(
-                "input: only user messages and function outputs start a turn.", param="input"
-            )
-        texts.append(text)
-    message = "\n\n".join(texts)
-    items = tuple(msgspec.Raw(msgspec.json.encode(item)) for item in input) if answers else ()
-    return message, items
+    said = tuple(entry for item in input if (entry := check_item(item, "input")) is not None)
+    message, _ = _joined(said)
+    items = tuple(msgspec.Raw(msgspec.json.encode(item)) for item in input)  # never merged
+    return TurnInput(message, items, said)
 
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -293,16 +301,19 @@ def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgsp
 
 
 def without_last_item(turn: Turn) -> Turn:
-    """``turn`` with its last item removed (the Agents SDK's pop_item); its transcript texts
-    follow when that item was a message."""
+    """``turn`` with its last item removed (the Agents SDK's pop_item); its transcript
+    follows when that item was a message."""
     rest = list(turn.replay_items[:-1])
     popped = msgspec.json.decode(turn.replay_items[-1])
     if not isinstance(popped, dict) or popped.get("type", "message") != "message":
         return dataclasses.replace(turn, replay_items=rest)
     decoded = (msgspec.json.decode(raw) for raw in rest)
-    user, assistant = _transcript(
-        [i for i in decoded if isinstance(i, dict) and i.get("type", "message") == "message"]
+    said = tuple(
+        message_text(item, "item_id")
+        for item in decoded
+        if isinstance(item, dict) and item.get("type", "message") == "message"
     )
+    user, assistant = _joined(said)
     return dataclasses.replace(
-        turn, replay_items=rest, user_message=user, assistant_message=assistant
+        turn, replay_items=rest, user_message=user, assistant_message=assistant, transcript=said
     )

@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Literal
@@ -19,6 +19,7 @@ from uuid import UUID
 import msgspec
 
 from service.core.events import Done, RunEvent
+from service.core.usage import Usage
 
 Role = Literal["user", "assistant"]
 ReplyStatus = Literal["completed", "incomplete"]
@@ -95,12 +96,18 @@ class ToolCallRecord:
 
 @dataclass(frozen=True)
 class Origin:
-    """Which provider, endpoint and model produced a turn's replay items. Sealed reasoning
-    (``encrypted_content``) only decrypts where it was made."""
+    """Which provider, endpoint and model produced a turn's replay items. Opaque items (the
+    ``encrypted_content`` of reasoning, compaction items) only open where they were made."""
 
     provider: str
     endpoint: str
     model: str
+
+    def with_model(self, model: str | None) -> Origin:
+        return self if model is None or model == self.model else replace(self, model=model)
+
+
+Said = tuple[str, str]  # one message of a transcript: (role, text)
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,15 @@ class Turn:
     status: ReplyStatus = "completed"
     incomplete_reason: str | None = None  # with status "incomplete": max_output_tokens
     created_at: datetime | None = None  # when it was committed (None: not committed yet)
+    usage: Usage | None = None  # of the turn's provider calls (None: not reported, or none)
+    # Its messages as people read them, of every role (None: recorded before they were, the
+    # user and the assistant message then).
+    transcript: tuple[Said, ...] | None = None
+
+    def said(self) -> tuple[Said, ...]:
+        if self.transcript is not None:
+            return self.transcript
+        return (("user", self.user_message), ("assistant", self.assistant_message))
 
 
 @dataclass(frozen=True)

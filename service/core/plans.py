@@ -9,14 +9,15 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import msgspec
 
-from service.core.errors import InvalidInput, PreconditionFailed
+from service.core.errors import InvalidInput, ModelNotFound, PreconditionFailed
 from service.core.ids import parse_conversation_id
 from service.core.items import user_input_item
-from service.core.model import ANONYMOUS, ForkPoint, IdempotencyKey, Precondition
+from service.core.model import ANONYMOUS, ForkPoint, IdempotencyKey, Precondition, Said
 from service.core.strictjson import is_encodable
 
 # Whitespace as JSON Schema (ECMA-262) patterns know it: the OpenAPI document states the
@@ -34,6 +35,26 @@ class PlanRules:
     max_message_chars: int = 100_000  # MAX_MESSAGE_CHARS
     idempotency: bool = True  # Idempotency-Key is served (its claims are stored somewhere)
     own_tools: frozenset[str] = frozenset()  # TOOLS: names no client tool may take
+    models: frozenset[str] | None = frozenset()  # MODELS besides the configured one (None: any)
+    instructions: str = "append"  # INSTRUCTIONS: append, client, or server (client's refused)
+
+    def check_model(self, model: str | None, configured: str) -> None:
+        """A model a request may name: the configured one, one of MODELS, or any with ``*``."""
+        if model is None or model == configured or self.models is None or model in self.models:
+            return
+        raise ModelNotFound(f"The model {model!r} does not exist or you do not have access to it.")
+
+    def server_prompt_first(self, instructions: str | None) -> bool:
+        """Whether the server's prompt is sent (before a client's instructions): not when
+        INSTRUCTIONS=client lets a client's instructions replace it."""
+        return instructions is None or self.instructions != "client"
+
+    def check_instructions(self, instructions: str | None) -> None:
+        if instructions is not None and self.instructions == "server":
+            raise InvalidInput(
+                "instructions: this server sends its own system prompt only (INSTRUCTIONS=server).",
+                param="instructions",
+            )
 
 
 @dataclass(frozen=True)
@@ -51,11 +72,26 @@ class TurnPlan:
     # its message if any; ``message`` is then their text, for the transcript). Otherwise the
     # input is ``message`` as one user item.
     items: tuple[msgspec.Raw, ...] = ()
+    said: tuple[Said, ...] = ()  # the input's transcript (default: ``message`` as the user's)
     client_tools: tuple[msgspec.Raw, ...] = ()  # function tools the client runs itself
+    # What a client of the OpenAI surface asked of the provider for this turn only: the model
+    # (None: the configured one), its instructions, its other fields as they came, what to
+    # include. ``relayed``: the request is the client's, so a refusal of it by the provider is
+    # the client's 400 (on /api/v1 the server builds every request: a refusal is a 502).
+    model: str | None = None
+    instructions: str | None = None
+    fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)
+    include: tuple[str, ...] = ()
+    relayed: bool = False
+    server_prompt: bool = True  # the server's system prompt comes first (INSTRUCTIONS)
 
     @property
     def input_items(self) -> list[msgspec.Raw]:
         return list(self.items) if self.items else [user_input_item(self.message)]
+
+    @property
+    def input_said(self) -> tuple[Said, ...]:
+        return self.said or (("user", self.message),)
 
 
 def make_plan(
@@ -70,15 +106,20 @@ def make_plan(
     background: bool = False,
     truncate: bool = True,
     items: tuple[msgspec.Raw, ...] = (),
+    said: tuple[Said, ...] = (),
     client_tools: tuple[msgspec.Raw, ...] = (),
     fork_of: ForkPoint | None = None,
+    asked: Asked | None = None,
 ) -> TurnPlan:
     """The plan of a turn on ``conversation_id`` (None: a new conversation, whose id is made
     here), or on a new conversation forked at ``fork_of`` (``conversation_id`` then names
     the source, and ``if_match`` is checked against the fork point). ``key_subject``: what an
     Idempotency-Key's retries must repeat exactly (default: the message, the conversation and
-    the background flag)."""
+    the background flag). ``asked``: what a client of the OpenAI surface asked of the
+    provider."""
     _check_message(rules, message, items)
+    relayed, asked = asked is not None, asked or Asked()
+    rules.check_instructions(asked.instructions)
     idempotency = None
     if idempotency_key is not None:
         if not rules.idempotency:
@@ -99,8 +140,25 @@ def make_plan(
         truncate=truncate,
         fork_of=fork_of,
         items=items,
+        said=said,
         client_tools=client_tools,
+        model=asked.model,
+        instructions=asked.instructions,
+        fields=asked.fields,
+        include=asked.include,
+        relayed=relayed,
+        server_prompt=rules.server_prompt_first(asked.instructions),
     )
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a client of the OpenAI surface asks of the provider for one turn (see TurnPlan)."""
+
+    model: str | None = None
+    instructions: str | None = None
+    fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)
+    include: tuple[str, ...] = ()
 
 
 def _check_message(rules: PlanRules, message: str, items: tuple[msgspec.Raw, ...]) -> None:

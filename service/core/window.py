@@ -114,6 +114,22 @@ class SystemPrompt:
     version: str
 
     @classmethod
-    def from_file(cls, path: Path) -> SystemPrompt:
-        text = path.read_text(encoding="utf-8")
+    def of(cls, text: str) -> SystemPrompt:
         return cls(text, "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16])
+
+    @classmethod
+    def from_file(cls, path: Path) -> SystemPrompt:
+        return cls.of(path.read_text(encoding="utf-8"))
+
+
+def instructions_for(
+    server: SystemPrompt | None, client: str | None, *, server_first: bool
+) -> SystemPrompt | None:
+    """What a turn sends as ``instructions``: the server's prompt, then (``server_first``) or
+    instead of it the client's instructions for this turn; its version is the digest of what
+    was sent, recorded with the turn (never the text)."""
+    if client is None:
+        return server
+    if server is None or not server_first:
+        return SystemPrompt.of(client)
+    return SystemPrompt.of(f"{server.text}\n\n{client}")

@@ -133,6 +133,20 @@ class Settings:
         None,
         "versioned system prompt sent as `instructions`; never stored in history",
     )
+    instructions: str = _setting(
+        "INSTRUCTIONS",
+        "append",
+        "a `/v1` request's `instructions`: sent after the server's prompt (`append`), instead "
+        "of it (`client`), or refused with 400 (`server`); they apply to that response only",
+        choices=("append", "client", "server"),
+    )
+    models: str | None = _setting(
+        "MODELS",
+        None,
+        "the models a `/v1` request may name besides the configured one (comma-separated; `*`: "
+        "any); `GET /v1/models` lists them",
+        shown="the configured model",
+    )
     context_max_turns: int | None = _setting(
         "CONTEXT_MAX_TURNS",
         None,
@@ -319,6 +333,11 @@ class Settings:
             raise SettingsError("OPENAI_BASE_URL must not carry credentials (user:password@)")
         if self.encryption_keys_file is not None:
             self.master_keys()  # a malformed or short key stops the process at start-up
+
+    def served_models(self) -> frozenset[str] | None:
+        """MODELS as a set (None: any model, `*`)."""
+        names = {name.strip() for name in (self.models or "").split(",") if name.strip()}
+        return None if "*" in names else frozenset(names)
 
     def master_keys(self) -> MasterKeys | None:
         """The master keys of ENCRYPTION_KEYS_FILE (None: unset)."""

@@ -9,14 +9,15 @@ UpstreamError, UpstreamTimeout); an adapter never retries on its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import msgspec
 
 from service.core.errors import UpstreamError
 from service.core.model import Origin, ReplyStatus
+from service.core.usage import Usage
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,11 @@ class ProviderRequest:
     input_items: list[msgspec.Raw]
     instructions: str | None = None
     tools: msgspec.Raw | None = None  # the function tools advertised, already encoded
+    model: str | None = None  # None: the provider's configured model
+    # A client's own top-level fields (temperature, text, tool_choice...: on /v1, every field
+    # turnstore does not interpret), sent as they came.
+    fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)
+    include: tuple[str, ...] = ()  # what the client asked to include besides encrypted reasoning
 
 
 @dataclass(frozen=True)
@@ -40,42 +46,38 @@ class Reply:
     status: ReplyStatus
     incomplete_reason: str | None
     output_items: list[msgspec.Raw]
+    usage: Usage | None = None  # as the provider reported it
 
 
 ProviderEvent = TextDelta | Reply
 
 
-class RequestBody(msgspec.Struct, omit_defaults=True):
-    """A Responses API request. ``input`` holds raw items: msgspec splices them as they are."""
-
-    model: str
-    input: list[msgspec.Raw]
-    store: bool
-    include: list[str]
-    stream: bool
-    instructions: str | None = None
-    tools: msgspec.Raw | None = None
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
 
 
 def encode_request(model: str, request: ProviderRequest, *, stream: bool) -> bytes:
-    body = RequestBody(
-        model=model,
-        input=request.input_items,
-        store=False,
-        include=["reasoning.encrypted_content"],
-        stream=stream,
-        instructions=request.instructions,
-        tools=request.tools,
-    )
+    """A Responses API request: always ``store: false`` and with encrypted reasoning included;
+    ``input`` holds raw items, which msgspec splices as they are, and so are a client's own
+    fields."""
+    body: dict[str, object] = {
+        "model": request.model or model,
+        "input": request.input_items,
+        "store": False,
+        "include": [ENCRYPTED_REASONING, *(i for i in request.include if i != ENCRYPTED_REASONING)],
+        "stream": stream,
+    }
+    if request.instructions is not None:
+        body["instructions"] = request.instructions
+    if request.tools is not None:
+        body["tools"] = request.tools
+    body.update(request.fields)
     return msgspec.json.encode(body)
 
 
-def request_overhead(
-    model: str, instructions: str | None, tools: msgspec.Raw | None, *, stream: bool
-) -> int:
-    """Bytes of a serialised request with an empty ``input`` list (every provider sends the
+def request_overhead(model: str, request: ProviderRequest, *, stream: bool) -> int:
+    """Bytes of ``request`` serialised with an empty ``input`` list (every provider sends the
     Responses API's shape; the fake is sized like it, so budgets behave as in production)."""
-    return len(encode_request(model, ProviderRequest([], instructions, tools), stream=stream))
+    return len(encode_request(model, replace(request, input_items=[]), stream=stream))
 
 
 class Provider(Protocol):

@@ -1,24 +1,48 @@
 """The built-in offline provider: ``[fake-llm] <message>`` plus ``(history=N)``.
 
-It behaves like the real Responses API where turnstore depends on it: each reply carries a
-``reasoning`` item with an opaque ``encrypted_content`` and a ``message`` item, and a
-reasoning item it gets back must be one it issued, byte for byte (otherwise it fails like
-the real API does with ``invalid_encrypted_content``), so broken replay cannot go unnoticed.
+It behaves like the real Responses API where turnstore or a client can tell:
+
+- each reply carries a ``reasoning`` item with an opaque ``encrypted_content``, sealed for the
+  model that made it; a reasoning item it gets back must be one it issued for the same model,
+  byte for byte (otherwise it fails like the real API, ``invalid_encrypted_content``), so
+  broken replay or a model switch that resends sealed reasoning cannot go unnoticed;
+- a request field the Responses API does not have is refused (400 ``unknown_parameter`` with
+  its ``param``); ``max_output_tokens`` stops the reply (``incomplete``); ``text.format``
+  ``json_schema`` is answered with a JSON document valid against the schema; ``tool_choice``
+  naming a function calls it (``required``: the first tool offered; ``none``: no call);
+- ``usage`` is deterministic: a token is four bytes of the request's input (and
+  instructions), or four characters of the reply.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import math
 from collections.abc import AsyncGenerator, Mapping
+from typing import Any
 
 import msgspec
 
-from service.core.errors import InvalidEncryptedContent, UpstreamError
+from service.core.errors import InvalidEncryptedContent, ProviderRefused, UpstreamError
 from service.core.model import Origin
+from service.core.usage import Usage
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
+from service.providers.fake_schema import instance
 
 _SEAL_KEY = b"turnstore-fake-provider"
+MODEL = "fake-llm"
+REASONING_TOKENS = 4  # what its sealed reasoning "costs"
+# The top-level fields of a Responses API request (openai-python's ResponseCreateParams), less
+# those turnstore sets itself.
+KNOWN_FIELDS = frozenset({
+    "access_programs", "background", "background_options", "context_management", "conversation",
+    "image", "include", "input", "instructions", "max_output_tokens", "max_tool_calls",
+    "metadata", "model", "moderation", "parallel_tool_calls", "previous_response_id", "prompt",
+    "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention", "reasoning",
+    "safety_identifier", "service_tier", "store", "stream", "stream_options", "temperature",
+    "text", "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "user",
+})  # fmt: skip
 
 
 class _ItemHead(msgspec.Struct):
@@ -26,20 +50,38 @@ class _ItemHead(msgspec.Struct):
     role: str | None = None
     id: str | None = None
     encrypted_content: str | None = None
-    output: str | None = None  # of a function_call_output
+    output: Any = None  # of a function_call_output
 
 
-class _ToolName(msgspec.Struct):
+class _Tool(msgspec.Struct):
+    name: str = ""
+    parameters: Any = None
+
+
+class _Format(msgspec.Struct):
+    type: str = "text"
+    schema: Any = None
+
+
+class _Text(msgspec.Struct):
+    format: _Format | None = None
+
+
+class _NamedChoice(msgspec.Struct):
+    type: str = ""
     name: str = ""
 
 
-def _seal(item_id: str) -> str:
-    digest = hashlib.sha256(_SEAL_KEY + item_id.encode()).digest()
+def _seal(model: str, item_id: str) -> str:
+    # The default model's seal is the one of releases without model choice: their
+    # conversations keep replaying.
+    bound = b"" if model == MODEL else model.encode() + b"\0"
+    digest = hashlib.sha256(_SEAL_KEY + bound + item_id.encode()).digest()
     return base64.b64encode(digest * 4).decode()
 
 
 class FakeProvider:
-    origin = Origin("fake", "builtin", "fake-llm")
+    origin = Origin("fake", "builtin", MODEL)
 
     def __init__(self, *, deltas: int = 4) -> None:
         self._deltas = deltas
@@ -47,10 +89,12 @@ class FakeProvider:
     async def respond(
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:
+        _check_fields(request.fields)
+        model = request.model or MODEL
         heads = [msgspec.json.decode(item, type=_ItemHead) for item in request.input_items]
         for head in heads:
             if head.type == "reasoning" and (
-                head.id is None or head.encrypted_content != _seal(head.id)
+                head.id is None or head.encrypted_content != _seal(model, head.id)
             ):
                 raise InvalidEncryptedContent()
         users = [i for i, h in enumerate(heads) if h.role == "user"]
@@ -60,26 +104,117 @@ class FakeProvider:
         history = sum(1 for h in heads[:current] if h.role in ("user", "assistant"))
         message = _last_user_text(request.input_items[current])
         tool_outputs = [h.output for h in heads[current:] if h.type == "function_call_output"]
-        name, _, arguments = message.removeprefix("call ").partition(" ")
-        if message.startswith("call ") and not tool_outputs and _offers(request, name):
-            # "call <tool> <arguments>" asks for a call of a tool the client offered (/v1).
-            yield Reply("", "completed", None, _call_items(name, arguments or "{}", history))
+        usage_in = _tokens(sum(map(len, request.input_items)) + len(request.instructions or ""))
+        call = None if tool_outputs else _call_asked(request, message)
+        if call is not None:
+            name, arguments = call
+            items = _call_items(model, name, arguments, history)
+            yield Reply("", "completed", None, items, _usage(usage_in, 0))
             return
-        if message.startswith("lookup ") and not tool_outputs and _offers(request, "lookup"):
-            # "lookup <key>" asks the lookup tool first, so `make run` can show a tool turn.
-            arguments = msgspec.json.encode({"key": message[7:].strip()}).decode()
-            yield Reply("", "completed", None, _call_items("lookup", arguments, history))
-            return
-        text = f"[fake-llm] {message}" + (f" (history={history})" if history else "")
-        text += "".join(f" [tool: {output}]" for output in tool_outputs)
-        key = _key(f"{history}:{text}")
+        text = _answer(request, message, history, tool_outputs)
+        status, reason = "completed", None
+        limit = _max_output_tokens(request.fields)
+        if limit is not None and _tokens(len(text)) > limit:
+            text, status, reason = text[: 4 * limit], "incomplete", "max_output_tokens"
+        key = _key(f"{history}:{text}", model)
         if stream:
             for chunk in _split(text, self._deltas):
                 yield TextDelta(chunk, f"msg_{key}")
-        yield Reply(text, "completed", None, _output_items(text, key))
+        usage = _usage(usage_in, _tokens(len(text)))
+        yield Reply(text, status, reason, _output_items(model, text, key), usage)  # type: ignore[arg-type]
 
     async def close(self) -> None:
         return None
+
+
+def _check_fields(fields: Mapping[str, msgspec.Raw]) -> None:
+    for name in fields:
+        if name not in KNOWN_FIELDS:
+            raise ProviderRefused("unknown_parameter", name)
+
+
+def _answer(request: ProviderRequest, message: str, history: int, tool_outputs: list[Any]) -> str:
+    text = f"[fake-llm] {message}" + (f" (history={history})" if history else "")
+    text += "".join(f" [tool: {output}]" for output in tool_outputs)
+    schema = _json_schema(request.fields)
+    if schema is not None:  # structured outputs: a document valid against the schema
+        return msgspec.json.encode(instance(schema, text)).decode()
+    return text
+
+
+def _call_asked(request: ProviderRequest, message: str) -> tuple[str, str] | None:
+    """The tool call this request asks for, if any: by ``tool_choice``, or by the message
+    ``call <tool> <json arguments>`` (``lookup <key>`` for the example lookup tool)."""
+    tools = msgspec.json.decode(request.tools, type=list[_Tool]) if request.tools else []
+    offered = {tool.name: tool for tool in tools}
+    choice = _tool_choice(request.fields)
+    if choice == "none" or not offered:
+        return None
+    if isinstance(choice, _NamedChoice) and choice.name in offered:
+        return choice.name, _arguments(offered[choice.name], message)
+    name, _, arguments = message.removeprefix("call ").partition(" ")
+    if message.startswith("call ") and name in offered:
+        return name, arguments or "{}"
+    if message.startswith("lookup ") and "lookup" in offered:
+        return "lookup", msgspec.json.encode({"key": message[7:].strip()}).decode()
+    if choice == "required":
+        first = tools[0]
+        return first.name, _arguments(first, message)
+    return None
+
+
+def _arguments(tool: _Tool, message: str) -> str:
+    schema = tool.parameters if isinstance(tool.parameters, dict) else {"type": "object"}
+    return msgspec.json.encode(instance(schema, message)).decode()
+
+
+def _tool_choice(fields: Mapping[str, msgspec.Raw]) -> str | _NamedChoice | None:
+    raw = fields.get("tool_choice")
+    if raw is None:
+        return None
+    try:
+        choice = msgspec.json.decode(raw, type=str | _NamedChoice)
+    except msgspec.ValidationError:
+        raise ProviderRefused("invalid_type", "tool_choice") from None
+    return choice
+
+
+def _json_schema(fields: Mapping[str, msgspec.Raw]) -> dict[str, Any] | None:
+    raw = fields.get("text")
+    if raw is None:
+        return None
+    try:
+        text = msgspec.json.decode(raw, type=_Text)
+    except msgspec.ValidationError:
+        raise ProviderRefused("invalid_type", "text") from None
+    fmt = text.format
+    if fmt is None or fmt.type != "json_schema":
+        return None
+    if not isinstance(fmt.schema, dict):
+        raise ProviderRefused("missing_required_parameter", "text.format.schema")
+    return fmt.schema
+
+
+def _max_output_tokens(fields: Mapping[str, msgspec.Raw]) -> int | None:
+    raw = fields.get("max_output_tokens")
+    if raw is None:
+        return None
+    try:
+        limit = msgspec.json.decode(raw, type=int | None)
+    except msgspec.ValidationError:
+        raise ProviderRefused("invalid_type", "max_output_tokens") from None
+    if limit is not None and limit < 1:
+        raise ProviderRefused("integer_below_min_value", "max_output_tokens")
+    return limit
+
+
+def _tokens(size: int) -> int:
+    return math.ceil(size / 4)
+
+
+def _usage(input_tokens: int, text_tokens: int) -> Usage:
+    output = text_tokens + REASONING_TOKENS
+    return Usage(input_tokens, 0, output, REASONING_TOKENS, input_tokens + output)
 
 
 class _InputText(msgspec.Struct):
@@ -95,13 +230,8 @@ def _last_user_text(item: msgspec.Raw) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
-def _offers(request: ProviderRequest, name: str) -> bool:
-    tools = msgspec.json.decode(request.tools, type=list[_ToolName]) if request.tools else []
-    return any(tool.name == name for tool in tools)
-
-
-def _call_items(name: str, arguments: str, history: int) -> list[msgspec.Raw]:
-    key = _key(f"{history}:{name}:{arguments}")
+def _call_items(model: str, name: str, arguments: str, history: int) -> list[msgspec.Raw]:
+    key = _key(f"{history}:{name}:{arguments}", model)
     call = {
         "type": "function_call",
         "id": f"fc_{key}",
@@ -110,7 +240,7 @@ def _call_items(name: str, arguments: str, history: int) -> list[msgspec.Raw]:
         "arguments": arguments,
         "status": "completed",
     }
-    return _sealed_reasoning_then(key, call)
+    return _sealed_reasoning_then(model, key, call)
 
 
 def _split(text: str, parts: int) -> list[str]:
@@ -118,11 +248,12 @@ def _split(text: str, parts: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-def _key(seed: str) -> str:
-    return hashlib.sha256(seed.encode()).hexdigest()[:24]
+def _key(seed: str, model: str = MODEL) -> str:
+    bound = "" if model == MODEL else f"{model}:"
+    return hashlib.sha256((bound + seed).encode()).hexdigest()[:24]
 
 
-def _output_items(text: str, key: str) -> list[msgspec.Raw]:
+def _output_items(model: str, text: str, key: str) -> list[msgspec.Raw]:
     message = {
         "type": "message",
         "id": f"msg_{key}",
@@ -130,16 +261,16 @@ def _output_items(text: str, key: str) -> list[msgspec.Raw]:
         "role": "assistant",
         "content": [{"type": "output_text", "text": text, "annotations": []}],
     }
-    return _sealed_reasoning_then(key, message)
+    return _sealed_reasoning_then(model, key, message)
 
 
-def _sealed_reasoning_then(key: str, item: Mapping[str, object]) -> list[msgspec.Raw]:
-    """A reasoning item sealed by this fake, then the item it precedes."""
+def _sealed_reasoning_then(model: str, key: str, item: Mapping[str, object]) -> list[msgspec.Raw]:
+    """A reasoning item sealed by this fake for ``model``, then the item it precedes."""
     reasoning_id = f"rs_{key}"
     reasoning = {
         "type": "reasoning",
         "id": reasoning_id,
         "summary": [],
-        "encrypted_content": _seal(reasoning_id),
+        "encrypted_content": _seal(model, reasoning_id),
     }
     return [msgspec.Raw(msgspec.json.encode(reasoning)), msgspec.Raw(msgspec.json.encode(item))]

@@ -40,12 +40,14 @@ from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
     InvalidEncryptedContent,
+    ProviderRefused,
     RateLimited,
     TurnstoreError,
     UpstreamError,
     UpstreamTimeout,
 )
 from service.core.model import Origin, ReplyStatus
+from service.core.usage import Usage
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta, encode_request
 
 log = logging.getLogger("turnstore.provider")
@@ -84,6 +86,7 @@ class Endpoint:
 
 class _ErrorDetail(msgspec.Struct):
     code: str | None = None
+    param: str | None = None
 
 
 class _ErrorBody(msgspec.Struct):
@@ -94,10 +97,34 @@ class _IncompleteDetails(msgspec.Struct):
     reason: str | None = None
 
 
+class _InputDetails(msgspec.Struct):
+    cached_tokens: int = 0
+
+
+class _OutputDetails(msgspec.Struct):
+    reasoning_tokens: int = 0
+
+
+class _Usage(msgspec.Struct):
+    input_tokens: int = 0
+    input_tokens_details: _InputDetails | None = None
+    output_tokens: int = 0
+    output_tokens_details: _OutputDetails | None = None
+    total_tokens: int = 0
+
+    def value(self) -> Usage:
+        cached = self.input_tokens_details.cached_tokens if self.input_tokens_details else 0
+        details = self.output_tokens_details
+        reasoning = details.reasoning_tokens if details else 0
+        total = self.total_tokens or self.input_tokens + self.output_tokens
+        return Usage(self.input_tokens, cached, self.output_tokens, reasoning, total)
+
+
 class _Response(msgspec.Struct):
     status: str | None = None
     output: list[msgspec.Raw] = []
     incomplete_details: _IncompleteDetails | None = None
+    usage: _Usage | None = None
 
 
 class _Item(msgspec.Struct):
@@ -225,6 +252,8 @@ class ResponsesProvider:
                 error = None
             if error is not None and error.code in _CODES:
                 return _CODES[error.code]()
+            if error is not None and error.param:  # a field of the request it names
+                return ProviderRefused(error.code, error.param)
         return UpstreamError(f"The provider answered HTTP {response.status_code}.")
 
 
@@ -279,7 +308,9 @@ class _EventStream:
         elif kind in ("response.completed", "response.incomplete"):
             final = msgspec.json.decode(data, type=_Finished).response
             self.finished = True
-            return _reply(_Response(final.status, self.items, final.incomplete_details))
+            return _reply(
+                _Response(final.status, self.items, final.incomplete_details, final.usage)
+            )
         elif kind == "response.failed":
             raise UpstreamError("The provider failed to produce a response.")
         elif kind == "error":
@@ -300,7 +331,8 @@ def _reply(response: _Response) -> Reply:
         raise UpstreamError("The provider failed to produce a response.")
     else:
         raise UpstreamError("The provider's response was neither completed nor incomplete.")
-    return Reply(_text(response.output), status, reason, list(response.output))
+    usage = response.usage.value() if response.usage else None
+    return Reply(_text(response.output), status, reason, list(response.output), usage)
 
 
 def _text(items: list[msgspec.Raw]) -> str:

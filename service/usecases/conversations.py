@@ -15,7 +15,7 @@ from service.core.errors import (
     ItemNotFound,
     PreconditionFailed,
 )
-from service.core.items import items_turn, listed_item_ids, without_last_item
+from service.core.items import items_turn, listed_ids, without_last_item
 from service.core.model import (
     Append,
     Commit,
@@ -111,7 +111,7 @@ class Conversations:
         ids = [
             item_id
             for revision, turn in enumerate(conversation.turns, start=1)
-            for item_id in listed_item_ids(cid, revision, turn.replay_items)
+            for item_id in listed_ids(cid, revision, turn)
         ]
         if item_id not in ids:
             raise ItemNotFound()

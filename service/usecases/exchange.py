@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
-from service.core.errors import ContextLengthExceeded, InvalidEncryptedContent, UpstreamError
+from service.core.errors import (
+    ContextLengthExceeded,
+    InvalidEncryptedContent,
+    ProviderRefused,
+    UpstreamError,
+)
 from service.core.items import function_call_output, function_calls
 from service.core.model import ToolCallRecord
+from service.core.usage import Usage
 from service.core.window import Window, request_bytes
 from service.platform import metrics, tracing
 from service.providers.base import Provider, ProviderRequest, Reply, TextDelta, replied
@@ -52,6 +58,7 @@ class Answer:
     items: list[msgspec.Raw]  # this turn's output items and tool outputs, in order
     tool_calls: list[ToolCallRecord]
     client_calls: bool = False  # it ends in calls of the client's own tools, for it to run
+    usage: Usage | None = None  # of every provider call of the turn, added up
 
 
 ExchangeEvent = TextDelta | ToolCalled | Answer
@@ -64,25 +71,27 @@ class Exchange:
         window: Window,
         new_items: list[msgspec.Raw],
         *,
-        client_tools: tuple[msgspec.Raw, ...] = (),
-        instructions: str | None,
+        request: ProviderRequest,
+        client_names: frozenset[str] = frozenset(),
         tooling: Tooling | None,
         stream: bool,
         overhead: int,
         max_request_bytes: int,
+        relayed: bool = False,
     ) -> None:
         self._provider = provider
         self._window = window
         self._new_items = new_items
-        self._client_names = {msgspec.json.decode(t, type=_Named).name for t in client_tools}
-        self._tools = advertised(tooling, client_tools)
-        self._instructions = instructions
+        self._request = request  # all but its input items: instructions, tools, model, fields
+        self._client_names = client_names  # the client's own tools: it runs their calls
         self._tooling = tooling
         self._stream = stream
         self._overhead = overhead  # the request's bytes besides its input items
         self._max_request_bytes = max_request_bytes
+        self._relayed = relayed  # the provider's refusal of the request is the client's
         self._drop_sealed = False
         self._streamed = False
+        self._usage: Usage | None = None
 
     async def events(self) -> AsyncGenerator[ExchangeEvent, None]:
         tooling, gate, max_rounds = self._tooling, None, 1
@@ -101,12 +110,14 @@ class Exchange:
                     else:
                         reply = event
             assert reply is not None  # a round ends with its reply or raises (``replied``)
+            if reply.usage is not None:
+                self._usage = reply.usage if self._usage is None else self._usage + reply.usage
             items.extend(reply.output_items)
             calls = function_calls(reply.output_items)
             theirs = [call for call in calls if call.name in self._client_names]
             calls = [call for call in calls if call.name not in self._client_names]
             if not calls or gate is None:
-                yield Answer(reply, items, records, client_calls=bool(theirs))
+                yield Answer(reply, items, records, bool(theirs), self._usage)
                 return
             if round_number == max_rounds and not theirs:
                 break
@@ -120,7 +131,7 @@ class Exchange:
                 items.append(function_call_output(call.call_id, record.output()))
                 yield ToolCalled(record.name, record.status)
             if theirs:  # the client runs its own calls: the turn ends here, to be answered
-                yield Answer(reply, items, records, client_calls=True)
+                yield Answer(reply, items, records, True, self._usage)
                 return
         raise UpstreamError("The model still wanted tools after TOOL_MAX_ROUNDS rounds.")
 
@@ -137,9 +148,7 @@ class Exchange:
         while True:
             window = self._window
             history = window.unsealed if self._drop_sealed else window.items
-            request = ProviderRequest(
-                [*history, *self._new_items, *turn_items], self._instructions, self._tools
-            )
+            request = replace(self._request, input_items=[*history, *self._new_items, *turn_items])
             if turn_items:
                 self._check_size(request)
             try:
@@ -147,7 +156,8 @@ class Exchange:
                     metrics.PROVIDER_SECONDS.time(),
                     tracing.span("provider.round") as span,
                 ):
-                    span.set_attribute("provider.model", self._provider.origin.model)
+                    model = self._request.model or self._provider.origin.model
+                    span.set_attribute("provider.model", model)
                     span.set_attribute("provider.input_items", len(request.input_items))
                     # aclosing: a client that goes away closes the upstream request at once.
                     async with aclosing(
@@ -157,6 +167,10 @@ class Exchange:
                             self._streamed = self._streamed or isinstance(event, TextDelta)
                             yield event
                 return
+            except ProviderRefused as refused:
+                if self._relayed:
+                    raise refused.client_error() from refused
+                raise
             except InvalidEncryptedContent:
                 # The provider cannot open some sealed reasoning (a key or organisation
                 # changed): resend without any, once, if that changes the request.
@@ -167,6 +181,10 @@ class Exchange:
 
 class _Named(msgspec.Struct):
     name: str
+
+
+def tool_names(tools: tuple[msgspec.Raw, ...]) -> frozenset[str]:
+    return frozenset(msgspec.json.decode(tool, type=_Named).name for tool in tools)
 
 
 def advertised(

@@ -18,10 +18,11 @@ from typing import Any
 
 import msgspec
 
-from service.core.errors import InvalidInput
+from service.core.errors import InvalidInput, ProviderRefused
 from service.core.ids import view_item_conversation, view_item_id
 from service.core.items import check_history
-from service.core.window import SystemPrompt
+from service.core.plans import Asked, PlanRules
+from service.core.window import SystemPrompt, instructions_for
 from service.providers.base import Provider, ProviderRequest, Reply, replied
 from service.store.ports import ConversationStore
 from service.usecases.exchange import advertised
@@ -33,9 +34,13 @@ class _Head(msgspec.Struct):
 
 class Relay:
     def __init__(
-        self, store: ConversationStore, provider: Provider, prompt: SystemPrompt | None
+        self,
+        store: ConversationStore,
+        provider: Provider,
+        prompt: SystemPrompt | None,
+        rules: PlanRules,
     ) -> None:
-        self._store, self._provider, self._prompt = store, provider, prompt
+        self._store, self._provider, self._prompt, self._rules = store, provider, prompt, rules
 
     async def resolve(self, owner: str, items: Sequence[dict[str, Any]]) -> list[msgspec.Raw]:
         """The input to send: the items as they came, except those only the stored copy
@@ -77,13 +82,25 @@ class Relay:
                     found[head.id or view_item_id(cid, revision, index)] = raw
         return found
 
-    async def respond(self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...]) -> Reply:
-        """One provider call on ``items``, offering the client's ``tools``; nothing is kept."""
-        prompt = self._prompt.text if self._prompt else None
-        request = ProviderRequest(items, prompt, advertised(None, tools))
+    async def respond(
+        self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...], asked: Asked
+    ) -> Reply:
+        """One provider call on ``items``, offering the client's ``tools`` and asking what the
+        client asked; nothing is kept. A refusal of the request is the client's (400)."""
+        prompt = instructions_for(
+            self._prompt, asked.instructions,
+            server_first=self._rules.server_prompt_first(asked.instructions),
+        )  # fmt: skip
+        request = ProviderRequest(
+            items, prompt.text if prompt else None, advertised(None, tools), asked.model,
+            asked.fields, asked.include,
+        )  # fmt: skip
         reply = None
-        async with aclosing(replied(self._provider.respond(request, stream=False))) as events:
-            async for event in events:
-                reply = event if isinstance(event, Reply) else reply
+        try:
+            async with aclosing(replied(self._provider.respond(request, stream=False))) as events:
+                async for event in events:
+                    reply = event if isinstance(event, Reply) else reply
+        except ProviderRefused as refused:
+            raise refused.client_error() from refused
         assert reply is not None  # ``replied`` raises without one
         return reply

@@ -26,7 +26,7 @@ from service.core.errors import (
 from service.core.ids import parse_response_id
 from service.core.items import client_tools, turn_input
 from service.core.model import ForkPoint, Precondition, Turn
-from service.core.plans import PlanRules, TurnPlan, make_plan
+from service.core.plans import Asked, PlanRules, TurnPlan, make_plan
 from service.providers.base import Reply
 from service.usecases.conversations import Conversations
 from service.usecases.relay import Relay
@@ -50,22 +50,41 @@ class Responses:
 
     @property
     def model(self) -> str:
+        """The configured model: a request that names none gets it."""
         return self._turns.provider.origin.model
+
+    @property
+    def provider_name(self) -> str:
+        return self._turns.provider.origin.provider
+
+    @property
+    def models(self) -> list[str]:
+        """The models a request may name (besides any, with ``MODELS=*``)."""
+        return [self.model, *sorted((self._rules.models or frozenset()) - {self.model})]
+
+    def check_model(self, model: str) -> None:
+        self._rules.check_model(model, self.model)
+
+    def check(self, asked: Asked) -> None:
+        """What any call may ask (400 naming the field otherwise), before anything else."""
+        self._rules.check_model(asked.model, self.model)
+        self._rules.check_instructions(asked.instructions)
 
     async def plan(
         self,
         owner: str,
+        asked: Asked,
         *,
         input: str | list[Any],
         conversation: str | None,
         previous_response_id: str | None,
         tools: Sequence[Any] | None,
         truncation: str | None,
+        if_match: Precondition,
         idempotency_key: str | None,
         request: bytes,
     ) -> TurnPlan:
         """The turn asked for (400 naming the field that cannot be honoured)."""
-        if_match: Precondition = None
         fork: ForkPoint | None = None
         if previous_response_id is not None:
             if conversation is not None:
@@ -73,19 +92,20 @@ class Responses:
                     "Send conversation or previous_response_id, not both.",
                     param="previous_response_id",
                 )
-            conversation, if_match, fork = await self._chain(owner, previous_response_id)
+            conversation, latest, fork = await self._chain(owner, previous_response_id)
+            if_match = latest if if_match is None else if_match & latest
         assert conversation is not None  # without either, the call is stateless
-        message, items = turn_input(input)
+        given = turn_input(input)
         return make_plan(
-            self._rules, message, conversation, if_match, owner=owner,
+            self._rules, given.message, conversation, if_match, owner=owner,
             idempotency_key=idempotency_key, key_subject=request,  # a retry asks exactly this
-            truncate=truncation != "disabled", items=items, fork_of=fork,
-            client_tools=client_tools(tools, set(self._rules.own_tools)),
+            truncate=truncation != "disabled", items=given.items, said=given.said, fork_of=fork,
+            client_tools=client_tools(tools, set(self._rules.own_tools)), asked=asked,
         )  # fmt: skip
 
     async def _chain(
         self, owner: str, response_id: str
-    ) -> tuple[str, Precondition, ForkPoint | None]:
+    ) -> tuple[str, frozenset[int], ForkPoint | None]:
         cid, revision = parse_response_id(response_id)
         info = await self._conversations.info(cid, owner)
         if info is None or info.revision < revision:
@@ -118,13 +138,13 @@ class Responses:
         return started
 
     async def stateless(
-        self, owner: str, input: str | list[Any], tools: Sequence[Any] | None
+        self, owner: str, asked: Asked, input: str | list[Any], tools: Sequence[Any] | None
     ) -> Reply:
         """A call without a conversation: relayed to the provider (store false), nothing
         kept."""
         given = input if isinstance(input, list) else [{"role": "user", "content": input}]
         resolved = await self._relay.resolve(owner, given)
-        reply = await self._relay.respond(resolved, client_tools(tools, set()))
+        reply = await self._relay.respond(resolved, client_tools(tools, set()), asked)
         if reply.incomplete_reason == "content_filter":
             raise ContentFiltered()
         return reply

@@ -12,8 +12,9 @@ from collections.abc import AsyncGenerator, Callable
 from service.core import events
 from service.core.errors import Cancelled, StorageError, TurnstoreError
 from service.core.events import RunEvent
-from service.core.model import NewRun, ReplyStatus, RunCommit, RunEnd, RunStatus
+from service.core.model import NewRun, RunCommit, RunEnd, RunStatus, Turn
 from service.core.plans import TurnPlan
+from service.core.usage import Usage
 from service.providers.base import TextDelta
 from service.store.ports import RunStore
 from service.usecases.exchange import ToolCalled
@@ -111,12 +112,12 @@ class Run:
                 await self._store.log_events(self.id, self.new.owner, batch)
                 self._logged += len(batch)
 
-    async def prepare_commit(self, status: ReplyStatus, incomplete_reason: str | None) -> RunCommit:
+    async def prepare_commit(self, turn: Turn) -> RunCommit:
         """What the turn's commit writes of this run (its events so far are logged first)."""
         self._cancel_timer()
         await self.flush()
-        done = self._done_of(status, incomplete_reason)
-        self._commit = RunCommit(self.id, status, len(self.events) + 1, done)
+        done = self._done_of(turn.status, turn.incomplete_reason, turn.usage)
+        self._commit = RunCommit(self.id, turn.status, len(self.events) + 1, done)
         return self._commit
 
     async def end(
@@ -169,7 +170,7 @@ class Run:
             self._add(commit.done.event(commit.done_seq, done.revision))
             self._logged = len(self.events)
             return
-        pending = self._done_of(done.status, done.incomplete_reason)
+        pending = self._done_of(done.status, done.incomplete_reason, done.usage)
         if done.revision is None:
             filtered = "The content filter refused it."
             await self.end(
@@ -181,8 +182,11 @@ class Run:
                 done.status, None, None, lambda seq: pending.event(seq, revision), revision
             )
 
-    def _done_of(self, status: str, incomplete_reason: str | None) -> events.Done:
-        return events.Done(status, incomplete_reason, self.plan.conversation_id, self.id)
+    def _done_of(
+        self, status: str, incomplete_reason: str | None, usage: Usage | None
+    ) -> events.Done:
+        cid = self.plan.conversation_id
+        return events.Done(status, incomplete_reason, cid, self.id, usage)
 
     def _publish(self, make: Callable[[int], RunEvent]) -> None:
         self._add(make(len(self.events) + 1))

@@ -31,14 +31,15 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.items import function_outputs, input_count, open_calls
-from service.core.model import Append, Committed, Conversation, ReplyStatus, RunCommit, Turn
+from service.core.model import Append, Committed, Conversation, Origin, ReplyStatus, RunCommit, Turn
 from service.core.plans import TurnPlan, check_precondition
 from service.core.strictjson import is_encodable
-from service.core.window import Budget, SystemPrompt, Window, choose_window
+from service.core.usage import Usage
+from service.core.window import Budget, SystemPrompt, Window, choose_window, instructions_for
 from service.platform import metrics, tracing
-from service.providers.base import Provider, TextDelta, request_overhead
+from service.providers.base import Provider, ProviderRequest, TextDelta, request_overhead
 from service.store.ports import ConversationStore, IdempotencyStore
-from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling
+from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling, advertised, tool_names
 from service.usecases.leases import Held, Leases
 from service.usecases.locks import settle
 
@@ -52,9 +53,22 @@ class TurnDone:
     revision: int | None  # None: nothing was committed (content filter)
     items: Sequence[msgspec.Raw] = ()  # the reply's output items, as committed
     inputs: int = 1  # how many input items precede them in the turn
+    usage: Usage | None = None  # of the turn's provider calls, added up
+    model: str | None = None  # that made the reply
+    own_calls: frozenset[str] = frozenset()  # the call ids of turnstore's own tools' calls
 
 
 TurnEvent = TextDelta | ToolCalled | TurnDone
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What one turn asks of the provider besides its input items."""
+
+    prompt: SystemPrompt | None  # the instructions sent, and their version (digest)
+    origin: Origin  # the provider, endpoint and model that answer it
+    template: ProviderRequest  # every call of the turn, but its input items
+    overhead: int  # its bytes without input items (the context budget counts them)
 
 
 class DurableRun(Protocol):
@@ -64,9 +78,7 @@ class DurableRun(Protocol):
         """The turn holds its conversation at ``revision`` (0: a new one; it queued until
         now): if it commits, it makes ``revision + 1``."""
 
-    async def prepare_commit(
-        self, status: ReplyStatus, incomplete_reason: str | None
-    ) -> RunCommit: ...
+    async def prepare_commit(self, turn: Turn) -> RunCommit: ...
 
 
 class TurnService:
@@ -171,6 +183,7 @@ class TurnService:
         self, plan: TurnPlan, stream: bool, run: DurableRun | None
     ) -> AsyncGenerator[TurnEvent, None]:
         mode = "stream" if stream else "chat"
+        asked = self._request(plan, stream)
         with metrics.turn_outcome(mode):  # what ends the turn before its TurnDone
             async with self.leases.hold(plan) as held:
                 conversation = held.conversation or await self._fork_basis(plan)
@@ -179,7 +192,7 @@ class TurnService:
                 new_items = plan.input_items
                 if plan.items:  # a client's function outputs must answer its open calls
                     check_answers(new_items, conversation)
-                window = self._window(conversation, [*new_items, *plan.client_tools], stream)
+                window = self._window(conversation, [*new_items, *plan.client_tools], asked)
                 if not plan.truncate and window.start > 1:
                     raise ContextLengthExceeded(
                         "The conversation no longer fits the model's context, and truncation "
@@ -188,7 +201,7 @@ class TurnService:
                 if run is not None:
                     await run.begin(conversation.revision if conversation else 0)
                 answer: Answer | None = None
-                exchange_of = self._exchange(window, new_items, plan.client_tools, stream)
+                exchange_of = self._exchange(window, new_items, plan, asked, stream)
                 async with aclosing(exchange_of) as exchange:
                     async for event in exchange:
                         if isinstance(event, Answer):
@@ -196,7 +209,7 @@ class TurnService:
                         else:
                             yield event
                 assert answer is not None  # an exchange ends with its Answer or raises
-                turn = self._accept(plan, window, new_items, answer)
+                turn = self._accept(plan, window, new_items, answer, asked)
                 revision = (
                     None
                     if turn is None
@@ -204,40 +217,56 @@ class TurnService:
                 )
             metrics.turn_ended(mode, committed=revision is not None)
         # Outside the outcome count: a client leaving now does not undo the commit.
-        yield _done(plan, answer, revision, len(new_items))
+        yield _done(plan, answer, revision, len(new_items), asked.origin.model)
+
+    def _request(self, plan: TurnPlan, stream: bool) -> _Request:
+        prompt = instructions_for(self._prompt, plan.instructions, server_first=plan.server_prompt)
+        template = ProviderRequest(
+            [], prompt.text if prompt else None, advertised(self._tooling, plan.client_tools),
+            plan.model, plan.fields, plan.include,
+        )  # fmt: skip
+        overhead = request_overhead(self.provider.origin.model, template, stream=stream)
+        return _Request(prompt, self.provider.origin.with_model(plan.model), template, overhead)
 
     def _window(
-        self, conversation: Conversation | None, new_items: list[msgspec.Raw], stream: bool
+        self, conversation: Conversation | None, new_items: list[msgspec.Raw], asked: _Request
     ) -> Window:
         """The earlier turns to send (service/core/window.py): never before the committed
         window start; only committed together with this turn."""
         turns = conversation.turns if conversation else []
         committed = conversation.context_start if conversation else 1
-        fixed = self._overhead(stream) + sum(map(len, new_items))
-        return choose_window(turns, committed, self.provider.origin, fixed, self._budget)
+        fixed = asked.overhead + sum(map(len, new_items))
+        return choose_window(turns, committed, asked.origin, fixed, self._budget)
 
     def _exchange(
         self,
         window: Window,
         new_items: list[msgspec.Raw],
-        client_tools: tuple[msgspec.Raw, ...],
+        plan: TurnPlan,
+        asked: _Request,
         stream: bool,
     ) -> AsyncGenerator[TextDelta | ToolCalled | Answer, None]:
         exchange = Exchange(
             self.provider,
             window,
             new_items,
-            client_tools=client_tools,
-            instructions=self._prompt.text if self._prompt else None,
+            request=asked.template,
+            client_names=tool_names(plan.client_tools),
             tooling=self._tooling,
             stream=stream,
-            overhead=self._overhead(stream),
+            overhead=asked.overhead,
             max_request_bytes=self._budget.max_request_bytes,
+            relayed=plan.relayed,
         )
         return exchange.events()
 
     def _accept(
-        self, plan: TurnPlan, window: Window, new_items: list[msgspec.Raw], answer: Answer
+        self,
+        plan: TurnPlan,
+        window: Window,
+        new_items: list[msgspec.Raw],
+        answer: Answer,
+        asked: _Request,
     ) -> Turn | None:
         """The turn to commit, or None when the reply was filtered (nothing commits)."""
         reply = answer.reply
@@ -247,16 +276,20 @@ class TurnService:
             raise UpstreamError("The provider's reply was empty.")
         if "\x00" in reply.text or not is_encodable(reply.text):
             raise UpstreamError("The provider's reply holds text that cannot be stored.")
+        said = (*plan.input_said, ("assistant", reply.text))
+        plain = said == (("user", plan.message), ("assistant", reply.text))
         return Turn(
             user_message=plan.message,
             assistant_message=reply.text,
             replay_items=[*new_items, *answer.items],
-            origin=self.provider.origin,
+            transcript=None if plain else said,  # a plain pair is derived from the two
+            origin=asked.origin,
             context_from=window.start,
-            prompt_version=self._prompt.version if self._prompt else None,
+            prompt_version=asked.prompt.version if asked.prompt else None,
             tool_calls=answer.tool_calls,
             status=reply.status,
             incomplete_reason=reply.incomplete_reason,
+            usage=answer.usage,
         )
 
     async def _fork_basis(self, plan: TurnPlan) -> Conversation | None:
@@ -279,7 +312,7 @@ class TurnService:
         self, plan: TurnPlan, conversation: Conversation | None, held: Held, turn: Turn,
         run: DurableRun | None,
     ) -> int:  # fmt: skip
-        ending = await run.prepare_commit(turn.status, turn.incomplete_reason) if run else None
+        ending = await run.prepare_commit(turn) if run else None
         append = self.store.append(
             Append(
                 conversation_id=plan.conversation_id,
@@ -328,12 +361,10 @@ class TurnService:
             revision=committed.revision,
             items=turn.replay_items[first:],
             inputs=first,
+            usage=turn.usage,
+            model=turn.origin.model if turn.origin else None,
+            own_calls=frozenset(call.call_id for call in turn.tool_calls),
         )
-
-    def _overhead(self, stream: bool) -> int:
-        tools = self._tooling.definitions if self._tooling else None
-        instructions = self._prompt.text if self._prompt else None
-        return request_overhead(self.provider.origin.model, instructions, tools, stream=stream)
 
 
 def check_answers(new_items: list[msgspec.Raw], conversation: Conversation | None) -> None:
@@ -349,7 +380,9 @@ def check_answers(new_items: list[msgspec.Raw], conversation: Conversation | Non
         )
 
 
-def _done(plan: TurnPlan, answer: Answer, revision: int | None, inputs: int) -> TurnDone:
+def _done(
+    plan: TurnPlan, answer: Answer, revision: int | None, inputs: int, model: str
+) -> TurnDone:
     reply = answer.reply
     return TurnDone(
         conversation_id=plan.conversation_id,
@@ -359,4 +392,7 @@ def _done(plan: TurnPlan, answer: Answer, revision: int | None, inputs: int) -> 
         revision=revision,
         items=answer.items,
         inputs=inputs,
+        usage=answer.usage,
+        model=model,
+        own_calls=frozenset(call.call_id for call in answer.tool_calls),
     )

@@ -8,7 +8,7 @@ hides ``encrypted_content`` unless it is asked for.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,8 @@ def turn_items(
     cid: uuid.UUID, revision: int, turn: Turn, *, encrypted: bool
 ) -> list[dict[str, Any]]:
     """The shown items of the turn that made ``revision``, in commit order."""
-    return output_items(cid, revision, turn.replay_items, 0, encrypted=encrypted)
+    own = {call.call_id for call in turn.tool_calls}
+    return output_items(cid, revision, turn.replay_items, 0, encrypted=encrypted, own_calls=own)
 
 
 def output_items(
@@ -61,12 +62,13 @@ def output_items(
     first: int,
     *,
     encrypted: bool = False,
+    own_calls: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """The shown items among ``items``, the turn's items from its ``first`` (a Response's
-    output: those after its input items)."""
+    output: those after its input items); ``own_calls``: see core.items.listed."""
     return [
         _shown(msgspec.json.decode(raw), item_id, encrypted)
-        for item_id, raw in listed(cid, revision, items, first)
+        for item_id, raw in listed(cid, revision, items, first, own_calls)
     ]
 
 

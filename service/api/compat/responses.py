@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
@@ -14,12 +15,19 @@ from litestar.response import ServerSentEvent
 
 from service.api.bodies import strict
 from service.api.compat import items as views
-from service.api.compat.schemas import ResponseCreate, response_object
+from service.api.compat.items import ENCRYPTED
+from service.api.compat.schemas import Echo, ResponseCreate, passed_through, response_object
 from service.api.compat.stream import ResponseStream
 from service.api.correlation import correlation_id
 from service.api.deps import Api, Caller
 from service.api.errors import openai_documented
-from service.api.headers import CORRELATION_ID, RETRY_AFTER, IdempotencyKey
+from service.api.headers import (
+    CORRELATION_ID,
+    RETRY_AFTER,
+    IdempotencyKey,
+    IfMatch,
+    parse_if_match,
+)
 from service.api.sse import run_stream
 from service.core.errors import (
     ContentFiltered,
@@ -36,23 +44,35 @@ from service.core.errors import (
     UpstreamTimeout,
 )
 from service.core.items import input_count
-from service.core.plans import TurnPlan
+from service.core.plans import Asked, TurnPlan
 
 UNSUPPORTED = {
-    "instructions": "instructions are not supported: the system prompt is the server's "
-    "(SYSTEM_PROMPT), the same for every turn of the history",
     "background": "background responses are not supported yet on /v1 (use /api/v1)",
+    "context_management": "context_management is not supported yet",
 }
 
 
-def check_fields(asked: ResponseCreate, model: str) -> None:
+def check_fields(asked: ResponseCreate) -> None:
     """400 naming a field this server cannot honour, for any call."""
     for field, why in UNSUPPORTED.items():
         if getattr(asked, field) not in (None, False):
             raise InvalidInput(why + ".", param=field)
-    if asked.model is not None and asked.model != model:
-        raise InvalidInput(f"model: this server answers with {model!r} only.", param="model")
     views.includes(asked.include)
+
+
+def ask_of(asked: ResponseCreate, body: bytes) -> Asked:
+    """What the request asks of the provider besides its input: the model, instructions,
+    what to include, and every field turnstore does not interpret, as it came."""
+    include = tuple(i for i in asked.include or () if i != ENCRYPTED)
+    return Asked(asked.model, asked.instructions, passed_through(body), include)
+
+
+def echo_of(asked: ResponseCreate, ask: Asked, model: str) -> Echo:
+    return Echo(
+        model=asked.model or model, instructions=asked.instructions, tools=asked.tools or (),
+        truncation=asked.truncation, previous_response_id=asked.previous_response_id,
+        store=asked.store is not False, background=bool(asked.background), fields=ask.fields,
+    )  # fmt: skip
 
 
 class OpenAIResponses(Controller):
@@ -74,29 +94,34 @@ class OpenAIResponses(Controller):
         request: Request[Any, Any, Any],
         data: JSONBody[ResponseCreate],
         api: Caller,
+        if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]] | ServerSentEvent:
-        asked, responses = data, api.responses
-        check_fields(asked, responses.model)
+        asked, responses, body = data, api.responses, await request.body()
+        check_fields(asked)
+        ask = ask_of(asked, body)
+        responses.check(ask)
+        echo = echo_of(asked, ask, responses.model)
         if asked.conversation is None and asked.previous_response_id is None:
-            return Response(await stateless(asked, api))
+            return Response(await stateless(asked, ask, echo, api))
         plan = await responses.plan(
-            api.owner, input=asked.input, conversation=asked.conversation_id,
+            api.owner, ask, input=asked.input, conversation=asked.conversation_id,
             previous_response_id=asked.previous_response_id, tools=asked.tools,
-            truncation=asked.truncation, idempotency_key=idempotency_key,
-            request=await request.body(),
+            truncation=asked.truncation, if_match=parse_if_match(if_match),
+            idempotency_key=idempotency_key, request=body,
         )  # fmt: skip
         chained = asked.previous_response_id is not None
         if asked.stream:
-            return await stream(request, asked, plan, chained, api)
+            return await stream(request, plan, chained, echo, api)
         started = time.time()
         done = await responses.run(plan, chained)
         assert done.revision is not None
-        output = views.output_items(done.conversation_id, done.revision, done.items, done.inputs)
+        output = views.output_items(
+            done.conversation_id, done.revision, done.items, done.inputs, own_calls=done.own_calls
+        )
         return Response(response_object(
-            done.conversation_id, done.revision, model=responses.model,
-            status=done.status, output=output, incomplete_reason=done.incomplete_reason,
-            created_at=started, truncation=asked.truncation,
+            done.conversation_id, done.revision, echo, status=done.status, output=output,
+            incomplete_reason=done.incomplete_reason, created_at=started, usage=done.usage,
         ))  # fmt: skip
 
     @get(
@@ -106,38 +131,38 @@ class OpenAIResponses(Controller):
     async def retrieve(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
         cid, revision, turn = await api.responses.retrieve(api.owner, response_id)
         first = input_count(turn.replay_items)
-        output = views.output_items(cid, revision, turn.replay_items[first:], first)
+        own = {call.call_id for call in turn.tool_calls}
+        output = views.output_items(cid, revision, turn.replay_items[first:], first, own_calls=own)
+        echo = Echo(model=turn.origin.model if turn.origin else "unknown")
         return response_object(
-            cid, revision, model=turn.origin.model if turn.origin else "unknown",
-            status=turn.status, output=output, incomplete_reason=turn.incomplete_reason,
-            created_at=turn.created_at,
+            cid, revision, echo, status=turn.status, output=output,
+            incomplete_reason=turn.incomplete_reason, created_at=turn.created_at,
+            usage=turn.usage,
         )  # fmt: skip
 
 
-async def stateless(asked: ResponseCreate, api: Api) -> dict[str, Any]:
+async def stateless(asked: ResponseCreate, ask: Asked, echo: Echo, api: Api) -> dict[str, Any]:
     if asked.stream:
         raise InvalidInput("stream: not for calls without a conversation yet.", param="stream")
     started = time.time()
-    reply = await api.responses.stateless(api.owner, asked.input, asked.tools)
+    reply = await api.responses.stateless(api.owner, ask, asked.input, asked.tools)
     # Sealed reasoning is kept in the answer: a client that keeps the history has no other
     # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
     output = views.output_items(uuid.uuid4(), 1, reply.output_items, 0, encrypted=True)
     return response_object(
-        None, None, rid=f"resp_{uuid.uuid4().hex}", model=api.responses.model,
+        None, None, replace(echo, store=False), rid=f"resp_{uuid.uuid4().hex}",
         status=reply.status, output=output, incomplete_reason=reply.incomplete_reason,
-        created_at=started, store=False,
+        created_at=started, usage=reply.usage,
     )  # fmt: skip
 
 
 async def stream(
-    request: Request[Any, Any, Any], asked: ResponseCreate, plan: TurnPlan, chained: bool, api: Api
+    request: Request[Any, Any, Any], plan: TurnPlan, chained: bool, echo: Echo, api: Api
 ) -> ServerSentEvent:
     cid = correlation_id(request.scope)
     started = await api.responses.stream(plan, chained, cid)
     run = started.run
     assert run is not None  # a run of its own: /v1 streams are never background (yet)
-    rendering = ResponseStream(
-        run, started.conversation_id, run.held.result() + 1, api.responses.model,
-        asked.truncation,
-    )  # fmt: skip
+    revision = run.held.result() + 1
+    rendering = ResponseStream(run, started.conversation_id, revision, echo)
     return run_stream(api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, {})

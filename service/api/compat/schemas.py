@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ import msgspec
 from service.core.errors import InvalidInput
 from service.core.ids import conversation_id, response_id
 from service.core.model import ConversationInfo
+from service.core.usage import Usage
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 MAX_CREATE_ITEMS = 20
@@ -39,7 +41,17 @@ class ConversationUpdate(msgspec.Struct, forbid_unknown_fields=True):
     metadata: dict[str, str] | None
 
 
-class ResponseCreate(msgspec.Struct, forbid_unknown_fields=True):
+# The fields of a Responses request that turnstore interprets; every other one is the
+# provider's, sent to it as it came (ResponseCreate keeps them in ``fields``).
+INTERPRETED = frozenset({
+    "conversation", "previous_response_id", "input", "model", "instructions", "tools",
+    "stream", "store", "background", "include", "context_management", "truncation",
+})  # fmt: skip
+
+
+class ResponseCreate(msgspec.Struct):
+    """The fields turnstore interprets (any other field is allowed: it is the provider's)."""
+
     input: str | list[dict[str, Any]]
     model: str | None = None
     conversation: str | ConversationRef | None = None
@@ -50,13 +62,19 @@ class ResponseCreate(msgspec.Struct, forbid_unknown_fields=True):
     truncation: Literal["auto", "disabled"] | None = None
     instructions: str | None = None
     background: bool | None = None
-    parallel_tool_calls: bool | None = None
     tools: list[dict[str, Any]] | None = None
+    context_management: list[dict[str, Any]] | None = None
 
     @property
     def conversation_id(self) -> str | None:
         ref = self.conversation
         return ref.id if isinstance(ref, ConversationRef) else ref
+
+
+def passed_through(body: bytes) -> dict[str, msgspec.Raw]:
+    """The request's fields turnstore does not interpret, as they came."""
+    whole = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    return {name: value for name, value in whole.items() if name not in INTERPRETED}
 
 
 class OpenAIErrorDetail(msgspec.Struct):
@@ -100,18 +118,62 @@ def deleted_object(cid: uuid.UUID) -> dict[str, Any]:
     return {"id": conversation_id(cid), "object": "conversation.deleted", "deleted": True}
 
 
+# What a Response echoes of its request besides the fields turnstore interprets, with OpenAI's
+# answer where the request was silent.
+ECHO_DEFAULTS: dict[str, Any] = {
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "max_output_tokens": None,
+    "text": {"format": {"type": "text"}},
+    "reasoning": {"effort": None, "summary": None},
+    "metadata": {},
+    "user": None,
+    "safety_identifier": None,
+    "service_tier": "auto",
+    "prompt_cache_key": None,
+}
+
+
+@dataclass(frozen=True)
+class Echo:
+    """What a Response repeats of the request that made it."""
+
+    model: str
+    instructions: str | None = None
+    tools: Sequence[Any] = ()
+    truncation: str | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    background: bool = False
+    fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)  # the passed-through ones
+
+    def body(self) -> dict[str, Any]:
+        echoed = {name: self.fields.get(name, value) for name, value in ECHO_DEFAULTS.items()}
+        return {
+            **echoed,
+            "model": self.model,
+            "instructions": self.instructions,
+            "tools": list(self.tools),
+            "truncation": self.truncation or "auto",
+            "previous_response_id": self.previous_response_id,
+            "store": self.store,
+            "background": self.background,
+        }
+
+
 def response_object(
     cid: uuid.UUID | None,
     revision: int | None,
+    echo: Echo,
     *,
     rid: str | None = None,
-    model: str,
     status: str,
     output: Sequence[dict[str, Any]] = (),
     incomplete_reason: str | None = None,
     created_at: datetime | float | None = None,
-    truncation: str | None = None,
-    store: bool = True,
+    usage: Usage | None = None,
 ) -> dict[str, Any]:
     """A Response: a committed turn (``revision``), or (``rid`` given, no ``cid``) a
     stateless call's."""
@@ -123,20 +185,10 @@ def response_object(
         "object": "response",
         "created_at": created_at if created_at is not None else time.time(),
         "status": status,
-        "model": model,
         "output": list(output),
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "error": None,
         "conversation": {"id": conversation_id(cid)} if cid else None,
-        "previous_response_id": None,
-        "instructions": None,
-        "metadata": {},
-        "parallel_tool_calls": False,
-        "tool_choice": "auto",
-        "tools": [],
-        "truncation": truncation or "auto",
-        "store": store,
-        "background": False,
-        "text": {"format": {"type": "text"}},
-        "usage": None,
+        **echo.body(),
+        "usage": usage.as_openai() if usage is not None else None,
     }

@@ -17,7 +17,7 @@ import msgspec
 from litestar.response import ServerSentEventMessage
 
 from service.api.compat.items import output_items
-from service.api.compat.schemas import response_object
+from service.api.compat.schemas import Echo, response_object
 from service.api.errors import openai_type
 from service.core import events
 from service.core.errors import ContentFiltered, TurnstoreError, status_of
@@ -50,11 +50,8 @@ class _Failed(msgspec.Struct):
 class ResponseStream:
     """Numbers the events of one response and builds them from its run's events."""
 
-    def __init__(
-        self, run: Run, cid: uuid.UUID, revision: int, model: str, truncation: str | None
-    ) -> None:
-        self.run, self.cid, self.revision = run, cid, revision
-        self.model, self.truncation = model, truncation
+    def __init__(self, run: Run, cid: uuid.UUID, revision: int, echo: Echo) -> None:
+        self.run, self.cid, self.revision, self.echo = run, cid, revision, echo
         self.created_at = time.time()
         self.sequence = 0
         self.message_id: str | None = None
@@ -107,7 +104,8 @@ class ResponseStream:
         result = self.run.result
         committed = result.items if result is not None else ()
         inputs = result.inputs if result is not None else 0
-        output = output_items(self.cid, done.revision, committed, inputs)
+        own = result.own_calls if result is not None else frozenset()
+        output = output_items(self.cid, done.revision, committed, inputs, own_calls=own)
         index = 0 if self.message_id is None else 1
         for item in output:  # the client's function calls, to run: announced whole
             if item["type"] == "function_call":
@@ -116,8 +114,8 @@ class ResponseStream:
                     self._event("response.output_item.done", output_index=index, item=item),
                 ]
                 index += 1
-        reason = done.incomplete_reason
-        final = self._response(done.status, output=output, incomplete_reason=reason)
+        reason, usage = done.incomplete_reason, result.usage if result is not None else None
+        final = self._response(done.status, output=output, incomplete_reason=reason, usage=usage)
         return [*out, self._event(f"response.{done.status}", response=final)]
 
     def _error(
@@ -135,8 +133,8 @@ class ResponseStream:
 
     def _response(self, status: str, **fields: Any) -> dict[str, Any]:
         return response_object(
-            self.cid, self.revision, model=self.model, status=status,
-            created_at=self.created_at, truncation=self.truncation, **fields,
+            self.cid, self.revision, self.echo, status=status, created_at=self.created_at,
+            **fields,
         )  # fmt: skip
 
     def _at(self) -> dict[str, Any]:

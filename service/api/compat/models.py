@@ -1,0 +1,39 @@
+"""/v1/models: the models a request may name (the configured one and MODELS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, get
+from litestar.params import FromPath
+
+from service.api.deps import Caller
+from service.api.errors import openai_documented
+from service.api.headers import CORRELATION_ID
+from service.core.errors import ModelNotFound, UnknownModel
+
+CREATED = 1_700_000_000  # OpenAI's shape needs a creation time; turnstore does not know one
+
+
+def model_object(name: str, owner: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": CREATED, "owned_by": owner}
+
+
+class OpenAIModels(Controller):
+    path = "/v1/models"
+    tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
+
+    @get("/", summary="The models a request may name.", response_headers=[CORRELATION_ID],
+         responses=openai_documented())  # fmt: skip
+    async def listing(self, api: Caller) -> dict[str, Any]:
+        owner = api.responses.provider_name
+        return {"object": "list", "data": [model_object(m, owner) for m in api.responses.models]}
+
+    @get("/{model:str}", summary="One model a request may name.",
+         response_headers=[CORRELATION_ID], responses=openai_documented(UnknownModel))  # fmt: skip
+    async def retrieve(self, model: FromPath[str], api: Caller) -> dict[str, Any]:
+        try:
+            api.responses.check_model(model)
+        except ModelNotFound:
+            raise UnknownModel() from None
+        return model_object(model, api.responses.provider_name)

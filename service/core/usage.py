@@ -1,0 +1,36 @@
+"""What provider calls cost, in the provider's tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a provider call cost, in the provider's tokens (the Responses API's ``usage``);
+    added up over the calls of one turn."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0  # of the input tokens, served from the provider's prompt cache
+    output_tokens: int = 0
+    reasoning_tokens: int = 0  # of the output tokens
+    total_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.output_tokens + other.output_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.total_tokens + other.total_tokens,
+        )
+
+    def as_openai(self) -> dict[str, object]:
+        """The Responses API's shape (every field the SDKs' types require)."""
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "total_tokens": self.total_tokens,
+        }

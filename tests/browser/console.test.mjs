@@ -59,11 +59,11 @@ after(async () => {
 test("signs in with an API key, kept in the tab only", async () => {
   await page.goto(`${BASE}/console/`);
   await page.locator("#key").waitFor();
+  await shot(page, "sign-in");
   await page.fill("#key", "not-a-key");
   await page.click("button[type=submit]");
   assert.match(await textOf(page, ".signin [role=alert]"), /did not accept this key/);
   await page.fill("#key", ALICE);
-  await shot(page, "sign-in");
   signedIn.from = seen.requests.length;
   await page.click("button[type=submit]");
   await page.locator("table.conversations").waitFor();

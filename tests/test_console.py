@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -200,3 +201,27 @@ async def test_the_console_without_authentication_and_the_api_docs_offline(
     node()
     async with make_client() as client:
         await run_browser("none.test.mjs", str(client.base_url).rstrip("/"), screenshots(tmp_path))
+
+
+async def test_the_console_is_public_static_files_under_a_strict_policy(
+    client: httpx.AsyncClient,
+) -> None:
+    """No browser needed: the page, its policy, and Swagger's assets served from here."""
+    page = await client.get("/console")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "connect-src 'self'" in policy
+    assert "unsafe" not in policy and "form-action 'none'" in policy
+    assert re.findall(r"<script[^>]*>", page.text) == [
+        '<script type="module" src="/console/js/main.js">'
+    ]  # no inline script
+    module = await client.get("/console/js/main.js")
+    assert module.headers["content-type"].startswith("text/javascript"), module.headers
+    swagger = await client.get("/schema/swagger")
+    assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", swagger.text)
+    assert len(assets) == 4, assets  # favicon, CSS, bundle, preset
+    for asset in assets:
+        assert asset.startswith("/console/"), asset
+        assert (await client.get(asset)).status_code == 200, asset
+    paths = (await client.get("/schema")).json()["paths"]
+    assert paths and not [path for path in paths if path.startswith("/console")]

@@ -199,7 +199,7 @@ async def test_the_console_without_authentication_and_the_api_docs_offline(
     make_client: ClientFactory, tmp_path: Path
 ) -> None:
     node()
-    async with make_client() as client:
+    async with make_client(context_max_turns=1) as client:
         await run_browser("none.test.mjs", str(client.base_url).rstrip("/"), screenshots(tmp_path))
 
 

@@ -35,6 +35,18 @@ test("starts a conversation with a streamed turn", async () => {
   assert.match(await page.locator("article.turn .message.assistant").textContent(), /\[fake-llm\] hello without a key/);
   const id = page.url().split("#/conversations/")[1];
   assert.equal((await api("GET", `/api/v1/conversations/${id}`)).body.revision, 1);
+  // Two more turns: with CONTEXT_MAX_TURNS=1 the first leaves the model's window.
+  for (const [message, revision] of [["a second one", "2"], ["a third one", "3"]]) {
+    await page.fill("textarea[name=message]", message);
+    await page.click("#send");
+    assert.equal(await textOf(page, "#revision", new RegExp(revision)), revision);
+  }
+  assert.equal(await textOf(page, "#window"), "2");
+  const first = page.locator('article.turn[data-turn="1"]');
+  assert.match(await first.locator("header").textContent(), /out of the window/);
+  assert.match(await first.locator(".message.user .role").textContent(), /out of the window/);
+  assert.doesNotMatch(await page.locator('article.turn[data-turn="2"]').textContent(), /out of the window/);
+  assert.match(await page.locator('article.turn[data-turn="3"] .transcript').textContent(), /Context from turn2/);
   for (const { url, authorization } of seen.requests) {
     assert.ok(url.startsWith(`${BASE}/`), url);
     assert.equal(authorization, undefined, url);

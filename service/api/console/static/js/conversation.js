@@ -76,8 +76,10 @@ export async function conversationView(main, signal, id) {
       ? view.turns.map((turn, i) => turnRow(view, turn, messagesOf(view, i), items))
       : [h("p.muted", {}, "No turns yet.")];
     const itemsError = items instanceof Error ? errorBox(items) : null;
+    const paired = view.messages.length === 2 * view.turns.length;
+    const transcript = paired ? null : h("section.turn.flat", {}, h("h3", {}, "Transcript"), view.messages.map(message));
     const running = h("div", { id: "running" });
-    show(main, header, itemsError, view.more_before || view.more_after ? pager : null, h("div.turns", {}, turns), running, composer(view.conversation_id));
+    show(main, header, itemsError, view.more_before || view.more_after ? pager : null, transcript, h("div.turns", {}, turns), running, composer(view.conversation_id));
     follow(running, view.conversation_id);
   }
 
@@ -140,7 +142,7 @@ export async function conversationView(main, signal, id) {
     const left = h(
       "div.transcript",
       {},
-      messages.map((m) => h(`div.message.${m.role}${m.in_context ? "" : ".out"}`, {}, h("span.role", {}, m.role), h("p", {}, m.content))),
+      messages.map(message),
       turnFacts(turn),
     );
     const right = h(
@@ -168,8 +170,14 @@ export async function conversationView(main, signal, id) {
 }
 
 function messagesOf(view, index) {
-  // Two messages per turn (user, assistant), in the order of the turns.
+  // Two messages per turn (user, assistant), in the order of the turns; any other shape is
+  // shown as one transcript above the turns.
   return view.messages.length === 2 * view.turns.length ? view.messages.slice(2 * index, 2 * index + 2) : [];
+}
+
+function message(m) {
+  const label = m.in_context === false ? `${m.role} · out of the window` : m.role;
+  return h(`div.message.${m.role}${m.in_context === false ? ".out" : ""}`, {}, h("span.role", {}, label), h("p", {}, m.content));
 }
 
 function turnFacts(turn) {

@@ -14,7 +14,11 @@ export function composer(conversationId) {
     {
       onsubmit: async (event) => {
         event.preventDefault();
-        if (!text.value.trim() || busy()) return;
+        if (!text.value.trim()) return;
+        if (busy()) {
+          show(problem, errorBox({ message: "A turn sent from this tab is still running: one at a time.", code: "busy" }));
+          return;
+        }
         button.disabled = true;
         show(problem);
         try {

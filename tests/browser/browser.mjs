@@ -27,7 +27,7 @@ export async function open() {
   });
   const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   const page = await context.newPage();
-  page.setDefaultTimeout(10_000);
+  page.setDefaultTimeout(30_000); // a shared 2-core machine under load: seen at 10 s
   const seen = { requests: [], problems: [] };
   page.on("request", (request) => {
     seen.requests.push({ url: request.url(), authorization: request.headers().authorization });

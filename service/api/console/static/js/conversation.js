@@ -14,6 +14,7 @@ export async function conversationView(main, signal, id) {
   let before = LATEST;
   let after = null;
   let shown = null; // the conversation as last read
+  let compose = null; // kept across readings: a draft survives them
 
   async function load() {
     const query = new URLSearchParams({ limit: String(TURNS) });
@@ -79,7 +80,7 @@ export async function conversationView(main, signal, id) {
     const paired = view.messages.length === 2 * view.turns.length;
     const transcript = paired ? null : h("section.turn.flat", {}, h("h3", {}, "Transcript"), view.messages.map(message));
     const running = h("div", { id: "running" });
-    show(main, header, itemsError, view.more_before || view.more_after ? pager : null, transcript, h("div.turns", {}, turns), running, composer(view.conversation_id));
+    show(main, header, itemsError, view.more_before || view.more_after ? pager : null, transcript, h("div.turns", {}, turns), running, (compose ??= composer(view.conversation_id)));
     follow(running, view.conversation_id);
   }
 

@@ -88,6 +88,7 @@ async function route() {
 document.getElementById("sign-out").addEventListener("click", () => {
   ready = false;
   view.abort();
+  run.dismiss(); // this tab stops following its turn (the turn itself goes on)
   session.signOut();
   location.hash = "#/";
   start();

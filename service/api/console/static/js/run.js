@@ -24,7 +24,9 @@ export function onChange(listener) {
   return () => listeners.delete(listener);
 }
 
+// Saved and told while this page follows the run (not once it was dismissed).
 function changed(run) {
+  if (following !== run) return;
   sessionStorage.setItem(RUN, JSON.stringify(run));
   for (const listener of listeners) listener(run);
 }

@@ -64,7 +64,7 @@ async def run_browser(script: str, url: str, shots: Path, **env: str) -> str:
              **env},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
-    output, _ = await asyncio.wait_for(process.communicate(), 120)
+    output, _ = await asyncio.wait_for(process.communicate(), 180)
     report = output.decode()
     assert process.returncode == 0, report
     assert "# fail 0" in report, report

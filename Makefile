@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps js-deps run test test-fast lint bench clean
+.PHONY: help install system-deps js-deps browser-deps run test test-fast lint bench clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -23,11 +23,13 @@ run: $(STAMP) ## serve on http://127.0.0.1:8000 (fake provider, embedded Postgre
 	$(BIN)/turnstore serve --host 127.0.0.1 --port 8000
 
 # The multi-process tests (tests/test_cluster.py) put nginx and PgBouncer in front of real
-# replicas. Installed from Debian when missing and possible (root); else those tests skip.
-system-deps: ## install nginx-light and pgbouncer with apt-get when missing
+# replicas; the browser tests (tests/test_console.py) drive Debian's Chromium. Installed from
+# Debian when missing and possible (root); else those tests skip.
+system-deps: ## install nginx-light, pgbouncer and chromium with apt-get when missing
 	@export PATH="$$PATH:/usr/sbin:/sbin"; pkgs=""; \
 	command -v nginx >/dev/null || pkgs="$$pkgs nginx-light"; \
 	command -v pgbouncer >/dev/null || pkgs="$$pkgs pgbouncer"; \
+	test -x /usr/bin/chromium || pkgs="$$pkgs chromium"; \
 	if [ -z "$$pkgs" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "apt-get install$$pkgs"; \
@@ -48,7 +50,18 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 
 js-deps: $(JS_STAMP) ## install the openai npm package for the JavaScript SDK test (needs npm)
 
-test: $(STAMP) system-deps js-deps ## run the whole test suite against real PostgreSQL
+# playwright-core drives Debian's Chromium in tests/test_console.py (it downloads no browser).
+BROWSER_STAMP := tests/browser/node_modules/.installed
+$(BROWSER_STAMP): tests/browser/package.json tests/browser/package-lock.json
+	@if command -v npm >/dev/null; then \
+		npm ci --prefix tests/browser --no-audit --no-fund --silent && touch $(BROWSER_STAMP); \
+	else \
+		echo "note: npm not found: the browser tests skip"; \
+	fi
+
+browser-deps: $(BROWSER_STAMP) ## install playwright-core for the browser tests (needs npm)
+
+test: $(STAMP) system-deps js-deps browser-deps ## run the whole test suite against real PostgreSQL
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP) ## the inner loop: the use-case rules over the in-memory fake (no database, seconds)

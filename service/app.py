@@ -18,10 +18,11 @@ from litestar import Litestar, Request, Router
 from litestar.di import Provide
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
+from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, Schema
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.api import console
 from service.api.auth import authentication, build_authenticator, openapi_security
 from service.api.chat import ChatController
 from service.api.compat.conversations import OpenAIConversations
@@ -284,7 +285,7 @@ def create_app(
         security=security,
     )
     app = Litestar(
-        route_handlers=[owned, healthz, readyz, metrics],
+        route_handlers=[owned, healthz, readyz, metrics, console.router],
         dependencies={
             "ops": _constant(services.ops),
             "api": Provide(_api(owner, services.cases)),
@@ -317,8 +318,8 @@ def _close_request_schemas(app: Litestar) -> None:
 
 def _openapi(components: Components) -> OpenAPIConfig:
     # GET /schema is the OpenAPI document itself (the contract); a browsable UI is at
-    # /schema/swagger.
-    plugins = [JsonRenderPlugin(path=["/", "/openapi.json"]), SwaggerRenderPlugin(path="/swagger")]
+    # /schema/swagger (its assets served by turnstore: it works offline).
+    plugins = [JsonRenderPlugin(path=["/", "/openapi.json"]), console.swagger_plugin("/swagger")]
     return OpenAPIConfig(
         title="turnstore", version="1", path="/schema", components=components,
         render_plugins=plugins,

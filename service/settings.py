@@ -229,6 +229,14 @@ class Settings:
         low=0,
         high=100_000,
     )
+    migration_lock_timeout_s: float = _setting(
+        "MIGRATION_LOCK_TIMEOUT_S",
+        2.0,
+        "`turnstore db upgrade`/`downgrade`: the longest a migration waits for a lock (so the "
+        "turns queued behind it) before it is rolled back, backs off and retries",
+        above=0,
+        high=600,
+    )
     sse_keepalive_s: float = _setting(
         "SSE_KEEPALIVE_S",
         15.0,

@@ -12,7 +12,7 @@ from litestar.types import Scope
 
 from service.api.correlation import correlation_id
 from service.api.schemas import ErrorEnvelope
-from service.errors import RateLimited, TurnstoreError, Unauthorized, envelope
+from service.errors import NotReady, RateLimited, TurnstoreError, Unauthorized, envelope
 
 log = logging.getLogger("turnstore.api")
 
@@ -53,7 +53,9 @@ def log_failure(exc: TurnstoreError, cid: str) -> None:
     quote user data)."""
     cause = type(exc.__cause__).__name__ if exc.__cause__ else "-"
     state = getattr(exc, "sqlstate", None)
-    log.warning("%s: %s sqlstate=%s", exc.code, cause, state, extra={"correlation_id": cid})
+    # not_ready's message is the service's own words (which schema, which database): keep it.
+    why = f" ({exc.message})" if isinstance(exc, NotReady) else ""
+    log.warning("%s%s: %s sqlstate=%s", exc.code, why, cause, state, extra={"correlation_id": cid})
 
 
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

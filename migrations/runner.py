@@ -87,10 +87,15 @@ def take_lock(connection: Connection, poll_s: float = 0.5) -> None:
 
 
 def release_lock(connection: Connection) -> None:
-    if connection.in_transaction():
-        connection.rollback()
-    connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": LOCK_ID})
-    connection.commit()
+    """At the end of a run, also a failed one; a connection that broke meanwhile lost the lock
+    with its session, and its error is the one worth reporting."""
+    try:
+        if connection.in_transaction():
+            connection.rollback()
+        connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": LOCK_ID})
+        connection.commit()
+    except DBAPIError as exc:
+        log.warning("could not release the advisory lock (%s): its session ended", sqlstate(exc))
 
 
 def sqlstate(exc: BaseException) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -123,7 +124,8 @@ def prepare(commit: str) -> Release:
     with open(CACHE / f"{commit}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another test run may be building it right now
         if not _checked_out(root, commit):
-            _git("worktree", "prune")  # a checkout deleted by hand (make clean) leaves a record
+            shutil.rmtree(root, ignore_errors=True)  # what an interrupted checkout left
+            # --force: a checkout deleted by hand (make clean) is still registered.
             _git("worktree", "add", "--detach", "--force", str(root), commit)
         if not stamp.exists() or stamp.read_text() != commit:
             _install(root, venv)

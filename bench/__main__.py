@@ -1,6 +1,7 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
-Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing  --subjects ...  --rounds N
+Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate  --subjects ...
+--rounds N
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import durable, e2e, fork, holding, hostile, plots, report, tracing
+from bench import durable, e2e, fork, holding, hostile, migrate, plots, report, tracing
 from bench.database import fresh_database, server, server_version
 from bench.store import StoreConfig, StoreResult, run_subject
 from bench.stores import SUBJECTS
@@ -28,7 +29,9 @@ def _say(line: str = "") -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--parts", default="store,e2e,scale,holding,hostile,durable,fork,tracing")
+    parser.add_argument(
+        "--parts", default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate"
+    )
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
     parser.add_argument("--streams", type=int, default=1000)
@@ -105,6 +108,13 @@ def main() -> None:
         if "tracing" in parts:
             _say("\n7. Tracing: part 2 with tracing off, then on (OTLP/HTTP to a local sink)")
             for line in tracing.run(url, logs):
+                _say("   " + line)
+        if "migrate" in parts:
+            _say(
+                f"\n8. Migrations: `turnstore db upgrade` from the previous release on "
+                f"{migrate.CONVERSATIONS:,} conversations, pg_locks sampled"
+            )
+            for line in migrate.lines(migrate.run(server_url, logs)):
                 _say("   " + line)
         _say("\nTargets (ratios from this run)")
         for line in report.targets(results, e2e_result, hold, refused):

@@ -278,15 +278,35 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser(
         "upgrade", help="migrate to the newest schema (and the keyring's)"
     ).set_defaults(
-        run=lambda a, s: _db(lambda url: migrate.upgrade(url, keyring_url=s.keyring_database_url))(
-            a, s
-        )
+        run=lambda a, s: _db(
+            lambda url: migrate.upgrade(
+                url,
+                keyring_url=s.keyring_database_url,
+                lock_timeout_s=s.migration_lock_timeout_s,
+            )
+        )(a, s)
     )
-    down = db_commands.add_parser("downgrade", help="migrate back to REV (e.g. base)")
+    down = db_commands.add_parser(
+        "downgrade",
+        help="migrate back to REV (e.g. base); prints what that deletes first, and refuses to "
+        "delete anything without --allow-data-loss",
+    )
     down.add_argument("revision")
-    down.set_defaults(run=lambda a, s: _db(lambda url: migrate.downgrade(url, a.revision))(a, s))
-    db_commands.add_parser("current", help="print the schema's revision").set_defaults(
-        run=_db(migrate.current)
+    down.add_argument("--allow-data-loss", action="store_true", help="delete what it lists")
+    down.set_defaults(
+        run=lambda a, s: _db(
+            lambda url: migrate.downgrade(
+                url,
+                a.revision,
+                allow_data_loss=a.allow_data_loss,
+                lock_timeout_s=s.migration_lock_timeout_s,
+            )
+        )(a, s)
+    )
+    db_commands.add_parser(
+        "current", help="print the data schema's revision and the keyring's"
+    ).set_defaults(
+        run=lambda a, s: _db(lambda url: migrate.current(url, s.keyring_database_url))(a, s)
     )
 
     purge = commands.add_parser("purge", help="delete conversations past RETENTION_DAYS")

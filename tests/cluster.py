@@ -114,10 +114,12 @@ def stop(popen: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
 
 
 @contextmanager
-def process(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[Process]:
+def process(
+    args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> Iterator[Process]:
     with open(log, "wb") as out:
         popen = subprocess.Popen(
-            args, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO
+            args, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd
         )
     try:
         yield Process(popen, log)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -18,12 +19,25 @@ from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
 from tests.database import fresh_database, postgres_server
 from tests.helpers import serve
+from tests.previous_release import Release, Unavailable, prepare, previous_commit
 
 
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     with postgres_server() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def previous_release() -> Release:
+    """The release deploy/PREVIOUS_RELEASE names, checked out and installed (cached under
+    .turnstore/releases/). A clone without that commit skips, except in CI."""
+    try:
+        return prepare(previous_commit())
+    except Unavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,9 @@ def test_upgrade_downgrade_upgrade_on_an_empty_database(server_url: str) -> None
         migrate.upgrade(url)
         keyring = {"owner_keys", "keyring_version"}
         assert {"conversations", "turns"} | keyring <= asyncio.run(_tables(url))
-        assert migrate.current(url).startswith(migrate.head_revision() or "?")
+        assert migrate.current(url) == (
+            f"data schema: {migrate.head_revision()} (head)\nkeyring: k001 (head)"
+        )
         migrate.downgrade(url, "base")
         # The keyring is never downgraded: that would destroy every data key.
         assert asyncio.run(_tables(url)) == {"alembic_version"} | keyring
@@ -47,12 +49,18 @@ def empty_database(server_url: str):  # type: ignore[no-untyped-def]
         yield url
 
 
-async def test_readyz_flips_to_ready_once_migrated_without_restart(empty_database: str) -> None:
+async def test_readyz_flips_to_ready_once_migrated_without_restart(
+    empty_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
     app = create_app(Settings(database_url=empty_database))
     async with serve(app) as base, httpx.AsyncClient(base_url=base) as client:
         not_ready = await client.get("/readyz")
         assert not_ready.status_code == 503
         assert not_ready.json()["error"]["code"] == "not_ready"
+        # The log says why, not just "not_ready: - sqlstate=None".
+        head = migrate.head_revision()
+        said = [r.getMessage() for r in caplog.records if r.name == "turnstore.api"]
+        assert f"not_ready (The database schema is at nothing, not at {head}.)" in said[-1]
         await asyncio.to_thread(migrate.upgrade, empty_database)
         assert (await client.get("/readyz")).status_code == 200
         # A turn against the just-migrated schema works in the same process.

@@ -10,6 +10,9 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from migrations.live import count, nonzero
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -43,3 +46,10 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("turns")
     op.drop_table("conversations")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """Everything: both tables go."""
+    return nonzero(
+        {"conversations": count(connection, "conversations"), "turns": count(connection, "turns")}
+    )

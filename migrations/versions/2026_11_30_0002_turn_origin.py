@@ -13,6 +13,9 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.engine import Connection
+
+from migrations.live import count, nonzero
 
 revision: str = "0002"
 down_revision: str | None = "0001"
@@ -30,3 +33,16 @@ def downgrade() -> None:
     op.drop_column("turns", "model")
     op.drop_column("turns", "endpoint")
     op.drop_column("turns", "provider")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """Which provider, endpoint and model produced each turn."""
+    return nonzero(
+        {
+            "turns.provider/endpoint/model": count(
+                connection,
+                "turns",
+                "provider IS NOT NULL OR endpoint IS NOT NULL OR model IS NOT NULL",
+            )
+        }
+    )

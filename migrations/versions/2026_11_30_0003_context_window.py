@@ -9,6 +9,9 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.engine import Connection
+
+from migrations.live import count, nonzero
 
 revision: str = "0003"
 down_revision: str | None = "0002"
@@ -31,3 +34,16 @@ def downgrade() -> None:
     op.drop_column("turns", "prompt_version")
     op.drop_column("turns", "context_from")
     op.drop_column("conversations", "context_start")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """The committed window starts (the window could move back) and what each turn's model
+    saw."""
+    return nonzero(
+        {
+            "conversations.context_start": count(connection, "conversations", "context_start > 1"),
+            "turns.context_from/prompt_version": count(
+                connection, "turns", "context_from IS NOT NULL OR prompt_version IS NOT NULL"
+            ),
+        }
+    )

@@ -10,6 +10,9 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from migrations.live import count, nonzero
 
 revision: str = "0004"
 down_revision: str | None = "0003"
@@ -25,3 +28,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_column("turns", "tool_calls")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """The record of each turn's tool calls."""
+    return nonzero({"turns.tool_calls": count(connection, "turns", "tool_calls IS NOT NULL")})

@@ -10,6 +10,9 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from migrations.live import count, nonzero
 
 revision: str = "0005"
 down_revision: str | None = "0004"
@@ -66,3 +69,15 @@ def downgrade() -> None:
     op.drop_index("conversations_updated", table_name="conversations")
     op.drop_index("conversations_owner_created", table_name="conversations")
     op.drop_column("conversations", "owner")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """Every API key and Idempotency-Key record, and who owns each conversation (all become
+    the one anonymous owner's)."""
+    return nonzero(
+        {
+            "api_keys": count(connection, "api_keys"),
+            "idempotency_keys": count(connection, "idempotency_keys"),
+            "conversations.owner": count(connection, "conversations", "owner <> 'anonymous'"),
+        }
+    )

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.engine import Connection
+
+from migrations.live import count, nonzero
 
 revision: str = "0006"
 down_revision: str | None = "0005"
@@ -62,3 +65,14 @@ def downgrade() -> None:
     op.drop_column("idempotency_keys", "conversation_id")
     op.drop_column("turns", "incomplete_reason")
     op.drop_column("turns", "status")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """Every completed Idempotency-Key record (a retry would run its turn again), and which
+    turns were incomplete."""
+    return nonzero(
+        {
+            "idempotency_keys": count(connection, "idempotency_keys", "state = 'done'"),
+            "turns.status": count(connection, "turns", "status <> 'completed'"),
+        }
+    )

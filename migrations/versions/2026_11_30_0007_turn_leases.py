@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.engine import Connection
 
 revision: str = "0007"
 down_revision: str | None = "0006"
@@ -35,3 +36,10 @@ def downgrade() -> None:
     op.drop_column("conversations", "lease_wanted")
     op.drop_column("conversations", "lease_expires_at")
     op.drop_column("conversations", "lease_holder")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """Nothing stored: a lease says which turn may run now. A turn running while this is
+    undone loses its lease (another turn of its conversation may start; the revision check
+    still stops one of them at commit)."""
+    return {}

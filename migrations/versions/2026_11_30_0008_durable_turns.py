@@ -18,6 +18,9 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from migrations.live import count, nonzero
 
 revision: str = "0008"
 down_revision: str | None = "0007"
@@ -72,3 +75,13 @@ def downgrade() -> None:
     op.drop_index("turn_runs_expires", table_name="turn_runs")
     op.drop_index("turn_runs_conversation", table_name="turn_runs")
     op.drop_table("turn_runs")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """Every run and every event of durable turns (their status and replay for clients)."""
+    return nonzero(
+        {
+            "turn_runs": count(connection, "turn_runs"),
+            "turn_events": count(connection, "turn_events"),
+        }
+    )

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.engine import Connection
+
+from migrations.live import count, nonzero
 
 revision: str = "0009"
 down_revision: str | None = "0008"
@@ -33,3 +36,14 @@ def downgrade() -> None:
     op.drop_constraint("conversations_revision_not_negative", "conversations", type_="check")
     op.create_check_constraint("conversations_revision_positive", "conversations", "revision >= 1")
     op.drop_column("conversations", "metadata")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """Conversations without a turn yet (made by `POST /v1/conversations`), and every
+    conversation's metadata."""
+    return nonzero(
+        {
+            "conversations": count(connection, "conversations", "revision = 0"),
+            "conversations.metadata": count(connection, "conversations", "metadata IS NOT NULL"),
+        }
+    )

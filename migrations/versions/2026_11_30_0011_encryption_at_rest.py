@@ -15,6 +15,9 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.engine import Connection
+
+from migrations.live import count, nonzero
 
 revision: str = "0011"
 down_revision: str | None = "0010"
@@ -52,3 +55,9 @@ def downgrade() -> None:
         op.alter_column("turns", name, nullable=False)
     for name in _TURN_FIELDS:
         op.drop_column("turns", f"sealed_{name}")
+
+
+def losses(connection: Connection) -> dict[str, int]:
+    """Encrypted turn events (encrypted turns and metadata are never dropped: the downgrade
+    refuses while any exists, allowed or not)."""
+    return nonzero({"turn_events": count(connection, "turn_events", "sealed_events IS NOT NULL")})

@@ -15,6 +15,7 @@ from service.api.correlation import correlation_id
 from service.api.schemas import ErrorEnvelope
 from service.core.errors import (
     InvalidInput,
+    NotReady,
     RateLimited,
     StorageError,
     TurnstoreError,
@@ -66,7 +67,9 @@ def log_failure(exc: TurnstoreError, cid: str) -> None:
     quote user data)."""
     cause = type(exc.__cause__).__name__ if exc.__cause__ else "-"
     state = getattr(exc, "sqlstate", None)
-    log.warning("%s: %s sqlstate=%s", exc.code, cause, state, extra={"correlation_id": cid})
+    # not_ready's message is the service's own words (which schema, which database): keep it.
+    why = f" ({exc.message})" if isinstance(exc, NotReady) else ""
+    log.warning("%s%s: %s sqlstate=%s", exc.code, why, cause, state, extra={"correlation_id": cid})
 
 
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

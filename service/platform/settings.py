@@ -5,7 +5,7 @@ README's sentence about it. ``Settings.from_env`` parses and checks every variab
 ``Settings(...)`` is checked too, so a bad value stops the process at start-up with one line
 naming the variable and what it accepts (``SettingsError``; the CLI exits with status 2). The
 README's configuration table is generated from these declarations
-(``python -m service.settings``) and a test keeps the two equal.
+(``python -m service.platform.settings``) and a test keeps the two equal.
 """
 
 from __future__ import annotations
@@ -242,6 +242,14 @@ class Settings:
         "every statement unnamed, as PgBouncer in transaction mode needs (`deploy/README.md`)",
         low=0,
         high=100_000,
+    )
+    migration_lock_timeout_s: float = _setting(
+        "MIGRATION_LOCK_TIMEOUT_S",
+        2.0,
+        "`turnstore db upgrade`/`downgrade`: the longest a migration waits for a lock (so the "
+        "turns queued behind it) before it is rolled back, backs off and retries",
+        above=0,
+        high=600,
     )
     sse_keepalive_s: float = _setting(
         "SSE_KEEPALIVE_S",

@@ -1,0 +1,148 @@
+"""How migrations run on a live database (migrations/env.py uses this; deploy/README.md,
+"Migrations", says it for operators).
+
+- Every migration runs in its own transaction, and every lock wait of the runner's session
+  is bounded by ``lock_timeout`` (MIGRATION_LOCK_TIMEOUT_S). A statement that would queue
+  for longer (behind a long read of ``turns``, say) fails with SQLSTATE 55P03 instead, so
+  the turns queued behind it wait at most that long. The migration is then rolled back as a
+  whole and run again after a backoff, a bounded number of times; the migrations before it
+  stay committed. A deadlock (40P01) is retried the same way.
+- Concurrent runners serialise on a session-level advisory lock. It is taken with
+  ``pg_try_advisory_lock`` and polled, so a runner waiting for another one never sits in a
+  lock queue. It is released when the runner ends (and by the server when its session ends).
+- A killed runner leaves nothing behind: ``client_connection_check_interval`` (PostgreSQL
+  14 and later) makes its backend notice the closed connection within a second even while
+  it waits for a lock or runs a statement, and roll back; ``lock_timeout`` bounds any wait in
+  any case.
+- The runner's connections carry ``application_name=turnstore-migrate``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+
+LOCK_ID = 0x7475726E  # "turn": the advisory lock every runner takes
+APPLICATION_NAME = "turnstore-migrate"
+ATTEMPTS = 12  # per migration; with the backoff below about three minutes in all
+RETRIED = {"55P03": "a lock wait ran out", "40P01": "a deadlock"}
+CHECK_INTERVAL = "1s"  # client_connection_check_interval
+
+log = logging.getLogger("turnstore.migrate")
+
+
+class GaveUp(RuntimeError):
+    """A migration could not take its locks in ``attempts`` tries: the schema stays where the
+    migrations before it left it (each committed on its own)."""
+
+
+def server_settings(lock_timeout_s: float) -> dict[str, str]:
+    """Session settings sent when the runner connects."""
+    return {
+        "application_name": APPLICATION_NAME,
+        "lock_timeout": f"{max(1, round(lock_timeout_s * 1000))}ms",
+    }
+
+
+def prepare_session(connection: Connection) -> None:
+    """What can only be set once connected (it depends on the server's version)."""
+    if int(connection.scalar(text("SHOW server_version_num")) or 0) >= 140000:
+        connection.execute(text(f"SET client_connection_check_interval = '{CHECK_INTERVAL}'"))
+    connection.commit()
+
+
+def backoff_s(attempt: int) -> float:
+    """Before attempt ``attempt + 1``: 0.5, 1, 2, 4, 8, 16, then 30 s, each with jitter (so
+    concurrent runners and the service's own retries do not meet again in step)."""
+    return float(min(0.5 * 2 ** (attempt - 1), 30.0) * random.uniform(0.5, 1.0))
+
+
+def take_lock(connection: Connection, poll_s: float = 0.5) -> None:
+    """The runners' advisory lock, polled without ever queueing for it."""
+    said = False
+    while not connection.scalar(text("SELECT pg_try_advisory_lock(:id)"), {"id": LOCK_ID}):
+        if not said:
+            holder = connection.execute(
+                text(
+                    "SELECT a.pid, a.application_name, a.client_addr::text"
+                    " FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                    " WHERE l.locktype = 'advisory' AND l.granted AND l.objid = :id"
+                    " AND l.database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                ),
+                {"id": LOCK_ID},
+            ).first()
+            who = f"pid {holder.pid} ({holder.application_name or '?'})" if holder else "another"
+            log.info("waiting for %s: another migration runs", who)
+            said = True
+        connection.commit()
+        time.sleep(poll_s * random.uniform(0.8, 1.2))
+    connection.commit()
+
+
+def release_lock(connection: Connection) -> None:
+    """At the end of a run, also a failed one; a connection that broke meanwhile lost the lock
+    with its session, and its error is the one worth reporting."""
+    try:
+        if connection.in_transaction():
+            connection.rollback()
+        connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": LOCK_ID})
+        connection.commit()
+    except DBAPIError as exc:
+        log.warning("could not release the advisory lock (%s): its session ended", sqlstate(exc))
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    state = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return str(state) if state else None
+
+
+def run_with_retries(
+    connection: Connection,
+    run: Callable[[], None],
+    heads: Callable[[], Sequence[str]],
+    attempts: int = ATTEMPTS,
+    lock_timeout_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """``run`` (Alembic's run_migrations) again from the migration that failed for a lock (or
+    a deadlock), ``attempts`` times at most per migration. ``heads``: the committed revision."""
+    failed: object = None
+    failures, since = 0, time.monotonic()
+    while True:
+        try:
+            run()
+            return
+        except DBAPIError as exc:
+            state = sqlstate(exc)
+            if state not in RETRIED:
+                raise
+            if connection.in_transaction():
+                connection.rollback()
+            at = ", ".join(heads()) or "base"
+            connection.commit()
+            if at != failed:  # a new migration fails: count afresh
+                failed, failures, since = at, 0, time.monotonic()
+            failures += 1
+            statement = " ".join(str(exc.statement or "?").split())[:120]
+            if failures >= attempts:
+                raise GaveUp(
+                    f"gave up after {attempts} attempts in {time.monotonic() - since:.0f} s, "
+                    f"the last ended by {RETRIED[state]} (lock_timeout {lock_timeout_s:g} s) in "
+                    f"`{statement}`: a session holds a lock it needs (look in pg_locks and "
+                    f"pg_stat_activity). The schema stays at {at} (each migration commits on "
+                    "its own); run it again later."
+                ) from None
+            pause = backoff_s(failures)
+            log.warning(
+                "from revision %s: attempt %d of %d ended by %s (sqlstate %s) in `%s`; "
+                "rolled back, again in %.1f s",
+                at, failures, attempts, RETRIED[state], state, statement, pause,
+            )  # fmt: skip
+            sleep(pause)

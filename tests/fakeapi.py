@@ -29,6 +29,7 @@ class Script:
     incomplete_reason: str | None = None
     http_status: int = 200
     error_code: str | None = None  # error.code of a non-2xx body (or of a stream's error event)
+    error_param: str | None = None  # error.param of a non-2xx body: the field at fault
     headers: dict[str, str] = field(default_factory=dict)
     reasoning: bool = True
     deltas: int = 3
@@ -92,7 +93,7 @@ class FakeResponsesAPI:
                 "error": {
                     "message": "upstream says no",
                     "type": "invalid_request_error" if script.http_status < 500 else "server_error",
-                    "param": None,
+                    "param": script.error_param,
                     "code": script.error_code,
                 }
             }

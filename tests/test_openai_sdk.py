@@ -7,53 +7,21 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app, postgres_backend
-from service.platform.settings import Settings
-from service.providers.fake import FakeProvider
 from tests.fakeapi import FakeResponsesAPI, Script
-from tests.helpers import JWT_SETTINGS, FailingRenewals, jwt_bearer, serve, until_lease_expired
-
-Wire = list[httpx.Request]
-
-
-@asynccontextmanager
-async def sdk(
-    database_url: str, provider: Any = None, *, store: Any = None, **settings: Any
-) -> AsyncIterator[tuple[openai.AsyncOpenAI, Wire, httpx.AsyncClient]]:
-    """An app served over loopback, the SDK pointed at its /v1 (no retries unless asked),
-    every request the SDK sent, and a plain client for /api/v1."""
-    retries = settings.pop("max_retries", 0)
-    headers = settings.pop("headers", {})
-    config = Settings(database_url=database_url, **settings)
-    app = create_app(
-        config,
-        provider=provider or FakeProvider(),
-        backend=postgres_backend(config, store=store) if store is not None else None,
-    )
-    wire: Wire = []
-
-    async def record(request: httpx.Request) -> None:
-        wire.append(request)
-
-    async with (
-        serve(app) as url,
-        httpx.AsyncClient(event_hooks={"request": [record]}, timeout=30) as http,
-        httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as plain,
-    ):
-        client = openai.AsyncOpenAI(
-            base_url=f"{url}/v1", api_key=headers.get("Authorization", "Bearer x")[7:],
-            max_retries=retries, http_client=http, _strict_response_validation=True,
-        )  # fmt: skip
-        yield client, wire, plain
+from tests.helpers import (
+    JWT_SETTINGS,
+    FailingRenewals,
+    jwt_bearer,
+    sdk,
+    until_lease_expired,
+)
 
 
 async def test_conversation_crud(database_url: str, engine: AsyncEngine) -> None:

@@ -87,6 +87,10 @@ def _shown(item: dict[str, Any], item_id: str, encrypted: bool) -> dict[str, Any
             else {"type": "input_text", "text": text}
         )
         item["content"] = [part]
+    elif item["type"] == "message" and isinstance(item.get("content"), list):
+        for part in item["content"]:
+            if isinstance(part, dict) and part.get("type") == "input_image":
+                part.setdefault("detail", "auto")  # OpenAI's default, which its types require
     if item["type"] == "reasoning" and not encrypted:
         item.pop("encrypted_content", None)
     return item

@@ -6,7 +6,12 @@ import logging
 from typing import Any
 
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import Scope
 
@@ -53,13 +58,27 @@ def openai_documented(*more: type[TurnstoreError]) -> dict[int, ResponseSpec]:
     return documented(InvalidInput, Unauthorized, StorageError, *more, shape=OpenAIError)
 
 
-def _framework_message(exc: HTTPException) -> str:
+def _framework_message(exc: HTTPException, request: Request[Any, Any, Any]) -> str:
+    """The framework's refusals, in words a client can act on. A 404 or 405 names what is
+    not served (the path, or the method and the methods the path takes)."""
+    target = _printable(f"{request.method} {request.url.path}")
+    if isinstance(exc, NotFoundException):
+        return f"{target} is not served here (no such route)."
+    if isinstance(exc, MethodNotAllowedException):
+        headers = {name.lower(): value for name, value in (exc.headers or {}).items()}
+        allowed = headers.get("allow", "")
+        return f"{target} is not served here: this path takes {allowed or 'other methods'}."
     if isinstance(exc, ValidationException) and isinstance(exc.extra, list):
         details = "; ".join(
             str(item.get("message")) for item in exc.extra if isinstance(item, dict)
         )
         return f"The request is invalid: {details}" if details else "The request is invalid."
     return str(exc.detail)
+
+
+def _printable(text: str) -> str:
+    """A request's own words, safe to repeat: bounded, without control characters."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text[:200])
 
 
 def log_failure(exc: TurnstoreError, cid: str) -> None:
@@ -89,7 +108,7 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
         status = exc.status_code
         code = _CODE_BY_STATUS.get(status, "http_error")
-        message = _framework_message(exc)
+        message = _framework_message(exc, request)
         headers.update(exc.headers or {})
     else:
         log.exception("unhandled error", exc_info=exc, extra={"correlation_id": cid})

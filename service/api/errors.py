@@ -17,6 +17,7 @@ from litestar.types import Scope
 
 from service.api.compat.schemas import OpenAIError
 from service.api.correlation import correlation_id
+from service.api.observe import count_unmatched
 from service.api.schemas import ErrorEnvelope
 from service.core.errors import (
     InvalidInput,
@@ -107,6 +108,8 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
             log_failure(exc, cid)
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
         status = exc.status_code
+        if isinstance(exc, NotFoundException | MethodNotAllowedException):
+            count_unmatched(request.scope, status)
         code = _CODE_BY_STATUS.get(status, "http_error")
         message = _framework_message(exc, request)
         headers.update(exc.headers or {})

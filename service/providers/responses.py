@@ -190,7 +190,12 @@ class ResponsesProvider:
     ) -> AsyncGenerator[ProviderEvent, None]:
         content = encode_request(self.endpoint.model, request, stream=stream)
         headers = dict(self._headers)
-        propagate.inject(headers)  # the provider may join the trace (W3C traceparent)
+        # The provider may join the trace: the W3C traceparent of this call's span, and
+        # nothing else of the client's context (its tracestate and baggage stay here).
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if "traceparent" in carrier:
+            headers["traceparent"] = carrier["traceparent"]
         with _translate():
             async with self._client.stream(
                 "POST", self.endpoint.url, content=content, headers=headers

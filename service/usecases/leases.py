@@ -88,14 +88,14 @@ class Leases:
                     await stack.enter_async_context(local)
                 except TimeoutError:
                     raise _busy() from None
-                if plan.is_new:  # its id is new: no other turn can hold it
-                    yield Held(None, holder)
-                    return
-                with tracing.span("turn.lease") as span:
-                    conversation = await self._acquire(plan, holder, deadline)
-                    span.set_attribute("turnstore.waited_s", time.monotonic() - started)
-                    if conversation is not None:
-                        span.set_attribute("turnstore.revision", conversation.revision)
+            if plan.is_new:  # its id is new: no other turn can hold it (and it waited for none)
+                yield Held(None, holder)
+                return
+            with metrics.TURNS_WAITING.track_inprogress(), tracing.span("turn.lease") as span:
+                conversation = await self._acquire(plan, holder, deadline)
+                span.set_attribute("turnstore.waited_s", time.monotonic() - started)
+                if conversation is not None:
+                    span.set_attribute("turnstore.revision", conversation.revision)
             waited = time.monotonic() - started
             if waited > WAITED_S:
                 metrics.TURNS_QUEUED.inc()

@@ -59,6 +59,13 @@ class FakeResponsesAPI:
         self._scripts.extend(scripts)
         return self
 
+    def anew(self, *scripts: Script) -> FakeResponsesAPI:
+        """Forget the requests seen and the answers not given yet; these answers next."""
+        for seen in (self.requests, self.bodies, self.headers, self.urls, self.methods):
+            seen.clear()
+        self._scripts.clear()
+        return self.then(*scripts)
+
     def provider(self, model: str = "gpt-test", **kwargs: Any) -> ResponsesProvider:
         endpoint = Endpoint(
             "openai",

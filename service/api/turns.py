@@ -21,9 +21,11 @@ from service.api.schemas import TurnView
 from service.api.sse import TurnEvents, closed_with_response, sse_events
 from service.core.errors import InvalidInput, StorageError, TurnNotFound, Unauthorized
 
+MAX_SEQ = 2**31 - 1  # event numbers are PostgreSQL integers
+
 After = Annotated[
     int | None,
-    QueryParameter(gt=-1, le=2**31 - 1, description="Events after this one (0: all of them)."),
+    QueryParameter(gt=-1, le=MAX_SEQ, description="Events after this one (0: all of them)."),
 ]
 
 
@@ -39,7 +41,8 @@ def resume_after(last_event_id: str, after: int | None) -> int:
         return after
     if not last_event_id:
         return 0
-    if not last_event_id.isascii() or not last_event_id.isdigit() or len(last_event_id) > 10:
+    digits = last_event_id.isascii() and last_event_id.isdigit() and len(last_event_id) <= 10
+    if not digits or int(last_event_id) > MAX_SEQ:  # a number SQL's integer holds, or 400
         raise InvalidInput("Last-Event-ID must be the id of an event of this turn.")
     return int(last_event_id)
 

@@ -16,6 +16,7 @@ import uuid
 
 from service.core.errors import ConversationNotFound, ResponseNotFound
 
+MAX_REVISION = 2**31 - 1  # revisions are PostgreSQL integers
 _RESPONSE = re.compile(r"resp_([0-9a-f]{32})([0-9a-f]{8})")
 _VIEW_ITEM = re.compile(r"msg_([0-9a-f]{32})([0-9a-f]{8})([0-9a-f]{4})")
 
@@ -40,8 +41,8 @@ def response_id(cid: uuid.UUID, revision: int) -> str:
 def parse_response_id(raw: str) -> tuple[uuid.UUID, int]:
     """The conversation and revision a response id names (ResponseNotFound if none)."""
     match = _RESPONSE.fullmatch(raw)
-    if match is None or int(match.group(2), 16) < 1:
-        raise ResponseNotFound()
+    if match is None or not 1 <= int(match.group(2), 16) <= MAX_REVISION:
+        raise ResponseNotFound()  # a revision PostgreSQL's integer cannot hold names nothing
     return uuid.UUID(match.group(1)), int(match.group(2), 16)
 
 

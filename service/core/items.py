@@ -24,7 +24,7 @@ import msgspec
 from service.core.errors import InvalidInput
 from service.core.ids import view_item_id
 from service.core.model import Said, Turn
-from service.core.strictjson import is_encodable
+from service.core.strictjson import holds_nul, is_encodable
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
 
@@ -207,6 +207,8 @@ def check_item(item: Any, param: str, *, stored: bool = True) -> tuple[str, str]
     it is sent (a call without a conversation), never into a conversation (``stored``): the
     provider keeps nothing it could refer to, and a conversation sends its items anyway."""
     kind = item.get("type", "message") if isinstance(item, dict) else None
+    if holds_nul(item):
+        raise InvalidInput(f"{param}: an item holds a NUL character.", param=param)
     if stored and kind == "item_reference":
         raise InvalidInput(
             f"{param}: item_reference is for calls without a conversation; a conversation's "
@@ -286,6 +288,8 @@ def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgsp
     for tool in tools or ():
         if not isinstance(tool, dict) or tool.get("type") != "function":
             raise InvalidInput("tools: only function tools are supported.", param="tools")
+        if holds_nul(tool):
+            raise InvalidInput("tools: a tool holds a NUL character.", param="tools")
         name = tool.get("name")
         if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name) or name in reserved:
             raise InvalidInput(f"tools: {name!r} is not a usable function name.", param="tools")

@@ -75,3 +75,15 @@ def is_encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def holds_nul(value: Any) -> bool:
+    """Whether a decoded JSON value holds a NUL character in any string or key: what is
+    stored is refused with it (PostgreSQL's text cannot hold it, and it is never meant)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(holds_nul(key) or holds_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(holds_nul(item) for item in value)
+    return False

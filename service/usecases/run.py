@@ -148,6 +148,10 @@ class Run:
                 self._logged = len(self.events)
                 return
         await self.catch_up()
+        if not self.events or not self.events[-1].terminal:
+            # The log has no end for it: the run went with its conversation (deleted or
+            # shredded meanwhile). Its client still gets exactly one terminal event.
+            self._add(terminal(len(self.events) + 1))
 
     async def catch_up(self) -> None:
         """Publish what the log holds beyond what this process published."""

@@ -18,6 +18,7 @@ import msgspec
 from service.core.errors import InvalidInput
 from service.core.ids import conversation_id, response_id
 from service.core.model import ConversationInfo
+from service.core.strictjson import holds_nul
 from service.core.usage import Usage
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -72,9 +73,14 @@ class ResponseCreate(msgspec.Struct):
 
 
 def passed_through(body: bytes) -> dict[str, msgspec.Raw]:
-    """The request's fields turnstore does not interpret, as they came."""
+    """The request's fields turnstore does not interpret, as they came (a Response keeps
+    some of them: one with a NUL character is refused, as every stored string is)."""
     whole = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
-    return {name: value for name, value in whole.items() if name not in INTERPRETED}
+    fields = {name: value for name, value in whole.items() if name not in INTERPRETED}
+    for name, value in fields.items():
+        if holds_nul(name) or holds_nul(msgspec.json.decode(value)):
+            raise InvalidInput(f"{name}: holds a NUL character.", param=name)
+    return fields
 
 
 class OpenAIErrorDetail(msgspec.Struct):
@@ -95,6 +101,8 @@ def check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
     metadata = metadata or {}
     if len(metadata) > MAX_METADATA_PAIRS:
         raise InvalidInput(f"metadata: at most {MAX_METADATA_PAIRS} pairs.", param="metadata")
+    if holds_nul(metadata):
+        raise InvalidInput("metadata: a key or value holds a NUL character.", param="metadata")
     for key, value in metadata.items():
         if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
             raise InvalidInput(

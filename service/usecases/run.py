@@ -101,7 +101,10 @@ class Run:
             await self._changed.wait()
 
     def stop(self, reason: TurnstoreError) -> None:
-        if self.task is not None and not self.finished:
+        """Stop the turn, unless it has ended already (its terminal event is out: a client
+        that leaves after message.done must not cancel a task that is only winding down)."""
+        ended = self.finished or (self.events and self.events[-1].terminal)
+        if self.task is not None and not ended:
             self.stop_reason = reason
             self.task.cancel()
 

@@ -48,9 +48,6 @@ from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.responses import Endpoint, ResponsesProvider
 from service.store.cache import CachedStore
-from service.store.keyring import Keyring
-from service.store.keys import ApiKeyStore
-from service.store.listener import PostgresNotifications
 from service.store.ports import (
     ApiKeys,
     Backend,
@@ -58,8 +55,13 @@ from service.store.ports import (
     ConversationStore,
     Operations,
 )
-from service.store.postgres import PostgresStore
-from service.store.runs import PostgresRuns
+from service.store.postgres import (
+    ApiKeyStore,
+    Keyring,
+    PostgresNotifications,
+    PostgresRuns,
+    PostgresStore,
+)
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
 from service.usecases.conversations import Conversations

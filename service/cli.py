@@ -25,9 +25,7 @@ from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine, resolve_database
 from service.platform.logs import configure as configure_logging
 from service.platform.settings import Settings, SettingsError
-from service.store.encrypting import ClearRows
-from service.store.keyring import CACHE_S as KEY_CACHE_S
-from service.store.keyring import Keyring, destroy_key
+from service.store.postgres import KEY_CACHE_S, ClearRows, Keyring, destroy_key
 
 T = TypeVar("T")
 

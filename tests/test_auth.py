@@ -29,7 +29,7 @@ from service.api.auth import check_serving, is_loopback, jwt_verifier
 from service.api.http_server import uvicorn_options
 from service.platform.logs import JSONFormatter
 from service.platform.settings import Settings
-from service.store.keys import ApiKeyStore
+from service.store.postgres import ApiKeyStore
 from tests.conftest import ClientFactory
 from tests.helpers import CHAT, assert_error
 

@@ -38,9 +38,8 @@ from service.platform.crypto import KeyFileError, read_master_keys
 from service.platform.settings import Settings
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
-from service.store.encrypting import ClearRows
-from service.store.keyring import CACHE_S, Keyring, destroy_key
-from service.store.runs import PostgresRuns
+from service.store.postgres import ClearRows, Keyring, PostgresRuns, destroy_key
+from service.store.postgres.keyring import CACHE_S
 from tests.conftest import ClientFactory
 from tests.database import REPO, asyncpg_dsn, fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script, output_items, response_object

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from sqlalchemy.dialects.postgresql import asyncpg
 
-from service.store import postgres
-from service.store.postgres import _Statements
-from service.store.tx import Compiled
+from service.store.postgres import store as postgres
+from service.store.postgres.store import _Statements
+from service.store.postgres.tx import Compiled
 
 STATEMENTS = _Statements(retention_days=30)  # the retention filter included
 HOT_PATH = {

@@ -26,8 +26,7 @@ from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.platform.shutdown import SHUTDOWN
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
-from service.store.listener import PostgresNotifications
-from service.store.postgres import PostgresStore
+from service.store.postgres import PostgresNotifications, PostgresStore
 from service.usecases.leases import Leases
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService

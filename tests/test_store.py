@@ -25,8 +25,7 @@ from service.core.errors import (
 from service.core.model import ANONYMOUS, Append, Committed, IdempotencyKey, Turn
 from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine
-from service.store.keyring import Keyring
-from service.store.postgres import PostgresStore
+from service.store.postgres import Keyring, PostgresStore
 from tests.memory import MemoryStore
 
 AnyStore = PostgresStore | MemoryStore

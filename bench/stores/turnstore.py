@@ -14,9 +14,8 @@ from service.core.model import Append, Origin, Turn
 from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine
 from service.store.cache import CachedStore
-from service.store.keyring import Keyring
 from service.store.ports import ConversationStore
-from service.store.postgres import PostgresStore
+from service.store.postgres import Keyring, PostgresStore
 
 ORIGIN = Origin("openai", "https://api.openai.com/v1", "gpt-5-mini")
 POOL_SIZE = 10  # turnstore's default DB_POOL_SIZE (plus as many overflow): 20 at most

@@ -27,8 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.errors import StorageError
 from service.platform.db import driver_connect_args
+from service.store.postgres.tx import read
 from service.store.subscribers import Subscribers
-from service.store.tx import read
 
 CHANNEL = "turnstore"
 PING_EVERY_S = 30.0

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.errors import StorageError
 from service.platform.crypto import DataKey, MasterKeys, new_data_key
-from service.store.tx import read, written
+from service.store.postgres.tx import read, written
 
 CACHE_S = 60.0  # how long a replica keeps an unwrapped data key (at most twice that in memory)
 

@@ -20,9 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.core.events import ERROR, RunEvent
 from service.core.model import NewRun, Renewed, RunEnd, RunView
 from service.platform.crypto import DataKey
-from service.store.keyring import Keyring
-from service.store.listener import CHANNEL
-from service.store.sealed import (
+from service.store.postgres.keyring import Keyring
+from service.store.postgres.listener import CHANNEL
+from service.store.postgres.sealed import (
     events_place,
     get,
     put,
@@ -30,7 +30,7 @@ from service.store.sealed import (
     turn_place,
     writing_key,
 )
-from service.store.tx import read, transaction, written
+from service.store.postgres.tx import read, transaction, written
 
 _BATCH = msgspec.json.Decoder(list[tuple[int, str, msgspec.Raw]])
 

@@ -47,13 +47,13 @@ from service.core.model import (
     Turn,
 )
 from service.platform.crypto import OVERHEAD, DataKey
-from service.store import idempotency as idem
-from service.store import runs
 from service.store.cursor import decode_cursor, encode_cursor
-from service.store.keyring import Keyring
 from service.store.pages import fitting, page_of
 from service.store.ports import Readiness
-from service.store.sealed import (
+from service.store.postgres import idempotency as idem
+from service.store.postgres import run_store as runs
+from service.store.postgres.keyring import Keyring
+from service.store.postgres.sealed import (
     TURN_FIELDS,
     check_row,
     get,
@@ -64,10 +64,10 @@ from service.store.sealed import (
     turn_place,
     writing_key,
 )
-from service.store.tables import conversations as c
-from service.store.tables import idempotency_keys as k
-from service.store.tables import turns as t
-from service.store.tx import Compiled, driver, read, transaction, written
+from service.store.postgres.tables import conversations as c
+from service.store.postgres.tables import idempotency_keys as k
+from service.store.postgres.tables import turns as t
+from service.store.postgres.tx import Compiled, driver, read, transaction, written
 
 log = logging.getLogger("turnstore.store")
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])

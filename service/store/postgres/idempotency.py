@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql import insert
 from service.core.errors import IdempotencyKeyReused, RequestInProgress
 from service.core.model import Committed, IdempotencyKey
 from service.platform.crypto import DataKey
-from service.store.tables import idempotency_keys as k
+from service.store.postgres.tables import idempotency_keys as k
 
 
 def _in(seconds: str) -> Any:

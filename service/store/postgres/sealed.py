@@ -16,7 +16,7 @@ from uuid import UUID
 
 from service.core.errors import StorageError
 from service.platform.crypto import UNREADABLE, DataKey, place
-from service.store.keyring import Keyring
+from service.store.postgres.keyring import Keyring
 
 log = logging.getLogger("turnstore.crypto")
 

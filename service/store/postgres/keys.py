@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.model import ANONYMOUS, KEY_ID_CHARS, is_owner_name, key_hash
-from service.store.tables import api_keys
-from service.store.tx import read, transaction
+from service.store.postgres.tables import api_keys
+from service.store.postgres.tx import read, transaction
 
 PREFIX = "ts_"
 _SHAPE = re.compile(r"ts_[A-Za-z0-9_-]{43}")  # token_urlsafe(32): 32 bytes, 43 characters

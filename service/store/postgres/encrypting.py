@@ -15,15 +15,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.store.keyring import Keyring
-from service.store.sealed import (
+from service.store.postgres.keyring import Keyring
+from service.store.postgres.sealed import (
     TURN_FIELDS,
     events_place,
     metadata_place,
     put,
     sealed_turn_columns,
 )
-from service.store.tx import read, transaction
+from service.store.postgres.tx import read, transaction
 
 _CLEAR_TURNS = sa.text(
     "SELECT t.conversation_id, t.seq, t.user_message, t.assistant_message,"

@@ -19,7 +19,6 @@ from service.core.errors import (
     ConversationNotFound,
     IdempotencyKeyReused,
     InvalidInput,
-    PreconditionFailed,
     RequestInProgress,
     TurnInterrupted,
 )
@@ -46,6 +45,7 @@ from service.core.model import (
     TranscriptTurn,
     Turn,
 )
+from service.core.plans import check_precondition
 from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
@@ -317,8 +317,7 @@ class MemoryStore:
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
-        if if_match is not None and found.row.revision not in if_match:
-            raise PreconditionFailed()
+        check_precondition(if_match, found.row.revision)
         now = _now()
         if found.holder is not None and not found.lease_free_for(None, now):
             raise ConversationConflict()
@@ -344,8 +343,7 @@ class MemoryStore:
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
-        if if_match is not None and found.row.revision not in if_match:
-            raise PreconditionFailed()
+        check_precondition(if_match, found.row.revision)
         found.metadata = dict(metadata)
         return found.info()
 
@@ -453,8 +451,7 @@ class MemoryStore:
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
-        if if_match is not None and found.row.revision not in if_match:
-            raise PreconditionFailed()
+        check_precondition(if_match, found.row.revision)
         self._forget(conversation_id)
 
     async def list_conversations(

@@ -5,24 +5,21 @@ id) each one is routed to a single shard. Read from the statements as compiled f
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
-from sqlalchemy.dialects.postgresql import asyncpg
 
-from service.store.postgres import store as postgres
-from service.store.postgres.store import _Statements
+from service.store.postgres.statements import Statements
 from service.store.postgres.tx import Compiled
 
-STATEMENTS = _Statements(retention_days=30)  # the retention filter included
+STATEMENTS = Statements(retention_days=30)  # the retention filter included
 HOT_PATH = {
     "load (a cold turn, or a cache revalidation)": STATEMENTS.load,
     "lease (lease + revalidate: a turn's first round trip)": STATEMENTS.lease,
     "commit of a turn (one statement; a durable turn's or fork's too)": STATEMENTS.commit[False],
     "commit of a conversation's first turn": STATEMENTS.commit[True],
     "why a commit found no row": STATEMENTS.exists,
-    "lease release": postgres._RELEASE,
-    "lease renewal": postgres._RENEW,
+    "lease release": STATEMENTS.release_lease,
+    "lease renewal": STATEMENTS.renew_leases,
 }
 # For each table, the ways a statement reaches its rows through the conversation id: a bound
 # id, the row a sibling CTE just wrote, or an INSERT of a bound id.
@@ -41,9 +38,9 @@ BY_ID = {
 TABLE = re.compile(r"\b(?:FROM|JOIN|UPDATE|INTO)\s+(conversations|turns)\b")
 
 
-def sql(statement: Any) -> str:
+def sql(statement: Compiled) -> str:
     """As the store runs it."""
-    return Compiled(statement, asyncpg.dialect()).sql
+    return statement.sql
 
 
 def unrouted(text: str) -> set[str]:

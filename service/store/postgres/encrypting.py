@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store.postgres.keyring import Keyring
 from service.store.postgres.sealed import (
@@ -23,36 +23,36 @@ from service.store.postgres.sealed import (
     put,
     sealed_turn_columns,
 )
-from service.store.postgres.tx import read, transaction
+from service.store.postgres.tx import Compiled, driver, sql
 
-_CLEAR_TURNS = sa.text(
+_CLEAR_TURNS = sql(
     "SELECT t.conversation_id, t.seq, t.user_message, t.assistant_message,"
     " CAST(t.replay_items AS text) AS replay_items, CAST(t.tool_calls AS text) AS tool_calls,"
     " c.owner FROM turns t JOIN conversations c ON c.id = t.conversation_id"
     " WHERE t.sealed_replay_items IS NULL LIMIT :batch FOR UPDATE OF t SKIP LOCKED"
 )
-_SEAL_TURN = sa.text(
+_SEAL_TURN = sql(
     "UPDATE turns SET " + ", ".join(f"{n} = :{n}, sealed_{n} = :sealed_{n}" for n in TURN_FIELDS)
     + " WHERE conversation_id = :conversation_id AND seq = :seq"
 )  # fmt: skip
-_CLEAR_METADATA = sa.text(
+_CLEAR_METADATA = sql(
     "SELECT id, owner, CAST(metadata AS text) AS metadata FROM conversations"
     " WHERE metadata IS NOT NULL AND sealed_metadata IS NULL"
     " LIMIT :batch FOR NO KEY UPDATE SKIP LOCKED"
 )
-_SEAL_METADATA = sa.text(
+_SEAL_METADATA = sql(
     "UPDATE conversations SET metadata = NULL, sealed_metadata = :sealed WHERE id = :id"
 )
-_CLEAR_EVENTS = sa.text(
+_CLEAR_EVENTS = sql(
     "SELECT e.turn_id, e.seq, CAST(e.events AS text) AS events, r.owner"
     " FROM turn_events e JOIN turn_runs r ON r.id = e.turn_id"
     " WHERE e.events IS NOT NULL LIMIT :batch FOR UPDATE OF e SKIP LOCKED"
 )
-_SEAL_EVENTS = sa.text(
+_SEAL_EVENTS = sql(
     "UPDATE turn_events SET events = NULL, sealed_events = :sealed"
     " WHERE turn_id = :turn_id AND seq = :seq"
 )
-_COUNT = sa.text(
+_COUNT = sql(
     "SELECT (SELECT count(*) FROM turns WHERE sealed_replay_items IS NULL)"
     " + (SELECT count(*) FROM conversations"
     "    WHERE metadata IS NOT NULL AND sealed_metadata IS NULL)"
@@ -68,43 +68,44 @@ class ClearRows:
     keyring: Keyring
 
     async def count(self) -> int:
-        async with read(self.engine) as conn:
-            return int(await conn.scalar(_COUNT) or 0)
+        async with driver(self.engine, write=False) as conn:
+            return int(await _COUNT.fetchval(conn, {}) or 0)
 
     async def encrypt_batch(self, batch: int) -> int:
         """Seal up to ``batch`` rows of each kind; how many were sealed (0: none is left
         that is not locked by someone else)."""
         done = 0
         for step in (self._turns, self._metadata, self._events):
-            async with transaction(self.engine) as conn:
+            async with driver(self.engine, write=True) as conn:
                 done += await step(conn, batch)
         return done
 
-    async def _turns(self, conn: AsyncConnection, batch: int) -> int:
-        rows = (await conn.execute(_CLEAR_TURNS, {"batch": batch})).mappings().all()
+    async def _turns(self, conn: asyncpg.Connection, batch: int) -> int:
+        rows = await _CLEAR_TURNS.fetch(conn, {"batch": batch})
         for row in rows:
             key = await self.keyring.for_write(row["owner"])
             cid, seq = row["conversation_id"], row["seq"]
-            columns = sealed_turn_columns(key, cid, seq, dict(row))
-            await conn.execute(_SEAL_TURN, {**columns, "conversation_id": cid, "seq": seq})
+            columns = sealed_turn_columns(key, cid, seq, row)
+            await _SEAL_TURN.execute(conn, {**columns, "conversation_id": cid, "seq": seq})
         return len(rows)
 
-    async def _metadata(self, conn: AsyncConnection, batch: int) -> int:
-        rows = (await conn.execute(_CLEAR_METADATA, {"batch": batch})).all()
+    async def _metadata(self, conn: asyncpg.Connection, batch: int) -> int:
+        rows = await _CLEAR_METADATA.fetch(conn, {"batch": batch})
         for row in rows:
-            await self._seal(conn, _SEAL_METADATA, row, metadata_place(row.id), row.metadata)
+            where = metadata_place(row["id"])
+            await self._seal(conn, _SEAL_METADATA, row, where, row["metadata"])
         return len(rows)
 
-    async def _events(self, conn: AsyncConnection, batch: int) -> int:
-        rows = (await conn.execute(_CLEAR_EVENTS, {"batch": batch})).all()
+    async def _events(self, conn: asyncpg.Connection, batch: int) -> int:
+        rows = await _CLEAR_EVENTS.fetch(conn, {"batch": batch})
         for row in rows:
-            where = events_place(row.turn_id, row.seq)
-            await self._seal(conn, _SEAL_EVENTS, row, where, row.events)
+            where = events_place(row["turn_id"], row["seq"])
+            await self._seal(conn, _SEAL_EVENTS, row, where, row["events"])
         return len(rows)
 
     async def _seal(
-        self, conn: AsyncConnection, statement: sa.TextClause, row: Any, where: bytes, text: str
+        self, conn: asyncpg.Connection, statement: Compiled, row: Any, where: bytes, text: str
     ) -> None:
-        key = await self.keyring.for_write(row.owner)
+        key = await self.keyring.for_write(row["owner"])
         _, sealed = put(key, where, text)
-        await conn.execute(statement, {**row._mapping, "sealed": sealed})
+        await statement.execute(conn, {**row, "sealed": sealed})

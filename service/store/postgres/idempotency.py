@@ -1,10 +1,10 @@
 """Idempotency keys in PostgreSQL, so a retry on any replica finds the first attempt.
 
 A key is claimed as 'running' with a lease; the turn's commit statement marks it 'done'
-(``_Statements.commit`` in store/postgres.py), naming the commit (conversation and revision),
-and a failed attempt releases it. A claim whose lease or TTL ran out is taken over, so a
-crashed replica never blocks a key for good. A done key goes with its conversation (foreign
-key, ON DELETE CASCADE) and with its TTL (``turnstore purge``). These are the statements;
+(statements.COMMIT), naming the commit (conversation and revision), and a failed attempt
+releases it. A claim whose lease or TTL ran out is taken over, so a crashed replica never
+blocks a key for good. A done key goes with its conversation (foreign key, ON DELETE CASCADE)
+and with its TTL (``turnstore purge``). These are the statements and what a record means;
 ``PostgresStore`` runs them.
 """
 
@@ -12,60 +12,39 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert
-
 from service.core.errors import IdempotencyKeyReused, RequestInProgress
 from service.core.model import Committed, IdempotencyKey
 from service.platform.crypto import DataKey
-from service.store.postgres.tables import idempotency_keys as k
+from service.store.postgres.tx import sql
 
-
-def _in(seconds: str) -> Any:
-    """now() plus the bound number of seconds."""
-    return sa.func.now() + sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam(seconds))
-
-
-_THIS_KEY = (k.c.owner == sa.bindparam("caller"), k.c.key == sa.bindparam("idem_key"))
-
-CLAIM = (
-    insert(k)
-    .values(
-        owner=sa.bindparam("caller"),
-        key=sa.bindparam("idem_key"),
-        request_hash=sa.bindparam("request_hash"),
-        state="running",
-        turn_id=sa.bindparam("claimed_turn"),
-        created_at=sa.func.now(),
-        expires_at=_in("lease_s"),
-    )
-    .on_conflict_do_update(
-        index_elements=[k.c.owner, k.c.key],
-        set_={
-            "request_hash": sa.bindparam("request_hash"),
-            "state": "running",
-            "turn_id": sa.bindparam("claimed_turn"),
-            "conversation_id": None,
-            "revision": None,
-            "created_at": sa.func.now(),
-            "expires_at": _in("lease_s"),
-        },
-        where=k.c.expires_at < sa.func.now(),  # only an expired key is taken over
-    )
-    .returning(k.c.state)
-)
-
-EXISTING = sa.select(
-    k.c.request_hash, k.c.state, k.c.conversation_id, k.c.revision, k.c.turn_id
-).where(*_THIS_KEY)
-
-LIVE = EXISTING.where(k.c.expires_at >= sa.func.now())
-
-RELEASE = sa.delete(k).where(*_THIS_KEY, k.c.state == "running")
-
-EXPIRED = sa.delete(k).where(k.c.expires_at < sa.func.now())
-
-DELETE_OWNED = sa.delete(k).where(k.c.owner == sa.bindparam("owner"))
+# A claim, or the takeover of an expired one (only an expired key is taken over).
+CLAIM = sql("""
+    INSERT INTO idempotency_keys
+        (owner, key, request_hash, state, turn_id, created_at, expires_at)
+    VALUES (:caller, :idem_key, :request_hash, 'running', :claimed_turn, now(),
+            now() + make_interval(secs => :lease_s))
+    ON CONFLICT (owner, key) DO UPDATE SET
+        request_hash = :request_hash,
+        state = 'running',
+        conversation_id = NULL,
+        revision = NULL,
+        turn_id = :claimed_turn,
+        created_at = now(),
+        expires_at = now() + make_interval(secs => :lease_s)
+    WHERE idempotency_keys.expires_at < now()
+    RETURNING idempotency_keys.state
+""")
+RECORD = """
+    SELECT request_hash, state, conversation_id, revision, turn_id FROM idempotency_keys
+    WHERE owner = :caller AND key = :idem_key
+"""
+EXISTING = sql(RECORD)
+LIVE = sql(RECORD + " AND expires_at >= now()")
+RELEASE = sql("""
+    DELETE FROM idempotency_keys WHERE owner = :caller AND key = :idem_key AND state = 'running'
+""")
+EXPIRED = sql("DELETE FROM idempotency_keys WHERE expires_at < now()")
+DELETE_OWNED = sql("DELETE FROM idempotency_keys WHERE owner = :owner")
 
 
 def key_params(key: IdempotencyKey, data_key: DataKey | None = None) -> dict[str, Any]:
@@ -79,8 +58,8 @@ def answer(row: Any, key: IdempotencyKey, data_key: DataKey | None = None) -> Co
     """What an existing record means for ``key``: its commit, or the error to raise. A hash
     stored in either form matches (a key claimed before encryption was switched on)."""
     hashes = {key.request_hash, data_key.digest(key.request_hash) if data_key else None}
-    if row.request_hash not in hashes:
+    if row["request_hash"] not in hashes:
         raise IdempotencyKeyReused()
-    if row.state != "done":
-        raise RequestInProgress(turn_id=row.turn_id)
-    return Committed(row.conversation_id, row.revision, row.turn_id)
+    if row["state"] != "done":
+        raise RequestInProgress(turn_id=row["turn_id"])
+    return Committed(row["conversation_id"], row["revision"], row["turn_id"])

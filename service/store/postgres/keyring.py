@@ -12,31 +12,30 @@ import functools
 import time
 from collections.abc import Callable
 
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.errors import StorageError
 from service.platform.crypto import DataKey, MasterKeys, new_data_key
-from service.store.postgres.tx import read, written
+from service.store.postgres.tx import driver, sql, written
 
 CACHE_S = 60.0  # how long a replica keeps an unwrapped data key (at most twice that in memory)
 
-_READ = sa.text("SELECT master_key_id, wrapped FROM owner_keys WHERE owner = :owner")
-_CREATE = sa.text(
+_READ = sql("SELECT master_key_id, wrapped FROM owner_keys WHERE owner = :owner")
+_CREATE = sql(
     "INSERT INTO owner_keys (owner, master_key_id, wrapped, created_at)"
     " VALUES (:owner, :key_id, :wrapped, now()) ON CONFLICT (owner) DO NOTHING"
 )
-_SHRED = sa.text("DELETE FROM owner_keys WHERE owner = :owner RETURNING owner")
-_STALE = sa.text(
+_SHRED = sql("DELETE FROM owner_keys WHERE owner = :owner RETURNING owner")
+_STALE = sql(
     "SELECT owner, master_key_id, wrapped FROM owner_keys WHERE master_key_id <> :current"
     " ORDER BY owner LIMIT :batch"
 )
-_REWRAP = sa.text(
+_REWRAP = sql(
     "UPDATE owner_keys SET master_key_id = :key_id, wrapped = :wrapped"
     " WHERE owner = :owner AND master_key_id = :old"
 )
-_READY = sa.text("SELECT to_regclass('owner_keys') IS NOT NULL")
-_COUNT_STALE = sa.text("SELECT count(*) FROM owner_keys WHERE master_key_id <> :current")
+_READY = sql("SELECT to_regclass('owner_keys') IS NOT NULL")
+_COUNT_STALE = sql("SELECT count(*) FROM owner_keys WHERE master_key_id <> :current")
 
 
 class Keyring:
@@ -65,8 +64,8 @@ class Keyring:
         return key
 
     async def _create(self, owner: str, key_id: str, wrapped: bytes) -> None:
-        async with read(self._engine) as conn:  # one statement: autocommit
-            await conn.execute(_CREATE, {"owner": owner, "key_id": key_id, "wrapped": wrapped})
+        async with driver(self._engine, write=False) as conn:  # one statement: autocommit
+            await _CREATE.execute(conn, {"owner": owner, "key_id": key_id, "wrapped": wrapped})
 
     async def for_read(self, owner: str) -> DataKey | None:
         """The owner's data key; None if the owner has none (never encrypted, or shredded)."""
@@ -77,27 +76,27 @@ class Keyring:
         cached = self._cache.get(owner)
         if cached is not None and cached[0] > now:
             return cached[1]
-        async with read(self._engine) as conn:
-            row = (await conn.execute(_READ, {"owner": owner})).first()
+        async with driver(self._engine, write=False) as conn:
+            row = await _READ.fetchrow(conn, {"owner": owner})
         if row is None:
             self._cache.pop(owner, None)
             return None
-        key = DataKey(self._masters.unwrap(owner, row.master_key_id, row.wrapped))
+        key = DataKey(self._masters.unwrap(owner, row["master_key_id"], row["wrapped"]))
         self._cache[owner] = (self._clock() + CACHE_S, key)
         return key
 
     async def ready(self) -> bool:
         """Whether the keyring's database answers and has its table."""
         try:
-            async with read(self._engine) as conn:
-                return bool(await conn.scalar(_READY))
+            async with driver(self._engine, write=False) as conn:
+                return bool(await _READY.fetchval(conn, {}))
         except StorageError:
             return False
 
     async def stale(self) -> int:
         """How many data keys are wrapped by a master key other than the first."""
-        async with read(self._engine) as conn:
-            count = await conn.scalar(_COUNT_STALE, {"current": self._masters.current})
+        async with driver(self._engine, write=False) as conn:
+            count = await _COUNT_STALE.fetchval(conn, {"current": self._masters.current})
         return int(count or 0)
 
     async def rewrap(self, batch: int = 100) -> int:
@@ -105,21 +104,21 @@ class Keyring:
         the number rewrapped (0: none is left). The data keys themselves do not change, so no
         stored value is rewritten and replicas keep working throughout."""
         current = self._masters.current
-        async with read(self._engine) as conn:
-            rows = (await conn.execute(_STALE, {"current": current, "batch": batch})).all()
+        async with driver(self._engine, write=False) as conn:
+            rows = await _STALE.fetch(conn, {"current": current, "batch": batch})
             for row in rows:
-                secret = self._masters.unwrap(row.owner, row.master_key_id, row.wrapped)
-                key_id, wrapped = self._masters.wrap(row.owner, secret)
-                await conn.execute(
-                    _REWRAP,
-                    {"owner": row.owner, "key_id": key_id, "wrapped": wrapped,
-                     "old": row.master_key_id},
-                )  # fmt: skip
+                owner, old = row["owner"], row["master_key_id"]
+                key_id, wrapped = self._masters.wrap(
+                    owner, self._masters.unwrap(owner, old, row["wrapped"])
+                )
+                await _REWRAP.execute(
+                    conn, {"owner": owner, "key_id": key_id, "wrapped": wrapped, "old": old}
+                )
         return len(rows)
 
 
 async def destroy_key(engine: AsyncEngine, owner: str) -> bool:
     """Delete the owner's data key from the keyring on ``engine``; False if there was none.
     (No master key is needed to destroy one.)"""
-    async with read(engine) as conn:
-        return (await conn.execute(_SHRED, {"owner": owner})).first() is not None
+    async with driver(engine, write=False) as conn:
+        return await _SHRED.fetchrow(conn, {"owner": owner}) is not None

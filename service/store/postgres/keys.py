@@ -7,25 +7,25 @@ from __future__ import annotations
 import re
 import secrets
 
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.model import ANONYMOUS, KEY_ID_CHARS, is_owner_name, key_hash
-from service.store.postgres.tables import api_keys
-from service.store.postgres.tx import read, transaction
+from service.store.postgres.tx import Compiled, Params, driver, sql
 
 PREFIX = "ts_"
 _SHAPE = re.compile(r"ts_[A-Za-z0-9_-]{43}")  # token_urlsafe(32): 32 bytes, 43 characters
 
-_LOOKUP = sa.select(api_keys.c.owner).where(
-    api_keys.c.key_hash == sa.bindparam("h"), api_keys.c.revoked_at.is_(None)
-)
+_LOOKUP = sql("SELECT owner FROM api_keys WHERE key_hash = :hash AND revoked_at IS NULL")
+_CREATE = sql("INSERT INTO api_keys (key_hash, owner) VALUES (:hash, :owner)")
 # Revoking twice keeps the first revocation's time.
-_REVOKE = (
-    sa.update(api_keys)
-    .values(revoked_at=sa.func.coalesce(api_keys.c.revoked_at, sa.func.now()))
-    .returning(api_keys.c.key_hash)
-)
+_REVOKE = """
+    UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+    WHERE {which}
+    RETURNING key_hash
+"""
+_REVOKE_KEY = sql(_REVOKE.format(which="key_hash = :hash"))
+_REVOKE_ID = sql(_REVOKE.format(which=f"left(key_hash, {KEY_ID_CHARS}) = :key_id"))
+_REVOKE_OWNED = sql(_REVOKE.format(which="owner = :owner"))
 
 
 class ApiKeyStore:
@@ -36,8 +36,8 @@ class ApiKeyStore:
         """The owner of a live key; None for anything else (unknown, revoked, not a key)."""
         if not _SHAPE.fullmatch(key):
             return None  # the shape of a key is public: no query for garbage
-        async with read(self._engine) as conn:  # one statement, autocommit: one round trip
-            owner = await conn.scalar(_LOOKUP, {"h": key_hash(key)})
+        async with driver(self._engine, write=False) as conn:  # one statement: one round trip
+            owner = await _LOOKUP.fetchval(conn, {"hash": key_hash(key)})
         return owner if is_owner_name(owner) else None  # never the reserved anonymous owner
 
     async def create(self, owner: str) -> str:
@@ -48,8 +48,8 @@ class ApiKeyStore:
                 f"spaces, and not {ANONYMOUS!r} (reserved for AUTH_MODE=none)"
             )
         key = PREFIX + secrets.token_urlsafe(32)
-        async with transaction(self._engine) as conn:
-            await conn.execute(sa.insert(api_keys).values(key_hash=key_hash(key), owner=owner))
+        async with driver(self._engine, write=True) as conn:
+            await _CREATE.execute(conn, {"hash": key_hash(key), "owner": owner})
         return key
 
     async def revoke(
@@ -57,12 +57,14 @@ class ApiKeyStore:
     ) -> list[str]:
         """Revoke one key (given itself or by its id) or every key of ``owner``; the ids of
         the keys revoked (none: no such key)."""
+        statement: Compiled
+        params: Params
         if key is not None:
-            where = api_keys.c.key_hash == key_hash(key)
+            statement, params = _REVOKE_KEY, {"hash": key_hash(key)}
         elif key_id is not None:
-            where = sa.func.left(api_keys.c.key_hash, KEY_ID_CHARS) == key_id.lower()
+            statement, params = _REVOKE_ID, {"key_id": key_id.lower()}
         else:
-            where = api_keys.c.owner == owner
-        async with transaction(self._engine) as conn:
-            hashes = (await conn.scalars(_REVOKE.where(where))).all()
-        return sorted(h[:KEY_ID_CHARS] for h in hashes)
+            statement, params = _REVOKE_OWNED, {"owner": owner}
+        async with driver(self._engine, write=True) as conn:
+            rows = await statement.fetch(conn, params)
+        return sorted(row["key_hash"][:KEY_ID_CHARS] for row in rows)

@@ -22,21 +22,20 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.errors import StorageError
 from service.platform.db import driver_connect_args
-from service.store.postgres.tx import read
+from service.store.postgres.statements import CHANNEL
+from service.store.postgres.tx import driver, sql
 from service.store.subscribers import Subscribers
 
-CHANNEL = "turnstore"
 PING_EVERY_S = 30.0
 PING_WAIT_S = 2.0
 RECONNECT_S = (0.1, 5.0)  # first and longest wait before connecting again
 
 log = logging.getLogger("turnstore.notifications")
-_PING = sa.text("SELECT pg_notify(:channel, :payload)")
+_PING = sql("SELECT pg_notify(:channel, :payload)")
 
 
 class PostgresNotifications:
@@ -106,8 +105,8 @@ class PostgresNotifications:
         self._ping, was = f"ping:{uuid.uuid4()}", self._healthy
         self._pong.clear()
         try:
-            async with read(self._engine) as conn:
-                await conn.execute(_PING, {"channel": CHANNEL, "payload": self._ping})
+            async with driver(self._engine, write=False) as conn:
+                await _PING.execute(conn, {"channel": CHANNEL, "payload": self._ping})
         except StorageError:
             self._healthy = False  # no database: no notifications either
             return

@@ -3,7 +3,7 @@
 Each encrypted field has its clear column and a ``sealed_`` one; a row sets one of the two.
 With a data key (ENCRYPTION_KEYS_FILE set) values are written sealed; rows written in clear
 before stay readable, and ``turnstore encrypt-existing`` rewrites them. A sealed value is
-bound to its place (service/crypto.py): the conversation and turn, or the run and event
+bound to its place (platform/crypto.py): the conversation and turn, or the run and event
 batch, and the field.
 """
 

@@ -1,13 +1,16 @@
-"""Short transactions with one failure mapping, shared by the PostgreSQL adapters."""
+"""The one way the PostgreSQL adapters reach the database: statements compiled once for
+asyncpg (``sql``), run on the asyncpg connection under a pooled SQLAlchemy one (``driver``),
+with one failure mapping."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import asyncpg
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.errors import StorageError
@@ -28,6 +31,7 @@ _FAILURES = (
 
 READ_ONLY = "25006"  # read_only_sql_transaction: the statement did nothing
 T = TypeVar("T")
+Params = dict[str, Any]
 
 
 def sqlstate(exc: BaseException | None) -> str | None:
@@ -69,48 +73,60 @@ async def written(write: Callable[[], Awaitable[T]]) -> T:
 
 
 @asynccontextmanager
-async def read(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A one-statement read on the engine's autocommit connection: no BEGIN/COMMIT round trips
-    (one statement sees one snapshot anyway)."""
-    async with _checked_out(engine) as conn:
-        yield conn
-
-
-@asynccontextmanager
-async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """One short transaction (the engine autocommits, see service/db.py)."""
-    async with _checked_out(engine) as conn:
-        writing = await conn.execution_options(isolation_level="READ COMMITTED")
-        async with writing.begin():
-            yield writing
-
-
-@asynccontextmanager
 async def driver(engine: AsyncEngine, *, write: bool) -> AsyncIterator[asyncpg.Connection]:
-    """The asyncpg connection under a pooled SQLAlchemy one, for the hot path's statements
-    (compiled once by SQLAlchemy Core, see ``Compiled``): the same pool, checkout check and failure
-    mapping, without Core's per-execution work. ``write`` runs it in one transaction."""
+    """The asyncpg connection under a pooled SQLAlchemy one: the pool's checkout check and the
+    failure mapping, without SQLAlchemy's per-execution work. Without ``write`` each statement
+    commits by itself (the engine autocommits, see platform/db.py: one statement is one round
+    trip and sees one snapshot); ``write`` runs them in one READ COMMITTED transaction."""
     async with _checked_out(engine) as conn:
         connection = (await conn.get_raw_connection()).driver_connection
         assert connection is not None  # a checked-out connection always has one
         if not write:
             yield connection
             return
-        async with connection.transaction():
+        async with connection.transaction(isolation="read_committed"):
             yield connection
 
 
 class Compiled:
-    """A Core statement compiled once for asyncpg: its SQL, and its parameters in order."""
+    """A statement compiled once for asyncpg: its SQL, and its parameters in order."""
 
-    def __init__(
-        self, statement: sa.Executable, dialect: sa.Dialect, columns: list[str] | None = None
-    ) -> None:
-        # ``columns``: the columns an INSERT gets values for (as in an execution's parameters).
-        self._compiled = statement.compile(dialect=dialect, column_keys=columns)  # type: ignore[attr-defined]
-        self.sql = str(self._compiled)
-        self._names = tuple(self._compiled.positiontup or ())
+    def __init__(self, statement: sa.TextClause, dialect: sa.Dialect) -> None:
+        # positiontup: the parameters' names in the order of $1, $2, ...
+        compiled: Any = cast(Any, statement.compile(dialect=dialect))
+        self.sql = str(compiled)
+        self._names = tuple(compiled.positiontup or ())
 
-    def args(self, params: dict[str, Any]) -> list[Any]:
-        values = self._compiled.construct_params(params)
-        return [values[name] for name in self._names]
+    def args(self, params: Params) -> list[Any]:
+        """The values for $1, $2, ... from ``params`` (which may hold more). A text
+        statement's parameters have no type that would convert them: they go as they are."""
+        return [params[name] for name in self._names]
+
+    async def fetch(self, conn: asyncpg.Connection, params: Params) -> list[asyncpg.Record]:
+        rows: list[asyncpg.Record] = await conn.fetch(self.sql, *self.args(params))
+        return rows
+
+    async def fetchrow(self, conn: asyncpg.Connection, params: Params) -> asyncpg.Record | None:
+        return await conn.fetchrow(self.sql, *self.args(params))
+
+    async def fetchval(self, conn: asyncpg.Connection, params: Params) -> Any:
+        return await conn.fetchval(self.sql, *self.args(params))
+
+    async def execute(self, conn: asyncpg.Connection, params: Params) -> None:
+        await conn.execute(self.sql, *self.args(params))
+
+    async def executemany(self, conn: asyncpg.Connection, rows: Iterable[Params]) -> None:
+        await conn.executemany(self.sql, [self.args(row) for row in rows])
+
+
+_DIALECT: sa.Dialect = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
+
+
+def sql(text: str) -> Compiled:
+    """A statement written as SQL with ``:name`` parameters, compiled once for asyncpg (its
+    whitespace folded: the source is laid out for people, the wire gets one line; so no
+    ``--`` comments in it: say why in Python)."""
+    if "--" in text:
+        raise ValueError("a -- comment would swallow the rest of the folded statement")
+    folded = " ".join(text.split()).replace("( ", "(").replace(" )", ")").replace(" ,", ",")
+    return Compiled(sa.text(folded), _DIALECT)

@@ -1,0 +1,47 @@
+"""What every part of PostgresStore shares: the engine, the statements compiled for its
+retention, the keyring and the time limits it was made with."""
+
+from __future__ import annotations
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.core.model import ConversationInfo
+from service.store.postgres.keyring import Keyring
+from service.store.postgres.rows import reading
+from service.store.postgres.statements import Statements
+
+
+class Adapter:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        retention_days: float | None = None,
+        idempotency_ttl_s: float = 86_400,
+        idempotency_lease_s: float = 600,
+        events_ttl_s: float = 600,
+        keyring: Keyring | None = None,
+    ) -> None:
+        self._engine = engine
+        # With a keyring (ENCRYPTION_KEYS_FILE), what users said is written sealed.
+        self._keyring = keyring
+        self._sql = Statements(retention_days)
+        self._retention = retention_days
+        self._idempotency_ttl_s = idempotency_ttl_s
+        self._events_ttl_s = events_ttl_s
+        # A claimed key whose replica died is taken over after this long.
+        self._idempotency_lease_s = idempotency_lease_s
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
+    @property
+    def keyring(self) -> Keyring | None:
+        return self._keyring
+
+    async def _info_of(self, row: asyncpg.Record, owner: str) -> ConversationInfo:
+        """A conversation read back (statements.INFO), its metadata opened if sealed."""
+        codec = await reading(self._keyring, owner, row["id"], [row], ["metadata"])
+        return codec.info(row)

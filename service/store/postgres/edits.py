@@ -1,0 +1,160 @@
+"""PostgresStore's edits besides a turn's commit: conversations made without a turn (or with
+one, on /v1), forks, the removal of the latest item and metadata."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from uuid import UUID
+
+import asyncpg
+import msgspec
+
+from service.core.errors import (
+    ConversationConflict,
+    ConversationNotFound,
+    InvalidInput,
+    StorageError,
+)
+from service.core.model import ConversationInfo, Precondition, Turn
+from service.core.plans import check_precondition
+from service.platform.crypto import DataKey
+from service.store.postgres.adapter import Adapter
+from service.store.postgres.rows import Rows
+from service.store.postgres.sealed import writing_key
+from service.store.postgres.tx import Params, driver, written
+
+log = logging.getLogger("turnstore.store")
+
+
+class Edits(Adapter):
+    async def create_conversation(
+        self, owner: str, metadata: dict[str, str], turn: Turn | None = None
+    ) -> ConversationInfo:
+        key = await writing_key(self._keyring, owner)
+        return await written(lambda: self._create_conversation(owner, metadata, turn, key))
+
+    async def _create_conversation(
+        self, owner: str, metadata: dict[str, str], turn: Turn | None, key: DataKey | None
+    ) -> ConversationInfo:
+        codec = Rows(key, uuid.uuid4())
+        params = {
+            "cid": codec.conversation_id, "caller": owner, "revision": 0 if turn is None else 1,
+            "context_start": 1, **codec.metadata_columns(metadata),
+        }  # fmt: skip
+        async with driver(self._engine, write=True) as conn:
+            row = await self._sql.new_conversation.fetchrow(conn, params)
+            if turn is not None:
+                await self._sql.turn_insert.execute(conn, codec.turn_columns(1, turn, None))
+        return codec.info(row)
+
+    async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
+        params: Params = {
+            "src": conversation_id, "caller": owner, "at": at_revision, "new": uuid.uuid4()
+        }  # fmt: skip
+        key = await writing_key(self._keyring, owner)
+
+        async def fork() -> ConversationInfo:
+            async with driver(self._engine, write=True) as conn:
+                row = await self._copy(conn, params, key)
+                if row is None:
+                    raise await self._why_no_fork(conn, params)
+                return Rows(key, params["new"]).info(row)
+
+        return await written(fork)
+
+    async def _copy(
+        self, conn: asyncpg.Connection, fork: Params, key: DataKey | None
+    ) -> asyncpg.Record | None:
+        """Make conversation :new as :src up to revision :at; its new row, or None if :src is
+        gone or not that far. In clear, one statement copies it inside the database; sealed,
+        each value is opened and sealed again for its new place."""
+        if key is None:
+            return await self._sql.fork.fetchrow(conn, fork)
+        source = await self._sql.fork_source.fetchrow(conn, fork)
+        if source is None:
+            return None
+        old, new = Rows(key, fork["src"]), Rows(key, fork["new"])
+        row = await self._sql.new_conversation.fetchrow(conn, {
+            "cid": new.conversation_id, "revision": fork["at"], "caller": fork["caller"],
+            "context_start": source["context_from"] or 1,
+            **new.metadata_columns(old.metadata(source)),
+        })  # fmt: skip
+        copies = [
+            new.turn_columns(turn["seq"], old.turn(turn), None)
+            | {"created_at": turn["turn_created_at"]}
+            for turn in await self._sql.fork_turns.fetch(conn, fork)
+        ]
+        await self._sql.turn_move.executemany(conn, copies)
+        return row
+
+    async def _why_no_fork(self, conn: asyncpg.Connection, fork: Params) -> Exception:
+        if await self._sql.describe.fetchrow(conn, {"cid": fork["src"], **fork}) is None:
+            return ConversationNotFound()
+        if self._keyring is None and await self._sql.sealed_source.fetchval(conn, fork):
+            log.error("a fork of an encrypted conversation needs ENCRYPTION_KEYS_FILE")
+            return StorageError("The conversation is encrypted and the keys are not available.")
+        return InvalidInput("at_revision must be a revision of the conversation.")
+
+    async def pop_item(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        rewrite: Callable[[Turn], Turn],
+        if_match: Precondition = None,
+    ) -> tuple[ConversationInfo, msgspec.Raw]:
+        codec = Rows(await writing_key(self._keyring, owner), conversation_id)
+
+        async def pop() -> tuple[ConversationInfo, msgspec.Raw]:
+            async with driver(self._engine, write=True) as conn:
+                return await self._pop(conn, codec, owner, rewrite, if_match)
+
+        return await written(pop)
+
+    async def _pop(
+        self,
+        conn: asyncpg.Connection,
+        codec: Rows,
+        owner: str,
+        rewrite: Callable[[Turn], Turn],
+        if_match: Precondition,
+    ) -> tuple[ConversationInfo, msgspec.Raw]:
+        """Removing the latest item: the row locked, the last turn read, rewritten."""
+        cid = codec.conversation_id
+        head = await self._sql.lock_head.fetchrow(conn, {"cid": cid, "caller": owner})
+        if head is None:
+            raise ConversationNotFound()
+        check_precondition(if_match, head["revision"])
+        if head["leased"]:
+            raise ConversationConflict()  # a turn runs: it would commit on top
+        last = {"cid": cid, "seq": head["revision"]}
+        row = await self._sql.turn_at.fetchrow(conn, last)
+        last_turn = codec.turn(row) if row is not None else None
+        if row is None or last_turn is None or not last_turn.replay_items:
+            raise InvalidInput("The conversation has no item to remove.", param="item_id")
+        await self._sql.delete_turn.execute(conn, last)
+        moved = codec.turn_columns(head["revision"] + 1, rewrite(last_turn), row["turn_id"])
+        await self._sql.turn_move.execute(conn, moved | {"created_at": row["turn_created_at"]})
+        done = await self._sql.rewritten.fetchrow(conn, {"cid": cid})
+        return codec.info(done), last_turn.replay_items[-1]
+
+    async def update_metadata(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        metadata: dict[str, str],
+        if_match: Precondition = None,
+    ) -> ConversationInfo:
+        codec = Rows(await writing_key(self._keyring, owner), conversation_id)
+        params = {"cid": conversation_id, "caller": owner, **codec.metadata_columns(metadata)}
+
+        async def update() -> ConversationInfo:
+            async with driver(self._engine, write=True) as conn:
+                row = await self._sql.set_metadata.fetchrow(conn, params)
+                if row is None:
+                    raise ConversationNotFound()
+                check_precondition(if_match, row["revision"])  # else the update is rolled back
+                return codec.info(row)
+
+        return await written(update)

@@ -1,0 +1,100 @@
+"""PostgresStore's Idempotency-Keys (IdempotencyStore) and its operations (Operations):
+purge, an owner's deletion, readiness and the pool."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from service.core.model import Committed, IdempotencyKey
+from service.platform.crypto import DataKey
+from service.store.ports import Readiness
+from service.store.postgres import idempotency as idem
+from service.store.postgres import run_statements
+from service.store.postgres.adapter import Adapter
+from service.store.postgres.sealed import writing_key
+from service.store.postgres.tx import driver, written
+
+
+class Housekeeping(Adapter):
+    async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
+        data_key = await writing_key(self._keyring, key.owner)
+        return await written(lambda: self._claim(key, turn_id, data_key))
+
+    async def _claim(
+        self, key: IdempotencyKey, turn_id: UUID | None, data_key: DataKey | None
+    ) -> Committed | None:
+        params = idem.key_params(key, data_key)
+        claim = {**params, "lease_s": self._idempotency_lease_s, "claimed_turn": turn_id}
+        async with driver(self._engine, write=True) as conn:
+            if await idem.CLAIM.fetchval(conn, claim) is not None:
+                return None
+            row = await idem.EXISTING.fetchrow(conn, params)  # locked by the claim: there
+        return idem.answer(row, key, data_key)
+
+    async def check(self, key: IdempotencyKey) -> None:
+        async with driver(self._engine, write=False) as conn:
+            row = await idem.LIVE.fetchrow(conn, idem.key_params(key))
+        if row is not None:
+            data_key = None if self._keyring is None else await self._keyring.for_read(key.owner)
+            idem.answer(row, key, data_key)
+
+    async def release(self, key: IdempotencyKey) -> None:
+        async def release() -> None:
+            async with driver(self._engine, write=False) as conn:  # one statement: autocommit
+                await idem.RELEASE.execute(conn, idem.key_params(key))
+
+        await written(release)
+
+    async def purge(self, batch: int = 500) -> int:
+        """Delete expired Idempotency-Key records, and conversations idle past the
+        retention a small batch per transaction so no lock is held long; concurrent purges
+        skip each other's rows."""
+        async with driver(self._engine, write=False) as conn:
+            await idem.EXPIRED.execute(conn, {})
+            await run_statements.EXPIRED.execute(conn, {})  # past TURN_EVENTS_TTL_S
+        total = 0
+        while self._retention:
+            async with driver(self._engine, write=True) as conn:
+                gone = [row["id"] for row in await self._sql.purge.fetch(conn, {"batch": batch})]
+                await run_statements.DELETE_OF.execute(conn, {"cids": gone})
+            total += len(gone)
+            if len(gone) < batch:
+                break
+        return total
+
+    async def owner_has_sealed_rows(self, owner: str) -> bool:
+        async with driver(self._engine, write=False) as conn:
+            return bool(await self._sql.owner_sealed.fetchval(conn, {"owner": owner}))
+
+    async def delete_owner(self, owner: str, batch: int = 500) -> int:
+        """Delete all of ``owner``'s conversations (with their turns, runs and events) and
+        Idempotency-Key records, a batch per transaction; the number of conversations."""
+        total, params = 0, {"owner": owner, "batch": batch}
+        while True:
+            async with driver(self._engine, write=True) as conn:
+                gone = [row["id"] for row in await self._sql.owned.fetch(conn, params)]
+                await run_statements.DELETE_OF.execute(conn, {"cids": gone})
+            total += len(gone)
+            if len(gone) < batch:
+                break
+        async with driver(self._engine, write=True) as conn:
+            await run_statements.DELETE_OWNED.execute(conn, params)
+            await idem.DELETE_OWNED.execute(conn, params)
+        return total
+
+    async def readiness(self) -> Readiness:
+        async with driver(self._engine, write=False) as conn:
+            state = (await self._sql.readiness.fetch(conn, {}))[0]  # always one row
+            migrated = state["migrated"]
+            version = await self._sql.schema_version.fetchval(conn, {}) if migrated else None
+        if not state["writable"]:
+            # Sessions opened while the database is read-only stay so: start afresh next time.
+            await self._engine.dispose()
+        keyring = self._keyring is None or await self._keyring.ready()
+        return Readiness(None if version is None else str(version), state["writable"], keyring)
+
+    def pool_in_use(self) -> int:
+        return self._engine.sync_engine.pool.checkedout()  # type: ignore[attr-defined,no-any-return]
+
+    async def close(self) -> None:
+        await self._engine.dispose()

@@ -1,0 +1,139 @@
+"""The statements about durable turns: runs and their event batches.
+
+Events and a run's progress are written without waiting for a synchronous standby or for
+their own WAL flush (``NO_SYNC_WAIT``): they are what a client saw, not what the conversation
+keeps, and the commit of the turn (which ends its run, ``COMMIT``) waits as every commit does.
+Readers elsewhere are woken only for runs that have one (``watched``): a NOTIFY takes a global
+lock at commit, so it is not sent for nothing.
+"""
+
+from __future__ import annotations
+
+from service.store.postgres.statements import CHANNEL, NO_SYNC_WAIT
+from service.store.postgres.tx import sql
+
+UNFINISHED = "status IN ('queued', 'in_progress')"
+LIVE = "(r.expires_at IS NULL OR r.expires_at > now())"
+# A run's row updated while it is unfinished (r), a batch of events written with it (e) unless
+# it was already (a retry); whether it was, and the run's readers elsewhere woken.
+LOGGED = f"""
+    WITH r AS (
+        UPDATE turn_runs SET {{changes}}
+        WHERE id = :id AND {UNFINISHED}
+        RETURNING id, watched
+    ), e AS (
+        INSERT INTO turn_events (turn_id, seq, events, sealed_events)
+        SELECT r.id, :last, CAST(:events AS json), :sealed_events FROM r
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM e),
+        CASE WHEN r.watched THEN pg_notify('{CHANNEL}', 'events:' || r.id::text) END,
+        {NO_SYNC_WAIT}
+    FROM r
+"""
+
+CREATE = sql("""
+    INSERT INTO turn_runs (id, conversation_id, owner, background, status, heartbeat_until,
+                           created_at, last_event, cancel_requested, watched)
+    VALUES (:id, :cid, :owner, :background, 'queued', now() + make_interval(secs => :hb),
+            now(), 0, false, false)
+""")
+LOG = sql(
+    LOGGED.format(
+        changes="""
+    last_event = :last,
+    status = CASE WHEN status = 'queued' THEN 'in_progress' ELSE status END
+"""
+    )
+)
+END = sql(
+    LOGGED.format(
+        changes="""
+    status = :status, error_code = :code, error_message = :message, last_event = :last,
+    revision = :revision, finished_at = now(), expires_at = now() + make_interval(secs => :ttl)
+"""
+    )
+)
+# A durable turn's commit ends its run (in the commit's transaction, after the turn row): no
+# row means the run was interrupted meanwhile, and the whole commit is rolled back.
+COMMIT = sql(f"""
+    WITH r AS (
+        UPDATE turn_runs SET
+            status = :status, revision = :revision, last_event = :seq, finished_at = now(),
+            expires_at = now() + make_interval(secs => :ttl)
+        WHERE id = :id AND {UNFINISHED}
+        RETURNING id, watched
+    )
+    INSERT INTO turn_events (turn_id, seq, events, sealed_events)
+    SELECT r.id, :seq, CAST(:events AS json), :sealed_events FROM r
+    RETURNING (SELECT watched FROM r)
+""")
+VIEW = """
+    r.id, r.conversation_id, r.status, r.revision, r.error_code, r.error_message,
+    r.last_event, r.background, (r.heartbeat_until < now()) AS stalled
+"""
+READ = sql(f"""
+    SELECT {VIEW}, t.seq, t.assistant_message, t.sealed_assistant_message
+    FROM turn_runs r LEFT JOIN turns t
+        ON t.conversation_id = r.conversation_id AND t.seq = r.revision
+    WHERE r.id = :id AND r.owner = :owner AND {LIVE}
+""")
+# The batches that hold events after :after (a batch's seq is its last event's).
+READ_EVENTS = sql(f"""
+    SELECT {VIEW}, e.seq, CAST(e.events AS text) AS events, e.sealed_events
+    FROM turn_runs r LEFT JOIN turn_events e ON e.turn_id = r.id AND e.seq > :after
+    WHERE r.id = :id AND r.owner = :owner AND {LIVE}
+    ORDER BY e.seq
+""")
+WATCH = sql(f"""
+    UPDATE turn_runs SET watched = true WHERE id = :id AND NOT watched
+    RETURNING pg_notify('{CHANNEL}', 'watch:' || id::text), {NO_SYNC_WAIT}
+""")
+BEGIN = sql(f"""
+    UPDATE turn_runs SET status = 'in_progress' WHERE id = :id AND status = 'queued'
+    RETURNING {NO_SYNC_WAIT}
+""")
+CANCEL = sql(f"""
+    WITH r AS (
+        UPDATE turn_runs SET cancel_requested = true
+        WHERE id = :id AND owner = :owner AND {UNFINISHED}
+        RETURNING id
+    )
+    SELECT pg_notify('{CHANNEL}', 'cancel:' || id::text) FROM r
+""")
+RENEW = sql(f"""
+    UPDATE turn_runs SET heartbeat_until = now() + make_interval(secs => :hb)
+    WHERE id = ANY(CAST(:ids AS uuid[])) AND {UNFINISHED}
+    RETURNING id, cancel_requested, watched, {NO_SYNC_WAIT}
+""")
+CANCEL_REQUESTED = sql("""
+    SELECT id FROM turn_runs WHERE id = ANY(CAST(:ids AS uuid[])) AND cancel_requested
+""")
+# A stalled run is locked first, so its terminal event can be sealed for its place (the batch
+# is named by its event's number) before it is written.
+STALLED = sql(f"""
+    SELECT last_event + 1 FROM turn_runs
+    WHERE id = :id AND {UNFINISHED} AND heartbeat_until < now()
+    FOR UPDATE
+""")
+INTERRUPT = sql(f"""
+    WITH r AS (
+        UPDATE turn_runs SET
+            status = 'failed', error_code = 'turn_interrupted', error_message = :message,
+            last_event = :last, finished_at = now(),
+            expires_at = now() + make_interval(secs => :ttl)
+        WHERE id = :id
+        RETURNING id, watched
+    ), e AS (
+        INSERT INTO turn_events (turn_id, seq, events, sealed_events)
+        SELECT id, :last, CAST(:events AS json), :sealed_events FROM r
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM e),
+        CASE WHEN r.watched THEN pg_notify('{CHANNEL}', 'events:' || r.id::text) END
+    FROM r
+""")
+DELETE_OF = sql("DELETE FROM turn_runs WHERE conversation_id = ANY(CAST(:cids AS uuid[]))")
+EXPIRED = sql("DELETE FROM turn_runs WHERE expires_at < now()")
+DELETE_OWNED = sql("DELETE FROM turn_runs WHERE owner = :owner")

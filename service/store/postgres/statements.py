@@ -1,0 +1,409 @@
+"""The statements about conversations and turns, as the PostgreSQL adapter runs them.
+
+Every statement about a conversation names it by its id (the future shard key, see
+tests/test_scale_out.py) and, where it reads or writes one the client names, checks its owner
+and keeps to the living: ``{live}`` stands for the retention filter, filled in once per store
+by ``Statements`` (RETENTION_DAYS: a conversation idle for longer is gone at once for every
+reader and writer, before ``turnstore purge`` deletes it).
+"""
+
+from __future__ import annotations
+
+from service.platform.crypto import OVERHEAD
+from service.store.postgres.tx import Compiled, sql
+
+LIVE = "{live}"  # the retention filter (see Statements)
+
+# Lease writes do not wait for a synchronous standby (nor for their own WAL flush): a lease
+# lost in a crash or failover costs a wait at most (the revision guards the data), while
+# waiting would double the replication latency of every turn.
+NO_SYNC_WAIT = "set_config('synchronous_commit', 'off', true)"
+CHANNEL = "turnstore"  # the one NOTIFY channel; payloads are topics, "lease:<conversation>"
+
+# A turn as read back: its place, its fields (in clear or sealed) and where it came from.
+TURN = """
+    turns.seq, turns.user_message, turns.assistant_message, turns.replay_items,
+    turns.tool_calls, turns.sealed_user_message, turns.sealed_assistant_message,
+    turns.sealed_replay_items, turns.sealed_tool_calls, turns.provider, turns.endpoint,
+    turns.model, turns.context_from, turns.prompt_version, turns.status,
+    turns.incomplete_reason, turns.created_at AS turn_created_at
+"""
+# A turn as written: the conversation_id, seq and created_at, then these.
+TURN_VALUES = """
+    user_message, assistant_message, replay_items, provider, endpoint, model, context_from,
+    prompt_version, tool_calls, status, incomplete_reason, turn_id, sealed_user_message,
+    sealed_assistant_message, sealed_replay_items, sealed_tool_calls
+"""
+INFO = """
+    conversations.id, conversations.revision, conversations.created_at,
+    conversations.updated_at, conversations.metadata, conversations.sealed_metadata
+"""
+HEAD = """
+    conversations.revision, conversations.created_at, conversations.updated_at,
+    conversations.context_start, conversations.owner
+"""
+THE_CONVERSATION = f"conversations.id = :cid AND conversations.owner = :caller AND {LIVE}"
+
+# Only the turns after :after (0: all); the conversation row comes back even when none is
+# newer, so a cache can revalidate with one query. The owner is checked before any turn is
+# read: another owner's id costs as little as an unknown one.
+LOAD = f"""
+    SELECT {HEAD}, conversations.rewritten_at, {TURN}
+    FROM conversations LEFT JOIN turns
+        ON turns.conversation_id = conversations.id AND turns.seq > :after
+    WHERE {THE_CONVERSATION}
+    ORDER BY turns.seq
+"""
+
+# No other turn's lease may be live: a holder whose lease ran out and was taken over loses
+# here, even if the revision still matches. The commit releases the lease; the turns queued
+# for it are woken after it (see PostgresStore.append).
+FREE = """(
+    conversations.lease_holder IS NULL OR conversations.lease_expires_at <= now()
+    OR conversations.lease_holder = :holder
+)"""
+COMMITTED = """
+    conversations.id, conversations.revision, conversations.created_at,
+    conversations.updated_at, conversations.lease_wanted
+"""
+# The conditional bump of a turn's commit. The window start only advances, and only together
+# with a committed turn.
+BUMP = f"""
+    UPDATE conversations SET
+        revision = conversations.revision + 1,
+        updated_at = now(),
+        context_start = greatest(conversations.context_start, :context_start),
+        lease_holder = NULL,
+        lease_expires_at = NULL
+    WHERE conversations.id = :cid AND conversations.revision = :expected
+        AND conversations.owner = :caller AND {LIVE} AND {FREE}
+    RETURNING {COMMITTED}
+"""
+# The first turn: a new conversation, or one made empty (revision 0) on /v1.
+CREATE = f"""
+    INSERT INTO conversations
+        (id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata)
+    VALUES (:cid, :revision, now(), now(), :context_start, :caller, false, :metadata)
+    ON CONFLICT (id) DO UPDATE SET
+        revision = 1,
+        updated_at = now(),
+        context_start = excluded.context_start,
+        lease_holder = NULL,
+        lease_expires_at = NULL
+    WHERE conversations.revision = 0 AND conversations.owner = :caller AND {LIVE} AND {FREE}
+    RETURNING {COMMITTED}
+"""
+# A turn's commit in one statement (for a plain turn, in autocommit: one round trip): the
+# conditional bump (or the new conversation) as ``head``, the turn's row at the new revision
+# and its Idempotency-Key completed (:idem_key NULL: none); none of it if ``head`` found no
+# row.
+THE_TURN = f"""
+    inserted AS (
+        INSERT INTO turns ({TURN_VALUES}, conversation_id, seq, created_at)
+        SELECT
+            CAST(:user_message AS text), CAST(:assistant_message AS text),
+            CAST(:replay_items AS json), CAST(:provider AS text), CAST(:endpoint AS text),
+            CAST(:model AS text), CAST(:context_from AS integer), CAST(:prompt_version AS text),
+            CAST(:tool_calls AS json), CAST(:status AS text), CAST(:incomplete_reason AS text),
+            CAST(:turn_id AS uuid), CAST(:sealed_user_message AS bytea),
+            CAST(:sealed_assistant_message AS bytea), CAST(:sealed_replay_items AS bytea),
+            CAST(:sealed_tool_calls AS bytea),
+            head.id, head.revision, now()
+        FROM head
+        RETURNING turns.seq
+    ), completed AS (
+        UPDATE idempotency_keys SET
+            state = 'done',
+            conversation_id = head.id,
+            revision = head.revision,
+            expires_at = now() + make_interval(secs => :ttl_s)
+        FROM head
+        WHERE idempotency_keys.owner = :caller AND idempotency_keys.key = :idem_key
+        RETURNING idempotency_keys.key
+    )
+    SELECT head.revision, head.created_at, head.updated_at, head.lease_wanted FROM head
+"""
+COMMIT = f"WITH head AS ({BUMP}), {THE_TURN}"
+COMMIT_FIRST = f"WITH head AS ({CREATE}), {THE_TURN}"
+# Why a commit found no row: the conversation is gone, or it moved on.
+EXISTS = f"SELECT 1 FROM conversations WHERE {THE_CONVERSATION}"
+
+# Free for a new holder too when the holder is this replica's own turn that could not give
+# its lease back (:replaces).
+TAKEABLE = """(
+    conversations.lease_holder IS NULL OR conversations.lease_expires_at <= now()
+    OR conversations.lease_holder = :holder OR conversations.lease_holder = :replaces
+)"""
+# The lease and the turns after :after in one statement (one round trip). The turns are read
+# in the statement's snapshot; the conversation's fields come from the updated row, which may
+# be newer if a commit raced the statement: the caller then sees a revision ahead of the
+# turns it got and reads again.
+LEASE = f"""
+    WITH attempt AS (
+        UPDATE conversations SET
+            lease_holder = CASE WHEN {TAKEABLE} THEN CAST(:holder AS uuid)
+                ELSE conversations.lease_holder END,
+            lease_expires_at = CASE WHEN {TAKEABLE} THEN now() + make_interval(secs => :lease_s)
+                ELSE conversations.lease_expires_at END,
+            lease_wanted = CASE WHEN {TAKEABLE} THEN false
+                ELSE conversations.lease_wanted OR :queue END
+        WHERE {THE_CONVERSATION}
+        RETURNING {HEAD}, conversations.rewritten_at,
+            conversations.lease_holder = :holder AS acquired, conversations.lease_expires_at
+    )
+    SELECT attempt.revision, attempt.created_at, attempt.updated_at, attempt.context_start,
+        attempt.owner, attempt.rewritten_at, attempt.acquired, attempt.lease_expires_at,
+        {NO_SYNC_WAIT} AS no_sync_wait, {TURN}
+    FROM attempt LEFT JOIN turns ON turns.conversation_id = :cid AND turns.seq > :after
+    ORDER BY turns.seq
+"""
+# A lease given back; the turns queued for it are woken.
+RELEASE_LEASE = f"""
+    WITH released AS (
+        UPDATE conversations SET lease_holder = NULL, lease_expires_at = NULL
+        WHERE id = :cid AND lease_holder = :holder
+        RETURNING id, lease_wanted, {NO_SYNC_WAIT}
+    )
+    SELECT pg_notify('{CHANNEL}', 'lease:' || id::text) FROM released WHERE lease_wanted
+"""
+RENEW_LEASES = f"""
+    UPDATE conversations c
+    SET lease_expires_at = now() + make_interval(secs => :lease_s)
+    FROM unnest(CAST(:cids AS uuid[]), CAST(:holders AS uuid[])) AS l(id, holder)
+    WHERE c.id = l.id AND c.lease_holder = l.holder
+    RETURNING c.id, {NO_SYNC_WAIT}
+"""
+# Topics to wake once a commit is done.
+WAKE = f"""
+    SELECT pg_notify('{CHANNEL}', topic), {NO_SYNC_WAIT}
+    FROM unnest(CAST(:topics AS text[])) AS topic
+"""
+
+# A transcript page: first the turns' sizes (octet_length reads no TOASTed text), so that
+# only the turns that fit the page are read. (Sealed, their size is the ciphertext's less its
+# fixed overhead.) ``{order}``: ASC, or DESC for a page read backwards.
+PAGE_SIZES = f"""
+    SELECT {HEAD}, sizes.seq, sizes.size
+    FROM conversations LEFT JOIN LATERAL (
+        SELECT turns.seq,
+            coalesce(octet_length(turns.user_message),
+                     octet_length(turns.sealed_user_message) - {OVERHEAD})
+            + coalesce(octet_length(turns.assistant_message),
+                       octet_length(turns.sealed_assistant_message) - {OVERHEAD}) AS size
+        FROM turns
+        WHERE turns.conversation_id = conversations.id
+            AND turns.seq > :after AND turns.seq < :before
+        ORDER BY turns.seq {{order}}
+        LIMIT :fetch
+    ) AS sizes ON true
+    WHERE {THE_CONVERSATION}
+    ORDER BY sizes.seq {{order}}
+"""
+PAGE_ROWS = """
+    SELECT turns.seq, turns.user_message, turns.assistant_message, turns.context_from,
+        turns.prompt_version, turns.tool_calls, turns.sealed_user_message,
+        turns.sealed_assistant_message, turns.sealed_tool_calls
+    FROM turns
+    WHERE turns.conversation_id = :cid AND turns.seq = ANY(CAST(:seqs AS int[]))
+    ORDER BY turns.seq
+"""
+
+DESCRIBE = f"SELECT {INFO} FROM conversations WHERE {THE_CONVERSATION}"
+SET_METADATA = f"""
+    UPDATE conversations SET metadata = :metadata, sealed_metadata = :sealed_metadata
+    WHERE {THE_CONVERSATION}
+    RETURNING {INFO}
+"""
+DELETE = f"DELETE FROM conversations WHERE {THE_CONVERSATION} RETURNING conversations.revision"
+# The owner's conversations, newest first, from a cursor on.
+LISTING = f"""
+    SELECT conversations.id, conversations.revision, conversations.created_at,
+        conversations.updated_at
+    FROM conversations
+    WHERE conversations.owner = :caller AND {LIVE}
+        AND (conversations.created_at, conversations.id) < (:before_at, :before_id)
+    ORDER BY conversations.created_at DESC, conversations.id DESC
+    LIMIT :limit
+"""
+
+# A conversation made without a turn (or with one written after it, see TURN_INSERT), and a
+# fork's copy made in the process (sealed, each value sealed again for its new place).
+NEW_CONVERSATION = f"""
+    INSERT INTO conversations (
+        id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
+        sealed_metadata
+    ) VALUES (
+        :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
+        :sealed_metadata
+    )
+    RETURNING {INFO}
+"""
+TURN_INSERT = f"""
+    INSERT INTO turns (conversation_id, seq, created_at, {TURN_VALUES})
+    VALUES (
+        :conversation_id, :seq, now(), :user_message, :assistant_message, :replay_items,
+        :provider, :endpoint, :model, :context_from, :prompt_version, :tool_calls, :status,
+        :incomplete_reason, :turn_id, :sealed_user_message, :sealed_assistant_message,
+        :sealed_replay_items, :sealed_tool_calls
+    )
+"""
+# The same with its first time kept (a turn moved or copied).
+TURN_MOVE = TURN_INSERT.replace("now()", ":created_at")
+
+# A fork in clear: the conversation row and turns 1..:at copied in one statement (the turns'
+# bytes, origins, window starts and prompt versions as they are); none of it is read into
+# the process. Its window starts where turn :at's did. A source with anything sealed is not
+# copied here (see FORK_SOURCE).
+FORKED = """
+    seq, user_message, assistant_message, replay_items, created_at, provider, endpoint, model,
+    context_from, prompt_version, tool_calls, status, incomplete_reason
+"""
+FORK = f"""
+    WITH src AS (
+        SELECT id, metadata FROM conversations
+        WHERE id = :src AND owner = :caller AND revision >= :at AND {LIVE}
+            AND sealed_metadata IS NULL AND NOT EXISTS (
+                SELECT 1 FROM turns
+                WHERE conversation_id = :src AND seq <= :at AND sealed_replay_items IS NOT NULL
+            )
+    ), forked AS (
+        INSERT INTO conversations (
+            id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata
+        )
+        SELECT :new, :at, now(), now(),
+            coalesce((SELECT context_from FROM turns
+                      WHERE conversation_id = :src AND seq = :at), 1),
+            :caller, false, metadata
+        FROM src
+        RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata
+    ), copied AS (
+        INSERT INTO turns ({FORKED}, conversation_id)
+        SELECT {FORKED}, :new FROM turns
+        WHERE conversation_id = (SELECT id FROM src) AND seq <= :at
+    )
+    SELECT * FROM forked
+"""
+# A fork made in the process: the source's row (kept from changing meanwhile) and its turns.
+FORK_SOURCE = f"""
+    SELECT conversations.metadata, conversations.sealed_metadata,
+        (SELECT turns.context_from FROM turns
+         WHERE turns.conversation_id = conversations.id AND turns.seq = :at) AS context_from
+    FROM conversations
+    WHERE conversations.id = :src AND conversations.owner = :caller
+        AND conversations.revision >= :at AND {LIVE}
+    FOR SHARE
+"""
+FORK_TURNS = f"""
+    SELECT {TURN} FROM turns
+    WHERE turns.conversation_id = :src AND turns.seq <= :at
+    ORDER BY turns.seq
+"""
+# Why a fork found nothing to copy, with no keyring: is the source encrypted?
+SEALED_SOURCE = """
+    SELECT EXISTS (SELECT 1 FROM conversations WHERE id = :src AND sealed_metadata IS NOT NULL)
+        OR EXISTS (SELECT 1 FROM turns
+                   WHERE conversation_id = :src AND sealed_replay_items IS NOT NULL)
+"""
+
+# Removing the latest item (pop_item): the row locked, the last turn read, rewritten.
+LOCK_HEAD = f"""
+    SELECT conversations.revision,
+        conversations.lease_holder IS NOT NULL
+            AND conversations.lease_expires_at > now() AS leased
+    FROM conversations
+    WHERE {THE_CONVERSATION}
+    FOR UPDATE
+"""
+TURN_AT = f"""
+    SELECT {TURN}, turns.turn_id FROM turns
+    WHERE turns.conversation_id = :cid AND turns.seq = :seq
+"""
+DELETE_TURN = "DELETE FROM turns WHERE turns.conversation_id = :cid AND turns.seq = :seq"
+REWRITTEN = f"""
+    UPDATE conversations SET
+        revision = conversations.revision + 1,
+        rewritten_at = conversations.revision + 1,
+        updated_at = now()
+    WHERE conversations.id = :cid
+    RETURNING {INFO}
+"""
+
+# Housekeeping: conversations idle past the retention, a batch at a time (concurrent purges
+# skip each other's rows); an owner's, a batch at a time.
+PURGE = f"""
+    DELETE FROM conversations WHERE conversations.id IN (
+        SELECT conversations.id FROM conversations
+        WHERE NOT ({LIVE})
+        ORDER BY conversations.updated_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING conversations.id
+"""
+OWNED = """
+    DELETE FROM conversations WHERE id IN (
+        SELECT id FROM conversations WHERE owner = :owner LIMIT :batch
+    )
+    RETURNING id
+"""
+OWNER_SEALED = """
+    SELECT EXISTS (
+        SELECT 1 FROM conversations c JOIN turns t ON t.conversation_id = c.id
+        WHERE c.owner = :owner AND t.sealed_replay_items IS NOT NULL
+    ) OR EXISTS (
+        SELECT 1 FROM conversations WHERE owner = :owner AND sealed_metadata IS NOT NULL
+    )
+"""
+READINESS = """
+    SELECT to_regclass('alembic_version') IS NOT NULL AS migrated,
+        NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'
+            AS writable
+"""
+SCHEMA_VERSION = "SELECT version_num FROM alembic_version"
+
+
+class Statements:
+    """The statements of one store, compiled once for asyncpg, with its retention filter."""
+
+    def __init__(self, retention_days: float | None) -> None:
+        live = (
+            f"conversations.updated_at > now() - make_interval(secs => {retention_days * 86_400!r})"
+            if retention_days
+            else "true"
+        )
+
+        def compiled(template: str) -> Compiled:
+            return sql(template.replace(LIVE, live))
+
+        self.load = compiled(LOAD)
+        self.lease = compiled(LEASE)
+        self.commit = {False: compiled(COMMIT), True: compiled(COMMIT_FIRST)}  # first turn?
+        self.exists = compiled(EXISTS)
+        self.release_lease = compiled(RELEASE_LEASE)
+        self.renew_leases = compiled(RENEW_LEASES)
+        self.wake = compiled(WAKE)
+        self.page_sizes = {  # backwards?
+            False: compiled(PAGE_SIZES.replace("{order}", "ASC")),
+            True: compiled(PAGE_SIZES.replace("{order}", "DESC")),
+        }
+        self.page_rows = compiled(PAGE_ROWS)
+        self.describe = compiled(DESCRIBE)
+        self.set_metadata = compiled(SET_METADATA)
+        self.delete = compiled(DELETE)
+        self.page = compiled(LISTING)  # a page of the listing
+        self.new_conversation = compiled(NEW_CONVERSATION)
+        self.turn_insert = compiled(TURN_INSERT)
+        self.turn_move = compiled(TURN_MOVE)
+        self.fork = compiled(FORK)
+        self.fork_source = compiled(FORK_SOURCE)
+        self.fork_turns = compiled(FORK_TURNS)
+        self.sealed_source = compiled(SEALED_SOURCE)
+        self.lock_head = compiled(LOCK_HEAD)
+        self.turn_at = compiled(TURN_AT)
+        self.delete_turn = compiled(DELETE_TURN)
+        self.rewritten = compiled(REWRITTEN)
+        self.purge = compiled(PURGE)
+        self.owned = compiled(OWNED)
+        self.owner_sealed = compiled(OWNER_SEALED)
+        self.readiness = compiled(READINESS)
+        self.schema_version = compiled(SCHEMA_VERSION)

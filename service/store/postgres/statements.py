@@ -5,6 +5,10 @@ tests/test_scale_out.py) and, where it reads or writes one the client names, che
 and keeps to the living: ``{live}`` stands for the retention filter, filled in once per store
 by ``Statements`` (RETENTION_DAYS: a conversation idle for longer is gone at once for every
 reader and writer, before ``turnstore purge`` deletes it).
+
+So the statements here are templates, compiled per store; fragments (TURN, INFO, ...) are
+pieces of them. The statements of runs, Idempotency-Keys, keys and the keyring depend on no
+setting and are compiled where they are written.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from service.app import create_app
 from service.platform.settings import Settings
 from service.providers.base import ProviderEvent, ProviderRequest, TextDelta
 from service.providers.fake import FakeProvider
-from service.store.keys import ApiKeyStore
+from service.store.postgres import ApiKeyStore
 from tests.conftest import ClientFactory
 from tests.helpers import serve
 

@@ -17,10 +17,8 @@ from service.core import events
 from service.core.events import RunEvent
 from service.core.model import Append, NewRun, RunCommit, RunEnd, Turn
 from service.platform.crypto import MasterKeys
-from service.store.keyring import Keyring
 from service.store.ports import ConversationStore, RunStore
-from service.store.postgres import PostgresStore
-from service.store.runs import PostgresRuns
+from service.store.postgres import Keyring, PostgresRuns, PostgresStore
 from tests.memory import MemoryStore
 
 OWNER = "alice"

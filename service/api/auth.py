@@ -2,7 +2,7 @@
 
 none     every caller is the one owner ``anonymous`` (refused off loopback unless explicit)
 api_key  ``Authorization: Bearer ts_...``, looked up by its SHA-256 on every request
-         (service/store/keys.py), so a revoked key is refused by every replica at once
+         (service/store/postgres/keys.py), so a revoked key is refused by every replica at once
 jwt      ``Authorization: Bearer <JWT>``: HS256 with JWT_SECRET(_FILE), or RS256 with the
          public key(s) in JWT_PUBLIC_KEY_FILE. The configuration picks the algorithm, never the
          token; exp, iss, aud and sub are required; the owner is ``sub``.

@@ -4,7 +4,7 @@ A value is sealed with AES-256-GCM under its owner's data key, with a fresh rand
 nonce, and with associated data naming its place (a conversation's turn and field, a run's
 event batch), so a ciphertext moved to another row, field or owner fails to open: a
 ``StorageError``, never wrong text. Data keys are kept wrapped by a master key (AES-256-GCM
-too, bound to the owner's name) in the keyring (service/store/keyring.py); master keys come
+too, bound to the owner's name) in the keyring (service/store/postgres/keyring.py); master keys come
 from ``ENCRYPTION_KEYS_FILE``, the first one wrapping, all of them unwrapping.
 """
 

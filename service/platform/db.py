@@ -63,13 +63,13 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
         # No ping per checkout (a round trip per statement group): a connection the server
         # closed (restart, failover, terminated backend, a pooler restart) is known closed to
         # asyncpg without a round trip, and ``_skip_closed`` replaces it at checkout. One the
-        # network lost silently fails its statement and is discarded (store/tx.py).
+        # network lost silently fails its statement and is discarded (store/postgres/tx.py).
         pool_pre_ping=False,
         # json columns hold replay items that turnstore never decodes: read them as text.
         json_deserializer=lambda text: text,
         hide_parameters=True,  # SQL errors must not carry message text into logs
         # Autocommit by default: a one-statement read or write (a plain turn's lease and its
-        # commit) needs no BEGIN/COMMIT round trips. Others open a transaction (store/tx.py).
+        # commit) needs no BEGIN/COMMIT round trips. Others open a transaction (store/postgres/tx.py).
         isolation_level="AUTOCOMMIT",
         connect_args=connect_args,
     )

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps js-deps run test lint bench clean
+.PHONY: help install system-deps citus-deps js-deps run test lint bench clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -37,6 +37,20 @@ system-deps: ## install nginx-light and pgbouncer with apt-get when missing
 		echo "note:$$pkgs not installed (needs root and apt-get): the tests using them skip"; \
 	fi
 
+# The Citus tests (tests/citus.py) start a coordinator and two workers of the system
+# PostgreSQL 15 with Citus, built from source by CITUS_BUILD when missing and possible
+# (root, apt-get; 2-4 minutes once). Otherwise those tests skip; this never fails `make test`.
+CITUS_BUILD ?= /work/shared/citus/build.sh
+citus-deps: ## build and install Citus into PostgreSQL 15 when missing (needs root and apt-get)
+	@if [ ! -x "$(CITUS_BUILD)" ]; then \
+		echo "note: no Citus build script at $(CITUS_BUILD) (set CITUS_BUILD): the Citus tests skip"; \
+	elif "$(CITUS_BUILD)" --check; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "note: Citus is not installed (building it needs root and apt-get): the Citus tests skip"; \
+	else \
+		"$(CITUS_BUILD)" || echo "note: building Citus failed (above): the Citus tests skip"; \
+	fi
+
 # The official openai npm package, for tests/test_openai_js.py (skipped without Node.js).
 JS_STAMP := tests/js/node_modules/.installed
 $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
@@ -48,7 +62,7 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 
 js-deps: $(JS_STAMP) ## install the openai npm package for the JavaScript SDK test (needs npm)
 
-test: $(STAMP) system-deps js-deps ## run the whole test suite against real PostgreSQL
+test: $(STAMP) system-deps citus-deps js-deps ## run the whole test suite against real PostgreSQL
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict service

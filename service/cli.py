@@ -28,6 +28,7 @@ from service.settings import Settings, SettingsError
 from service.store.encrypting import ClearRows
 from service.store.keyring import CACHE_S as KEY_CACHE_S
 from service.store.keyring import Keyring, destroy_key
+from service.store.placement import DEFAULT_SHARD_COUNT, distribute
 
 T = TypeVar("T")
 
@@ -287,6 +288,16 @@ def build_parser() -> argparse.ArgumentParser:
     down.set_defaults(run=lambda a, s: _db(lambda url: migrate.downgrade(url, a.revision))(a, s))
     db_commands.add_parser("current", help="print the schema's revision").set_defaults(
         run=_db(migrate.current)
+    )
+    place = db_commands.add_parser(
+        "distribute", help="place the tables on a Citus coordinator (after upgrade; rerunnable)"
+    )
+    place.add_argument("--shard-count", type=_positive, default=DEFAULT_SHARD_COUNT,
+                       help="shards of a new co-location group")  # fmt: skip
+    place.set_defaults(
+        run=lambda a, s: _db(lambda url: asyncio.run(distribute(url, shard_count=a.shard_count)))(
+            a, s
+        )
     )
 
     purge = commands.add_parser("purge", help="delete conversations past RETENTION_DAYS")

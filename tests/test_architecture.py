@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "service.store.keys", "service.store.tables", "service.store.tx",
             "service.store.cursor", "service.store.idempotency", "service.store.pages",
             "service.store.listener", "service.store.runs", "service.store.keyring",
-            "service.store.sealed", "service.store.encrypting",
+            "service.store.sealed", "service.store.encrypting", "service.store.placement",
             "service.providers.fake",
             "service.providers.responses", "service.tools.lookup",
         },

@@ -43,12 +43,23 @@ def tables(url: str) -> set[str]:
     return {row["tablename"] for row in rows}
 
 
+def unplaced(url: str) -> set[str]:
+    return tables(url) - set(PLACEMENT)
+
+
 def test_every_table_of_the_schema_has_a_placement(database_url: str) -> None:
     """A migration that adds a table must say how it is placed on Citus: name it in
     PLACEMENT (distributed by which column and with which table, reference, or coordinator)."""
-    unplaced = tables(database_url) - set(PLACEMENT)
-    assert unplaced == set(), f"name these in service/store/placement.py: {sorted(unplaced)}"
+    assert unplaced(database_url) == set(), "name these in service/store/placement.py"
     assert set(PLACEMENT) - tables(database_url) == set(), "a table in PLACEMENT is gone"
+
+
+def test_the_check_catches_a_table_a_migration_added(database_url: str) -> None:
+    fetch(database_url, "CREATE TABLE scratch_added (id uuid PRIMARY KEY)")
+    try:
+        assert unplaced(database_url) == {"scratch_added"}
+    finally:
+        fetch(database_url, "DROP TABLE scratch_added")
 
 
 def test_the_placement_keeps_citus_rules() -> None:

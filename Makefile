@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps js-deps browser-deps run test test-fast lint bench clean
+.PHONY: help install system-deps citus-deps js-deps browser-deps run test test-fast lint bench clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,20 @@ system-deps: ## install nginx-light, pgbouncer and chromium with apt-get when mi
 		echo "note:$$pkgs not installed (needs root and apt-get): the tests using them skip"; \
 	fi
 
+# The Citus tests (tests/citus.py) start a coordinator and two workers of the system
+# PostgreSQL 15 with Citus, built from source by CITUS_BUILD when missing and possible
+# (root, apt-get; 2-4 minutes once). Otherwise those tests skip; this never fails `make test`.
+CITUS_BUILD ?= /work/shared/citus/build.sh
+citus-deps: ## build and install Citus into PostgreSQL 15 when missing (needs root and apt-get)
+	@if [ ! -x "$(CITUS_BUILD)" ]; then \
+		echo "note: no Citus build script at $(CITUS_BUILD) (set CITUS_BUILD): the Citus tests skip"; \
+	elif "$(CITUS_BUILD)" --check; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "note: Citus is not installed (building it needs root and apt-get): the Citus tests skip"; \
+	else \
+		"$(CITUS_BUILD)" || echo "note: building Citus failed (above): the Citus tests skip"; \
+	fi
+
 # The official openai npm package, for tests/test_openai_js.py (skipped without Node.js).
 JS_STAMP := tests/js/node_modules/.installed
 $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
@@ -61,7 +75,7 @@ $(BROWSER_STAMP): tests/browser/package.json tests/browser/package-lock.json
 
 browser-deps: $(BROWSER_STAMP) ## install playwright-core for the browser tests (needs npm)
 
-test: $(STAMP) system-deps js-deps browser-deps ## run the whole test suite against real PostgreSQL
+test: $(STAMP) system-deps citus-deps js-deps browser-deps ## run the whole test suite against real PostgreSQL
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP) ## the inner loop: the use-case rules over the in-memory fake (no database, seconds)

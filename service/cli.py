@@ -26,6 +26,7 @@ from service.platform.db import create_engine, resolve_database
 from service.platform.logs import configure as configure_logging
 from service.platform.settings import Settings, SettingsError
 from service.store.postgres import KEY_CACHE_S, ClearRows, Keyring, destroy_key
+from service.store.postgres.placement import DEFAULT_SHARD_COUNT, distribute
 
 T = TypeVar("T")
 
@@ -305,6 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
         "current", help="print the data schema's revision and the keyring's"
     ).set_defaults(
         run=lambda a, s: _db(lambda url: migrate.current(url, s.keyring_database_url))(a, s)
+    )
+    place = db_commands.add_parser(
+        "distribute", help="place the tables on a Citus coordinator (after upgrade; rerunnable)"
+    )
+    place.add_argument("--shard-count", type=_positive, default=DEFAULT_SHARD_COUNT,
+                       help="shards of a new co-location group")  # fmt: skip
+    place.set_defaults(
+        run=lambda a, s: _db(lambda url: asyncio.run(distribute(url, shard_count=a.shard_count)))(
+            a, s
+        )
     )
 
     purge = commands.add_parser("purge", help="delete conversations past RETENTION_DAYS")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -17,6 +18,8 @@ from service.platform.settings import Settings
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
+from service.store.postgres.placement import distribute
+from tests.citus import CitusCluster, citus_cluster, citus_database, require_citus
 from tests.database import fresh_database, postgres_server
 from tests.helpers import serve
 from tests.previous_release import Release, Unavailable, prepare, previous_commit
@@ -45,6 +48,30 @@ def database_url(server_url: str) -> Iterator[str]:
     """One database for the session, migrated with the real `alembic upgrade head`."""
     with fresh_database(server_url) as url:
         migrate.upgrade(url)
+        yield url
+
+
+# Shards per co-location group in the tests: routing shows with any count above one, and
+# each shard costs time to make and to truncate (production: placement.DEFAULT_SHARD_COUNT).
+CITUS_SHARD_COUNT = 8
+
+
+@pytest.fixture(scope="session")
+def citus() -> Iterator[CitusCluster]:
+    """A local Citus cluster, a coordinator and two workers (tests/citus.py), for the session;
+    the test skips, with the reason, where Citus is not installed."""
+    require_citus()
+    with citus_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def citus_url(citus: CitusCluster) -> Iterator[str]:
+    """A database on that cluster, migrated and placed as `turnstore db upgrade` and
+    `turnstore db distribute` do it: the coordinator's URL."""
+    with citus_database(citus) as url:
+        migrate.upgrade(url)
+        asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT))
         yield url
 
 

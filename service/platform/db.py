@@ -69,7 +69,8 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
         json_deserializer=lambda text: text,
         hide_parameters=True,  # SQL errors must not carry message text into logs
         # Autocommit by default: a one-statement read or write (a plain turn's lease and its
-        # commit) needs no BEGIN/COMMIT round trips. Others open a transaction (store/postgres/tx.py).
+        # commit) needs no BEGIN/COMMIT round trips. Others open a transaction
+        # (store/postgres/tx.py).
         isolation_level="AUTOCOMMIT",
         connect_args=connect_args,
     )

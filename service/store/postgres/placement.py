@@ -1,0 +1,260 @@
+"""Where each table lives on Citus (deploy/SCALE-OUT.md, "Placement"), and applying it:
+``turnstore db distribute``, on the coordinator after ``turnstore db upgrade``.
+
+Every table the migrations make is named here, and tests/test_placement.py fails on one that
+is not: a migration that adds a table says how it is placed. Citus does not place a new table
+by itself (it stays on the coordinator), so ``db distribute`` places what is not placed yet,
+checks what is, and changes nothing when all is in place: run it after every ``db upgrade``.
+The whole placement is one transaction, under the migrations' advisory lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from service.platform import migrate
+from service.platform.db import driver_connect_args
+
+DEFAULT_SHARD_COUNT = 64  # per co-location group, fixed: several times the most workers planned
+LOCK_ID = 0x7475726E  # the migrations' advisory lock (migrations/env.py): never both at once
+
+
+@dataclass(frozen=True)
+class ForeignKey:
+    """A foreign key kept on Citus (between co-located tables, the key holds the column)."""
+
+    name: str
+    columns: tuple[str, ...]
+    table: str
+    referred: tuple[str, ...]
+
+    def ddl(self, table: str) -> str:
+        columns, referred = ", ".join(self.columns), ", ".join(self.referred)
+        return (
+            f"ALTER TABLE {table} ADD CONSTRAINT {self.name} FOREIGN KEY ({columns})"
+            f" REFERENCES {self.table} ({referred}) ON DELETE CASCADE"
+        )
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """Hash-distributed by ``column``; in the shard group of ``colocate_with`` (a table placed
+    before it), or a group of its own ("none")."""
+
+    column: str
+    colocate_with: str
+    primary_key: tuple[str, ...]  # Citus: it must hold the distribution column
+    foreign_keys: tuple[ForeignKey, ...] = ()  # all others are dropped
+    fill: str | None = None  # fills ``column`` in rows written before it existed
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One shard, copied to every node (written with a two-phase commit on all of them)."""
+
+    foreign_keys: tuple[ForeignKey, ...] = ()
+
+
+@dataclass(frozen=True)
+class Coordinator:
+    """A plain table on the coordinator, reached only through it."""
+
+    why: str
+
+
+Placement = Distributed | Reference | Coordinator
+
+# In the order they are placed: a table after the one it is co-located with or refers to.
+PLACEMENT: dict[str, Placement] = {
+    "conversations": Distributed("id", colocate_with="none", primary_key=("id",)),
+    "turns": Distributed(
+        "conversation_id",
+        colocate_with="conversations",
+        primary_key=("conversation_id", "seq"),
+        foreign_keys=(
+            ForeignKey(
+                "turns_conversation_id_fkey", ("conversation_id",), "conversations", ("id",)
+            ),
+        ),
+    ),
+    # The public turn id must carry the conversation id for a reader to find its run.
+    "turn_runs": Distributed(
+        "conversation_id", colocate_with="conversations", primary_key=("conversation_id", "id")
+    ),
+    "turn_events": Distributed(
+        "conversation_id",
+        colocate_with="conversations",
+        primary_key=("conversation_id", "turn_id", "seq"),
+        foreign_keys=(
+            ForeignKey(
+                "turn_events_turn_id_fkey",
+                ("conversation_id", "turn_id"),
+                "turn_runs",
+                ("conversation_id", "id"),
+            ),
+        ),
+        fill=(
+            "UPDATE turn_events e SET conversation_id = r.conversation_id FROM turn_runs r"
+            " WHERE r.id = e.turn_id AND e.conversation_id IS NULL"
+        ),
+    ),
+    # Found by (owner, key) before the conversation is known; its foreign key to the
+    # conversation goes (not co-located): deleting a conversation deletes its keys itself.
+    "idempotency_keys": Distributed("owner", colocate_with="none", primary_key=("owner", "key")),
+    "api_keys": Coordinator("read per request by key hash; a reference table adds nothing"),
+    "owner_keys": Coordinator("the keyring: in production a database of its own"),
+    "alembic_version": Coordinator("migrations run on the coordinator"),
+    "keyring_version": Coordinator("migrations run on the coordinator"),
+}
+
+
+class Refused(RuntimeError):
+    """The placement cannot be applied here; the message says why, in one line."""
+
+
+async def distribute(
+    url: str,
+    *,
+    shard_count: int = DEFAULT_SHARD_COUNT,
+    placement: dict[str, Placement] | None = None,
+) -> str:
+    """Place every table of the schema at ``url`` (a Citus coordinator) as ``placement`` says;
+    what was done, one line per table, or that nothing was to do."""
+    placement = PLACEMENT if placement is None else placement
+    conn = await asyncpg.connect(**_connect_args(url))
+    try:
+        await _check_server(conn)
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", LOCK_ID)
+            await _check_schema(conn, placement)
+            await conn.execute(f"SET LOCAL citus.shard_count = {int(shard_count)}")
+            # DDL after a distributed table was made in the same transaction must not open
+            # parallel connections to the workers.
+            await conn.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
+            done = await _place(conn, placement)
+    except asyncpg.PostgresError as exc:
+        raise Refused(f"Citus refused the placement: {exc}".splitlines()[0]) from exc
+    finally:
+        await conn.close()
+    return "\n".join(done) or "every table is placed already: nothing to do"
+
+
+async def _check_server(conn: asyncpg.Connection) -> None:
+    citus = await conn.fetchval("SELECT extversion FROM pg_extension WHERE extname = 'citus'")
+    if citus is None:
+        raise Refused(
+            "this server has no Citus (CREATE EXTENSION citus on the coordinator and every"
+            " worker, then add the workers): nothing placed"
+        )
+    if not await conn.fetchval("SELECT citus_is_coordinator()"):
+        raise Refused("this is not the Citus coordinator (no worker added yet?): nothing placed")
+
+
+async def _check_schema(conn: asyncpg.Connection, placement: dict[str, Placement]) -> None:
+    version = None
+    if await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL"):
+        version = await conn.fetchval("SELECT version_num FROM alembic_version")
+    if version != migrate.head_revision():
+        at = f"at {version}" if version else "empty"
+        raise Refused(f"the schema is {at}, not at head: run `turnstore db upgrade` first")
+    unnamed = set(await _tables(conn)) - set(placement)
+    if unnamed:
+        raise Refused(f"no placement for {', '.join(sorted(unnamed))} (service/store/placement.py)")
+
+
+async def _tables(conn: asyncpg.Connection) -> list[str]:
+    rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+    return [row["tablename"] for row in rows]
+
+
+async def _place(conn: asyncpg.Connection, placement: dict[str, Placement]) -> list[str]:
+    tables = set(await _tables(conn))
+    on_citus = {
+        t: p for t, p in placement.items() if t in tables and not isinstance(p, Coordinator)
+    }
+    placed = await _placed(conn)
+    for table, where in placement.items():
+        if table in placed:
+            _check_placed(table, where, placed)
+    todo = [table for table in on_citus if table not in placed]
+    for table in todo:  # their foreign keys first: those kept come back once all are placed
+        for row in await conn.fetch(_FOREIGN_KEYS, table):
+            await conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {row['conname']}")
+    done = []
+    for table in todo:
+        done.append(await _create(conn, table, on_citus[table]))
+    for table, where in on_citus.items():
+        for key in where.foreign_keys:
+            if not await conn.fetchval(_CONSTRAINT, table, key.name):
+                await conn.execute(key.ddl(table))
+                done.append(f"{table}: foreign key {key.name} ({', '.join(key.columns)})")
+    return done
+
+
+_FOREIGN_KEYS = "SELECT conname FROM pg_constraint WHERE contype = 'f' AND conrelid = $1::regclass"
+_CONSTRAINT = "SELECT 1 FROM pg_constraint WHERE conrelid = $1::regclass AND conname = $2"
+_PRIMARY_KEY = (
+    "SELECT conname, array(SELECT attname FROM unnest(conkey) WITH ORDINALITY AS k(n, i)"
+    " JOIN pg_attribute ON attrelid = conrelid AND attnum = n ORDER BY i) AS columns"
+    " FROM pg_constraint WHERE contype = 'p' AND conrelid = $1::regclass"
+)
+
+
+async def _placed(conn: asyncpg.Connection) -> dict[str, Any]:
+    """The tables Citus knows: how each is partitioned ('h' hash, 'n' reference), by which
+    column, in which co-location group."""
+    rows = await conn.fetch(
+        "SELECT logicalrelid::text AS table, partmethod::text, colocationid,"
+        " column_to_column_name(logicalrelid, partkey) AS column FROM pg_dist_partition"
+    )
+    return {row["table"]: row for row in rows}
+
+
+async def _create(conn: asyncpg.Connection, table: str, where: Placement) -> str:
+    if isinstance(where, Reference):
+        await conn.execute("SELECT create_reference_table($1)", table)
+        return f"{table}: reference table"
+    assert isinstance(where, Distributed)
+    if where.fill is not None:
+        await conn.execute(where.fill)
+    key = await conn.fetchrow(_PRIMARY_KEY, table)
+    if key is None or tuple(key["columns"]) != where.primary_key:
+        drop = f"DROP CONSTRAINT {key['conname']}, " if key is not None else ""
+        await conn.execute(
+            f"ALTER TABLE {table} {drop}ADD PRIMARY KEY ({', '.join(where.primary_key)})"
+        )
+    await conn.execute(
+        "SELECT create_distributed_table($1, $2, colocate_with => $3)",
+        table, where.column, where.colocate_with,
+    )  # fmt: skip
+    group = "its own group" if where.colocate_with == "none" else f"with {where.colocate_with}"
+    return f"{table}: distributed by {where.column}, {group}, key ({', '.join(where.primary_key)})"
+
+
+def _check_placed(table: str, where: Placement, placed: dict[str, Any]) -> None:
+    """A table placed before: as the placement says, or the operator decides."""
+    row = placed[table]
+    if isinstance(where, Coordinator):
+        ok, wanted = False, "a plain table on the coordinator"
+    elif isinstance(where, Reference):
+        ok, wanted = row["partmethod"] == "n", "a reference table"
+    else:
+        group = placed.get(where.colocate_with)
+        ok = (
+            row["partmethod"] == "h"
+            and row["column"] == where.column
+            and (group is None or group["colocationid"] == row["colocationid"])
+        )
+        wanted = f"distributed by {where.column}"
+        if where.colocate_with != "none":
+            wanted += f" with {where.colocate_with}"
+    if not ok:
+        raise Refused(f"{table} is placed otherwise than {wanted}: change it by hand first")
+
+
+def _connect_args(url: str) -> dict[str, Any]:
+    args = driver_connect_args(url)
+    return {**args, "server_settings": {"application_name": "turnstore-distribute"}}

@@ -219,6 +219,9 @@ class MemoryStore:
                 context_from=t.context_from,
                 prompt_version=t.prompt_version,
                 tool_calls=t.tool_calls,
+                said=t.transcript,
+                usage=t.usage,
+                model=t.origin.model if t.origin else None,
             )
             for n, t in numbered
             if n in chosen

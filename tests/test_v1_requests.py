@@ -336,3 +336,67 @@ async def test_a_clients_function_call_and_output_appended_together_are_listed(
         await client.conversations.items.create(conversation.id, items=batch)  # type: ignore[arg-type]
         items = [i async for i in client.conversations.items.list(conversation.id, order="asc")]
     assert [item.type for item in items] == ["function_call", "function_call_output"]
+
+
+async def test_the_transcript_shows_every_message_and_parts_as_placeholders(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    given = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "look: "},
+            {"type": "input_image", "image_url": "https://example.com/cat.png"},
+            {"type": "input_file", "filename": "notes.pdf", "file_data": "data:application/pdf;base64,JVBERg=="},
+        ]},
+    ]  # fmt: skip
+    async with sdk(database_url) as (client, _, plain):
+        conversation = await client.conversations.create()
+        await client.responses.create(conversation=conversation.id, input=given)  # type: ignore[arg-type]
+        view = (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()
+    assert [(m["role"], m["content"]) for m in view["messages"]] == [
+        ("developer", "Be brief."),
+        ("user", "look: [image][file notes.pdf]"),
+        ("assistant", "[fake-llm] look: "),
+    ]
+
+
+async def test_usage_and_model_are_kept_with_each_turn_and_shown_on_both_surfaces(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with sdk(database_url, models="fake-other") as (client, _, plain):
+        conversation = await client.conversations.create()
+        answer = await client.responses.create(
+            conversation=conversation.id, input="hello", model="fake-other"
+        )
+        cid = conversation.id.removeprefix("conv_")
+        streamed = await plain.post(
+            "/api/v1/chat/stream", json={"message": "again", "conversation_id": cid}
+        )
+        view = (await plain.get(f"/api/v1/conversations/{cid}")).json()
+        again = await client.responses.retrieve(answer.id)
+    assert answer.usage is not None
+    kept = view["turns"][0]
+    assert kept["model"] == "fake-other" and kept["usage"] == answer.usage.model_dump(
+        exclude_none=True
+    )
+    assert view["turns"][1]["model"] == "fake-llm" and view["turns"][1]["usage"]["total_tokens"]
+    done = [line for line in streamed.text.splitlines() if line.startswith("data:")][-1]
+    assert '"usage":{"input_tokens":' in done
+    assert again.usage == answer.usage
+
+
+async def test_a_retrieved_response_echoes_what_its_create_did(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with sdk(database_url) as (client, _, _plain):
+        conversation = await client.conversations.create()
+        made = await client.responses.create(
+            conversation=conversation.id, input="hi", temperature=0.5, metadata={"a": "b"},
+            tool_choice="none", max_output_tokens=100,
+        )  # fmt: skip
+        again = await client.responses.retrieve(made.id)
+    echoed = ("created_at", "temperature", "metadata", "tool_choice", "max_output_tokens",
+              "model", "usage", "output")  # fmt: skip
+    assert {name: getattr(again, name) for name in echoed} == {
+        name: getattr(made, name) for name in echoed
+    }

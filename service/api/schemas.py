@@ -173,6 +173,8 @@ class TurnRecord(msgspec.Struct):
     ]
     prompt_version: str | None
     tool_calls: list[ToolCallView]
+    usage: UsageView | None
+    model: Annotated[str | None, msgspec.Meta(description="The model that made its reply.")]
 
 
 class ConversationView(msgspec.Struct):
@@ -200,8 +202,10 @@ class ConversationView(msgspec.Struct):
         messages: list[TranscriptMessage] = []
         for turn in page.turns:
             seen = turn.number >= conversation.context_start
-            messages.append(TranscriptMessage("user", turn.user_message, seen))
-            messages.append(TranscriptMessage("assistant", turn.assistant_message, seen))
+            messages += [
+                TranscriptMessage(role, text, seen)  # type: ignore[arg-type]
+                for role, text in turn.messages()
+            ]
         return cls(
             conversation_id=str(conversation.id),
             revision=conversation.revision,
@@ -218,6 +222,8 @@ class ConversationView(msgspec.Struct):
                         ToolCallView(c.name, c.arguments, c.accepted, str(c.status), c.duration_ms)
                         for c in turn.tool_calls
                     ],
+                    UsageView.of(turn.usage),
+                    turn.model,
                 )
                 for turn in page.turns
             ],

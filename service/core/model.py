@@ -21,7 +21,7 @@ import msgspec
 from service.core.events import Done, RunEvent
 from service.core.usage import Usage
 
-Role = Literal["user", "assistant"]
+Role = Literal["user", "assistant", "system", "developer"]  # a transcript message's
 ReplyStatus = Literal["completed", "incomplete"]
 
 ANONYMOUS = "anonymous"  # the one owner when AUTH_MODE=none: reserved for it
@@ -128,6 +128,9 @@ class Turn:
     # Its messages as people read them, of every role (None: recorded before they were, the
     # user and the assistant message then).
     transcript: tuple[Said, ...] | None = None
+    # What the OpenAI surface records of the response this turn made: the JSON of what it
+    # echoes of its request and when it was created (None: an /api/v1 turn).
+    response: msgspec.Raw | None = None
 
     def said(self) -> tuple[Said, ...]:
         if self.transcript is not None:
@@ -172,6 +175,14 @@ class TranscriptTurn:
     context_from: int
     prompt_version: str | None
     tool_calls: Sequence[ToolCallRecord]
+    said: tuple[Said, ...] | None = None  # every message, when more than the user/assistant pair
+    usage: Usage | None = None
+    model: str | None = None  # that made its reply (None: recorded before origins were)
+
+    def messages(self) -> tuple[Said, ...]:
+        if self.said is not None:
+            return self.said
+        return (("user", self.user_message), ("assistant", self.assistant_message))
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ class TurnPlan:
     fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)
     include: tuple[str, ...] = ()
     relayed: bool = False
+    response: msgspec.Raw | None = None  # what the turn keeps of its Response (see Turn)
     server_prompt: bool = True  # the server's system prompt comes first (INSTRUCTIONS)
 
     @property
@@ -147,6 +148,7 @@ def make_plan(
         fields=asked.fields,
         include=asked.include,
         relayed=relayed,
+        response=asked.response,
         server_prompt=rules.server_prompt_first(asked.instructions),
     )
 
@@ -159,6 +161,7 @@ class Asked:
     instructions: str | None = None
     fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)
     include: tuple[str, ...] = ()
+    response: msgspec.Raw | None = None  # what the turn keeps of its Response (see Turn)
 
 
 def _check_message(rules: PlanRules, message: str, items: tuple[msgspec.Raw, ...]) -> None:

@@ -283,6 +283,7 @@ class TurnService:
             assistant_message=reply.text,
             replay_items=[*new_items, *answer.items],
             transcript=None if plain else said,  # a plain pair is derived from the two
+            response=plan.response,
             origin=asked.origin,
             context_from=window.start,
             prompt_version=asked.prompt.version if asked.prompt else None,

@@ -60,19 +60,21 @@ def check_fields(asked: ResponseCreate) -> None:
     views.includes(asked.include)
 
 
-def ask_of(asked: ResponseCreate, body: bytes) -> Asked:
-    """What the request asks of the provider besides its input: the model, instructions,
-    what to include, and every field turnstore does not interpret, as it came."""
-    include = tuple(i for i in asked.include or () if i != ENCRYPTED)
-    return Asked(asked.model, asked.instructions, passed_through(body), include)
-
-
-def echo_of(asked: ResponseCreate, ask: Asked, model: str) -> Echo:
-    return Echo(
+def asked_of(
+    asked: ResponseCreate, body: bytes, model: str, created_at: float
+) -> tuple[Asked, Echo]:
+    """What the request asks of the provider besides its input (the model, instructions, what
+    to include, and every field turnstore does not interpret, as it came), and what its
+    Response echoes (kept with the turn, with when it was created)."""
+    fields = passed_through(body)
+    echo = Echo(
         model=asked.model or model, instructions=asked.instructions, tools=asked.tools or (),
         truncation=asked.truncation, previous_response_id=asked.previous_response_id,
-        store=asked.store is not False, background=bool(asked.background), fields=ask.fields,
+        store=asked.store is not False, background=bool(asked.background), fields=fields,
     )  # fmt: skip
+    include = tuple(i for i in asked.include or () if i != ENCRYPTED)
+    ask = Asked(asked.model, asked.instructions, fields, include, echo.record(created_at))
+    return ask, echo
 
 
 class OpenAIResponses(Controller):
@@ -99,11 +101,11 @@ class OpenAIResponses(Controller):
     ) -> Response[dict[str, Any]] | ServerSentEvent:
         asked, responses, body = data, api.responses, await request.body()
         check_fields(asked)
-        ask = ask_of(asked, body)
+        started = time.time()  # the Response's created_at, the same in every answer about it
+        ask, echo = asked_of(asked, body, responses.model, started)
         responses.check(ask)
-        echo = echo_of(asked, ask, responses.model)
         if asked.conversation is None and asked.previous_response_id is None:
-            return Response(await stateless(asked, ask, echo, api))
+            return Response(await stateless(asked, ask, echo, api, started))
         plan = await responses.plan(
             api.owner, ask, input=asked.input, conversation=asked.conversation_id,
             previous_response_id=asked.previous_response_id, tools=asked.tools,
@@ -112,8 +114,7 @@ class OpenAIResponses(Controller):
         )  # fmt: skip
         chained = asked.previous_response_id is not None
         if asked.stream:
-            return await stream(request, plan, chained, echo, api)
-        started = time.time()
+            return await stream(request, plan, chained, echo, started, api)
         done = await responses.run(plan, chained)
         assert done.revision is not None
         output = views.output_items(
@@ -133,18 +134,20 @@ class OpenAIResponses(Controller):
         first = input_count(turn.replay_items)
         own = {call.call_id for call in turn.tool_calls}
         output = views.output_items(cid, revision, turn.replay_items[first:], first, own_calls=own)
-        echo = Echo(model=turn.origin.model if turn.origin else "unknown")
+        model = turn.origin.model if turn.origin else "unknown"
+        echo, created_at = Echo.of_record(turn.response, model)
         return response_object(
             cid, revision, echo, status=turn.status, output=output,
-            incomplete_reason=turn.incomplete_reason, created_at=turn.created_at,
+            incomplete_reason=turn.incomplete_reason, created_at=created_at or turn.created_at,
             usage=turn.usage,
         )  # fmt: skip
 
 
-async def stateless(asked: ResponseCreate, ask: Asked, echo: Echo, api: Api) -> dict[str, Any]:
+async def stateless(
+    asked: ResponseCreate, ask: Asked, echo: Echo, api: Api, started: float
+) -> dict[str, Any]:
     if asked.stream:
         raise InvalidInput("stream: not for calls without a conversation yet.", param="stream")
-    started = time.time()
     reply = await api.responses.stateless(api.owner, ask, asked.input, asked.tools)
     # Sealed reasoning is kept in the answer: a client that keeps the history has no other
     # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
@@ -157,12 +160,17 @@ async def stateless(asked: ResponseCreate, ask: Asked, echo: Echo, api: Api) -> 
 
 
 async def stream(
-    request: Request[Any, Any, Any], plan: TurnPlan, chained: bool, echo: Echo, api: Api
+    request: Request[Any, Any, Any],
+    plan: TurnPlan,
+    chained: bool,
+    echo: Echo,
+    created_at: float,
+    api: Api,
 ) -> ServerSentEvent:
     cid = correlation_id(request.scope)
     started = await api.responses.stream(plan, chained, cid)
     run = started.run
     assert run is not None  # a run of its own: /v1 streams are never background (yet)
     revision = run.held.result() + 1
-    rendering = ResponseStream(run, started.conversation_id, revision, echo)
+    rendering = ResponseStream(run, started.conversation_id, revision, echo, created_at)
     return run_stream(api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, {})

@@ -144,6 +144,19 @@ ECHO_DEFAULTS: dict[str, Any] = {
 }
 
 
+class _Record(msgspec.Struct):
+    created_at: float
+    tools: list[Any]
+    truncation: str | None
+    previous_response_id: str | None
+    store: bool
+    background: bool
+    fields: dict[str, msgspec.Raw]
+
+
+_JSON = msgspec.json.Encoder()
+
+
 @dataclass(frozen=True)
 class Echo:
     """What a Response repeats of the request that made it."""
@@ -156,6 +169,28 @@ class Echo:
     store: bool = True
     background: bool = False
     fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)  # the passed-through ones
+
+    def record(self, created_at: float) -> msgspec.Raw:
+        """What is kept with the turn, for a retrieve to echo the same (never the
+        instructions: a turn keeps their digest only)."""
+        kept = {name: self.fields[name] for name in ECHO_DEFAULTS if name in self.fields}
+        return msgspec.Raw(_JSON.encode(_Record(
+            created_at, list(self.tools), self.truncation, self.previous_response_id,
+            self.store, self.background, kept,
+        )))  # fmt: skip
+
+    @classmethod
+    def of_record(cls, record: msgspec.Raw | None, model: str) -> tuple[Echo, float | None]:
+        """The echo kept with a turn (none for an /api/v1 turn), and when it was created."""
+        if record is None:
+            return cls(model=model), None
+        kept = msgspec.json.decode(record, type=_Record)
+        echo = cls(
+            model=model, tools=kept.tools, truncation=kept.truncation,
+            previous_response_id=kept.previous_response_id, store=kept.store,
+            background=kept.background, fields=kept.fields,
+        )  # fmt: skip
+        return echo, kept.created_at
 
     def body(self) -> dict[str, Any]:
         echoed = {name: self.fields.get(name, value) for name, value in ECHO_DEFAULTS.items()}

@@ -9,7 +9,6 @@ turn, unannounced.
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -50,9 +49,11 @@ class _Failed(msgspec.Struct):
 class ResponseStream:
     """Numbers the events of one response and builds them from its run's events."""
 
-    def __init__(self, run: Run, cid: uuid.UUID, revision: int, echo: Echo) -> None:
+    def __init__(
+        self, run: Run, cid: uuid.UUID, revision: int, echo: Echo, created_at: float
+    ) -> None:
         self.run, self.cid, self.revision, self.echo = run, cid, revision, echo
-        self.created_at = time.time()
+        self.created_at = created_at
         self.sequence = 0
         self.message_id: str | None = None
         self.text: list[str] = []

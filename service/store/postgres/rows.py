@@ -24,6 +24,7 @@ from service.core.model import (
     TranscriptTurn,
     Turn,
 )
+from service.core.usage import Usage
 from service.platform.crypto import DataKey
 from service.store.postgres.keyring import Keyring
 from service.store.postgres.sealed import (
@@ -45,7 +46,9 @@ _CALLS = msgspec.json.Decoder(list[ToolCallRecord])
 _METADATA = msgspec.json.Decoder(dict[str, str])
 _BATCH = msgspec.json.Decoder(list[tuple[int, str, msgspec.Raw]])
 _JSON = msgspec.json.Encoder()
-_TRANSCRIPT = ("user_message", "assistant_message", "tool_calls")
+_TRANSCRIPT = ("user_message", "assistant_message", "tool_calls", "transcript")
+_SAID = msgspec.json.Decoder(tuple[tuple[str, str], ...])
+_USAGE = msgspec.json.Decoder(Usage)
 _REQUIRED = ("user_message", "assistant_message", "replay_items")
 
 
@@ -73,6 +76,9 @@ class Rows:
             status=row["status"],
             incomplete_reason=row["incomplete_reason"],
             created_at=row["turn_created_at"],
+            usage=_usage(row),
+            transcript=self._said(row),
+            response=_raw(self._field(row, "response")),
         )
 
     def transcript_turn(self, row: Row) -> TranscriptTurn:
@@ -86,6 +92,9 @@ class Rows:
             context_from=row["context_from"] or 1,
             prompt_version=row["prompt_version"],
             tool_calls=_CALLS.decode(calls) if calls else (),
+            said=self._said(row),
+            usage=_usage(row),
+            model=row["model"],
         )
 
     def turn_columns(self, seq: int, turn: Turn, turn_id: UUID | None) -> dict[str, Any]:
@@ -97,6 +106,8 @@ class Rows:
             "tool_calls": msgspec.json.encode(turn.tool_calls).decode()
             if turn.tool_calls
             else None,
+            "transcript": _JSON.encode(turn.transcript).decode() if turn.transcript else None,
+            "response": bytes(turn.response).decode() if turn.response else None,
         }
         origin = turn.origin
         return {
@@ -111,6 +122,7 @@ class Rows:
             "prompt_version": turn.prompt_version,
             "status": turn.status,
             "incomplete_reason": turn.incomplete_reason,
+            "usage": _JSON.encode(turn.usage).decode() if turn.usage else None,
         }
 
     def metadata_columns(self, metadata: dict[str, str]) -> dict[str, Any]:
@@ -151,6 +163,10 @@ class Rows:
     def _place(self, row: Row, name: str) -> bytes:
         return turn_place(self.conversation_id, row["seq"], name)
 
+    def _said(self, row: Row) -> tuple[tuple[str, str], ...] | None:
+        text = self._field(row, "transcript")
+        return _SAID.decode(text) if text else None
+
     def _field(self, row: Row, name: str) -> Any:
         """A turn's field from its clear and sealed columns."""
         return get(self.key, self._place(row, name), row[name], row[f"sealed_{name}"])
@@ -182,6 +198,15 @@ class Events:
                 if seq > after:
                     found.setdefault(seq, RunEvent(seq, name, bytes(data).decode()))
         return [found[seq] for seq in sorted(found)]
+
+
+def _usage(row: Row) -> Usage | None:
+    text = row["usage"]
+    return _USAGE.decode(text) if text else None
+
+
+def _raw(text: str | None) -> msgspec.Raw | None:
+    return msgspec.Raw(text.encode()) if text else None
 
 
 async def reading(

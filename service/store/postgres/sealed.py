@@ -20,7 +20,14 @@ from service.store.postgres.keyring import Keyring
 
 log = logging.getLogger("turnstore.crypto")
 
-TURN_FIELDS = ("user_message", "assistant_message", "replay_items", "tool_calls")
+TURN_FIELDS = (
+    "user_message",
+    "assistant_message",
+    "replay_items",
+    "tool_calls",
+    "transcript",
+    "response",
+)
 
 
 def turn_place(conversation_id: UUID, seq: int, field: str) -> bytes:

@@ -30,13 +30,15 @@ TURN = """
     turns.tool_calls, turns.sealed_user_message, turns.sealed_assistant_message,
     turns.sealed_replay_items, turns.sealed_tool_calls, turns.provider, turns.endpoint,
     turns.model, turns.context_from, turns.prompt_version, turns.status,
-    turns.incomplete_reason, turns.created_at AS turn_created_at
+    turns.incomplete_reason, turns.created_at AS turn_created_at, turns.usage,
+    turns.transcript, turns.sealed_transcript, turns.response, turns.sealed_response
 """
 # A turn as written: the conversation_id, seq and created_at, then these.
 TURN_VALUES = """
     user_message, assistant_message, replay_items, provider, endpoint, model, context_from,
     prompt_version, tool_calls, status, incomplete_reason, turn_id, sealed_user_message,
-    sealed_assistant_message, sealed_replay_items, sealed_tool_calls
+    sealed_assistant_message, sealed_replay_items, sealed_tool_calls, usage, transcript,
+    sealed_transcript, response, sealed_response
 """
 INFO = """
     conversations.id, conversations.revision, conversations.created_at,
@@ -111,7 +113,9 @@ THE_TURN = f"""
             CAST(:tool_calls AS json), CAST(:status AS text), CAST(:incomplete_reason AS text),
             CAST(:turn_id AS uuid), CAST(:sealed_user_message AS bytea),
             CAST(:sealed_assistant_message AS bytea), CAST(:sealed_replay_items AS bytea),
-            CAST(:sealed_tool_calls AS bytea),
+            CAST(:sealed_tool_calls AS bytea), CAST(:usage AS json), CAST(:transcript AS json),
+            CAST(:sealed_transcript AS bytea), CAST(:response AS json),
+            CAST(:sealed_response AS bytea),
             head.id, head.revision, now()
         FROM head
         RETURNING turns.seq
@@ -206,7 +210,8 @@ PAGE_SIZES = f"""
 PAGE_ROWS = """
     SELECT turns.seq, turns.user_message, turns.assistant_message, turns.context_from,
         turns.prompt_version, turns.tool_calls, turns.sealed_user_message,
-        turns.sealed_assistant_message, turns.sealed_tool_calls
+        turns.sealed_assistant_message, turns.sealed_tool_calls, turns.usage, turns.model,
+        turns.transcript, turns.sealed_transcript
     FROM turns
     WHERE turns.conversation_id = :cid AND turns.seq = ANY(CAST(:seqs AS int[]))
     ORDER BY turns.seq
@@ -248,7 +253,8 @@ TURN_INSERT = f"""
         :conversation_id, :seq, now(), :user_message, :assistant_message, :replay_items,
         :provider, :endpoint, :model, :context_from, :prompt_version, :tool_calls, :status,
         :incomplete_reason, :turn_id, :sealed_user_message, :sealed_assistant_message,
-        :sealed_replay_items, :sealed_tool_calls
+        :sealed_replay_items, :sealed_tool_calls, :usage, :transcript, :sealed_transcript,
+        :response, :sealed_response
     )
 """
 # The same with its first time kept (a turn moved or copied).
@@ -260,7 +266,8 @@ TURN_MOVE = TURN_INSERT.replace("now()", ":created_at")
 # copied here (see FORK_SOURCE).
 FORKED = """
     seq, user_message, assistant_message, replay_items, created_at, provider, endpoint, model,
-    context_from, prompt_version, tool_calls, status, incomplete_reason
+    context_from, prompt_version, tool_calls, status, incomplete_reason, usage, transcript,
+    response
 """
 FORK = f"""
     WITH src AS (

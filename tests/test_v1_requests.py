@@ -400,3 +400,24 @@ async def test_a_retrieved_response_echoes_what_its_create_did(
     assert {name: getattr(again, name) for name in echoed} == {
         name: getattr(made, name) for name in echoed
     }
+
+
+async def test_tokens_are_counted_in_metrics_by_model_and_kind(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    api = FakeResponsesAPI()
+
+    def counted(text: str, kind: str) -> float:
+        line = f'turnstore_provider_tokens_total{{kind="{kind}",model="gpt-test"}}'
+        found = [row for row in text.splitlines() if row.startswith(line)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    async with sdk(database_url, api.provider()) as (client, _, plain):
+        before = (await plain.get("/metrics")).text
+        conversation = await client.conversations.create()
+        await client.responses.create(conversation=conversation.id, input="x")
+        after = (await plain.get("/metrics")).text
+    # tests/fakeapi.py: 10 input, 5 output tokens of which 2 reasoning, per call.
+    assert counted(after, "input") - counted(before, "input") == 10
+    assert counted(after, "output") - counted(before, "output") == 5
+    assert counted(after, "reasoning") - counted(before, "reasoning") == 2

@@ -16,6 +16,7 @@ from prometheus_client import (
 )
 
 from service.core.errors import TurnstoreError
+from service.core.usage import Usage
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)  # CPU, memory, open files of this process
@@ -44,6 +45,25 @@ TURNS_NOT_COMMITTED = Counter(
     ["mode", "reason"],
     registry=REGISTRY,
 )
+PROVIDER_TOKENS = Counter(
+    "turnstore_provider_tokens_total",
+    "Tokens the provider reported for its calls (usage), by model and kind: input, cached "
+    "(of the input), output, reasoning (of the output).",
+    ["model", "kind"],
+    registry=REGISTRY,
+)
+
+
+def tokens_used(model: str, usage: Usage) -> None:
+    """Count one provider call's usage."""
+    for kind, count in (
+        ("input", usage.input_tokens), ("cached", usage.cached_tokens),
+        ("output", usage.output_tokens), ("reasoning", usage.reasoning_tokens),
+    ):  # fmt: skip
+        if count:
+            PROVIDER_TOKENS.labels(model, kind).inc(count)
+
+
 PROVIDER_SECONDS = Histogram(
     "turnstore_provider_seconds",
     "Time from the provider request to its final reply.",

@@ -112,6 +112,7 @@ class Exchange:
             assert reply is not None  # a round ends with its reply or raises (``replied``)
             if reply.usage is not None:
                 self._usage = reply.usage if self._usage is None else self._usage + reply.usage
+                metrics.tokens_used(self._request.model or self._provider.origin.model, reply.usage)
             items.extend(reply.output_items)
             calls = function_calls(reply.output_items)
             theirs = [call for call in calls if call.name in self._client_names]

@@ -23,6 +23,7 @@ from service.core.ids import view_item_conversation, view_item_id
 from service.core.items import check_history
 from service.core.plans import Asked, PlanRules
 from service.core.window import SystemPrompt, instructions_for
+from service.platform import metrics
 from service.providers.base import Provider, ProviderRequest, Reply, replied
 from service.store.ports import ConversationStore
 from service.usecases.exchange import advertised
@@ -103,4 +104,6 @@ class Relay:
         except ProviderRefused as refused:
             raise refused.client_error() from refused
         assert reply is not None  # ``replied`` raises without one
+        if reply.usage is not None:
+            metrics.tokens_used(asked.model or self._provider.origin.model, reply.usage)
         return reply

@@ -31,7 +31,7 @@ import psutil
 
 from bench.database import libpq_url, settle, sqlalchemy_url
 from bench.dbwork import DbMeter
-from bench.floors import load
+from bench.floors import flame, load
 from bench.server import free_port, running, turnstore_command
 
 SUBJECTS = ("bare", "litestar", "turnstore")
@@ -225,15 +225,15 @@ class Profile:
     fifo: bool  # it ran under SCHED_FIFO (the samples are of CPU time)
 
 
-PROFILE_LOADS, PROFILE_RATE = 3, 400
+PROFILE_LOADS, PROFILE_RATE = 3, 250
 
 
-def profile(subject: str, pid: int, port: int, kind: str, out: Path) -> Profile:
-    """A py-spy flame graph of the server under PROFILE_LOADS more loads of ``kind`` (not
-    measured): the event loop's thread only counts (bench/floors/flame.py)."""
+def profile(subject: str, pid: int, port: int, kind: str, raw: Path, out: Path) -> Profile:
+    """A py-spy record of the server under PROFILE_LOADS more loads of ``kind`` (not
+    measured) into ``raw``, and the flame graph of its event loop's thread into ``out``."""
     spy = Path(sys.executable).parent / "py-spy"
-    command = [str(spy), "record", "--pid", str(pid), "--rate", str(PROFILE_RATE),
-               "--function", "--format", "flamegraph", "--output", str(out)]  # fmt: skip
+    command = [str(spy), "record", "--pid", str(pid), "--rate", str(PROFILE_RATE), "--function",
+               "--threads", "--format", "raw", "--output", str(raw)]  # fmt: skip
     turns = 0
     with realtime(pid) as fifo:
         recorder = subprocess.Popen(
@@ -254,6 +254,13 @@ def profile(subject: str, pid: int, port: int, kind: str, out: Path) -> Profile:
         finally:
             recorder.send_signal(signal.SIGINT)
             recorder.wait(timeout=60)
+    roots, samples = flame.from_raw(raw)
+    how = "under SCHED_FIFO" if fifo else "as scheduled (waits for a core count as busy)"
+    title = (
+        f"{subject}, {kind} turns: its event loop's thread, {samples:,} samples at "
+        f"{PROFILE_RATE} Hz over {turns:,} turns, {how}"
+    )
+    flame.write_svg(roots, samples, out, title)
     return Profile(out, subject, kind, cpu / turns * 1000, fifo)
 
 
@@ -293,8 +300,9 @@ def run(
             for kind in load.KINDS:
                 for subject in SUBJECTS:
                     pid, port = servers[subject]
-                    out = flames / f"{subject}-{FILE_NAMES[kind]}.svg"
-                    profiles.append(profile(subject, pid, port, kind, out))
+                    name = f"{subject}-{FILE_NAMES[kind]}"
+                    out, raw = flames / f"{name}.svg", logs / f"{name}.raw"
+                    profiles.append(profile(subject, pid, port, kind, raw, out))
     return FloorsResult(rounds, measured, rows, realtime_servers, profiles)
 
 
@@ -347,8 +355,12 @@ def lines(result: FloorsResult) -> Iterator[str]:
             values = " ".join(f"{per[s].get(name, 0):9.2f}" for s in SUBJECTS)
             yield f"      {name[:48]:48} {values}"
     for p in result.profiles:
-        how = "SCHED_FIFO" if p.fifo else "as scheduled: samples include waits for a core"
-        yield f"  flame graph {p.path} ({p.cpu_ms:.2f} ms of CPU per turn while sampled, {how})"
+        how = "SCHED_FIFO" if p.fifo else "as scheduled: waits for a core counted as busy"
+        yield (
+            f"  flame graph {p.path} ({how}; the sampler stops the server {PROFILE_RATE} times a "
+            "second: "
+            f"{p.cpu_ms:.2f} ms of CPU per turn meanwhile)"
+        )
 
 
 def ratios(result: FloorsResult) -> dict[tuple[str, str], tuple[float, float, float]]:

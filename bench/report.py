@@ -106,7 +106,7 @@ def floor_targets(ratios: dict[tuple[str, str], tuple[float, float, float]]) -> 
     """turnstore's server CPU per turn over each floor's, of the rounds' minimums (of their
     medians beside it)."""
     for (kind, floor), (of_min, of_median, limit) in ratios.items():
-        label = f"server CPU per {kind} turn vs the {floor} floor (medians {of_median:.1f}x)"
+        label = f"{kind} server CPU/turn vs {floor} floor (medians {of_median:.1f}x)"
         yield _check(label, of_min, limit, False)
 
 

@@ -283,6 +283,8 @@ NEAREST = (
 
 
 def part(path: tuple[str, ...]) -> str:
+    if path == ("all",):  # seen in SQLAlchemy's greenlet switches: no Python frame there
+        return "no Python frame (greenlet switches, it seems)"
     for name, keys in ANCESTOR:
         if any(key in frame for frame in path for key in keys):
             return name

@@ -1,7 +1,8 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
-Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate  --subjects ...
---rounds N
+Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors  --subjects ...
+--rounds N  --flame, --realtime (floors: flame graphs into bench/flame/; servers under
+SCHED_FIFO)
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import time
 from pathlib import Path
 
 from bench import durable, e2e, fork, holding, hostile, migrate, plots, report, tracing
-from bench.database import fresh_database, server, server_version
+from bench.database import REPO, fresh_database, server, server_version
+from bench.floors import run as floors
 from bench.store import StoreConfig, StoreResult, run_subject
 from bench.stores import SUBJECTS
 from bench.workload import describe
@@ -30,11 +32,17 @@ def _say(line: str = "") -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument(
-        "--parts", default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate"
+        "--parts", default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors"
     )
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
     parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument(
+        "--flame", action="store_true", help="floors: py-spy flame graphs into bench/flame/"
+    )
+    parser.add_argument(
+        "--realtime", action="store_true", help="floors: measure the servers under SCHED_FIFO"
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     # 1,000 client sockets here plus as many in the server (which inherits this limit).
@@ -116,7 +124,22 @@ def main() -> None:
             )
             for line in migrate.lines(migrate.run(server_url, logs)):
                 _say("   " + line)
+        floor = None
+        if "floors" in parts:
+            _say(
+                "\n9. Floors: server CPU per turn, turnstore against a bare ASGI app and a minimal "
+                "Litestar app running the same statements (uvicorn, httptools, uvloop, 1 worker)"
+            )
+            flames = REPO / "bench" / "flame" if args.flame else None
+            floor = floors.run(
+                url, logs, args.rounds, realtime_servers=args.realtime, flames=flames
+            )
+            for line in floors.lines(floor):
+                _say("   " + line)
         _say("\nTargets (ratios from this run)")
+        if floor is not None:
+            for line in report.floor_targets(floors.ratios(floor)):
+                _say(line)
         for line in report.targets(results, e2e_result, hold, refused):
             _say(line)
     _say(f"\nbench finished in {time.monotonic() - started:.0f} s")

@@ -102,6 +102,14 @@ def _check(label: str, value: float, limit: float, at_least: bool, unit: str = "
     return f"  {label:55} {value:8.2f}{unit:<3} (target {sign} {limit:g}{unit})  {verdict}"
 
 
+def floor_targets(ratios: dict[tuple[str, str], tuple[float, float, float]]) -> Iterator[str]:
+    """turnstore's server CPU per turn over each floor's, of the rounds' minimums (of their
+    medians beside it)."""
+    for (kind, floor), (of_min, of_median, limit) in ratios.items():
+        label = f"{kind} server CPU/turn vs {floor} floor (medians {of_median:.1f}x)"
+        yield _check(label, of_min, limit, False)
+
+
 def targets(
     results: dict[str, StoreResult],
     e2e: E2EResult | None,

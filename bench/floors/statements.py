@@ -1,0 +1,55 @@
+"""The statements a turn runs, as turnstore's PostgreSQL store runs them: the store's own named
+statements (service/store/postgres/), compiled once for asyncpg, so a change there reaches the
+floors. A floor fills them per request with a plain dict, without SQLAlchemy.
+
+The bench checks from pg_stat_statements that the floors ran the same statements as turnstore
+(same query ids), and from the rows that they wrote the same bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from service.store.postgres import run_statements as runs
+from service.store.postgres.statements import Statements
+from service.store.postgres.tx import Compiled as Statement
+
+__all__ = ["Nulls", "Statement", "TurnStatements", "turn_statements"]
+
+
+class Nulls(dict[str, Any]):
+    """A statement's parameters: a column the floor does not set (a sealed one, a key) NULL,
+    as turnstore leaves it for a turn in clear without an Idempotency-Key."""
+
+    def __missing__(self, name: str) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class TurnStatements:
+    lease: Statement  # take the lease and read the turns after :after (one statement)
+    commit: Statement  # the conditional bump, the turn row, the Idempotency-Key: one statement
+    commit_new: Statement  # the same over a new conversation (or an empty /v1 one)
+    check: Statement  # the streamed turn's check before its stream starts
+    create_empty: Statement  # POST /v1/conversations (not measured: before the turns)
+    wake: Statement  # after a commit that released a lease others wait for
+    run_create: Statement  # a streamed turn runs as a durable run: its row,
+    run_begin: Statement  # its start once the lease is held,
+    run_log: Statement  # its events so far, logged before the commit,
+    run_commit: Statement  # and its end, in the commit's transaction
+
+
+def turn_statements() -> TurnStatements:
+    sql = Statements(retention_days=None)  # RETENTION_DAYS unset, as the bench serves
+    return TurnStatements(
+        lease=sql.lease,
+        commit=sql.commit[False],
+        commit_new=sql.commit[True],
+        check=sql.describe,
+        create_empty=sql.new_conversation,
+        wake=sql.wake,
+        run_create=runs.CREATE,
+        run_begin=runs.BEGIN,
+        run_log=runs.LOG,
+        run_commit=runs.COMMIT,
+    )

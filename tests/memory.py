@@ -73,6 +73,9 @@ class _Run:
     cancel_requested: bool = False
     watched: bool = False
     expires_at: datetime | None = None
+    base_revision: int | None = None
+    message_id: str | None = None
+    created_at: datetime = field(default_factory=lambda: _now())
 
     def view(self, message: str | None = None) -> RunView:
         return RunView(
@@ -86,6 +89,10 @@ class _Run:
             last_event=self.events[-1].seq if self.events else 0,
             background=self.new.background,
             stalled=not self.finished and self.heartbeat_until < _now(),
+            base_revision=self.base_revision,
+            message_id=self.message_id,
+            response=self.new.response,
+            created_at=self.created_at,
         )
 
     @property
@@ -101,6 +108,7 @@ class _Conversation:
     lease_expires_at: datetime | None = None
     lease_wanted: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
+    expires_at: datetime | None = None  # a stored response's conversation's
 
     def info(self) -> ConversationInfo:
         row = self.row
@@ -125,6 +133,7 @@ class MemoryStore:
         idempotency_ttl_s: float = 86_400,
         idempotency_lease_s: float = 600,
         events_ttl_s: float = 600,
+        stored_response_ttl_s: float = 30 * 86_400,
         notifications: LocalNotifications | None = None,
     ) -> None:
         self.notifications = notifications or LocalNotifications()
@@ -135,14 +144,20 @@ class MemoryStore:
         self._retention = timedelta(days=retention_days) if retention_days else None
         self._ttl = timedelta(seconds=idempotency_ttl_s)
         self._lease = timedelta(seconds=idempotency_lease_s)
+        self._stored_ttl = timedelta(seconds=stored_response_ttl_s)
 
     def _live(self, conversation_id: UUID, owner: str) -> _Conversation | None:
         found = self._conversations.get(conversation_id)
         if found is None or found.row.owner != owner:
             return None
-        if self._retention and found.row.updated_at <= _now() - self._retention:
+        if self._gone(found, _now()):
             return None
         return found
+
+    def _gone(self, found: _Conversation, now: datetime) -> bool:
+        if found.expires_at is not None and found.expires_at <= now:
+            return True
+        return self._retention is not None and found.row.updated_at <= now - self._retention
 
     async def load(
         self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
@@ -259,6 +274,8 @@ class MemoryStore:
                 owner=owner,
             )
             found = self._conversations[conversation_id] = _Conversation(row)
+            if append.stored_response:
+                found.expires_at = now + self._stored_ttl
         else:
             found = self._conversations[conversation_id]
             found.row = replace(
@@ -267,6 +284,8 @@ class MemoryStore:
                 updated_at=now,
                 context_start=max(found.row.context_start, turn.context_from),
             )
+            if found.expires_at is not None:
+                found.expires_at = now + self._stored_ttl
         found.turns.append(replace(turn, created_at=now))
         self._released(found)
         revision = found.row.revision
@@ -306,7 +325,7 @@ class MemoryStore:
             new_id or uuid4(), at_revision, now, now, context_start=start, owner=owner
         )
         fork = self._conversations[row.id] = _Conversation(
-            row, list(turns), metadata=dict(found.metadata)
+            row, list(turns), metadata=dict(found.metadata), expires_at=found.expires_at
         )
         return fork.info()
 
@@ -332,6 +351,16 @@ class MemoryStore:
         found.row = replace(found.row, revision=revision, updated_at=now, rewritten_at=revision)
         return found.info(), last.replay_items[-1]
 
+    async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
+        found = self._live(conversation_id, owner)
+        if found is None or not 1 <= revision <= len(found.turns):
+            return False
+        turn = found.turns[revision - 1]
+        if turn.response_deleted:
+            return False
+        found.turns[revision - 1] = replace(turn, response_deleted=True)
+        return True
+
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         found = self._live(conversation_id, owner)
         return None if found is None else found.info()
@@ -355,14 +384,29 @@ class MemoryStore:
     async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
         self._runs[run.id] = _Run(run, _now() + timedelta(seconds=heartbeat_s))
 
-    async def begin_run(self, run_id: UUID) -> None:
+    async def begin_run(self, run_id: UUID, revision: int) -> None:
         run = self._runs.get(run_id)
         if run is not None and run.status == "queued":
-            run.status = "in_progress"
+            run.status, run.base_revision = "in_progress", revision
 
-    async def log_events(self, run_id: UUID, owner: str, events: Sequence[RunEvent]) -> None:
+    async def find_run(self, conversation_id: UUID, owner: str, base_revision: int) -> UUID | None:
+        found = [
+            run for run in self._runs.values()
+            if run.new.conversation_id == conversation_id and run.base_revision == base_revision
+            and self._readable(run.new.id, owner) is not None
+        ]  # fmt: skip
+        return max(found, key=lambda run: run.created_at).new.id if found else None
+
+    async def log_events(
+        self,
+        run_id: UUID,
+        owner: str,
+        events: Sequence[RunEvent],
+        message_id: str | None = None,
+    ) -> None:
         run = self._runs.get(run_id)
         if run is not None and not run.finished:
+            run.message_id = run.message_id or message_id
             known = {e.seq for e in run.events}
             run.events += [e for e in events if e.seq not in known]
             run.status = "in_progress"
@@ -497,12 +541,7 @@ class MemoryStore:
         for run_id, run in list(self._runs.items()):
             if run.expires_at is not None and run.expires_at < now:
                 del self._runs[run_id]
-        if self._retention is None:
-            return 0
-        expired = [
-            cid for cid, c in self._conversations.items()
-            if c.row.updated_at <= now - self._retention
-        ]  # fmt: skip
+        expired = [cid for cid, c in self._conversations.items() if self._gone(c, now)]
         for cid in expired:
             self._forget(cid)
         return len(expired)

@@ -84,7 +84,7 @@ async def test_a_new_run_is_queued_and_only_its_owner_reads_it(stores: Stores) -
 async def test_begun_and_logged_events_come_back_in_order_once(stores: Stores) -> None:
     runs = stores.runs
     run = await new_run(runs)
-    await runs.begin_run(run.id)
+    await runs.begin_run(run.id, 0)
     view = await runs.read_run(run.id, OWNER)
     assert view is not None and view.status == "in_progress"
     await runs.log_events(run.id, OWNER, [delta(1, "a"), delta(2, "b")])
@@ -124,7 +124,7 @@ async def test_a_run_ends_once_with_its_terminal_event(stores: Stores) -> None:
 async def test_a_committed_turn_ends_its_run_in_the_commit(stores: Stores) -> None:
     runs = stores.runs
     run = await new_run(runs)
-    await runs.begin_run(run.id)
+    await runs.begin_run(run.id, 0)
     await runs.log_events(run.id, OWNER, [delta(1, "hi")])
     done = events.Done("completed", None, run.conversation_id, run.id)
     item = msgspec.Raw(b'{"type":"message","role":"user","content":"u"}')
@@ -198,3 +198,25 @@ async def test_a_finished_runs_events_expire(stores: Stores) -> None:
 
     await until(expired)
     assert await runs.run_events(run.id, OWNER, 0) is None
+
+
+async def test_a_run_records_where_it_began_its_message_and_its_response(
+    stores: Stores,
+) -> None:
+    """What a /v1 stream needs to be rendered the same on any replica: the revision its turn
+    held, the provider's id of the streamed message, the Response's echo."""
+    runs = stores.runs
+    echo = msgspec.Raw(b'{"created_at":1.5,"tools":[],"fields":{}}')
+    run = NewRun(uuid.uuid4(), uuid.uuid4(), OWNER, False, echo)
+    await runs.create_run(run, 30)
+    await runs.begin_run(run.id, 4)
+    await runs.log_events(run.id, OWNER, [delta(1, "a")], "msg_1")
+    await runs.log_events(run.id, OWNER, [delta(2, "b")], "msg_other")  # known already: kept
+    view = await runs.read_run(run.id, OWNER)
+    assert view is not None
+    assert (view.base_revision, view.message_id) == (4, "msg_1")
+    assert view.response is not None and bytes(view.response) == bytes(echo)
+    assert view.created_at is not None
+    assert await runs.find_run(run.conversation_id, OWNER, 4) == run.id
+    assert await runs.find_run(run.conversation_id, OWNER, 3) is None
+    assert await runs.find_run(run.conversation_id, "mallory", 4) is None

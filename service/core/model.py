@@ -131,6 +131,7 @@ class Turn:
     # What the OpenAI surface records of the response this turn made: the JSON of what it
     # echoes of its request and when it was created (None: an /api/v1 turn).
     response: msgspec.Raw | None = None
+    response_deleted: bool = False  # DELETE /v1/responses/{id}: the turn and its items stay
 
     def said(self) -> tuple[Said, ...]:
         if self.transcript is not None:
@@ -245,6 +246,9 @@ class Append:
     lease: UUID | None = None
     run: RunCommit | None = None
     fork_of: ForkPoint | None = None  # create the conversation as this fork first (same commit)
+    # A new conversation made for a stored /v1 response: it expires STORED_RESPONSE_TTL_DAYS
+    # after its last turn (a fork of one does too).
+    stored_response: bool = False
 
 
 @dataclass(frozen=True)
@@ -261,12 +265,13 @@ FINISHED: frozenset[str] = frozenset({"completed", "incomplete", "failed", "canc
 
 @dataclass(frozen=True)
 class NewRun:
-    """A streamed or background turn about to run (service/runs.py)."""
+    """A streamed or background turn about to run (service/usecases/runs.py)."""
 
     id: UUID
     conversation_id: UUID
     owner: str
     background: bool
+    response: msgspec.Raw | None = None  # what its /v1 Response echoes (see Turn.response)
 
 
 @dataclass(frozen=True)
@@ -315,6 +320,10 @@ class RunView:
     last_event: int
     background: bool
     stalled: bool  # unfinished, and its replica stopped renewing its heartbeat
+    base_revision: int | None = None  # its turn held the conversation here (None: not yet)
+    message_id: str | None = None  # the provider's id of the message it streamed
+    response: msgspec.Raw | None = None  # what its /v1 Response echoes (see Turn.response)
+    created_at: datetime | None = None
 
     @property
     def finished(self) -> bool:

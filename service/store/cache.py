@@ -172,6 +172,11 @@ class CachedStore:
             # Also after a failed delete: a load racing with it may have cached what is gone.
             self._evict(conversation_id)
 
+    async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
+        # Cached turns may keep saying their response is there: nothing reads that from here
+        # (a response is read with after_revision, which this cache passes through).
+        return await self._inner.delete_response(conversation_id, owner, revision)
+
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None
     ) -> tuple[list[Summary], str | None]:

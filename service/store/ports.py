@@ -121,6 +121,10 @@ class ConversationStore(Protocol):
         ConversationNotFound, PreconditionFailed, ConversationConflict (a turn is running),
         InvalidInput (nothing to remove), StorageError."""
 
+    async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
+        """Forget the response the turn of ``revision`` made (it stays a turn, with its
+        items); whether there was such a response not deleted before."""
+
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         """The conversation without its turns; None as for ``load``. Raises StorageError."""
 
@@ -144,12 +148,22 @@ class RunStore(Protocol):
     async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
         """Record a new run, queued, alive for ``heartbeat_s``."""
 
-    async def begin_run(self, run_id: UUID) -> None:
-        """The run's turn holds its conversation: it is in progress."""
+    async def begin_run(self, run_id: UUID, revision: int) -> None:
+        """The run's turn holds its conversation at ``revision``: it is in progress."""
 
-    async def log_events(self, run_id: UUID, owner: str, events: Sequence[RunEvent]) -> None:
-        """Append events of ``owner``'s run (in progress from its first); wakes its
-        watchers."""
+    async def log_events(
+        self,
+        run_id: UUID,
+        owner: str,
+        events: Sequence[RunEvent],
+        message_id: str | None = None,
+    ) -> None:
+        """Append events of ``owner``'s run (in progress from its first), and the id of the
+        message it streams if not known yet; wakes its watchers."""
+
+    async def find_run(self, conversation_id: UUID, owner: str, base_revision: int) -> UUID | None:
+        """The run (the latest) whose turn held ``owner``'s conversation at ``base_revision``:
+        the one that makes, or made, revision ``base_revision + 1``."""
 
     async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
         """End an unfinished run that did not commit, with its last events; False when it had

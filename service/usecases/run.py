@@ -51,7 +51,7 @@ class Run:
         self._watched = False
 
     async def begin(self, revision: int) -> None:
-        await self._store.begin_run(self.id)
+        await self._store.begin_run(self.id, revision)
         if not self.held.done():
             self.held.set_result(revision)
 
@@ -112,7 +112,8 @@ class Run:
         async with self._flush_lock:
             batch = self.events[self._logged :]
             if batch:
-                await self._store.log_events(self.id, self.new.owner, batch)
+                message_id = self.message_id if self._logged == 0 else None
+                await self._store.log_events(self.id, self.new.owner, batch, message_id)
                 self._logged += len(batch)
 
     async def prepare_commit(self, turn: Turn) -> RunCommit:

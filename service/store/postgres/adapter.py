@@ -21,6 +21,7 @@ class Adapter:
         idempotency_ttl_s: float = 86_400,
         idempotency_lease_s: float = 600,
         events_ttl_s: float = 600,
+        stored_response_ttl_s: float = 30 * 86_400,
         keyring: Keyring | None = None,
     ) -> None:
         self._engine = engine
@@ -30,6 +31,7 @@ class Adapter:
         self._retention = retention_days
         self._idempotency_ttl_s = idempotency_ttl_s
         self._events_ttl_s = events_ttl_s
+        self._stored_response_ttl_s = stored_response_ttl_s
         # A claimed key whose replica died is taken over after this long.
         self._idempotency_lease_s = idempotency_lease_s
 

@@ -41,7 +41,7 @@ class Edits(Adapter):
         codec = Rows(key, uuid.uuid4())
         params = {
             "cid": codec.conversation_id, "caller": owner, "revision": 0 if turn is None else 1,
-            "context_start": 1, **codec.metadata_columns(metadata),
+            "context_start": 1, "expires_at": None, **codec.metadata_columns(metadata),
         }  # fmt: skip
         async with driver(self._engine, write=True) as conn:
             row = await self._sql.new_conversation.fetchrow(conn, params)
@@ -78,7 +78,7 @@ class Edits(Adapter):
         old, new = Rows(key, fork["src"]), Rows(key, fork["new"])
         row = await self._sql.new_conversation.fetchrow(conn, {
             "cid": new.conversation_id, "revision": fork["at"], "caller": fork["caller"],
-            "context_start": source["context_from"] or 1,
+            "context_start": source["context_from"] or 1, "expires_at": source["expires_at"],
             **new.metadata_columns(old.metadata(source)),
         })  # fmt: skip
         copies = [
@@ -158,3 +158,12 @@ class Edits(Adapter):
                 return codec.info(row)
 
         return await written(update)
+
+    async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
+        params = {"cid": conversation_id, "caller": owner, "seq": revision}
+
+        async def delete() -> bool:
+            async with driver(self._engine, write=False) as conn:
+                return await self._sql.delete_response.fetchrow(conn, params) is not None
+
+        return await written(delete)

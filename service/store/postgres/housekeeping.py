@@ -46,14 +46,14 @@ class Housekeeping(Adapter):
         await written(release)
 
     async def purge(self, batch: int = 500) -> int:
-        """Delete expired Idempotency-Key records, and conversations idle past the
-        retention a small batch per transaction so no lock is held long; concurrent purges
-        skip each other's rows."""
+        """Delete expired Idempotency-Key records, and conversations gone (idle past the
+        retention, stored responses' past their expiry), a small batch per transaction so no
+        lock is held long; concurrent purges skip each other's rows."""
         async with driver(self._engine, write=False) as conn:
             await idem.EXPIRED.execute(conn, {})
             await run_statements.EXPIRED.execute(conn, {})  # past TURN_EVENTS_TTL_S
         total = 0
-        while self._retention:
+        while True:
             async with driver(self._engine, write=True) as conn:
                 gone = [row["id"] for row in await self._sql.purge.fetch(conn, {"batch": batch})]
                 await run_statements.DELETE_OF.execute(conn, {"cids": gone})

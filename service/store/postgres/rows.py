@@ -79,6 +79,7 @@ class Rows:
             usage=_usage(row),
             transcript=self._said(row),
             response=_raw(self._field(row, "response")),
+            response_deleted=bool(row["response_deleted"]),
         )
 
     def transcript_turn(self, row: Row) -> TranscriptTurn:

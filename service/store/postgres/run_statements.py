@@ -20,10 +20,10 @@ LOGGED = f"""
     WITH r AS (
         UPDATE turn_runs SET {{changes}}
         WHERE id = :id AND {UNFINISHED}
-        RETURNING id, watched
+        RETURNING id, conversation_id, watched
     ), e AS (
-        INSERT INTO turn_events (turn_id, seq, events, sealed_events)
-        SELECT r.id, :last, CAST(:events AS json), :sealed_events FROM r
+        INSERT INTO turn_events (conversation_id, turn_id, seq, events, sealed_events)
+        SELECT r.conversation_id, r.id, :last, CAST(:events AS json), :sealed_events FROM r
         ON CONFLICT DO NOTHING
         RETURNING 1
     )
@@ -35,14 +35,15 @@ LOGGED = f"""
 
 CREATE = sql("""
     INSERT INTO turn_runs (id, conversation_id, owner, background, status, heartbeat_until,
-                           created_at, last_event, cancel_requested, watched)
+                           created_at, last_event, cancel_requested, watched, response,
+                           sealed_response)
     VALUES (:id, :cid, :owner, :background, 'queued', now() + make_interval(secs => :hb),
-            now(), 0, false, false)
+            now(), 0, false, false, CAST(:response AS json), :sealed_response)
 """)
 LOG = sql(
     LOGGED.format(
         changes="""
-    last_event = :last,
+    last_event = :last, message_id = coalesce(message_id, CAST(:message_id AS text)),
     status = CASE WHEN status = 'queued' THEN 'in_progress' ELSE status END
 """
     )
@@ -63,15 +64,17 @@ COMMIT = sql(f"""
             status = :status, revision = :revision, last_event = :seq, finished_at = now(),
             expires_at = now() + make_interval(secs => :ttl)
         WHERE id = :id AND {UNFINISHED}
-        RETURNING id, watched
+        RETURNING id, conversation_id, watched
     )
-    INSERT INTO turn_events (turn_id, seq, events, sealed_events)
-    SELECT r.id, :seq, CAST(:events AS json), :sealed_events FROM r
+    INSERT INTO turn_events (conversation_id, turn_id, seq, events, sealed_events)
+    SELECT r.conversation_id, r.id, :seq, CAST(:events AS json), :sealed_events FROM r
     RETURNING (SELECT watched FROM r)
 """)
 VIEW = """
     r.id, r.conversation_id, r.status, r.revision, r.error_code, r.error_message,
-    r.last_event, r.background, (r.heartbeat_until < now()) AS stalled
+    r.last_event, r.background, (r.heartbeat_until < now()) AS stalled, r.base_revision,
+    r.message_id, CAST(r.response AS text) AS response, r.sealed_response,
+    r.created_at AS run_created_at
 """
 READ = sql(f"""
     SELECT {VIEW}, t.seq, t.assistant_message, t.sealed_assistant_message
@@ -91,8 +94,17 @@ WATCH = sql(f"""
     RETURNING pg_notify('{CHANNEL}', 'watch:' || id::text), {NO_SYNC_WAIT}
 """)
 BEGIN = sql(f"""
-    UPDATE turn_runs SET status = 'in_progress' WHERE id = :id AND status = 'queued'
+    UPDATE turn_runs SET status = 'in_progress', base_revision = :base
+    WHERE id = :id AND status = 'queued'
     RETURNING {NO_SYNC_WAIT}
+""")
+# The run that makes a conversation's revision :base + 1 (a streamed response, named by that
+# revision), the latest if several tried.
+RUN_AT = sql(f"""
+    SELECT r.id FROM turn_runs r
+    WHERE r.conversation_id = :cid AND r.owner = :owner AND r.base_revision = :base AND {LIVE}
+    ORDER BY r.created_at DESC
+    LIMIT 1
 """)
 CANCEL = sql(f"""
     WITH r AS (
@@ -124,10 +136,10 @@ INTERRUPT = sql(f"""
             last_event = :last, finished_at = now(),
             expires_at = now() + make_interval(secs => :ttl)
         WHERE id = :id
-        RETURNING id, watched
+        RETURNING id, conversation_id, watched
     ), e AS (
-        INSERT INTO turn_events (turn_id, seq, events, sealed_events)
-        SELECT id, :last, CAST(:events AS json), :sealed_events FROM r
+        INSERT INTO turn_events (conversation_id, turn_id, seq, events, sealed_events)
+        SELECT conversation_id, id, :last, CAST(:events AS json), :sealed_events FROM r
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM e),

@@ -7,18 +7,29 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.events import ERROR, RunEvent
 from service.core.model import NewRun, Renewed, RunEnd, RunView
+from service.platform.crypto import DataKey
 from service.store.postgres import run_statements as sql
 from service.store.postgres.keyring import Keyring
 from service.store.postgres.rows import Events
-from service.store.postgres.sealed import get, reading_key, turn_place, writing_key
+from service.store.postgres.sealed import (
+    get,
+    put,
+    reading_key,
+    run_response_place,
+    turn_place,
+    writing_key,
+)
 from service.store.postgres.tx import Compiled, driver, written
 
 
-def view(row: Any, message: str | None = None) -> RunView:
+def view(row: Any, key: DataKey | None, message: str | None = None) -> RunView:
+    where = run_response_place(row["id"])
+    response = get(key, where, row["response"], row["sealed_response"])
     return RunView(
         id=row["id"],
         conversation_id=row["conversation_id"],
@@ -30,6 +41,10 @@ def view(row: Any, message: str | None = None) -> RunView:
         last_event=row["last_event"],
         background=row["background"],
         stalled=row["stalled"],
+        base_revision=row["base_revision"],
+        message_id=row["message_id"],
+        response=msgspec.Raw(response.encode()) if response else None,
+        created_at=row["run_created_at"],
     )
 
 
@@ -44,18 +59,35 @@ class PostgresRuns:
         self._keyring = keyring  # events are sealed under their owner's key with one
 
     async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
+        key = await writing_key(self._keyring, run.owner) if run.response else None
+        text = bytes(run.response).decode() if run.response else None
+        clear, sealed = put(key, run_response_place(run.id), text)
         params = {
             "id": run.id, "cid": run.conversation_id, "owner": run.owner,
-            "background": run.background, "hb": heartbeat_s,
+            "background": run.background, "hb": heartbeat_s, "response": clear,
+            "sealed_response": sealed,
         }  # fmt: skip
         await self._write(sql.CREATE, params)
 
-    async def begin_run(self, run_id: UUID) -> None:
-        await self._write(sql.BEGIN, {"id": run_id})
+    async def begin_run(self, run_id: UUID, revision: int) -> None:
+        await self._write(sql.BEGIN, {"id": run_id, "base": revision})
 
-    async def log_events(self, run_id: UUID, owner: str, events: Sequence[RunEvent]) -> None:
+    async def log_events(
+        self,
+        run_id: UUID,
+        owner: str,
+        events: Sequence[RunEvent],
+        message_id: str | None = None,
+    ) -> None:
         batch = (await self._events(owner, run_id)).batch_columns(events)
-        await self._write(sql.LOG, {"id": run_id, "last": events[-1].seq, **batch})
+        params = {"id": run_id, "last": events[-1].seq, "message_id": message_id, **batch}
+        await self._write(sql.LOG, params)
+
+    async def find_run(self, conversation_id: UUID, owner: str, base_revision: int) -> UUID | None:
+        params = {"cid": conversation_id, "owner": owner, "base": base_revision}
+        async with driver(self._engine, write=False) as conn:
+            found: UUID | None = await sql.RUN_AT.fetchval(conn, params)
+        return found
 
     async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
         batch = (await self._events(owner, run_id)).batch_columns(end.events)
@@ -71,10 +103,10 @@ class PostgresRuns:
             row = await sql.READ.fetchrow(conn, {"id": run_id, "owner": owner})
         if row is None:
             return None
-        key = await reading_key(self._keyring, owner, [row], ["assistant_message"])
+        key = await reading_key(self._keyring, owner, [row], ["assistant_message", "response"])
         where = turn_place(row["conversation_id"], row["seq"] or 0, "assistant_message")
         message = get(key, where, row["assistant_message"], row["sealed_assistant_message"])
-        return view(row, message)
+        return view(row, key, message)
 
     async def run_events(
         self, run_id: UUID, owner: str, after: int
@@ -84,8 +116,8 @@ class PostgresRuns:
             rows = await sql.READ_EVENTS.fetch(conn, params)
         if not rows:
             return None
-        key = await reading_key(self._keyring, owner, rows, ["events"])
-        return view(rows[0]), Events(key, run_id).after(rows, after)
+        key = await reading_key(self._keyring, owner, rows, ["events", "response"])
+        return view(rows[0], key), Events(key, run_id).after(rows, after)
 
     async def watch_run(self, run_id: UUID) -> None:
         await self._write(sql.WATCH, {"id": run_id})

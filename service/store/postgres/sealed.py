@@ -42,6 +42,10 @@ def events_place(run_id: UUID, seq: int) -> bytes:
     return place("run", run_id, seq, "events")
 
 
+def run_response_place(run_id: UUID) -> bytes:
+    return place("run", run_id, 0, "response")
+
+
 def put(key: DataKey | None, where: bytes, value: str | None) -> tuple[str | None, bytes | None]:
     """The (clear, sealed) column values of ``value``: sealed when there is a key."""
     if value is None or key is None:

@@ -31,7 +31,8 @@ TURN = """
     turns.sealed_replay_items, turns.sealed_tool_calls, turns.provider, turns.endpoint,
     turns.model, turns.context_from, turns.prompt_version, turns.status,
     turns.incomplete_reason, turns.created_at AS turn_created_at, turns.usage,
-    turns.transcript, turns.sealed_transcript, turns.response, turns.sealed_response
+    turns.transcript, turns.sealed_transcript, turns.response, turns.sealed_response,
+    turns.response_deleted
 """
 # A turn as written: the conversation_id, seq and created_at, then these.
 TURN_VALUES = """
@@ -80,16 +81,22 @@ BUMP = f"""
         updated_at = now(),
         context_start = greatest(conversations.context_start, :context_start),
         lease_holder = NULL,
-        lease_expires_at = NULL
+        lease_expires_at = NULL,
+        expires_at = CASE WHEN conversations.expires_at IS NOT NULL
+            THEN CAST(:expires_at AS timestamptz) END
     WHERE conversations.id = :cid AND conversations.revision = :expected
         AND conversations.owner = :caller AND {LIVE} AND {FREE}
     RETURNING {COMMITTED}
 """
 # The first turn: a new conversation, or one made empty (revision 0) on /v1.
 CREATE = f"""
-    INSERT INTO conversations
-        (id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata)
-    VALUES (:cid, :revision, now(), now(), :context_start, :caller, false, :metadata)
+    INSERT INTO conversations (
+        id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
+        expires_at
+    ) VALUES (
+        :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
+        CAST(:expires_at AS timestamptz)
+    )
     ON CONFLICT (id) DO UPDATE SET
         revision = 1,
         updated_at = now(),
@@ -218,6 +225,15 @@ PAGE_ROWS = """
 """
 
 DESCRIBE = f"SELECT {INFO} FROM conversations WHERE {THE_CONVERSATION}"
+# DELETE /v1/responses/{id}: the response is forgotten, its turn stays.
+DELETE_RESPONSE = f"""
+    UPDATE turns SET response_deleted = true
+    FROM conversations
+    WHERE turns.conversation_id = :cid AND turns.seq = :seq
+        AND turns.response_deleted IS NOT TRUE
+        AND conversations.id = turns.conversation_id AND {THE_CONVERSATION}
+    RETURNING turns.seq
+"""
 SET_METADATA = f"""
     UPDATE conversations SET metadata = :metadata, sealed_metadata = :sealed_metadata
     WHERE {THE_CONVERSATION}
@@ -240,10 +256,10 @@ LISTING = f"""
 NEW_CONVERSATION = f"""
     INSERT INTO conversations (
         id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
-        sealed_metadata
+        sealed_metadata, expires_at
     ) VALUES (
         :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
-        :sealed_metadata
+        :sealed_metadata, CAST(:expires_at AS timestamptz)
     )
     RETURNING {INFO}
 """
@@ -271,7 +287,7 @@ FORKED = """
 """
 FORK = f"""
     WITH src AS (
-        SELECT id, metadata FROM conversations
+        SELECT id, metadata, expires_at FROM conversations
         WHERE id = :src AND owner = :caller AND revision >= :at AND {LIVE}
             AND sealed_metadata IS NULL AND NOT EXISTS (
                 SELECT 1 FROM turns
@@ -279,12 +295,13 @@ FORK = f"""
             )
     ), forked AS (
         INSERT INTO conversations (
-            id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata
+            id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
+            expires_at
         )
         SELECT :new, :at, now(), now(),
             coalesce((SELECT context_from FROM turns
                       WHERE conversation_id = :src AND seq = :at), 1),
-            :caller, false, metadata
+            :caller, false, metadata, expires_at
         FROM src
         RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata
     ), copied AS (
@@ -296,7 +313,7 @@ FORK = f"""
 """
 # A fork made in the process: the source's row (kept from changing meanwhile) and its turns.
 FORK_SOURCE = f"""
-    SELECT conversations.metadata, conversations.sealed_metadata,
+    SELECT conversations.metadata, conversations.sealed_metadata, conversations.expires_at,
         (SELECT turns.context_from FROM turns
          WHERE turns.conversation_id = conversations.id AND turns.seq = :at) AS context_from
     FROM conversations
@@ -377,11 +394,12 @@ class Statements:
     """The statements of one store, compiled once for asyncpg, with its retention filter."""
 
     def __init__(self, retention_days: float | None) -> None:
-        live = (
-            f"conversations.updated_at > now() - make_interval(secs => {retention_days * 86_400!r})"
-            if retention_days
-            else "true"
-        )
+        # A stored response's conversation goes when it expires; any with RETENTION_DAYS when
+        # it has been idle that long.
+        live = "(conversations.expires_at IS NULL OR conversations.expires_at > now())"
+        if retention_days:
+            idle = f"make_interval(secs => {retention_days * 86_400!r})"
+            live += f" AND conversations.updated_at > now() - {idle}"
 
         def compiled(template: str) -> Compiled:
             return sql(template.replace(LIVE, live))
@@ -399,6 +417,7 @@ class Statements:
         }
         self.page_rows = compiled(PAGE_ROWS)
         self.describe = compiled(DESCRIBE)
+        self.delete_response = compiled(DELETE_RESPONSE)
         self.set_metadata = compiled(SET_METADATA)
         self.delete = compiled(DELETE)
         self.page = compiled(LISTING)  # a page of the listing

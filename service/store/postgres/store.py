@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import asyncpg
@@ -155,6 +156,7 @@ class PostgresStore(Edits, Housekeeping):
             "caller": append.owner, "holder": append.lease, "revision": 1, "metadata": None,
             "ttl_s": self._idempotency_ttl_s,
             "idem_key": append.idempotency.key if append.idempotency else None,
+            "expires_at": self._expiry(append),
         }  # fmt: skip
         wake: list[str] = []  # topics to notify once committed
         plain = append.fork_of is None and run is None
@@ -174,6 +176,13 @@ class PostgresStore(Edits, Housekeeping):
         if wake:
             await self._wake(wake)
         return Commit(row["revision"], row["created_at"], row["updated_at"])
+
+    def _expiry(self, append: Append) -> datetime | None:
+        """When a stored response's conversation goes, should this commit make or continue
+        one (the commit statement keeps NULL for every other)."""
+        if append.stored_response or append.expected_revision > 0 or append.fork_of:
+            return datetime.now(UTC) + timedelta(seconds=self._stored_response_ttl_s)
+        return None
 
     async def _end_run(
         self, conn: asyncpg.Connection, run: RunCommit, revision: int, key: DataKey | None

@@ -69,6 +69,7 @@ from service.usecases.exchange import Tooling
 from service.usecases.leases import LeasePolicy, Leases
 from service.usecases.relay import Relay
 from service.usecases.responses import Responses
+from service.usecases.restore import Restorer
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService
 
@@ -234,9 +235,10 @@ def build_services(
         models=settings.served_models(),
         instructions=settings.instructions,
     )
-    conversations = Conversations(backend.store)
-    relay = Relay(backend.store, provider, turns.prompt, rules)
-    responses = Responses(turns, runs, relay, conversations, rules)
+    restorer = Restorer(backend.store)
+    conversations = Conversations(backend.store, restorer)
+    relay = Relay(restorer, provider, turns.prompt, rules)
+    responses = Responses(turns, runs, relay, restorer, conversations, rules)
     cases = UseCases(turns, runs, conversations, responses, rules, settings.sse_keepalive_s)
     return Services(backend.store, backend.ops, cases, backend.api_keys, closers)
 

@@ -112,7 +112,10 @@ class _Conversation:
 
     def info(self) -> ConversationInfo:
         row = self.row
-        return ConversationInfo(row.id, row.revision, row.created_at, row.updated_at, self.metadata)
+        return ConversationInfo(
+            row.id, row.revision, row.created_at, row.updated_at, self.metadata,
+            self.expires_at is not None,
+        )  # fmt: skip
 
     def lease_free_for(self, holder: UUID | None, now: datetime) -> bool:
         expired = self.lease_expires_at is None or self.lease_expires_at <= now
@@ -166,6 +169,12 @@ class MemoryStore:
         if found is None:
             return None
         return replace(found.row, turns=list(found.turns[after_revision:]))
+
+    async def turn(self, conversation_id: UUID, owner: str, revision: int) -> Turn | None:
+        found = self._live(conversation_id, owner)
+        if found is None or not 1 <= revision <= len(found.turns):
+            return None
+        return found.turns[revision - 1]
 
     async def lease(
         self,
@@ -435,6 +444,11 @@ class MemoryStore:
         if run is None:
             return None
         return run.view(), [e for e in run.events if e.seq > after]
+
+    async def forget_run(self, run_id: UUID, owner: str) -> None:
+        run = self._runs.get(run_id)
+        if run is not None and run.new.owner == owner and run.finished:
+            del self._runs[run_id]
 
     async def watch_run(self, run_id: UUID) -> None:
         run = self._runs.get(run_id)

@@ -352,7 +352,7 @@ async def test_the_request_id_is_the_correlation_id(database_url: str, engine: A
     [
         ({"model": "gpt-other"}, "model"),  # not in MODELS
         ({"include": ["file_search_call.results"]}, "include"),
-        ({"background": True}, "background"),
+        ({"store": False}, "store"),  # with a conversation: it would be kept
         ({"extra_body": {"temprature": 0.2}}, "temprature"),  # the provider refuses it
     ],
 )
@@ -409,7 +409,7 @@ async def test_previous_response_id_continues_the_latest_and_forks_at_an_earlier
         again = await client.responses.create(previous_response_id=fork.id, input="c")
         assert again.conversation.id == fork.conversation.id
         calls = len(api.requests)
-        stateless = await client.responses.create(input="no history", model="gpt-test")
+        stateless = await client.responses.create(input="no history", model="gpt-test", store=False)
         assert stateless.conversation is None and stateless.output_text  # relayed, not kept
         assert api.requests[-1]["input"][-1]["content"] == "no history"
         assert len(api.requests) == calls + 1

@@ -19,7 +19,6 @@ from typing import Any
 
 import openai
 import pydantic
-import pytest
 from agents import (
     Agent,
     ModelSettings,
@@ -207,11 +206,6 @@ async def test_an_agent_with_a_prompt_template_sends_it_as_it_came(
     assert api.requests[0]["prompt"] == prompt
 
 
-@pytest.mark.xfail(
-    strict=True, raises=openai.NotFoundError,
-    reason="issue 21: a response without a conversation is not stored yet, so the SDK's "
-    "follow-up naming it in previous_response_id is 404",
-)  # fmt: skip
 async def test_an_agent_chains_its_calls_with_auto_previous_response_id(
     database_url: str, engine: AsyncEngine
 ) -> None:
@@ -226,11 +220,6 @@ async def test_an_agent_chains_its_calls_with_auto_previous_response_id(
     assert str(result.final_output).endswith("[tool: sunny in Lima]")
 
 
-@pytest.mark.xfail(
-    strict=True, raises=openai.BadRequestError,
-    reason="issue 21: the session's calls carry no conversation, and a stream without one is "
-    "refused (400, param stream)",
-)  # fmt: skip
 async def test_a_streamed_agent_run_over_a_conversations_session(
     database_url: str, engine: AsyncEngine
 ) -> None:
@@ -332,11 +321,6 @@ async def test_langchain_streams_in_a_conversation(database_url: str, engine: As
     assert whole.usage_metadata is not None and whole.usage_metadata["total_tokens"] == 15
 
 
-@pytest.mark.xfail(
-    strict=True, raises=openai.BadRequestError,
-    reason="issue 21: a stream without a conversation (a stored or stateless response) is "
-    "refused (400, param stream)",
-)  # fmt: skip
 async def test_langchain_streams_without_a_conversation(
     database_url: str, engine: AsyncEngine
 ) -> None:

@@ -70,7 +70,7 @@ async def test_a_stateless_call_forwards_and_echoes_too(
     api = FakeResponsesAPI()
     async with sdk(database_url, api.provider()) as (client, _, _plain):
         answer = await client.responses.create(
-            model="gpt-test", input="hi", temperature=0.3, tool_choice="none"
+            model="gpt-test", input="hi", temperature=0.3, tool_choice="none", store=False
         )
     assert (api.requests[-1]["temperature"], api.requests[-1]["tool_choice"]) == (0.3, "none")
     assert (answer.temperature, answer.tool_choice, answer.store) == (0.3, "none", False)

@@ -60,13 +60,19 @@ async def close_streams(scope: Scope) -> None:
         await events.aclose()
 
 
-class Rendering(Protocol):
-    """How a run's events go on the wire: /api/v1 sends them as they are (``TurnEvents``),
-    /v1 as OpenAI's Response stream (service/api/compat/stream.py)."""
+E = TypeVar("E", contravariant=True)
+
+
+class Rendering(Protocol[E]):
+    """How a stream's events go on the wire: /api/v1 sends a run's as they are
+    (``TurnEvents``), /v1 as OpenAI's Response stream (service/api/compat/stream.py)."""
 
     def started(self) -> list[ServerSentEventMessage]: ...
 
-    def render(self, event: RunEvent) -> list[ServerSentEventMessage]: ...
+    async def render(self, event: E) -> list[ServerSentEventMessage]: ...
+
+    def ends(self, event: E) -> bool:
+        """Whether ``event`` is the stream's last."""
 
     def error(self, exc: TurnstoreError) -> ServerSentEventMessage: ...
 
@@ -80,8 +86,11 @@ class TurnEvents:
     def started(self) -> list[ServerSentEventMessage]:
         return []
 
-    def render(self, event: RunEvent) -> list[ServerSentEventMessage]:
+    async def render(self, event: RunEvent) -> list[ServerSentEventMessage]:
         return [ServerSentEventMessage(id=str(event.seq), event=event.name, data=event.data)]
+
+    def ends(self, event: RunEvent) -> bool:
+        return event.terminal
 
     def error(self, exc: TurnstoreError) -> ServerSentEventMessage:
         data = envelope(exc.code, exc.message, self._correlation_id)
@@ -89,8 +98,8 @@ class TurnEvents:
 
 
 async def sse_events(
-    events: AsyncGenerator[RunEvent, None],
-    rendering: Rendering,
+    events: AsyncGenerator[T, None],
+    rendering: Rendering[T],
     keepalive_s: float,
     *,
     correlation_id: str,
@@ -107,9 +116,9 @@ async def sse_events(
                 if event is None:
                     yield ServerSentEventMessage(comment="keep-alive")
                     continue
-                for message in rendering.render(event):
+                for message in await rendering.render(event):
                     yield message
-                if event.terminal:
+                if rendering.ends(event):
                     return
     except Stopped:
         log.info("stream ended: shutting down", extra={"correlation_id": correlation_id})
@@ -127,7 +136,7 @@ def run_stream(
     runs: TurnRuns,
     started: Started,
     owner: str,
-    rendering: Rendering,
+    rendering: Rendering[RunEvent],
     request: Request[Any, Any, Any],
     keepalive_s: float,
     headers: dict[str, str],

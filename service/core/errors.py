@@ -3,6 +3,7 @@
 TurnstoreError
  +-- InvalidInput                 400 invalid_input
  |    +-- ModelNotFound                400 model_not_found (a model not in MODELS)
+ |    +-- PreviousResponseNotFound     400 previous_response_not_found
  +-- InvalidHost                  400 invalid_host (AUTH_MODE=none: a Host that is not loopback)
  +-- ContextLengthExceeded        400 context_length_exceeded
  +-- Unauthorized                 401 unauthorized (+ WWW-Authenticate)
@@ -109,6 +110,17 @@ class TurnNotFound(TurnstoreError):
 
 class ResponseNotFound(TurnstoreError):
     code, status, default_message = "response_not_found", 404, "Response not found."
+
+
+class PreviousResponseNotFound(InvalidInput):
+    """``previous_response_id`` names no stored response of the caller's (unknown, another
+    owner's, deleted, expired, or made with ``store: false``), as OpenAI answers it."""
+
+    code = "previous_response_not_found"
+    default_message = "Previous response not found."
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, param="previous_response_id")
 
 
 class ItemNotFound(TurnstoreError):

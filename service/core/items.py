@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.ids import view_item_id
+from service.core.ids import shown_item_id, view_item_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
 
@@ -79,9 +79,17 @@ def input_count(items: Sequence[msgspec.Raw]) -> int:
 
 def open_calls(items: Sequence[msgspec.Raw]) -> set[str]:
     """The call ids of the function calls among ``items`` that no output among them answers."""
-    heads = [msgspec.json.decode(item, type=_FunctionCallItem) for item in items]
-    called = {h.call_id for h in heads if h.type == "function_call"}
-    return called - {h.call_id for h in heads if h.type == "function_call_output"}
+    return _call_ids(items, "function_call") - _call_ids(items, "function_call_output")
+
+
+def calls_made(items: Sequence[msgspec.Raw]) -> set[str]:
+    """The call ids of the function calls among ``items``, answered or not."""
+    return _call_ids(items, "function_call")
+
+
+def _call_ids(items: Sequence[msgspec.Raw], kind: str) -> set[str]:
+    heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
+    return {h.call_id for h in heads if h.type == kind}
 
 
 def function_call_output(call_id: str, output: str) -> msgspec.Raw:
@@ -101,23 +109,31 @@ class _Listed(msgspec.Struct):
 
 
 def listed(
-    cid: uuid.UUID,
+    cid: uuid.UUID | None,
     revision: int,
     items: Sequence[msgspec.Raw],
     first: int = 0,
     own_calls: Collection[str] = (),
 ) -> list[tuple[str, msgspec.Raw]]:
     """The items of the turn that made ``revision`` that the OpenAI surface lists, with the id
-    each is known by (its own, or a view-only id naming its place; ``first``: the index of the
-    first of ``items`` in its turn). The calls of turnstore's own tools that ran inside the
+    each is known by (one naming its conversation, see service/core/ids.py; ``cid`` None:
+    items kept nowhere, shown by their own ids; ``first``: the index of the first of
+    ``items`` in its turn). The calls of turnstore's own tools that ran inside the
     turn (``own_calls``, the call ids its tool records name) are not listed: a client shown
     them would try to run them itself. Every other item is, whoever made it."""
     shown = []
     for index, raw in enumerate(items, start=first):
         head = msgspec.json.decode(raw, type=_Listed)
         if head.call_id is None or head.call_id not in own_calls:
-            shown.append((head.id or view_item_id(cid, revision, index), raw))
+            shown.append((shown_id(cid, revision, index, head.id), raw))
     return shown
+
+
+def shown_id(cid: uuid.UUID | None, revision: int, index: int, own: str | None) -> str:
+    """The id an item shows (``own``: the one stored with it; see service/core/ids.py)."""
+    if cid is None:
+        return own or view_item_id(uuid.UUID(int=0), revision, index)
+    return shown_item_id(cid, own) if own else view_item_id(cid, revision, index)
 
 
 def listed_ids(cid: uuid.UUID, revision: int, turn: Turn) -> list[str]:
@@ -203,9 +219,9 @@ _OPAQUE: dict[str, dict[str, type | tuple[type, ...]]] = {
 
 def check_item(item: Any, param: str, *, stored: bool = True) -> tuple[str, str] | None:
     """An item a client may send (as input, or appended): checked, and its transcript entry
-    (role, text) when it is a message. An ``item_reference`` only where it is resolved before
-    it is sent (a call without a conversation), never into a conversation (``stored``): the
-    provider keeps nothing it could refer to, and a conversation sends its items anyway."""
+    (role, text) when it is a message. An ``item_reference`` only in a Response's input, where
+    it is restored before it is sent, never appended as it is (``stored``): the provider keeps
+    nothing it could refer to."""
     kind = item.get("type", "message") if isinstance(item, dict) else None
     if holds_nul(item):
         raise InvalidInput(f"{param}: an item holds a NUL character.", param=param)
@@ -271,7 +287,9 @@ def turn_input(input: str | list[Any]) -> TurnInput:
         return TurnInput(input, (), (("user", input),))
     if not input:
         raise InvalidInput("input: at least one item.", param="input")
-    said = tuple(entry for item in input if (entry := check_item(item, "input")) is not None)
+    said = tuple(
+        entry for item in input if (entry := check_item(item, "input", stored=False)) is not None
+    )  # item_references are restored before the turn (service/usecases/restore.py)
     message, _ = _joined(said)
     items = tuple(msgspec.Raw(msgspec.json.encode(item)) for item in input)  # never merged
     return TurnInput(message, items, said)

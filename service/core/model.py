@@ -132,6 +132,7 @@ class Turn:
     # echoes of its request and when it was created (None: an /api/v1 turn).
     response: msgspec.Raw | None = None
     response_deleted: bool = False  # DELETE /v1/responses/{id}: the turn and its items stay
+    turn_id: UUID | None = None  # the run that made it (a streamed or background turn)
 
     def said(self) -> tuple[Said, ...]:
         if self.transcript is not None:
@@ -164,6 +165,7 @@ class ConversationInfo:
     created_at: datetime
     updated_at: datetime
     metadata: dict[str, str]
+    stored_response: bool = False  # made for a stored /v1 response: it expires
 
 
 @dataclass(frozen=True)

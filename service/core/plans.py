@@ -85,6 +85,7 @@ class TurnPlan:
     relayed: bool = False
     response: msgspec.Raw | None = None  # what the turn keeps of its Response (see Turn)
     server_prompt: bool = True  # the server's system prompt comes first (INSTRUCTIONS)
+    stored_response: bool = False  # a /v1 response's new conversation, which expires
 
     @property
     def input_items(self) -> list[msgspec.Raw]:
@@ -111,6 +112,7 @@ def make_plan(
     client_tools: tuple[msgspec.Raw, ...] = (),
     fork_of: ForkPoint | None = None,
     asked: Asked | None = None,
+    stored_response: bool = False,
 ) -> TurnPlan:
     """The plan of a turn on ``conversation_id`` (None: a new conversation, whose id is made
     here), or on a new conversation forked at ``fork_of`` (``conversation_id`` then names
@@ -150,6 +152,7 @@ def make_plan(
         relayed=relayed,
         response=asked.response,
         server_prompt=rules.server_prompt_first(asked.instructions),
+        stored_response=stored_response,
     )
 
 

@@ -172,6 +172,9 @@ class CachedStore:
             # Also after a failed delete: a load racing with it may have cached what is gone.
             self._evict(conversation_id)
 
+    async def turn(self, conversation_id: UUID, owner: str, revision: int) -> Turn | None:
+        return await self._inner.turn(conversation_id, owner, revision)  # one turn: not cached
+
     async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
         # Cached turns may keep saying their response is there: nothing reads that from here
         # (a response is read with after_revision, which this cache passes through).

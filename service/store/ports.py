@@ -48,6 +48,10 @@ class ConversationStore(Protocol):
         of them), in order; None when it is unknown, deleted, expired or another owner's.
         Raises StorageError."""
 
+    async def turn(self, conversation_id: UUID, owner: str, revision: int) -> Turn | None:
+        """The turn that made ``revision`` of ``owner``'s conversation, read alone; None as
+        for ``load``, or when there is no such turn. Raises StorageError."""
+
     async def append(self, append: Append) -> Commit:
         """Commit the turn in one transaction (see ``Append``); a completed Idempotency-Key
         then names this commit. Raises ConversationConflict (nothing written) when another
@@ -177,6 +181,9 @@ class RunStore(Protocol):
         self, run_id: UUID, owner: str, after: int
     ) -> tuple[RunView, list[RunEvent]] | None:
         """The run (without its reply) and its events after ``after``, in one read."""
+
+    async def forget_run(self, run_id: UUID, owner: str) -> None:
+        """Remove ``owner``'s finished run and its events (an unfinished one stays)."""
 
     async def watch_run(self, run_id: UUID) -> None:
         """A reader follows the run from elsewhere: its events must wake readers, and its

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from service.core.errors import (
     ConversationConflict,
@@ -29,11 +31,12 @@ from service.core.model import (
 )
 from service.core.plans import check_precondition
 from service.store.ports import ConversationStore
+from service.usecases.restore import Restorer
 
 
 class Conversations:
-    def __init__(self, store: ConversationStore) -> None:
-        self._store = store
+    def __init__(self, store: ConversationStore, restorer: Restorer) -> None:
+        self._store, self._restorer = store, restorer
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -64,23 +67,25 @@ class Conversations:
         return await self._store.list_conversations(owner, limit, after)
 
     async def turn_at(self, cid: uuid.UUID, owner: str, revision: int) -> Turn | None:
-        """The turn that made ``revision`` (None: no such turn of the owner's)."""
-        conversation = await self._store.load(cid, owner, after_revision=revision - 1)
-        if conversation is None or not conversation.turns:
-            return None
-        return conversation.turns[0]
+        """The turn that made ``revision`` (None: no such turn of the owner's), read alone."""
+        return await self._store.turn(cid, owner, revision)
 
     # --- writing ------------------------------------------------------------------------------
 
     async def create(
         self, owner: str, metadata: dict[str, str], items: Sequence[object] | None
     ) -> ConversationInfo:
-        return await self._store.create_conversation(owner, metadata, items_turn(items))
+        return await self._store.create_conversation(
+            owner, metadata, await self._restored(owner, items)
+        )
 
     async def update_metadata(
         self, cid: uuid.UUID, owner: str, metadata: dict[str, str], if_match: Precondition
     ) -> ConversationInfo:
         return await self._store.update_metadata(cid, owner, metadata, if_match)
+
+    async def delete_response(self, cid: uuid.UUID, owner: str, revision: int) -> bool:
+        return await self._store.delete_response(cid, owner, revision)
 
     async def delete(self, cid: uuid.UUID, owner: str, if_match: Precondition) -> None:
         await self._store.delete(cid, owner, if_match)
@@ -93,12 +98,21 @@ class Conversations:
     ) -> tuple[Turn, Commit]:
         """Commit ``items`` (appended without the model) on top of the conversation's current
         revision: 409 conversation_conflict if another turn commits or runs meanwhile."""
-        turn = items_turn(items)
+        turn = await self._restored(owner, items)
         if turn is None:
             raise InvalidInput("items: at least one.", param="items")
         info = await self.describe(cid, owner)
         check_precondition(if_match, info.revision)
         return turn, await self._store.append(Append(cid, turn, info.revision, owner=owner))
+
+    async def _restored(self, owner: str, items: Sequence[Any] | None) -> Turn | None:
+        """The turn that appends ``items``, those turnstore showed restored to their stored
+        bytes (service/usecases/restore.py)."""
+        turn = items_turn(items)
+        if turn is None or items is None:
+            return turn
+        replay_items = await self._restorer.restore(owner, items, "items")
+        return replace(turn, replay_items=replay_items)
 
     async def pop_item(
         self, cid: uuid.UUID, owner: str, item_id: str, if_match: Precondition

@@ -1,17 +1,23 @@
-"""``POST /v1/responses`` and what follows from it: a turn asked the OpenAI way.
+"""``POST /v1/responses`` and what follows from it: a turn asked the OpenAI way, and the
+response's life after it (retrieve, resume, cancel, delete, its input items).
 
-A response is a committed turn of a conversation (service/core/ids.py). ``previous_response_id``
-names where the turn goes: the latest response of its conversation continues it (under
-If-Match, so a turn committed meanwhile makes it 400); an earlier one forks the conversation
-there, and the turn runs on the fork (made by the turn's own commit). Without a conversation
-and a previous response, the call is stateless: relayed to the provider, nothing kept.
+A response is a turn (service/core/ids.py). ``previous_response_id`` names where the turn goes:
+the latest response of its conversation continues it (under If-Match, so a turn committed
+meanwhile makes it 400); an earlier one forks the conversation there, and the turn runs on the
+fork (made by the turn's own commit). Without a conversation and a previous response the
+response is *stored* (as OpenAI's ``store`` defaults to): its input and output become the
+first turn of a new conversation of the caller's, which expires STORED_RESPONSE_TTL_DAYS after
+its last turn; with ``store: false`` nothing is kept (a relay). A streamed or background
+response runs as a durable turn (service/usecases/runs.py): its events can be read again,
+from any replica, for TURN_EVENTS_TTL_S after it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from service.core import events
@@ -20,20 +26,42 @@ from service.core.errors import (
     ContentFiltered,
     InvalidInput,
     PreconditionFailed,
-    RequestInProgress,
+    PreviousResponseNotFound,
     ResponseNotFound,
 )
-from service.core.ids import parse_response_id
-from service.core.items import client_tools, turn_input
-from service.core.model import ForkPoint, Precondition, Turn
+from service.core.events import RunEvent
+from service.core.ids import ResponseRef, parse_response_id, response_id, run_response_id
+from service.core.items import check_history, client_tools, turn_input
+from service.core.model import ForkPoint, Precondition, RunView, Turn
 from service.core.plans import Asked, PlanRules, TurnPlan, make_plan
-from service.providers.base import Reply
+from service.providers.base import ProviderEvent, Reply
 from service.usecases.conversations import Conversations
 from service.usecases.relay import Relay
+from service.usecases.restore import Restorer
 from service.usecases.runs import Started, TurnRuns
 from service.usecases.turns import TurnDone, TurnService
 
 NOT_LATEST = "previous_response_id must name the latest response of its conversation."
+
+
+@dataclass(frozen=True)
+class Found:
+    """A response as it is now: its turn once committed, and the run that makes (or made)
+    it, if it ran as one."""
+
+    id: str
+    conversation_id: uuid.UUID
+    revision: int | None  # of its committed turn (None: not committed)
+    turn: Turn | None
+    run: RunView | None
+    stored: bool = False  # in a stored response's conversation (not shown: OpenAI has none)
+
+    @property
+    def response(self) -> Any:
+        """What the response echoes (its turn's record, or its run's while it runs)."""
+        if self.turn is not None and self.turn.response is not None:
+            return self.turn.response
+        return self.run.response if self.run is not None else None
 
 
 class Responses:
@@ -42,10 +70,11 @@ class Responses:
         turns: TurnService,
         runs: TurnRuns,
         relay: Relay,
+        restorer: Restorer,
         conversations: Conversations,
         rules: PlanRules,
     ) -> None:
-        self._turns, self._runs, self._relay = turns, runs, relay
+        self._turns, self._runs, self._relay, self._restorer = turns, runs, relay, restorer
         self._conversations, self._rules = conversations, rules
 
     @property
@@ -70,6 +99,8 @@ class Responses:
         self._rules.check_model(asked.model, self.model)
         self._rules.check_instructions(asked.instructions)
 
+    # --- a turn asked -------------------------------------------------------------------------
+
     async def plan(
         self,
         owner: str,
@@ -82,36 +113,55 @@ class Responses:
         truncation: str | None,
         if_match: Precondition,
         idempotency_key: str | None,
+        background: bool,
         request: bytes,
     ) -> TurnPlan:
-        """The turn asked for (400 naming the field that cannot be honoured)."""
+        """The turn asked for (400 naming the field that cannot be honoured): on
+        ``conversation``, after ``previous_response_id``, or (neither) a stored response's
+        turn on a new conversation."""
         fork: ForkPoint | None = None
+        stored = conversation is None and previous_response_id is None
         if previous_response_id is not None:
             if conversation is not None:
                 raise InvalidInput(
                     "Send conversation or previous_response_id, not both.",
                     param="previous_response_id",
                 )
-            conversation, latest, fork = await self._chain(owner, previous_response_id)
+            found, latest, fork = await self._chain(owner, previous_response_id)
+            conversation, stored = str(found.conversation_id), found.stored
             if_match = latest if if_match is None else if_match & latest
-        assert conversation is not None  # without either, the call is stateless
         given = turn_input(input)
+        items = given.items
+        if isinstance(input, list):  # items shown by turnstore come back as they are stored
+            if conversation is None:  # a new stored response's history has a user message
+                check_history(input)
+            items = tuple(await self._restorer.restore(owner, input))
         return make_plan(
             self._rules, given.message, conversation, if_match, owner=owner,
             idempotency_key=idempotency_key, key_subject=request,  # a retry asks exactly this
-            truncate=truncation != "disabled", items=given.items, said=given.said, fork_of=fork,
+            truncate=truncation != "disabled", items=items, said=given.said, fork_of=fork,
             client_tools=client_tools(tools, set(self._rules.own_tools)), asked=asked,
+            background=background, stored_response=stored,
         )  # fmt: skip
 
     async def _chain(
-        self, owner: str, response_id: str
-    ) -> tuple[str, frozenset[int], ForkPoint | None]:
-        cid, revision = parse_response_id(response_id)
-        info = await self._conversations.info(cid, owner)
-        if info is None or info.revision < revision:
-            raise ResponseNotFound()
-        fork = ForkPoint(cid, revision) if revision < info.revision else None
-        return str(cid), frozenset({revision}), fork
+        self, owner: str, previous: str
+    ) -> tuple[Found, frozenset[int], ForkPoint | None]:
+        """Where a turn after ``previous`` goes: its conversation, the revision it must still
+        be at, and the fork to make when a later turn committed since."""
+        try:
+            found = await self.find(owner, previous)
+        except ResponseNotFound:
+            raise PreviousResponseNotFound() from None
+        if found.revision is None:
+            raise InvalidInput(
+                "previous_response_id names a response that has not completed.",
+                param="previous_response_id",
+            )
+        info = await self._conversations.describe(found.conversation_id, owner)
+        revision = found.revision
+        fork = ForkPoint(found.conversation_id, revision) if revision < info.revision else None
+        return found, frozenset({revision}), fork
 
     async def run(self, plan: TurnPlan, chained: bool) -> TurnDone:
         """The turn, committed (``chained``: its plan came from a previous_response_id)."""
@@ -121,13 +171,13 @@ class Responses:
             raise _not_latest(exc, chained) from None
 
     async def stream(self, plan: TurnPlan, chained: bool, correlation_id: str) -> Started:
-        """The turn as a run whose events the caller renders; it has taken its
-        conversation's lease (or an Idempotency-Key retry names an earlier run): what fails
-        before is raised here, for a JSON answer."""
+        """The turn as a run whose events the caller renders. A background one is answered
+        at once; any other once it has taken its conversation's lease: what fails before is
+        raised here, for a JSON answer. An Idempotency-Key retry names the earlier run."""
         started = await self._runs.start(plan, correlation_id=correlation_id)
         run = started.run
-        if run is None:  # an Idempotency-Key retry while the first attempt runs elsewhere
-            raise RequestInProgress(turn_id=started.turn_id)
+        if run is None or plan.background:
+            return started
         try:
             await asyncio.shield(run.held)
         except PreconditionFailed as exc:
@@ -140,8 +190,7 @@ class Responses:
     async def stateless(
         self, owner: str, asked: Asked, input: str | list[Any], tools: Sequence[Any] | None
     ) -> Reply:
-        """A call without a conversation: relayed to the provider (store false), nothing
-        kept."""
+        """A ``store: false`` call: relayed to the provider, nothing kept."""
         given = input if isinstance(input, list) else [{"role": "user", "content": input}]
         resolved = await self._relay.resolve(owner, given)
         reply = await self._relay.respond(resolved, client_tools(tools, set()), asked)
@@ -149,12 +198,91 @@ class Responses:
             raise ContentFiltered()
         return reply
 
-    async def retrieve(self, owner: str, response_id: str) -> tuple[uuid.UUID, int, Turn]:
-        cid, revision = parse_response_id(response_id)
-        turn = await self._conversations.turn_at(cid, owner, revision)
+    async def stateless_stream(
+        self, owner: str, asked: Asked, input: str | list[Any], tools: Sequence[Any] | None
+    ) -> AsyncGenerator[ProviderEvent, None]:
+        """A ``store: false`` call, streamed: the provider's events as they come."""
+        given = input if isinstance(input, list) else [{"role": "user", "content": input}]
+        resolved = await self._relay.resolve(owner, given)
+        return self._relay.stream(list(resolved), client_tools(tools, set()), asked)
+
+    # --- a response's life after it ----------------------------------------------------------
+
+    async def find(self, owner: str, raw_id: str) -> Found:
+        """The response ``raw_id`` names, as it is now (ResponseNotFound: unknown, another
+        owner's, deleted, expired, or a ``store: false`` one)."""
+        ref = parse_response_id(raw_id)
+        info = await self._conversations.info(ref.conversation_id, owner)
+        if info is None:
+            raise ResponseNotFound()
+        found = await self._found(owner, raw_id, ref)
+        return replace(found, stored=info.stored_response)
+
+    async def _found(self, owner: str, raw_id: str, ref: ResponseRef) -> Found:
+        if ref.run_id is not None:
+            return await self._found_by_run(owner, raw_id, ref)
+        assert ref.revision is not None
+        turn = await self._conversations.turn_at(ref.conversation_id, owner, ref.revision)
+        run_id = turn.turn_id if turn is not None else await self._runs.find(
+            ref.conversation_id, owner, ref.revision - 1
+        )  # fmt: skip
+        run = await self._runs.view(run_id, owner) if run_id is not None else None
+        if (turn is None and run is None) or (turn is not None and turn.response_deleted):
+            raise ResponseNotFound()
+        return Found(raw_id, ref.conversation_id, ref.revision if turn else None, turn, run)
+
+    async def _found_by_run(self, owner: str, raw_id: str, ref: ResponseRef) -> Found:
+        assert ref.run_id is not None
+        run = await self._runs.view(ref.run_id, owner)
+        if run is None or run.conversation_id != ref.conversation_id:
+            raise ResponseNotFound()
+        turn = None
+        if run.revision is not None:
+            turn = await self._conversations.turn_at(ref.conversation_id, owner, run.revision)
+            if turn is None or turn.response_deleted:
+                raise ResponseNotFound()
+        return Found(raw_id, ref.conversation_id, run.revision, turn, run)
+
+    async def cancel(self, owner: str, raw_id: str) -> Found:
+        """Stop the response wherever it runs (a finished one stays as it is)."""
+        found = await self.find(owner, raw_id)
+        if found.run is not None and not found.run.finished:
+            await self._runs.cancel(found.run.id, owner)
+            return await self.find(owner, raw_id)
+        return found
+
+    async def delete(self, owner: str, raw_id: str) -> None:
+        """Forget the response: unknown from now on; its turn and items stay in its
+        conversation (as on OpenAI). One still running is cancelled first."""
+        found = await self.cancel(owner, raw_id)
+        if found.revision is not None:
+            await self._conversations.delete_response(found.conversation_id, owner, found.revision)
+        if found.run is not None:
+            await self._runs.forget(found.run.id, owner)
+
+    async def replay(self, owner: str, raw_id: str) -> tuple[Found, AsyncGenerator[RunEvent, None]]:
+        """A streamed response's events from the first, then live to its end (any replica,
+        while they are kept). InvalidInput for a response that was not streamed."""
+        found = await self.find(owner, raw_id)
+        if found.run is None:
+            raise InvalidInput("This response was not streamed: it has no events.", param="stream")
+        return found, self._runs.events(found.run.id, owner, 0)
+
+    async def turn_at(self, conversation_id: uuid.UUID, owner: str, revision: int) -> Turn:
+        """A committed response's turn (its output, when a replayed stream reaches its
+        end)."""
+        turn = await self._conversations.turn_at(conversation_id, owner, revision)
         if turn is None:
             raise ResponseNotFound()
-        return cid, revision, turn
+        return turn
+
+    @staticmethod
+    def id_of(plan: TurnPlan, started: Started, revision: int | None) -> str:
+        """The id a response of ``plan`` is shown by: the revision it makes, or (a background
+        response, shown before its turn holds the conversation) its run."""
+        if plan.background or revision is None:
+            return run_response_id(plan.conversation_id, started.turn_id)
+        return response_id(plan.conversation_id, revision)
 
 
 def _not_latest(exc: PreconditionFailed, chained: bool) -> Exception:

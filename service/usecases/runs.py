@@ -156,6 +156,23 @@ class TurnRuns:
         run = self._live.get(turn_id)
         return run if run is not None and run.new.owner == owner else None
 
+    async def view(self, turn_id: uuid.UUID, owner: str) -> RunView | None:
+        """The run as it is now (None: unknown, another owner's, expired)."""
+        try:
+            return await self.status(turn_id, owner)
+        except TurnNotFound:
+            return None
+
+    async def find(
+        self, conversation_id: uuid.UUID, owner: str, base_revision: int
+    ) -> uuid.UUID | None:
+        """The run whose turn held the conversation at ``base_revision``, if any."""
+        return await self._store.find_run(conversation_id, owner, base_revision)
+
+    async def forget(self, turn_id: uuid.UUID, owner: str) -> None:
+        """A finished run is forgotten now (its events too), not after TURN_EVENTS_TTL_S."""
+        await self._store.forget_run(turn_id, owner)
+
     async def status(self, turn_id: uuid.UUID, owner: str) -> RunView:
         view = await self._store.read_run(turn_id, owner)
         if view is None:

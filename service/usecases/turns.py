@@ -30,7 +30,7 @@ from service.core.errors import (
     TurnstoreError,
     UpstreamError,
 )
-from service.core.items import function_outputs, input_count, open_calls
+from service.core.items import calls_made, function_outputs, input_count, open_calls
 from service.core.model import Append, Committed, Conversation, Origin, ReplyStatus, RunCommit, Turn
 from service.core.plans import TurnPlan, check_precondition
 from service.core.strictjson import is_encodable
@@ -324,6 +324,7 @@ class TurnService:
                 lease=held.holder,
                 run=ending,
                 fork_of=plan.fork_of,
+                stored_response=plan.stored_response,
             )
         )
         with metrics.COMMIT_SECONDS.time(), tracing.span("turn.commit") as span:
@@ -369,12 +370,13 @@ class TurnService:
 
 
 def check_answers(new_items: list[msgspec.Raw], conversation: Conversation | None) -> None:
-    """Function outputs a client sends must answer calls its last turn left open."""
+    """Function outputs a client sends must answer calls its last turn left open, or calls
+    it sends itself (the history a client restores into a stored response)."""
     answered = {call.call_id for call in function_outputs(new_items)}
     if not answered:
         return
     last = conversation.turns[-1].replay_items if conversation and conversation.turns else []
-    if not answered <= open_calls(last):
+    if not answered <= open_calls(last) | calls_made(new_items):
         raise InvalidInput(
             "input: a function_call_output answers no open function call of this conversation.",
             param="input",

@@ -163,21 +163,22 @@ test("an agent over a conversations session keeps its tool turns", async () => {
   assert.equal(second.state.usage.totalTokens, CALL_USAGE.total);
 });
 
-test("a streamed run over a conversations session is refused until issue 21", async () => {
-  // The session's calls carry no conversation, and turnstore does not stream those yet
-  // (stateless streaming and stored responses, issue 21): this fails the day it works.
+test("a streamed run over a conversations session", async () => {
+  // The session's calls carry no conversation: each streams a stored response whose input is
+  // the history the session listed.
   await answers({ text: "streamed" });
   const conversation = await client.conversations.create();
   const session = new OpenAIConversationsSession({ conversationId: conversation.id, client });
   const agent = new Agent({ name: "a", instructions: "Be terse.", model: "gpt-test" });
-  await assert.rejects(
-    async () => {
-      const stream = await run(agent, "one", { session, stream: true });
-      for await (const _ of stream) {
-        // drain
-      }
-      await stream.completed;
-    },
-    (error) => error.status === 400 && error.param === "stream",
+  const stream = await run(agent, "one", { session, stream: true });
+  for await (const _ of stream) {
+    // drain
+  }
+  await stream.completed;
+  assert.equal(stream.finalOutput, "streamed");
+  const kept = await session.getItems();
+  assert.deepEqual(
+    kept.map((item) => [item.type ?? "message", item.role]),
+    [["message", "user"], ["reasoning", undefined], ["message", "assistant"]],
   );
 });

@@ -192,31 +192,35 @@ test("generateText with a tool and store: false, without a conversation", async 
   assert.equal(result.totalUsage.totalTokens, 2 * CALL_USAGE.total);
 });
 
-// Without a conversation and with OpenAI's default store (true), the SDK names the earlier
-// step's output by id (item_reference) and streams: both need stored responses and
-// streaming without a conversation (issue 21). These fail the day that works.
-test("generateText with a tool without a conversation is refused until issue 21", async () => {
+// Without a conversation and with OpenAI's default store (true): each step is a stored
+// response, and the next step names the earlier step's output by id (item_reference), which
+// turnstore restores to the stored bytes.
+test("generateText with a tool without a conversation (stored responses)", async () => {
+  ran.length = 0;
   await answers(callWeather("Lima"), { text: "Sunny in Lima." });
-  await assert.rejects(
-    generateText({
-      model: openai.responses("gpt-test"),
-      prompt: "weather in Lima?",
-      tools: { weather },
-      stopWhen: stepCountIs(3),
-      maxRetries: 0,
-    }),
-    (error) => error.statusCode === 400 && error.data.error.param === "input",
-  );
-  assert.equal((await received()).length, 1); // the second step never reached the provider
+  const result = await generateText({
+    model: openai.responses("gpt-test"),
+    prompt: "weather in Lima?",
+    tools: { weather },
+    stopWhen: stepCountIs(3),
+    maxRetries: 0,
+  });
+  assert.deepEqual(ran, ["Lima"]);
+  assert.equal(result.text, "Sunny in Lima.");
+  const [first, second] = await received();
+  const sealed = first.input.length; // the provider got its own reasoning back, whole
+  assert.equal(second.input[sealed].type, "reasoning");
+  assert.match(second.input[sealed].encrypted_content, /^gAAA-sealed-\d+==$/);
+  assert.equal(second.input.at(-1).type, "function_call_output");
 });
 
-test("streamText without a conversation is refused until issue 21", async () => {
+test("streamText without a conversation", async () => {
   await answers({ text: "streamed" });
   const result = streamText({ model: openai.responses("gpt-test"), prompt: "hi", maxRetries: 0 });
   const errors = [];
   for await (const part of result.fullStream) if (part.type === "error") errors.push(part.error);
-  assert.deepEqual(
-    errors.map((error) => [error.statusCode, error.data.error.param]),
-    [[400, "stream"]],
-  );
+  assert.deepEqual(errors, []);
+  assert.equal(await result.text, "streamed");
+  const body = (await result.response).body;
+  assert.equal(body?.store ?? true, true);
 });

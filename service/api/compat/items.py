@@ -56,7 +56,7 @@ def turn_items(
 
 
 def output_items(
-    cid: uuid.UUID,
+    cid: uuid.UUID | None,
     revision: int,
     items: Sequence[msgspec.Raw],
     first: int,
@@ -65,7 +65,7 @@ def output_items(
     own_calls: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """The shown items among ``items``, the turn's items from its ``first`` (a Response's
-    output: those after its input items); ``own_calls``: see core.items.listed."""
+    output: those after its input items); ``cid``, ``own_calls``: see core.items.listed."""
     return [
         _shown(msgspec.json.decode(raw), item_id, encrypted)
         for item_id, raw in listed(cid, revision, items, first, own_calls)
@@ -74,7 +74,7 @@ def output_items(
 
 def _shown(item: dict[str, Any], item_id: str, encrypted: bool) -> dict[str, Any]:
     item.setdefault("type", "message")
-    item.setdefault("id", item_id)
+    item["id"] = item_id
     if item["type"] in _STATUSED:
         item.setdefault("status", "completed")
     if item["type"] == "message" and isinstance(item.get("content"), str):

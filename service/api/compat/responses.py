@@ -1,5 +1,6 @@
 """/v1/responses: a turn asked the OpenAI way (service/usecases/responses.py), answered as a
-Response or as its event stream (stream.py renders the run of a streamed turn).
+Response or as its event stream (stream.py), and the response's life after it: retrieve (or
+resume its stream), cancel, delete, its input items.
 """
 
 from __future__ import annotations
@@ -7,17 +8,17 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from litestar import Controller, Request, Response, get, post
-from litestar.params import FromPath, JSONBody
+from litestar import Controller, Request, Response, delete, get, post
+from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent
 
 from service.api.bodies import strict
 from service.api.compat import items as views
 from service.api.compat.items import ENCRYPTED
 from service.api.compat.schemas import Echo, ResponseCreate, passed_through, response_object
-from service.api.compat.stream import ResponseStream
+from service.api.compat.stream import Output, Relayed, ResponseStream, Source
 from service.api.correlation import correlation_id
 from service.api.deps import Api, Caller
 from service.api.errors import openai_documented
@@ -28,7 +29,7 @@ from service.api.headers import (
     IfMatch,
     parse_if_match,
 )
-from service.api.sse import run_stream
+from service.api.sse import closed_with_response, run_stream, sse_events
 from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
@@ -37,19 +38,35 @@ from service.core.errors import (
     IdempotencyKeyReused,
     InvalidInput,
     PreconditionFailed,
+    PreviousResponseNotFound,
     RateLimited,
     RequestInProgress,
     ResponseNotFound,
     UpstreamError,
     UpstreamTimeout,
 )
+from service.core.ids import unstored_response_id
 from service.core.items import input_count
+from service.core.model import Turn
 from service.core.plans import Asked, TurnPlan
+from service.usecases.responses import Found
+from service.usecases.run import Run
 
 UNSUPPORTED = {
-    "background": "background responses are not supported yet on /v1 (use /api/v1)",
     "context_management": "context_management is not supported yet",
 }
+Include = Annotated[
+    list[str] | None,
+    QueryParameter(name="include[]", required=False, description="reasoning.encrypted_content"),
+]
+Limit = Annotated[int, QueryParameter(ge=1, le=100, description="Items per page (1-100).")]
+Order = Annotated[Literal["asc", "desc"], QueryParameter(description="Input order or reversed.")]
+AfterItem = Annotated[str | None, QueryParameter(description="Items after this one (in order).")]
+Streamed = Annotated[bool, QueryParameter(description="Replay its events, then follow it.")]
+StartingAfter = Annotated[
+    int | None,
+    QueryParameter(ge=-1, le=2**31 - 1, description="Only the events after this sequence number."),
+]
 
 
 def check_fields(asked: ResponseCreate) -> None:
@@ -57,6 +74,9 @@ def check_fields(asked: ResponseCreate) -> None:
     for field, why in UNSUPPORTED.items():
         if getattr(asked, field) not in (None, False):
             raise InvalidInput(why + ".", param=field)
+    if asked.store is False and (asked.background or asked.conversation is not None):
+        what = "background" if asked.background else "conversation"
+        raise InvalidInput(f"store: false cannot be used with {what}.", param="store")
     views.includes(asked.include)
 
 
@@ -82,13 +102,13 @@ class OpenAIResponses(Controller):
     tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @post(
-        "/", status_code=200, summary="A turn: a Response, or (stream) its event stream.",
+        "/", status_code=200, summary="A response: a Response, or (stream) its event stream.",
         description="A busy conversation is 400 conversation_locked, as OpenAI answers it.",
         before_request=strict(ResponseCreate), response_headers=[CORRELATION_ID, RETRY_AFTER],
         responses=openai_documented(
             ContextLengthExceeded, ConversationNotFound, ConversationConflict, RequestInProgress,
             PreconditionFailed, ContentFiltered, IdempotencyKeyReused, RateLimited, UpstreamError,
-            UpstreamTimeout,
+            UpstreamTimeout, PreviousResponseNotFound,
         ),
     )  # fmt: skip
     async def create(
@@ -104,73 +124,224 @@ class OpenAIResponses(Controller):
         started = time.time()  # the Response's created_at, the same in every answer about it
         ask, echo = asked_of(asked, body, responses.model, started)
         responses.check(ask)
-        if asked.conversation is None and asked.previous_response_id is None:
-            return Response(await stateless(asked, ask, echo, api, started))
+        if asked.store is False and asked.previous_response_id is None:
+            return await stateless(request, asked, ask, echo, api, started)
         plan = await responses.plan(
             api.owner, ask, input=asked.input, conversation=asked.conversation_id,
             previous_response_id=asked.previous_response_id, tools=asked.tools,
             truncation=asked.truncation, if_match=parse_if_match(if_match),
-            idempotency_key=idempotency_key, request=body,
+            idempotency_key=idempotency_key, background=bool(asked.background), request=body,
         )  # fmt: skip
         chained = asked.previous_response_id is not None
-        if asked.stream:
-            return await stream(request, plan, chained, echo, started, api)
+        if asked.stream or asked.background:
+            return await run_of(request, plan, chained, echo, started, bool(asked.stream), api)
         done = await responses.run(plan, chained)
         assert done.revision is not None
+        # A stored response's sealed reasoning is shown to the client that made it: one that
+        # keeps its own history (an Agents SDK session) has no other copy to send back.
         output = views.output_items(
-            done.conversation_id, done.revision, done.items, done.inputs, own_calls=done.own_calls
-        )
+            done.conversation_id, done.revision, done.items, done.inputs,
+            own_calls=done.own_calls, encrypted=plan.stored_response or encrypted_asked(asked),
+        )  # fmt: skip
         return Response(response_object(
             done.conversation_id, done.revision, echo, status=done.status, output=output,
             incomplete_reason=done.incomplete_reason, created_at=started, usage=done.usage,
+            stored=plan.stored_response,
         ))  # fmt: skip
 
     @get(
-        "/{response_id:str}", summary="A committed response.",
+        "/{response_id:str}", summary="A response as it is now, or (stream) its events.",
         response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
     )  # fmt: skip
-    async def retrieve(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
-        cid, revision, turn = await api.responses.retrieve(api.owner, response_id)
+    async def retrieve(
+        self,
+        request: Request[Any, Any, Any],
+        response_id: FromPath[str],
+        api: Caller,
+        include: Include = None,
+        stream: Streamed = False,
+        starting_after: StartingAfter = None,
+    ) -> dict[str, Any] | ServerSentEvent:
+        encrypted = views.includes(include)
+        if stream:
+            return await resumed(request, response_id, starting_after, api)
+        return shown(await api.responses.find(api.owner, response_id), api, encrypted=encrypted)
+
+    @post(
+        "/{response_id:str}/cancel", status_code=200, summary="Stop a response wherever it runs.",
+        response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
+    )  # fmt: skip
+    async def cancel(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
+        return shown(await api.responses.cancel(api.owner, response_id), api)
+
+    @delete(
+        "/{response_id:str}", status_code=200, summary="Forget a response (its turn stays).",
+        response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
+    )  # fmt: skip
+    async def remove(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
+        await api.responses.delete(api.owner, response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    @get(
+        "/{response_id:str}/input_items", summary="The items a response was asked with.",
+        response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
+    )  # fmt: skip
+    async def input_items(
+        self,
+        response_id: FromPath[str],
+        api: Caller,
+        include: Include = None,
+        after: AfterItem = None,
+        limit: Limit = 20,
+        order: Order = "desc",
+    ) -> dict[str, Any]:
+        encrypted = views.includes(include)
+        found = await api.responses.find(api.owner, response_id)
+        shown_items: list[dict[str, Any]] = []
+        if found.turn is not None and found.revision is not None:
+            turn = found.turn
+            inputs = turn.replay_items[: input_count(turn.replay_items)]
+            own = {call.call_id for call in turn.tool_calls}
+            shown_items = views.output_items(
+                found.conversation_id, found.revision, inputs, 0, encrypted=encrypted,
+                own_calls=own,
+            )  # fmt: skip
+        return views.page(shown_items, after=after, limit=limit, order=order).body()
+
+
+def encrypted_asked(asked: ResponseCreate) -> bool:
+    return ENCRYPTED in (asked.include or ())
+
+
+def shown(found: Found, api: Api, *, encrypted: bool = False) -> dict[str, Any]:
+    """The Response of a response as it is now: its committed turn's, or its run's status."""
+    turn, run = found.turn, found.run
+    model = _model(turn, api)
+    echo, created_at = Echo.of_record(found.response, model)
+    if turn is not None and found.revision is not None:
         first = input_count(turn.replay_items)
         own = {call.call_id for call in turn.tool_calls}
-        output = views.output_items(cid, revision, turn.replay_items[first:], first, own_calls=own)
-        model = turn.origin.model if turn.origin else "unknown"
-        echo, created_at = Echo.of_record(turn.response, model)
-        return response_object(
-            cid, revision, echo, status=turn.status, output=output,
-            incomplete_reason=turn.incomplete_reason, created_at=created_at or turn.created_at,
-            usage=turn.usage,
+        output = views.output_items(
+            found.conversation_id, found.revision, turn.replay_items[first:], first,
+            encrypted=encrypted, own_calls=own,
         )  # fmt: skip
-
-
-async def stateless(
-    asked: ResponseCreate, ask: Asked, echo: Echo, api: Api, started: float
-) -> dict[str, Any]:
-    if asked.stream:
-        raise InvalidInput("stream: not for calls without a conversation yet.", param="stream")
-    reply = await api.responses.stateless(api.owner, ask, asked.input, asked.tools)
-    # Sealed reasoning is kept in the answer: a client that keeps the history has no other
-    # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
-    output = views.output_items(uuid.uuid4(), 1, reply.output_items, 0, encrypted=True)
-    return response_object(
-        None, None, replace(echo, store=False), rid=f"resp_{uuid.uuid4().hex}",
-        status=reply.status, output=output, incomplete_reason=reply.incomplete_reason,
-        created_at=started, usage=reply.usage,
+        return response_object(
+            found.conversation_id, None, echo, rid=found.id, status=turn.status, output=output,
+            incomplete_reason=turn.incomplete_reason, usage=turn.usage,
+            created_at=created_at or turn.created_at, stored=found.stored,
+        )  # fmt: skip
+    assert run is not None  # a response not committed is one that runs, or ran, as a run
+    body = response_object(
+        found.conversation_id, None, echo, rid=found.id, status=run.status,
+        created_at=created_at or run.created_at, stored=found.stored,
     )  # fmt: skip
+    if run.error_code is not None:
+        body["error"] = {"code": run.error_code, "message": run.error_message or ""}
+    return body
 
 
-async def stream(
+def _model(turn: Turn | None, api: Api) -> str:
+    return turn.origin.model if turn is not None and turn.origin else api.responses.model
+
+
+def source_of(api: Api, cid: uuid.UUID, run: Run | None, run_id: uuid.UUID) -> Source:
+    """Where a response's stream finds what its events do not hold: this process's own run
+    while it runs here, else what the store recorded."""
+
+    async def message_id() -> str | None:
+        if run is not None:
+            return run.message_id
+        view = await api.runs.view(run_id, api.owner)
+        return view.message_id if view is not None else None
+
+    async def output(revision: int) -> Output:
+        done = run.result if run is not None else None
+        if done is not None and done.revision == revision:
+            return Output(done.items, done.inputs, done.own_calls, done.usage)
+        turn = await api.responses.turn_at(cid, api.owner, revision)
+        first = input_count(turn.replay_items)
+        own = {call.call_id for call in turn.tool_calls}
+        return Output(turn.replay_items[first:], first, own, turn.usage)
+
+    return Source(message_id, output)
+
+
+async def run_of(
     request: Request[Any, Any, Any],
     plan: TurnPlan,
     chained: bool,
     echo: Echo,
     created_at: float,
+    streamed: bool,
     api: Api,
-) -> ServerSentEvent:
-    cid = correlation_id(request.scope)
-    started = await api.responses.stream(plan, chained, cid)
+) -> Response[dict[str, Any]] | ServerSentEvent:
+    """A response that runs as a run: its stream, or (background, not streamed) its Response
+    at once, queued."""
+    started = await api.responses.stream(plan, chained, correlation_id(request.scope))
     run = started.run
-    assert run is not None  # a run of its own: /v1 streams are never background (yet)
-    revision = run.held.result() + 1
-    rendering = ResponseStream(run, started.conversation_id, revision, echo, created_at)
+    if run is None and not plan.background:  # a retry of a run that runs (or ran) elsewhere
+        raise RequestInProgress(turn_id=started.turn_id)
+    held = run.held.result() if run is not None and not plan.background else None
+    rid = api.responses.id_of(plan, started, None if held is None else held + 1)
+    if not streamed:
+        body = response_object(
+            started.conversation_id, None, echo, rid=rid, status=started.status,
+            created_at=created_at, stored=plan.stored_response,
+        )  # fmt: skip
+        return Response(body)
+    source = source_of(api, started.conversation_id, run, started.turn_id)
+    rendering = ResponseStream(
+        rid, started.conversation_id, echo, created_at, source=source,
+        stored=plan.stored_response, encrypted=plan.stored_response,
+    )  # fmt: skip
     return run_stream(api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, {})
+
+
+async def resumed(
+    request: Request[Any, Any, Any], response_id: str, starting_after: int | None, api: Api
+) -> ServerSentEvent:
+    """A streamed response's events again, from the start (or after ``starting_after``),
+    then live to its end: the same events with the same numbers on any replica."""
+    found, events = await api.responses.replay(api.owner, response_id)
+    assert found.run is not None
+    echo, created_at = Echo.of_record(found.response, _model(found.turn, api))
+    run = api.runs.live(found.run.id, api.owner)
+    source = source_of(api, found.conversation_id, run, found.run.id)
+    rendering = ResponseStream(
+        found.id, found.conversation_id, echo,
+        created_at or (found.run.created_at.timestamp() if found.run.created_at else time.time()),
+        source=source, starting_after=starting_after, stored=found.stored,
+    )  # fmt: skip
+    cid = correlation_id(request.scope)
+    stream = sse_events(events, rendering, api.sse_keepalive_s, correlation_id=cid, follower=True)
+    closed_with_response(request.scope, stream)
+    return ServerSentEvent(stream)
+
+
+async def stateless(
+    request: Request[Any, Any, Any],
+    asked: ResponseCreate,
+    ask: Asked,
+    echo: Echo,
+    api: Api,
+    started: float,
+) -> Response[dict[str, Any]] | ServerSentEvent:
+    """A ``store: false`` call: relayed, nothing kept; its id names nothing."""
+    echo, rid = replace(echo, store=False), unstored_response_id()
+    if asked.stream:
+        provider = await api.responses.stateless_stream(api.owner, ask, asked.input, asked.tools)
+        rendering = Relayed(ResponseStream(rid, None, echo, started))
+        cid = correlation_id(request.scope)
+        stream = sse_events(
+            provider, rendering, api.sse_keepalive_s, correlation_id=cid, follower=False
+        )
+        closed_with_response(request.scope, stream)
+        return ServerSentEvent(stream)
+    reply = await api.responses.stateless(api.owner, ask, asked.input, asked.tools)
+    # Sealed reasoning is kept in the answer: a client that keeps the history has no other
+    # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
+    output = views.output_items(None, 1, reply.output_items, 0, encrypted=True)
+    return Response(response_object(
+        None, None, echo, rid=rid, status=reply.status, output=output,
+        incomplete_reason=reply.incomplete_reason, created_at=started, usage=reply.usage,
+    ))  # fmt: skip

@@ -217,9 +217,11 @@ def response_object(
     incomplete_reason: str | None = None,
     created_at: datetime | float | None = None,
     usage: Usage | None = None,
+    stored: bool = False,
 ) -> dict[str, Any]:
-    """A Response: a committed turn (``revision``), or (``rid`` given, no ``cid``) a
-    stateless call's."""
+    """A Response: of the turn that made ``revision`` of conversation ``cid`` (or the one
+    ``rid`` names), or (``rid``, no ``cid``) a ``store: false`` call's. A stored response's
+    own conversation (``stored``) is not shown: on OpenAI it has none."""
     if isinstance(created_at, datetime):
         created_at = created_at.timestamp()
     assert rid is not None or cid is not None
@@ -231,7 +233,7 @@ def response_object(
         "output": list(output),
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "error": None,
-        "conversation": {"id": conversation_id(cid)} if cid else None,
+        "conversation": {"id": conversation_id(cid)} if cid and not stored else None,
         **echo.body(),
         "usage": usage.as_openai() if usage is not None else None,
     }

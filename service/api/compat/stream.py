@@ -1,15 +1,22 @@
-"""A run's events (service/core/events.py) as OpenAI's Responses stream, in the order the SDK's
-``responses.stream()`` helper demands: ``response.created`` first, the message's
-``output_item.added`` and ``content_part.added`` before its deltas, one response id
-throughout, ``response.completed`` (or ``response.incomplete``) only after the commit, with
-the whole output; or one ``error`` event for a turn that commits nothing. SSE ``id:`` lines
-are not sent: the SDK's parser trips over them. turnstore's own tool calls stay inside the
-turn, unannounced.
+"""A response's events as OpenAI's Responses stream, in the order the SDKs' stream helpers
+demand: ``response.created`` first, the message's ``output_item.added`` and
+``content_part.added`` before its deltas, one response id throughout, ``response.completed``
+(or ``response.incomplete``) only after the commit, with the whole output; or one ``error``
+event for a turn that commits nothing. SSE ``id:`` lines are not sent: with keep-alive comments
+they break the Python SDK's parser. turnstore's own tool calls stay inside the turn.
+
+A response that runs as a run (service/core/events.py) is rendered from its run's events and
+what the run and its committed turn recorded, never from this process's memory alone: every
+replay, on any replica, carries the same events with the same ``sequence_number``s, and one
+resumed ``starting_after`` N gets those after N. A ``store: false`` stream is rendered from
+the provider's events as they come (``relayed``): nothing of it is kept, so nothing resumes.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -21,8 +28,9 @@ from service.api.errors import openai_type
 from service.core import events
 from service.core.errors import ContentFiltered, TurnstoreError, status_of
 from service.core.events import RunEvent
-from service.core.ids import view_item_id
-from service.usecases.run import Run
+from service.core.ids import shown_item_id, view_item_id
+from service.core.usage import Usage
+from service.providers.base import ProviderEvent, Reply, TextDelta
 
 _JSON = msgspec.json.Encoder()
 
@@ -46,41 +54,99 @@ class _Failed(msgspec.Struct):
     error: _Error
 
 
+@dataclass(frozen=True)
+class Output:
+    """A committed response's output: its turn's items after its inputs, and its usage."""
+
+    items: Sequence[msgspec.Raw]
+    first: int  # how many input items precede them in the turn
+    own_calls: Collection[str]  # turnstore's own tools' calls among them (not shown)
+    usage: Usage | None
+
+
+@dataclass(frozen=True)
+class Source:
+    """What only the store (or this process, for its own run) knows of a streamed response:
+    the provider's id of the message it streams, and the output it committed."""
+
+    message_id: Callable[[], Awaitable[str | None]]
+    output: Callable[[int], Awaitable[Output]]  # of the turn that made this revision
+
+
 class ResponseStream:
-    """Numbers the events of one response and builds them from its run's events."""
+    """Numbers the events of one response and builds them."""
 
     def __init__(
-        self, run: Run, cid: uuid.UUID, revision: int, echo: Echo, created_at: float
+        self,
+        response_id: str,
+        cid: uuid.UUID | None,
+        echo: Echo,
+        created_at: float,
+        *,
+        source: Source | None = None,
+        starting_after: int | None = None,
+        stored: bool = False,
+        encrypted: bool = False,
     ) -> None:
-        self.run, self.cid, self.revision, self.echo = run, cid, revision, echo
-        self.created_at = created_at
+        self.response_id, self.cid, self.echo, self.stored = response_id, cid, echo, stored
+        self.encrypted = encrypted  # its output shows sealed reasoning
+        self.created_at, self.source = created_at, source
+        self.starting_after = starting_after if starting_after is not None else -1
         self.sequence = 0
         self.message_id: str | None = None
         self.text: list[str] = []
 
     def started(self) -> list[ServerSentEventMessage]:
-        return [
-            self._event("response.created", response=self._response("in_progress")),
+        first = "queued" if self.echo.background else "in_progress"
+        return self._shown([
+            self._event("response.created", response=self._response(first)),
             self._event("response.in_progress", response=self._response("in_progress")),
-        ]
+        ])  # fmt: skip
 
-    def render(self, event: RunEvent) -> list[ServerSentEventMessage]:
+    async def render(self, event: RunEvent) -> list[ServerSentEventMessage]:
+        """A run's event (tool.call: turnstore's own tools stay inside the turn)."""
         if event.name == events.DELTA:
-            return self._delta(msgspec.json.decode(event.data, type=_Delta).delta)
+            text = msgspec.json.decode(event.data, type=_Delta).delta
+            if self.message_id is None and self.source is not None:
+                self.message_id = self._shown_id(await self.source.message_id())
+            return self._shown(self._delta(text))
         if event.name == events.DONE:
-            return self._done(msgspec.json.decode(event.data, type=_Done))
+            done = msgspec.json.decode(event.data, type=_Done)
+            if done.revision is None:
+                return self._shown([self.error(ContentFiltered())])
+            assert self.source is not None
+            output = await self.source.output(done.revision)
+            finished = self._finished(
+                done.status, done.incomplete_reason, output, encrypted=self.encrypted
+            )
+            return self._shown(finished)
         if event.name == events.ERROR:
             failed = msgspec.json.decode(event.data, type=_Failed).error
-            return [self._error(failed.code, failed.message, None, status_of(failed.code))]
-        return []  # tool.call: turnstore's own tools stay inside the turn
+            status = status_of(failed.code)
+            return self._shown([self._error(failed.code, failed.message, None, status)])
+        return []
+
+    def ends(self, event: RunEvent) -> bool:
+        return event.terminal
+
+    def relayed(self, event: ProviderEvent) -> list[ServerSentEventMessage]:
+        """A ``store: false`` stream's provider event."""
+        if isinstance(event, TextDelta):
+            self.message_id = self.message_id or self._shown_id(event.item_id)
+            return self._delta(event.text)
+        assert isinstance(event, Reply)
+        if event.incomplete_reason == "content_filter":
+            return [self.error(ContentFiltered())]
+        output = Output(event.output_items, 0, (), event.usage)
+        return self._finished(event.status, event.incomplete_reason, output, encrypted=True)
 
     def error(self, exc: TurnstoreError) -> ServerSentEventMessage:
         return self._error(exc.code, exc.message, exc.param, exc.status)
 
     def _delta(self, text: str) -> list[ServerSentEventMessage]:
         opened = []
-        if self.message_id is None:
-            self.message_id = self.run.message_id or view_item_id(self.cid, self.revision, 0)
+        if not self.text:
+            self.message_id = self.message_id or view_item_id(self.cid or uuid.UUID(int=0), 0, 0)
             item = self._message("in_progress", [])
             opened = [
                 self._event("response.output_item.added", output_index=0, item=item),
@@ -90,11 +156,11 @@ class ResponseStream:
         return [*opened, self._event("response.output_text.delta", **self._at(), delta=text,
                                      logprobs=[])]  # fmt: skip
 
-    def _done(self, done: _Done) -> list[ServerSentEventMessage]:
-        if done.revision is None:
-            return [self.error(ContentFiltered())]
+    def _finished(
+        self, status: str, reason: str | None, output: Output, *, encrypted: bool = False
+    ) -> list[ServerSentEventMessage]:
         out = []
-        if self.message_id is not None:
+        if self.text:
             text = "".join(self.text)
             out = [
                 self._event("response.output_text.done", **self._at(), text=text, logprobs=[]),
@@ -102,22 +168,20 @@ class ResponseStream:
                 self._event("response.output_item.done", output_index=0,
                             item=self._message("completed", [_part(text)])),
             ]  # fmt: skip
-        result = self.run.result
-        committed = result.items if result is not None else ()
-        inputs = result.inputs if result is not None else 0
-        own = result.own_calls if result is not None else frozenset()
-        output = output_items(self.cid, done.revision, committed, inputs, own_calls=own)
-        index = 0 if self.message_id is None else 1
-        for item in output:  # the client's function calls, to run: announced whole
+        shown = output_items(
+            self.cid, 0, output.items, output.first,
+            encrypted=encrypted, own_calls=output.own_calls,
+        )  # fmt: skip
+        index = 0 if not self.text else 1
+        for item in shown:  # the client's function calls, to run: announced whole
             if item["type"] == "function_call":
                 out += [
                     self._event("response.output_item.added", output_index=index, item=item),
                     self._event("response.output_item.done", output_index=index, item=item),
                 ]
                 index += 1
-        reason, usage = done.incomplete_reason, result.usage if result is not None else None
-        final = self._response(done.status, output=output, incomplete_reason=reason, usage=usage)
-        return [*out, self._event(f"response.{done.status}", response=final)]
+        final = self._response(status, output=shown, incomplete_reason=reason, usage=output.usage)
+        return [*out, self._event(f"response.{status}", response=final)]
 
     def _error(
         self, code: str, message: str, param: str | None, status: int
@@ -132,11 +196,24 @@ class ResponseStream:
         self.sequence += 1
         return ServerSentEventMessage(event=kind, data=_JSON.encode(data).decode())
 
+    def _shown(self, messages: list[ServerSentEventMessage]) -> list[ServerSentEventMessage]:
+        """Those after ``starting_after`` (a resumed stream); numbered like the others."""
+        if self.starting_after < 0:
+            return messages
+        first = self.sequence - len(messages)  # the number of the first of them
+        return [m for n, m in enumerate(messages, start=first) if n > self.starting_after]
+
     def _response(self, status: str, **fields: Any) -> dict[str, Any]:
         return response_object(
-            self.cid, self.revision, self.echo, status=status, created_at=self.created_at,
-            **fields,
+            self.cid, None, self.echo, rid=self.response_id, status=status,
+            created_at=self.created_at, stored=self.stored, **fields,
         )  # fmt: skip
+
+    def _shown_id(self, provider_id: str | None) -> str | None:
+        """The id the message is shown by (service/core/ids.py)."""
+        if provider_id is None or self.cid is None:
+            return provider_id
+        return shown_item_id(self.cid, provider_id)
 
     def _at(self) -> dict[str, Any]:
         return {"item_id": self.message_id, "output_index": 0, "content_index": 0}
@@ -148,3 +225,22 @@ class ResponseStream:
 
 def _part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": []}
+
+
+class Relayed:
+    """The rendering of a ``store: false`` stream: the provider's events, as they come."""
+
+    def __init__(self, stream: ResponseStream) -> None:
+        self._stream = stream
+
+    def started(self) -> list[ServerSentEventMessage]:
+        return self._stream.started()
+
+    async def render(self, event: ProviderEvent) -> list[ServerSentEventMessage]:
+        return self._stream.relayed(event)
+
+    def ends(self, event: ProviderEvent) -> bool:
+        return isinstance(event, Reply)
+
+    def error(self, exc: TurnstoreError) -> ServerSentEventMessage:
+        return self._stream.error(exc)

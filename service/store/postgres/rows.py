@@ -80,6 +80,7 @@ class Rows:
             transcript=self._said(row),
             response=_raw(self._field(row, "response")),
             response_deleted=bool(row["response_deleted"]),
+            turn_id=row["turn_id"],
         )
 
     def transcript_turn(self, row: Row) -> TranscriptTurn:
@@ -142,6 +143,7 @@ class Rows:
             created_at=row["created_at"],
             updated_at=row["updated_at"],
             metadata=self.metadata(row),
+            stored_response=row["expires_at"] is not None,
         )
 
     def conversation(self, row: Row, turns: list[Turn]) -> Conversation:

@@ -146,6 +146,7 @@ INTERRUPT = sql(f"""
         CASE WHEN r.watched THEN pg_notify('{CHANNEL}', 'events:' || r.id::text) END
     FROM r
 """)
+FORGET = sql(f"DELETE FROM turn_runs WHERE id = :id AND owner = :owner AND NOT {UNFINISHED}")
 DELETE_OF = sql("DELETE FROM turn_runs WHERE conversation_id = ANY(CAST(:cids AS uuid[]))")
 EXPIRED = sql("DELETE FROM turn_runs WHERE expires_at < now()")
 DELETE_OWNED = sql("DELETE FROM turn_runs WHERE owner = :owner")

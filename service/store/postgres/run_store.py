@@ -119,6 +119,9 @@ class PostgresRuns:
         key = await reading_key(self._keyring, owner, rows, ["events", "response"])
         return view(rows[0], key), Events(key, run_id).after(rows, after)
 
+    async def forget_run(self, run_id: UUID, owner: str) -> None:
+        await self._write(sql.FORGET, {"id": run_id, "owner": owner})
+
     async def watch_run(self, run_id: UUID) -> None:
         await self._write(sql.WATCH, {"id": run_id})
 

@@ -32,7 +32,7 @@ TURN = """
     turns.model, turns.context_from, turns.prompt_version, turns.status,
     turns.incomplete_reason, turns.created_at AS turn_created_at, turns.usage,
     turns.transcript, turns.sealed_transcript, turns.response, turns.sealed_response,
-    turns.response_deleted
+    turns.response_deleted, turns.turn_id
 """
 # A turn as written: the conversation_id, seq and created_at, then these.
 TURN_VALUES = """
@@ -43,7 +43,8 @@ TURN_VALUES = """
 """
 INFO = """
     conversations.id, conversations.revision, conversations.created_at,
-    conversations.updated_at, conversations.metadata, conversations.sealed_metadata
+    conversations.updated_at, conversations.metadata, conversations.sealed_metadata,
+    conversations.expires_at
 """
 HEAD = """
     conversations.revision, conversations.created_at, conversations.updated_at,
@@ -60,6 +61,14 @@ LOAD = f"""
         ON turns.conversation_id = conversations.id AND turns.seq > :after
     WHERE {THE_CONVERSATION}
     ORDER BY turns.seq
+"""
+
+# One turn of the owner's conversation (a response retrieved): the turn alone is read.
+TURN_OF = f"""
+    SELECT {HEAD}, {TURN}
+    FROM conversations JOIN turns
+        ON turns.conversation_id = conversations.id AND turns.seq = :seq
+    WHERE {THE_CONVERSATION}
 """
 
 # No other turn's lease may be live: a holder whose lease ran out and was taken over loses
@@ -303,7 +312,7 @@ FORK = f"""
                       WHERE conversation_id = :src AND seq = :at), 1),
             :caller, false, metadata, expires_at
         FROM src
-        RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata
+        RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata, expires_at
     ), copied AS (
         INSERT INTO turns ({FORKED}, conversation_id)
         SELECT {FORKED}, :new FROM turns
@@ -343,7 +352,7 @@ LOCK_HEAD = f"""
     FOR UPDATE
 """
 TURN_AT = f"""
-    SELECT {TURN}, turns.turn_id FROM turns
+    SELECT {TURN} FROM turns
     WHERE turns.conversation_id = :cid AND turns.seq = :seq
 """
 DELETE_TURN = "DELETE FROM turns WHERE turns.conversation_id = :cid AND turns.seq = :seq"
@@ -405,6 +414,7 @@ class Statements:
             return sql(template.replace(LIVE, live))
 
         self.load = compiled(LOAD)
+        self.turn_of = compiled(TURN_OF)
         self.lease = compiled(LEASE)
         self.commit = {False: compiled(COMMIT), True: compiled(COMMIT_FIRST)}  # first turn?
         self.exists = compiled(EXISTS)

@@ -34,6 +34,7 @@ from service.core.model import (
     RunCommit,
     Summary,
     TranscriptPage,
+    Turn,
 )
 from service.core.plans import check_precondition
 from service.platform.crypto import DataKey
@@ -57,6 +58,14 @@ class PostgresStore(Edits, Housekeeping):
         async with driver(self._engine, write=False) as conn:
             rows = await self._sql.load.fetch(conn, params)
         return await self._conversation(conversation_id, owner, rows) if rows else None
+
+    async def turn(self, conversation_id: UUID, owner: str, revision: int) -> Turn | None:
+        params = {"cid": conversation_id, "caller": owner, "seq": revision}
+        async with driver(self._engine, write=False) as conn:
+            row = await self._sql.turn_of.fetchrow(conn, params)
+        if row is None:
+            return None
+        return (await reading(self._keyring, owner, conversation_id, [row])).turn(row)
 
     async def lease(
         self,

@@ -126,6 +126,7 @@ def postgres_store(
             settings.upstream_read_timeout_s, settings.tool_max_rounds
         ),
         events_ttl_s=settings.turn_events_ttl_s,
+        stored_response_ttl_s=settings.stored_response_ttl_days * 86_400,
         keyring=keyring,
     )
 

@@ -71,10 +71,21 @@ def _framework_message(exc: HTTPException, request: Request[Any, Any, Any]) -> s
         return f"{target} is not served here: this path takes {allowed or 'other methods'}."
     if isinstance(exc, ValidationException) and isinstance(exc.extra, list):
         details = "; ".join(
-            str(item.get("message")) for item in exc.extra if isinstance(item, dict)
+            f"{item['key']}: {item.get('message')}" if item.get("key") else str(item.get("message"))
+            for item in exc.extra
+            if isinstance(item, dict)
         )
         return f"The request is invalid: {details}" if details else "The request is invalid."
     return str(exc.detail)
+
+
+def _invalid_param(exc: HTTPException) -> str | None:
+    """The parameter a framework refusal names (the first, when several are wrong)."""
+    if isinstance(exc, ValidationException) and isinstance(exc.extra, list):
+        for item in exc.extra:
+            if isinstance(item, dict) and isinstance(item.get("key"), str):
+                return str(item["key"])
+    return None
 
 
 def _printable(text: str) -> str:
@@ -107,7 +118,7 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
         if status >= 500:
             log_failure(exc, cid)
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
-        status = exc.status_code
+        status, param = exc.status_code, _invalid_param(exc)
         if isinstance(exc, NotFoundException | MethodNotAllowedException):
             count_unmatched(request.scope, status)
         code = _CODE_BY_STATUS.get(status, "http_error")

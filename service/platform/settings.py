@@ -218,6 +218,14 @@ class Settings:
         above=0,
         high=36_500,
     )
+    stored_response_ttl_days: float = _setting(
+        "STORED_RESPONSE_TTL_DAYS",
+        30.0,
+        "a stored `/v1` response (one made without a conversation) is gone this long after its "
+        "conversation's last turn, and removed by `turnstore purge`",
+        above=0,
+        high=36_500,
+    )
     idempotency_ttl_s: float = _setting(
         "IDEMPOTENCY_TTL_S",
         86_400.0,

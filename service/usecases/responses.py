@@ -213,10 +213,12 @@ class Responses:
         owner's, deleted, expired, or a ``store: false`` one)."""
         ref = parse_response_id(raw_id)
         info = await self._conversations.info(ref.conversation_id, owner)
-        if info is None:
+        if info is None and ref.run_id is None:
             raise ResponseNotFound()
+        # A run may make its conversation (a background response on a new one): its own
+        # record says whether the response is stored until then.
         found = await self._found(owner, raw_id, ref)
-        return replace(found, stored=info.stored_response)
+        return replace(found, stored=info is not None and info.stored_response)
 
     async def _found(self, owner: str, raw_id: str, ref: ResponseRef) -> Found:
         if ref.run_id is not None:

@@ -106,7 +106,7 @@ class TurnRuns:
     async def start(self, plan: TurnPlan, *, correlation_id: str) -> Started:
         """Start the turn of ``plan`` as a run; an Idempotency-Key retry of a turn that runs
         as a run gets that run instead (a retry of a plain turn still running: 409)."""
-        new = NewRun(uuid.uuid4(), plan.conversation_id, plan.owner, plan.background)
+        new = NewRun(uuid.uuid4(), plan.conversation_id, plan.owner, plan.background, plan.response)
         try:
             committed = await self._turns.claim(plan, new.id)
         except RequestInProgress as running:

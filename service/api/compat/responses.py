@@ -17,7 +17,13 @@ from litestar.response import ServerSentEvent
 from service.api.bodies import strict
 from service.api.compat import items as views
 from service.api.compat.items import ENCRYPTED
-from service.api.compat.schemas import Echo, ResponseCreate, passed_through, response_object
+from service.api.compat.schemas import (
+    Echo,
+    ResponseCreate,
+    passed_through,
+    response_error,
+    response_object,
+)
 from service.api.compat.stream import Output, Relayed, ResponseStream, Source
 from service.api.correlation import correlation_id
 from service.api.deps import Api, Caller
@@ -47,7 +53,6 @@ from service.core.errors import (
 )
 from service.core.ids import unstored_response_id
 from service.core.items import input_count
-from service.core.model import Turn
 from service.core.plans import Asked, TurnPlan
 from service.usecases.responses import Found
 from service.usecases.run import Run
@@ -133,20 +138,22 @@ class OpenAIResponses(Controller):
             idempotency_key=idempotency_key, background=bool(asked.background), request=body,
         )  # fmt: skip
         chained = asked.previous_response_id is not None
+        # Whether it is stored is known once planned (a chained one is if its source is).
+        echo = replace(echo, stored=plan.stored_response)
+        plan = replace(plan, response=echo.record(started))
+        encrypted = encrypted_asked(asked)
         if asked.stream or asked.background:
-            return await run_of(request, plan, chained, echo, started, bool(asked.stream), api)
+            streamed = bool(asked.stream)
+            return await run_of(request, plan, chained, echo, started, streamed, encrypted, api)
         done = await responses.run(plan, chained)
         assert done.revision is not None
-        # A stored response's sealed reasoning is shown to the client that made it: one that
-        # keeps its own history (an Agents SDK session) has no other copy to send back.
         output = views.output_items(
             done.conversation_id, done.revision, done.items, done.inputs,
-            own_calls=done.own_calls, encrypted=plan.stored_response or encrypted_asked(asked),
+            own_calls=done.own_calls, encrypted=encrypted,
         )  # fmt: skip
         return Response(response_object(
             done.conversation_id, done.revision, echo, status=done.status, output=output,
             incomplete_reason=done.incomplete_reason, created_at=started, usage=done.usage,
-            stored=plan.stored_response,
         ))  # fmt: skip
 
     @get(
@@ -216,8 +223,7 @@ def encrypted_asked(asked: ResponseCreate) -> bool:
 def shown(found: Found, api: Api, *, encrypted: bool = False) -> dict[str, Any]:
     """The Response of a response as it is now: its committed turn's, or its run's status."""
     turn, run = found.turn, found.run
-    model = _model(turn, api)
-    echo, created_at = Echo.of_record(found.response, model)
+    echo, created_at = _echo(found, api)
     if turn is not None and found.revision is not None:
         first = input_count(turn.replay_items)
         own = {call.call_id for call in turn.tool_calls}
@@ -228,20 +234,24 @@ def shown(found: Found, api: Api, *, encrypted: bool = False) -> dict[str, Any]:
         return response_object(
             found.conversation_id, None, echo, rid=found.id, status=turn.status, output=output,
             incomplete_reason=turn.incomplete_reason, usage=turn.usage,
-            created_at=created_at or turn.created_at, stored=found.stored,
+            created_at=created_at or turn.created_at,
         )  # fmt: skip
     assert run is not None  # a response not committed is one that runs, or ran, as a run
     body = response_object(
         found.conversation_id, None, echo, rid=found.id, status=run.status,
-        created_at=created_at or run.created_at, stored=found.stored,
+        created_at=created_at or run.created_at,
     )  # fmt: skip
     if run.error_code is not None:
-        body["error"] = {"code": run.error_code, "message": run.error_message or ""}
+        body["error"] = response_error(run.error_code, run.error_message or "")
     return body
 
 
-def _model(turn: Turn | None, api: Api) -> str:
-    return turn.origin.model if turn is not None and turn.origin else api.responses.model
+def _echo(found: Found, api: Api) -> tuple[Echo, float | None]:
+    """What a response echoes, and when it was created (None: an /api/v1 turn's)."""
+    turn = found.turn
+    model = turn.origin.model if turn is not None and turn.origin else api.responses.model
+    echo, created_at = Echo.of_record(found.response, model)
+    return replace(echo, stored=echo.stored or found.stored), created_at
 
 
 def source_of(api: Api, cid: uuid.UUID, run: Run | None, run_id: uuid.UUID) -> Source:
@@ -273,6 +283,7 @@ async def run_of(
     echo: Echo,
     created_at: float,
     streamed: bool,
+    encrypted: bool,
     api: Api,
 ) -> Response[dict[str, Any]] | ServerSentEvent:
     """A response that runs as a run: its stream, or (background, not streamed) its Response
@@ -286,13 +297,12 @@ async def run_of(
     if not streamed:
         body = response_object(
             started.conversation_id, None, echo, rid=rid, status=started.status,
-            created_at=created_at, stored=plan.stored_response,
+            created_at=created_at,
         )  # fmt: skip
         return Response(body)
     source = source_of(api, started.conversation_id, run, started.turn_id)
     rendering = ResponseStream(
-        rid, started.conversation_id, echo, created_at, source=source,
-        stored=plan.stored_response, encrypted=plan.stored_response,
+        rid, started.conversation_id, echo, created_at, source=source, encrypted=encrypted,
     )  # fmt: skip
     return run_stream(api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, {})
 
@@ -304,13 +314,13 @@ async def resumed(
     then live to its end: the same events with the same numbers on any replica."""
     found, events = await api.responses.replay(api.owner, response_id)
     assert found.run is not None
-    echo, created_at = Echo.of_record(found.response, _model(found.turn, api))
+    echo, created_at = _echo(found, api)
     run = api.runs.live(found.run.id, api.owner)
     source = source_of(api, found.conversation_id, run, found.run.id)
     rendering = ResponseStream(
         found.id, found.conversation_id, echo,
         created_at or (found.run.created_at.timestamp() if found.run.created_at else time.time()),
-        source=source, starting_after=starting_after, stored=found.stored,
+        source=source, starting_after=starting_after,
     )  # fmt: skip
     cid = correlation_id(request.scope)
     stream = sse_events(events, rendering, api.sse_keepalive_s, correlation_id=cid, follower=True)

@@ -152,6 +152,7 @@ class _Record(msgspec.Struct):
     store: bool
     background: bool
     fields: dict[str, msgspec.Raw]
+    stored: bool = False  # absent from records written before stored responses
 
 
 _JSON = msgspec.json.Encoder()
@@ -169,6 +170,7 @@ class Echo:
     store: bool = True
     background: bool = False
     fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)  # the passed-through ones
+    stored: bool = False  # a stored response: its own conversation is not shown (none on OpenAI)
 
     def record(self, created_at: float) -> msgspec.Raw:
         """What is kept with the turn, for a retrieve to echo the same (never the
@@ -176,7 +178,7 @@ class Echo:
         kept = {name: self.fields[name] for name in ECHO_DEFAULTS if name in self.fields}
         return msgspec.Raw(_JSON.encode(_Record(
             created_at, list(self.tools), self.truncation, self.previous_response_id,
-            self.store, self.background, kept,
+            self.store, self.background, kept, self.stored,
         )))  # fmt: skip
 
     @classmethod
@@ -188,7 +190,7 @@ class Echo:
         echo = cls(
             model=model, tools=kept.tools, truncation=kept.truncation,
             previous_response_id=kept.previous_response_id, store=kept.store,
-            background=kept.background, fields=kept.fields,
+            background=kept.background, fields=kept.fields, stored=kept.stored,
         )  # fmt: skip
         return echo, kept.created_at
 
@@ -206,6 +208,16 @@ class Echo:
         }
 
 
+_RATE_LIMITED = frozenset({"rate_limited"})
+
+
+def response_error(code: str, message: str) -> dict[str, str]:
+    """A failed Response's ``error``: OpenAI's codes are a closed set (the SDKs validate
+    them), so turnstore's own code leads the message."""
+    openai_code = "rate_limit_exceeded" if code in _RATE_LIMITED else "server_error"
+    return {"code": openai_code, "message": f"{code}: {message}"}
+
+
 def response_object(
     cid: uuid.UUID | None,
     revision: int | None,
@@ -217,11 +229,10 @@ def response_object(
     incomplete_reason: str | None = None,
     created_at: datetime | float | None = None,
     usage: Usage | None = None,
-    stored: bool = False,
 ) -> dict[str, Any]:
     """A Response: of the turn that made ``revision`` of conversation ``cid`` (or the one
     ``rid`` names), or (``rid``, no ``cid``) a ``store: false`` call's. A stored response's
-    own conversation (``stored``) is not shown: on OpenAI it has none."""
+    own conversation (``echo.stored``) is not shown: on OpenAI it has none."""
     if isinstance(created_at, datetime):
         created_at = created_at.timestamp()
     assert rid is not None or cid is not None
@@ -233,7 +244,7 @@ def response_object(
         "output": list(output),
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "error": None,
-        "conversation": {"id": conversation_id(cid)} if cid and not stored else None,
+        "conversation": {"id": conversation_id(cid)} if cid and not echo.stored else None,
         **echo.body(),
         "usage": usage.as_openai() if usage is not None else None,
     }

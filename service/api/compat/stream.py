@@ -85,10 +85,9 @@ class ResponseStream:
         *,
         source: Source | None = None,
         starting_after: int | None = None,
-        stored: bool = False,
         encrypted: bool = False,
     ) -> None:
-        self.response_id, self.cid, self.echo, self.stored = response_id, cid, echo, stored
+        self.response_id, self.cid, self.echo = response_id, cid, echo
         self.encrypted = encrypted  # its output shows sealed reasoning
         self.created_at, self.source = created_at, source
         self.starting_after = starting_after if starting_after is not None else -1
@@ -206,7 +205,7 @@ class ResponseStream:
     def _response(self, status: str, **fields: Any) -> dict[str, Any]:
         return response_object(
             self.cid, None, self.echo, rid=self.response_id, status=status,
-            created_at=self.created_at, stored=self.stored, **fields,
+            created_at=self.created_at, **fields,
         )  # fmt: skip
 
     def _shown_id(self, provider_id: str | None) -> str | None:

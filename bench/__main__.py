@@ -1,6 +1,7 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
-Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors  --subjects ...
+Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses
+--subjects ...
 --rounds N  --flame, --realtime (floors: flame graphs into bench/flame/; servers under
 SCHED_FIFO)
 """
@@ -17,7 +18,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import durable, e2e, fork, holding, hostile, migrate, plots, report, tracing
+from bench import (
+    durable,
+    e2e,
+    fork,
+    holding,
+    hostile,
+    migrate,
+    plots,
+    report,
+    responses,
+    tracing,
+)
 from bench.database import REPO, fresh_database, server, server_version
 from bench.floors import run as floors
 from bench.store import StoreConfig, StoreResult, run_subject
@@ -32,7 +44,8 @@ def _say(line: str = "") -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument(
-        "--parts", default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors"
+        "--parts",
+        default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses",
     )
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
@@ -135,6 +148,13 @@ def main() -> None:
                 url, logs, args.rounds, realtime_servers=args.realtime, flames=flames
             )
             for line in floors.lines(floor):
+                _say("   " + line)
+        if "responses" in parts:
+            _say(
+                "\n10. /v1 responses: what storing one costs per call, and what a resumed "
+                "stream costs the replica that replays it"
+            )
+            for line in responses.lines(responses.run(url, logs)):
                 _say("   " + line)
         _say("\nTargets (ratios from this run)")
         if floor is not None:

@@ -10,12 +10,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from bench.database import sqlalchemy_url
 from bench.dbwork import DbMeter, DbWork
 from bench.http import Connection
-from bench.server import free_port, running, turnstore_command
+from bench.server import free_port, process_cpu_s, running, turnstore_command
 from bench.workload import payload
 
 CHAT = "/api/v1/chat"
@@ -80,22 +78,12 @@ async def _seed(port: int, count: int, concurrency: int) -> list[str]:
     return made
 
 
-def _cpu_s(pid: int) -> float:
-    """The server's CPU time: its process and, with --workers, its worker processes."""
-    process = psutil.Process(pid)
-    total = 0.0
-    for each in (process, *process.children(recursive=True)):
-        times = each.cpu_times()
-        total += times.user + times.system
-    return total
-
-
 async def _measure(pid: int, port: int, seed: int, url: str, workers: int) -> E2EResult:
     await _load(port, 4, 3, 4)  # warm-up
-    cpu, start = _cpu_s(pid), time.perf_counter()
+    cpu, start = process_cpu_s(pid), time.perf_counter()
     async with DbMeter(url) as meter:
         latencies = await _load(port, 64, 20, 32)
-    elapsed, cpu = time.perf_counter() - start, _cpu_s(pid) - cpu
+    elapsed, cpu = time.perf_counter() - start, process_cpu_s(pid) - cpu
     cuts = statistics.quantiles(latencies, n=100)
     seeded = await _seed(port, seed, 32)
     turns = len(latencies)

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 from bench.http import Connection
 from service.platform import migrate
 
@@ -24,6 +26,16 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def process_cpu_s(pid: int) -> float:
+    """A server's CPU time: its process and, with --workers, its worker processes."""
+    process = psutil.Process(pid)
+    total = 0.0
+    for each in (process, *process.children(recursive=True)):
+        times = each.cpu_times()
+        total += times.user + times.system
+    return total
 
 
 def turnstore_command() -> list[str]:

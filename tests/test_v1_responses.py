@@ -245,7 +245,7 @@ async def fleet(
                         max_retries=0,
                         _strict_response_validation=True,
                     )
-                )  # fmt: skip
+                )
                 for r in started
             ]
             yield sdks, started
@@ -263,9 +263,20 @@ async def status_becomes(
         await asyncio.sleep(0.05)
 
 
-async def events_of(client: openai.AsyncOpenAI, response_id: str, **after: int) -> list[Any]:
+async def events_of(
+    client: openai.AsyncOpenAI,
+    response_id: str,
+    arrived: asyncio.Event | None = None,
+    **after: int,
+) -> list[Any]:
+    """A response's events to its end (``arrived``: set once the first one came)."""
     stream = await client.responses.retrieve(response_id, stream=True, **after)
-    return [event async for event in stream]
+    events = []
+    async for event in stream:
+        events.append(event)
+        if arrived is not None:
+            arrived.set()
+    return events
 
 
 async def test_a_stored_response_chains_on_another_replica(database: str, tmp_path: Path) -> None:
@@ -290,26 +301,22 @@ async def test_a_background_response_is_polled_resumed_and_cancelled_on_another_
         assert created.status == "queued" and created.background is True
         await stalled.started.wait()
         await status_becomes(b, created.id, "in_progress")
-        from_start = asyncio.ensure_future(events_of(b, created.id))
-        suffix = asyncio.ensure_future(events_of(b, created.id, starting_after=3))
+        # Both readers are following it live before the provider goes on.
+        reading = [asyncio.Event(), asyncio.Event()]
+        from_start = asyncio.ensure_future(events_of(b, created.id, reading[0]))
+        suffix = asyncio.ensure_future(events_of(b, created.id, reading[1], starting_after=3))
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in reading)), 10)
+        assert not from_start.done() and not suffix.done()
         release.set()
         full, tail = await asyncio.gather(from_start, suffix)
         numbers = [event.sequence_number for event in full]
         assert numbers == list(range(len(full)))
         assert full[0].type == "response.created" and full[-1].type == "response.completed"
-        for x, y in zip([e.model_dump() for e in tail], [e.model_dump() for e in full[4:]]):
-            if x != y:
-                print("TAIL", x)
-                print("FULL", y)
         assert [e.model_dump() for e in tail] == [e.model_dump() for e in full[4:]]
         done = await a.responses.retrieve(created.id)
         assert done.status == "completed" and done.output_text == "one two three four"
         assert full[-1].response.output_text == done.output_text
         after_the_end = await events_of(a, created.id)  # replayed once it ended, too
-        for x, y in zip([e.model_dump() for e in after_the_end], [e.model_dump() for e in full]):
-            if x != y:
-                print("AFTER", x)
-                print("FULL", y)
         assert [e.model_dump() for e in after_the_end] == [e.model_dump() for e in full]
 
         engine = create_async_engine(database.replace("postgresql://", "postgresql+asyncpg://"))

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
-import psutil
 
 from bench.database import libpq_url, settle, sqlalchemy_url
 from bench.dbwork import DbMeter
 from bench.floors import flame, load
-from bench.server import free_port, running, turnstore_command
+from bench.server import free_port, process_cpu_s, running, turnstore_command
 
 SUBJECTS = ("bare", "litestar", "turnstore")
 FLOOR_APPS = {"bare": "bench.floors.bare:create", "litestar": "bench.floors.litestar_app:create"}
@@ -76,11 +75,6 @@ def _command(subject: str, port: int) -> list[str]:
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
         "--http", "httptools", "--loop", "uvloop", "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
-
-
-def _cpu_s(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
 
 
 # pg_stat_statements' text of a statement -> what it is (the first pattern that matches).
@@ -134,10 +128,10 @@ async def _measure(kind: str, port: int, pid: int, url: str, into: Measured) -> 
     starts = await load.prepare(kind, port, CONVERSATIONS)
     await settle(url)
     before = await _calls(url)
-    cpu = _cpu_s(pid)
+    cpu = process_cpu_s(pid)
     async with DbMeter(url) as meter:
         done = await load.run(kind, port, starts, TURNS, CONCURRENCY)
-    cpu = _cpu_s(pid) - cpu
+    cpu = process_cpu_s(pid) - cpu
     after = await _calls(url)
     into.cpu_ms.append(cpu / done.turns * 1000)
     into.turns_per_s.append(done.turns / done.seconds)
@@ -246,11 +240,11 @@ def profile(subject: str, pid: int, port: int, kind: str, raw: Path, out: Path) 
         )
         try:
             time.sleep(1.0)  # attached
-            cpu = _cpu_s(pid)
+            cpu = process_cpu_s(pid)
             for _ in range(PROFILE_LOADS):
                 starts = asyncio.run(load.prepare(kind, port, CONVERSATIONS))
                 turns += asyncio.run(load.run(kind, port, starts, TURNS, CONCURRENCY)).turns
-            cpu = _cpu_s(pid) - cpu
+            cpu = process_cpu_s(pid) - cpu
         finally:
             recorder.send_signal(signal.SIGINT)
             recorder.wait(timeout=60)

@@ -106,7 +106,8 @@ def floor_targets(ratios: dict[tuple[str, str], tuple[float, float, float]]) -> 
     """turnstore's server CPU per turn over each floor's, of the rounds' minimums (of their
     medians beside it)."""
     for (kind, floor), (of_min, of_median, limit) in ratios.items():
-        label = f"{kind} server CPU/turn vs {floor} floor (medians {of_median:.1f}x)"
+        against = f"turnstore's {floor} turn" if floor.startswith("/") else f"{floor} floor"
+        label = f"{kind} server CPU/turn vs {against} (medians {of_median:.2f}x)"
         yield _check(label, of_min, limit, False)
 
 

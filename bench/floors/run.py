@@ -357,6 +357,9 @@ def lines(result: FloorsResult) -> Iterator[str]:
         )
 
 
+V1_OVER_API = 1.2
+
+
 def ratios(result: FloorsResult) -> dict[tuple[str, str], tuple[float, float, float]]:
     """(kind, floor) -> turnstore's server CPU per turn over the floor's: of the rounds'
     minimums, of their medians; and the target."""
@@ -366,4 +369,7 @@ def ratios(result: FloorsResult) -> dict[tuple[str, str], tuple[float, float, fl
         for floor, target in TARGETS.items():
             theirs = result.measured[(kind, floor)].cpu
             found[(kind, floor)] = (ours[0] / theirs[0], ours[1] / theirs[1], target)
+    # A /v1 turn against an /api/v1 turn, both turnstore's (issue 20: at most 1.2x).
+    v1, api = (result.measured[(kind, "turnstore")].cpu for kind in ("/v1", "/api/v1"))
+    found[("/v1", "/api/v1")] = (v1[0] / api[0], v1[1] / api[1], V1_OVER_API)
     return found

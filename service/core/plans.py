@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -150,7 +150,7 @@ def make_plan(
         fields=asked.fields,
         include=asked.include,
         relayed=relayed,
-        response=asked.response,
+        response=asked.response(stored_response) if asked.response else None,
         server_prompt=rules.server_prompt_first(asked.instructions),
         stored_response=stored_response,
     )
@@ -164,7 +164,9 @@ class Asked:
     instructions: str | None = None
     fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)
     include: tuple[str, ...] = ()
-    response: msgspec.Raw | None = None  # what the turn keeps of its Response (see Turn)
+    # What the turn keeps of its Response (see Turn), given whether it is a stored response
+    # (known once planned: a chained one is if its source is).
+    response: Callable[[bool], msgspec.Raw] | None = None
 
 
 def _check_message(rules: PlanRules, message: str, items: tuple[msgspec.Raw, ...]) -> None:

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
+import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent
@@ -98,8 +99,11 @@ def asked_of(
         store=asked.store is not False, background=bool(asked.background), fields=fields,
     )  # fmt: skip
     include = tuple(i for i in asked.include or () if i != ENCRYPTED)
-    ask = Asked(asked.model, asked.instructions, fields, include, echo.record(created_at))
-    return ask, echo
+
+    def kept(stored: bool) -> msgspec.Raw:
+        return replace(echo, stored=stored).record(created_at)
+
+    return Asked(asked.model, asked.instructions, fields, include, kept), echo
 
 
 class OpenAIResponses(Controller):
@@ -138,9 +142,7 @@ class OpenAIResponses(Controller):
             idempotency_key=idempotency_key, background=bool(asked.background), request=body,
         )  # fmt: skip
         chained = asked.previous_response_id is not None
-        # Whether it is stored is known once planned (a chained one is if its source is).
-        echo = replace(echo, stored=plan.stored_response)
-        plan = replace(plan, response=echo.record(started))
+        echo = replace(echo, stored=plan.stored_response)  # known once planned
         encrypted = encrypted_asked(asked)
         if asked.stream or asked.background:
             streamed = bool(asked.stream)

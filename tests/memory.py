@@ -6,7 +6,7 @@ no durability. ``tests/test_store.py`` runs the same contract tests against both
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
@@ -23,6 +23,7 @@ from service.core.errors import (
     TurnInterrupted,
 )
 from service.core.events import RunEvent
+from service.core.items import without_last_item
 from service.core.model import (
     ANONYMOUS,
     FINISHED,
@@ -33,6 +34,8 @@ from service.core.model import (
     ConversationInfo,
     IdempotencyKey,
     LeaseAttempt,
+    LeaseRequest,
+    Metadata,
     NewRun,
     PageRequest,
     Precondition,
@@ -176,27 +179,19 @@ class MemoryStore:
             return None
         return found.turns[revision - 1]
 
-    async def lease(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        holder: UUID,
-        *,
-        lease_s: float,
-        queue: bool,
-        after_revision: int = 0,
-        replaces: UUID | None = None,
-    ) -> LeaseAttempt:
-        found = self._live(conversation_id, owner)
+    async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
+        found = self._live(ask.conversation_id, ask.owner)
         if found is None:
             return LeaseAttempt(conversation=None, acquired=False)
-        now = _now()
-        conversation = await self.load(conversation_id, owner, after_revision=after_revision)
-        if found.lease_free_for(holder, now) or (replaces and found.holder == replaces):
-            found.holder, found.lease_expires_at = holder, now + timedelta(seconds=lease_s)
+        now, holder = _now(), ask.holder
+        conversation = await self.load(
+            ask.conversation_id, ask.owner, after_revision=ask.after_revision
+        )
+        if found.lease_free_for(holder, now) or (ask.replaces and found.holder == ask.replaces):
+            found.holder, found.lease_expires_at = holder, now + timedelta(seconds=ask.lease_s)
             found.lease_wanted = False
             return LeaseAttempt(conversation, acquired=True)
-        found.lease_wanted = found.lease_wanted or queue
+        found.lease_wanted = found.lease_wanted or ask.queue
         return LeaseAttempt(conversation, acquired=False, busy_until=found.lease_expires_at)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
@@ -339,11 +334,7 @@ class MemoryStore:
         return fork.info()
 
     async def pop_item(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        rewrite: Callable[[Turn], Turn],
-        if_match: Precondition = None,
+        self, conversation_id: UUID, owner: str, if_match: Precondition = None
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         found = self._live(conversation_id, owner)
         if found is None:
@@ -355,7 +346,7 @@ class MemoryStore:
         if not found.turns or not found.turns[-1].replay_items:
             raise InvalidInput("The conversation has no item to remove.", param="item_id")
         last = found.turns[-1]
-        found.turns[-1] = rewrite(last)
+        found.turns[-1] = without_last_item(last)
         revision = found.row.revision + 1
         found.row = replace(found.row, revision=revision, updated_at=now, rewritten_at=revision)
         return found.info(), last.replay_items[-1]
@@ -375,11 +366,7 @@ class MemoryStore:
         return None if found is None else found.info()
 
     async def update_metadata(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        metadata: dict[str, str],
-        if_match: Precondition = None,
+        self, conversation_id: UUID, owner: str, metadata: Metadata, if_match: Precondition = None
     ) -> ConversationInfo:
         found = self._live(conversation_id, owner)
         if found is None:
@@ -407,11 +394,7 @@ class MemoryStore:
         return max(found, key=lambda run: run.created_at).new.id if found else None
 
     async def log_events(
-        self,
-        run_id: UUID,
-        owner: str,
-        events: Sequence[RunEvent],
-        message_id: str | None = None,
+        self, run_id: UUID, owner: str, events: Sequence[RunEvent], message_id: str | None = None
     ) -> None:
         run = self._runs.get(run_id)
         if run is not None and not run.finished:

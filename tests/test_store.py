@@ -22,7 +22,7 @@ from service.core.errors import (
     RequestInProgress,
     StorageError,
 )
-from service.core.model import ANONYMOUS, Append, Committed, IdempotencyKey, Turn
+from service.core.model import ANONYMOUS, Append, Committed, IdempotencyKey, LeaseRequest, Turn
 from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine
 from service.store.postgres import Keyring, PostgresStore
@@ -318,7 +318,7 @@ async def test_a_lease_racing_a_commit_never_returns_a_revision_ahead_of_its_tur
             row,
         )
         leasing = asyncio.create_task(
-            store.lease(cid, "anonymous", uuid.uuid4(), lease_s=30, queue=False)
+            store.lease(LeaseRequest(cid, "anonymous", uuid.uuid4(), lease_s=30, queue=False))
         )
         await _wait_for_lock_waiters(engine, 1)  # its snapshot is taken: turn 2 is not in it
         await blocker.commit()
@@ -377,10 +377,7 @@ async def test_the_latest_item_is_removed_by_a_commit_that_marks_the_rewrite(
     for n in (1, 2):
         await store.append(Append(cid, turn(n), n - 1, owner="alice"))
 
-    def keep_rest(last: Turn) -> Turn:
-        return Turn(last.user_message, last.assistant_message, last.replay_items[:-1])
-
-    info, removed = await store.pop_item(cid, "alice", keep_rest, frozenset({2}))
+    info, removed = await store.pop_item(cid, "alice", frozenset({2}))
     assert info.revision == 3 and bytes(removed) == bytes(turn(2).replay_items[-1])
     loaded = await store.load(cid, "alice")
     assert loaded is not None and loaded.revision == 3 and loaded.rewritten_at == 3
@@ -388,6 +385,6 @@ async def test_the_latest_item_is_removed_by_a_commit_that_marks_the_rewrite(
         *map(bytes, turn(1).replay_items), bytes(turn(2).replay_items[0])
     ]  # fmt: skip
     with pytest.raises(PreconditionFailed):
-        await store.pop_item(cid, "alice", keep_rest, frozenset({2}))
+        await store.pop_item(cid, "alice", frozenset({2}))
     commit = await store.append(Append(cid, turn(3), 3, owner="alice"))
     assert commit.revision == 4

@@ -27,7 +27,7 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.items import user_input_item
-from service.core.model import ANONYMOUS, Append, Origin, Turn
+from service.core.model import ANONYMOUS, Append, LeaseRequest, Origin, Turn
 from service.core.plans import PlanRules, make_plan
 from service.core.window import Budget
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
@@ -251,9 +251,11 @@ async def test_a_stale_holder_loses_to_the_turn_that_took_its_expired_lease() ->
     cid = uuid.uuid4()
     await store.append(Append(cid, Turn("u", "a", [user_input_item("u")]), 0))
     old, new = uuid.uuid4(), uuid.uuid4()
-    assert (await store.lease(cid, ANONYMOUS, old, lease_s=0.01, queue=False)).acquired
+    assert (
+        await store.lease(LeaseRequest(cid, ANONYMOUS, old, lease_s=0.01, queue=False))
+    ).acquired
     await asyncio.sleep(0.02)  # the only way to let a lease run out: its time passes
-    assert (await store.lease(cid, ANONYMOUS, new, lease_s=30, queue=False)).acquired
+    assert (await store.lease(LeaseRequest(cid, ANONYMOUS, new, lease_s=30, queue=False))).acquired
     with pytest.raises(ConversationConflict):
         await store.append(Append(cid, Turn("late", "x", [user_input_item("l")]), 1, lease=old))
     await store.append(Append(cid, Turn("new", "y", [user_input_item("n")]), 1, lease=new))

@@ -12,7 +12,7 @@ from litestar.response import ServerSentEvent
 from service.api.bodies import decode
 from service.api.correlation import correlation_id
 from service.api.deps import Api, Caller
-from service.api.errors import documented
+from service.api.errors import TURN_ERRORS, documented
 from service.api.headers import (
     CONVERSATION_ID,
     CORRELATION_ID,
@@ -27,30 +27,15 @@ from service.api.headers import (
 from service.api.schemas import ChatRequest, ChatResponse, TurnAccepted
 from service.api.sse import TurnEvents, run_stream
 from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    ConversationConflict,
-    ConversationNotFound,
-    IdempotencyKeyReused,
     InvalidInput,
     PayloadTooLarge,
-    PreconditionFailed,
-    RateLimited,
-    RequestInProgress,
     StorageError,
     Unauthorized,
-    UpstreamError,
-    UpstreamTimeout,
 )
 from service.core.plans import TurnPlan, make_plan
 from service.usecases.runs import Started
 
-_ERRORS = documented(
-    InvalidInput, ContextLengthExceeded, Unauthorized, ConversationNotFound,
-    ConversationConflict, RequestInProgress, PreconditionFailed, PayloadTooLarge,
-    ContentFiltered, IdempotencyKeyReused, RateLimited, StorageError, UpstreamError,
-    UpstreamTimeout,
-)  # fmt: skip
+_ERRORS = documented(InvalidInput, Unauthorized, PayloadTooLarge, StorageError, *TURN_ERRORS)
 
 
 async def strict_chat_request(request: Request[Any, Any, Any]) -> None:

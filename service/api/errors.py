@@ -20,12 +20,21 @@ from service.api.correlation import correlation_id
 from service.api.observe import count_unmatched
 from service.api.schemas import ErrorEnvelope
 from service.core.errors import (
+    ContentFiltered,
+    ContextLengthExceeded,
+    ConversationConflict,
+    ConversationNotFound,
+    IdempotencyKeyReused,
     InvalidInput,
     NotReady,
+    PreconditionFailed,
     RateLimited,
+    RequestInProgress,
     StorageError,
     TurnstoreError,
     Unauthorized,
+    UpstreamError,
+    UpstreamTimeout,
     envelope,
 )
 
@@ -52,6 +61,14 @@ def documented(
         status: ResponseSpec(shape, description=" or ".join(names))
         for status, names in sorted(codes.items())
     }
+
+
+# What any turn may answer, on either surface (for the OpenAPI document).
+TURN_ERRORS: tuple[type[TurnstoreError], ...] = (
+    ContextLengthExceeded, ConversationNotFound, ConversationConflict, RequestInProgress,
+    PreconditionFailed, ContentFiltered, IdempotencyKeyReused, RateLimited, UpstreamError,
+    UpstreamTimeout,
+)  # fmt: skip
 
 
 def openai_documented(*more: type[TurnstoreError]) -> dict[int, ResponseSpec]:

@@ -25,6 +25,7 @@ Role = Literal["user", "assistant", "system", "developer"]  # a transcript messa
 ReplyStatus = Literal["completed", "incomplete"]
 
 ANONYMOUS = "anonymous"  # the one owner when AUTH_MODE=none: reserved for it
+Metadata = dict[str, str]  # a conversation's /v1 metadata (no commit when it changes)
 _OWNER_NAME = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]{1,256}")
 
 
@@ -330,6 +331,23 @@ class RunView:
     @property
     def finished(self) -> bool:
         return self.status in FINISHED
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """A try for a conversation's turn lease: ``holder`` for ``lease_s`` seconds, unless
+    another holder's lease is live (or the live one is ``replaces``: a turn of the caller's
+    that could not give it back). ``queue``: a refused caller will wait, so the holder's
+    release must wake it. The conversation comes back as ``load`` reads it after
+    ``after_revision``."""
+
+    conversation_id: UUID
+    owner: str
+    holder: UUID
+    lease_s: float
+    queue: bool
+    after_revision: int = 0
+    replaces: UUID | None = None
 
 
 @dataclass(frozen=True)

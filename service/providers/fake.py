@@ -168,25 +168,27 @@ def _arguments(tool: _Tool, message: str) -> str:
     return msgspec.json.encode(instance(schema, message)).decode()
 
 
-def _tool_choice(fields: Mapping[str, msgspec.Raw]) -> str | _NamedChoice | None:
-    raw = fields.get("tool_choice")
+def _field(fields: Mapping[str, msgspec.Raw], name: str, kind: Any) -> Any:
+    """A passed-through field decoded as ``kind`` (None when absent), refused as OpenAI
+    refuses a value of the wrong type."""
+    raw = fields.get(name)
     if raw is None:
         return None
     try:
-        choice = msgspec.json.decode(raw, type=str | _NamedChoice)
+        return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError:
-        raise ProviderRefused("invalid_type", "tool_choice") from None
+        raise ProviderRefused("invalid_type", name) from None
+
+
+def _tool_choice(fields: Mapping[str, msgspec.Raw]) -> str | _NamedChoice | None:
+    choice: str | _NamedChoice | None = _field(fields, "tool_choice", str | _NamedChoice)
     return choice
 
 
 def _json_schema(fields: Mapping[str, msgspec.Raw]) -> dict[str, Any] | None:
-    raw = fields.get("text")
-    if raw is None:
+    text: _Text | None = _field(fields, "text", _Text)
+    if text is None:
         return None
-    try:
-        text = msgspec.json.decode(raw, type=_Text)
-    except msgspec.ValidationError:
-        raise ProviderRefused("invalid_type", "text") from None
     fmt = text.format
     if fmt is None or fmt.type != "json_schema":
         return None
@@ -196,13 +198,7 @@ def _json_schema(fields: Mapping[str, msgspec.Raw]) -> dict[str, Any] | None:
 
 
 def _max_output_tokens(fields: Mapping[str, msgspec.Raw]) -> int | None:
-    raw = fields.get("max_output_tokens")
-    if raw is None:
-        return None
-    try:
-        limit = msgspec.json.decode(raw, type=int | None)
-    except msgspec.ValidationError:
-        raise ProviderRefused("invalid_type", "max_output_tokens") from None
+    limit: int | None = _field(fields, "max_output_tokens", int | None)
     if limit is not None and limit < 1:
         raise ProviderRefused("integer_below_min_value", "max_output_tokens")
     return limit

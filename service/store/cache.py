@@ -12,7 +12,7 @@ out first. Nothing here changes what clients see.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from uuid import UUID
@@ -26,6 +26,8 @@ from service.core.model import (
     Conversation,
     ConversationInfo,
     LeaseAttempt,
+    LeaseRequest,
+    Metadata,
     PageRequest,
     Precondition,
     Summary,
@@ -77,29 +79,13 @@ class CachedStore:
         fresh = await self._inner.load(conversation_id, owner, after_revision=after)
         return await self._merged(conversation_id, owner, entry, fresh)
 
-    async def lease(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        holder: UUID,
-        *,
-        lease_s: float,
-        queue: bool,
-        after_revision: int = 0,
-        replaces: UUID | None = None,
-    ) -> LeaseAttempt:
+    async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
         """The lease, revalidating the cached turns in the same statement."""
-        entry = self._entries.get(conversation_id)
+        entry = self._entries.get(ask.conversation_id)
         attempt = await self._inner.lease(
-            conversation_id,
-            owner,
-            holder,
-            lease_s=lease_s,
-            queue=queue,
-            after_revision=entry.revision if entry else 0,
-            replaces=replaces,
+            replace(ask, after_revision=entry.revision if entry else 0)
         )
-        merged = await self._merged(conversation_id, owner, entry, attempt.conversation)
+        merged = await self._merged(ask.conversation_id, ask.owner, entry, attempt.conversation)
         return replace(attempt, conversation=merged)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
@@ -194,15 +180,11 @@ class CachedStore:
         return await self._inner.fork(conversation_id, owner, at_revision)
 
     async def pop_item(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        rewrite: Callable[[Turn], Turn],
-        if_match: Precondition = None,
+        self, conversation_id: UUID, owner: str, if_match: Precondition = None
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         self._evict(conversation_id)
         try:
-            return await self._inner.pop_item(conversation_id, owner, rewrite, if_match)
+            return await self._inner.pop_item(conversation_id, owner, if_match)
         finally:
             self._evict(conversation_id)
 
@@ -210,11 +192,7 @@ class CachedStore:
         return await self._inner.describe(conversation_id, owner)
 
     async def update_metadata(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        metadata: dict[str, str],
-        if_match: Precondition = None,
+        self, conversation_id: UUID, owner: str, metadata: Metadata, if_match: Precondition = None
     ) -> ConversationInfo:
         return await self._inner.update_metadata(conversation_id, owner, metadata, if_match)
 

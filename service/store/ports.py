@@ -28,6 +28,8 @@ from service.core.model import (
     ConversationInfo,
     IdempotencyKey,
     LeaseAttempt,
+    LeaseRequest,
+    Metadata,
     NewRun,
     PageRequest,
     Precondition,
@@ -58,22 +60,10 @@ class ConversationStore(Protocol):
         writer got there first, ConversationNotFound when it was deleted or expired meanwhile,
         StorageError."""
 
-    async def lease(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        holder: UUID,
-        *,
-        lease_s: float,
-        queue: bool,
-        after_revision: int = 0,
-        replaces: UUID | None = None,
-    ) -> LeaseAttempt:
-        """Take the conversation's turn lease for ``holder`` for ``lease_s`` seconds if no
-        other holder's lease is live (or the live one is ``replaces``: a turn of the caller's
-        that could not give it back), and load the conversation (as ``load``) in the same
-        statement. ``queue``: a refused caller will wait, so the holder's release must wake
-        it (see ``Notifications``). Raises StorageError."""
+    async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
+        """Take the lease ``ask`` asks for, and load the conversation (as ``load``) in the
+        same statement; a queued caller is woken through ``Notifications``. Raises
+        StorageError."""
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
         """Give the lease up (a turn that will not commit; a commit releases it by itself)."""
@@ -113,14 +103,10 @@ class ConversationStore(Protocol):
         ConversationNotFound, InvalidInput (no such revision), StorageError."""
 
     async def pop_item(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        rewrite: Callable[[Turn], Turn],
-        if_match: Precondition = None,
+        self, conversation_id: UUID, owner: str, if_match: Precondition = None
     ) -> tuple[ConversationInfo, msgspec.Raw]:
-        """Remove the conversation's latest item: its last turn, as ``rewrite`` makes it from
-        the turn, becomes the next revision (a commit; ``rewritten_at`` tells
+        """Remove the conversation's latest item: its last turn, without it
+        (core.items.without_last_item), becomes the next revision (a commit; ``rewritten_at`` tells
         readers that hold history to read afresh). The removed item. Raises
         ConversationNotFound, PreconditionFailed, ConversationConflict (a turn is running),
         InvalidInput (nothing to remove), StorageError."""
@@ -133,11 +119,7 @@ class ConversationStore(Protocol):
         """The conversation without its turns; None as for ``load``. Raises StorageError."""
 
     async def update_metadata(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        metadata: dict[str, str],
-        if_match: Precondition = None,
+        self, conversation_id: UUID, owner: str, metadata: Metadata, if_match: Precondition = None
     ) -> ConversationInfo:
         """Replace its metadata (no commit: the revision stays), if its revision is in
         ``if_match``. Raises ConversationNotFound, PreconditionFailed, StorageError."""
@@ -156,11 +138,7 @@ class RunStore(Protocol):
         """The run's turn holds its conversation at ``revision``: it is in progress."""
 
     async def log_events(
-        self,
-        run_id: UUID,
-        owner: str,
-        events: Sequence[RunEvent],
-        message_id: str | None = None,
+        self, run_id: UUID, owner: str, events: Sequence[RunEvent], message_id: str | None = None
     ) -> None:
         """Append events of ``owner``'s run (in progress from its first), and the id of the
         message it streams if not known yet; wakes its watchers."""

@@ -17,7 +17,7 @@ from service.core.errors import (
     ItemNotFound,
     PreconditionFailed,
 )
-from service.core.items import items_turn, listed_ids, without_last_item
+from service.core.items import items_turn, listed_ids
 from service.core.model import (
     Append,
     Commit,
@@ -132,9 +132,7 @@ class Conversations:
         if ids[-1] != item_id:
             raise InvalidInput("Only the latest item can be removed.", param="item_id")
         try:
-            info, _ = await self._store.pop_item(
-                cid, owner, without_last_item, frozenset({conversation.revision})
-            )
+            info, _ = await self._store.pop_item(cid, owner, frozenset({conversation.revision}))
         except PreconditionFailed:
             raise ConversationConflict() from None
         return info

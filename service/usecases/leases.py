@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from service.core.errors import ConversationBusy, ConversationNotFound, StorageError
-from service.core.model import Conversation
+from service.core.model import Conversation, LeaseRequest
 from service.core.plans import TurnPlan
 from service.platform import metrics, tracing
 from service.store.ports import ConversationStore, Notifications
@@ -123,14 +123,11 @@ class Leases:
             while True:
                 released.clear()
                 try:
-                    attempt = await self._store.lease(
-                        plan.conversation_id,
-                        plan.owner,
-                        holder,
-                        lease_s=self.policy.lease_s,
+                    attempt = await self._store.lease(LeaseRequest(
+                        plan.conversation_id, plan.owner, holder, lease_s=self.policy.lease_s,
                         queue=self.policy.queue,
                         replaces=self._keeper.abandoned_in(plan.conversation_id),
-                    )
+                    ))  # fmt: skip
                 except StorageError:
                     # It may have taken the lease before its answer was lost: give it back.
                     self._keeper.abandon(plan.conversation_id, holder)

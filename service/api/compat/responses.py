@@ -28,7 +28,7 @@ from service.api.compat.schemas import (
 from service.api.compat.stream import Output, Relayed, ResponseStream, Source
 from service.api.correlation import correlation_id
 from service.api.deps import Api, Caller
-from service.api.errors import openai_documented
+from service.api.errors import TURN_ERRORS, openai_documented
 from service.api.headers import (
     CORRELATION_ID,
     RETRY_AFTER,
@@ -38,19 +38,10 @@ from service.api.headers import (
 )
 from service.api.sse import closed_with_response, run_stream, sse_events
 from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    ConversationConflict,
-    ConversationNotFound,
-    IdempotencyKeyReused,
     InvalidInput,
-    PreconditionFailed,
     PreviousResponseNotFound,
-    RateLimited,
     RequestInProgress,
     ResponseNotFound,
-    UpstreamError,
-    UpstreamTimeout,
 )
 from service.core.ids import unstored_response_id
 from service.core.items import input_count
@@ -114,11 +105,7 @@ class OpenAIResponses(Controller):
         "/", status_code=200, summary="A response: a Response, or (stream) its event stream.",
         description="A busy conversation is 400 conversation_locked, as OpenAI answers it.",
         before_request=strict(ResponseCreate), response_headers=[CORRELATION_ID, RETRY_AFTER],
-        responses=openai_documented(
-            ContextLengthExceeded, ConversationNotFound, ConversationConflict, RequestInProgress,
-            PreconditionFailed, ContentFiltered, IdempotencyKeyReused, RateLimited, UpstreamError,
-            UpstreamTimeout, PreviousResponseNotFound,
-        ),
+        responses=openai_documented(*TURN_ERRORS, PreviousResponseNotFound),
     )  # fmt: skip
     async def create(
         self,

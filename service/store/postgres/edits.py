@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
 from uuid import UUID
 
 import asyncpg
@@ -17,7 +16,8 @@ from service.core.errors import (
     InvalidInput,
     StorageError,
 )
-from service.core.model import ConversationInfo, Precondition, Turn
+from service.core.items import without_last_item
+from service.core.model import ConversationInfo, Metadata, Precondition, Turn
 from service.core.plans import check_precondition
 from service.platform.crypto import DataKey
 from service.store.postgres.adapter import Adapter
@@ -98,17 +98,13 @@ class Edits(Adapter):
         return InvalidInput("at_revision must be a revision of the conversation.")
 
     async def pop_item(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        rewrite: Callable[[Turn], Turn],
-        if_match: Precondition = None,
+        self, conversation_id: UUID, owner: str, if_match: Precondition = None
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         codec = Rows(await writing_key(self._keyring, owner), conversation_id)
 
         async def pop() -> tuple[ConversationInfo, msgspec.Raw]:
             async with driver(self._engine, write=True) as conn:
-                return await self._pop(conn, codec, owner, rewrite, if_match)
+                return await self._pop(conn, codec, owner, if_match)
 
         return await written(pop)
 
@@ -117,7 +113,6 @@ class Edits(Adapter):
         conn: asyncpg.Connection,
         codec: Rows,
         owner: str,
-        rewrite: Callable[[Turn], Turn],
         if_match: Precondition,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         """Removing the latest item: the row locked, the last turn read, rewritten."""
@@ -134,17 +129,15 @@ class Edits(Adapter):
         if row is None or last_turn is None or not last_turn.replay_items:
             raise InvalidInput("The conversation has no item to remove.", param="item_id")
         await self._sql.delete_turn.execute(conn, last)
-        moved = codec.turn_columns(head["revision"] + 1, rewrite(last_turn), row["turn_id"])
+        moved = codec.turn_columns(
+            head["revision"] + 1, without_last_item(last_turn), row["turn_id"]
+        )
         await self._sql.turn_move.execute(conn, moved | {"created_at": row["turn_created_at"]})
         done = await self._sql.rewritten.fetchrow(conn, {"cid": cid})
         return codec.info(done), last_turn.replay_items[-1]
 
     async def update_metadata(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        metadata: dict[str, str],
-        if_match: Precondition = None,
+        self, conversation_id: UUID, owner: str, metadata: Metadata, if_match: Precondition = None
     ) -> ConversationInfo:
         codec = Rows(await writing_key(self._keyring, owner), conversation_id)
         params = {"cid": conversation_id, "caller": owner, **codec.metadata_columns(metadata)}

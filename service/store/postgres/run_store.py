@@ -73,11 +73,7 @@ class PostgresRuns:
         await self._write(sql.BEGIN, {"id": run_id, "base": revision})
 
     async def log_events(
-        self,
-        run_id: UUID,
-        owner: str,
-        events: Sequence[RunEvent],
-        message_id: str | None = None,
+        self, run_id: UUID, owner: str, events: Sequence[RunEvent], message_id: str | None = None
     ) -> None:
         batch = (await self._events(owner, run_id)).batch_columns(events)
         params = {"id": run_id, "last": events[-1].seq, "message_id": message_id, **batch}

@@ -29,6 +29,7 @@ from service.core.model import (
     Conversation,
     ConversationInfo,
     LeaseAttempt,
+    LeaseRequest,
     PageRequest,
     Precondition,
     RunCommit,
@@ -67,20 +68,12 @@ class PostgresStore(Edits, Housekeeping):
             return None
         return (await reading(self._keyring, owner, conversation_id, [row])).turn(row)
 
-    async def lease(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        holder: UUID,
-        *,
-        lease_s: float,
-        queue: bool,
-        after_revision: int = 0,
-        replaces: UUID | None = None,
-    ) -> LeaseAttempt:
+    async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
+        conversation_id, owner, after_revision = ask.conversation_id, ask.owner, ask.after_revision
         params = {
-            "cid": conversation_id, "caller": owner, "holder": holder, "replaces": replaces,
-            "lease_s": lease_s, "queue": queue, "after": after_revision,
+            "cid": conversation_id, "caller": owner, "holder": ask.holder,
+            "replaces": ask.replaces, "lease_s": ask.lease_s, "queue": ask.queue,
+            "after": after_revision,
         }  # fmt: skip
 
         async def take() -> list[asyncpg.Record]:

@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -84,17 +84,44 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def _db(action: Callable[[str], object]) -> Callable[[argparse.Namespace, Settings], None]:
+DbAction = Callable[[str, argparse.Namespace, Settings], object]
+
+
+def _db(action: DbAction) -> Callable[[argparse.Namespace, Settings], None]:
+    """A ``db`` command: ``action`` on the database's URL; a string it returns is printed."""
+
     def run(args: argparse.Namespace, settings: Settings) -> None:
         with _database(settings, migrate_embedded=False) as url:
             try:
-                result = action(url)
+                result = action(url, args, settings)
             except RuntimeError as exc:  # a migration that refuses (it names why)
                 _fail("db", str(exc))
             if isinstance(result, str):
                 print(result)
 
     return run
+
+
+def _upgrade(url: str, args: argparse.Namespace, settings: Settings) -> None:
+    migrate.upgrade(
+        url, keyring_url=settings.keyring_database_url,
+        lock_timeout_s=settings.migration_lock_timeout_s,
+    )  # fmt: skip
+
+
+def _downgrade(url: str, args: argparse.Namespace, settings: Settings) -> None:
+    migrate.downgrade(
+        url, args.revision, allow_data_loss=args.allow_data_loss,
+        lock_timeout_s=settings.migration_lock_timeout_s,
+    )  # fmt: skip
+
+
+def _current(url: str, args: argparse.Namespace, settings: Settings) -> object:
+    return migrate.current(url, settings.keyring_database_url)
+
+
+def _distribute(url: str, args: argparse.Namespace, settings: Settings) -> object:
+    return asyncio.run(distribute(url, shard_count=args.shard_count))
 
 
 def _purge(args: argparse.Namespace, settings: Settings) -> None:
@@ -265,66 +292,50 @@ def _positive(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turnstore", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-
     serve = commands.add_parser("serve", help="serve the HTTP API")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--workers", type=int, default=1)
     serve.set_defaults(run=_serve)
+    _db_commands(commands.add_parser("db", help="database migrations (Alembic)"))
+    _data_commands(commands)
+    _key_commands(commands.add_parser("keys", help="API keys for AUTH_MODE=api_key"))
+    return parser
 
-    db = commands.add_parser("db", help="database migrations (Alembic)")
-    db_commands = db.add_subparsers(dest="db_command", required=True)
-    db_commands.add_parser(
+
+def _db_commands(db: argparse.ArgumentParser) -> None:
+    commands = db.add_subparsers(dest="db_command", required=True)
+    upgrade = commands.add_parser(
         "upgrade", help="migrate to the newest schema (and the keyring's)"
-    ).set_defaults(
-        run=lambda a, s: _db(
-            lambda url: migrate.upgrade(
-                url,
-                keyring_url=s.keyring_database_url,
-                lock_timeout_s=s.migration_lock_timeout_s,
-            )
-        )(a, s)
     )
-    down = db_commands.add_parser(
+    upgrade.set_defaults(run=_db(_upgrade))
+    down = commands.add_parser(
         "downgrade",
         help="migrate back to REV (e.g. base); prints what that deletes first, and refuses to "
         "delete anything without --allow-data-loss",
     )
     down.add_argument("revision")
     down.add_argument("--allow-data-loss", action="store_true", help="delete what it lists")
-    down.set_defaults(
-        run=lambda a, s: _db(
-            lambda url: migrate.downgrade(
-                url,
-                a.revision,
-                allow_data_loss=a.allow_data_loss,
-                lock_timeout_s=s.migration_lock_timeout_s,
-            )
-        )(a, s)
-    )
-    db_commands.add_parser(
+    down.set_defaults(run=_db(_downgrade))
+    current = commands.add_parser(
         "current", help="print the data schema's revision and the keyring's"
-    ).set_defaults(
-        run=lambda a, s: _db(lambda url: migrate.current(url, s.keyring_database_url))(a, s)
     )
-    place = db_commands.add_parser(
+    current.set_defaults(run=_db(_current))
+    place = commands.add_parser(
         "distribute", help="place the tables on a Citus coordinator (after upgrade; rerunnable)"
     )
     place.add_argument("--shard-count", type=_positive, default=DEFAULT_SHARD_COUNT,
                        help="shards of a new co-location group")  # fmt: skip
-    place.set_defaults(
-        run=lambda a, s: _db(lambda url: asyncio.run(distribute(url, shard_count=a.shard_count)))(
-            a, s
-        )
-    )
+    place.set_defaults(run=_db(_distribute))
 
+
+def _data_commands(commands: Any) -> None:
+    """What removes or rewrites stored data: purge, shred, encrypt, rewrap."""
     purge = commands.add_parser("purge", help="delete conversations past RETENTION_DAYS")
     purge.add_argument("--batch", type=int, default=500, help="rows per short transaction")
     purge.set_defaults(run=_purge)
-
     owners = commands.add_parser("owners", help="what belongs to an owner")
-    owners_commands = owners.add_subparsers(dest="owners_command", required=True)
-    shred = owners_commands.add_parser(
+    shred = owners.add_subparsers(dest="owners_command", required=True).add_parser(
         "shred", help="destroy the owner's data key and delete their conversations"
     )
     shred.add_argument("owner", metavar="NAME")
@@ -334,32 +345,30 @@ def build_parser() -> argparse.ArgumentParser:
         "some); the rows are deleted after it",
     )  # fmt: skip
     shred.set_defaults(run=_owners_shred)
-
     existing = commands.add_parser(
         "encrypt-existing", help="encrypt rows written in clear (safe while serving)"
     )
     existing.add_argument("--batch", type=_positive, default=100, help="rows per short transaction")
     existing.set_defaults(run=_encrypt_existing)
-
     rewrap = commands.add_parser(
         "rewrap-keys", help="wrap every data key with the first master key (key rotation)"
     )
     rewrap.add_argument("--batch", type=_positive, default=100, help="keys per batch")
     rewrap.set_defaults(run=_rewrap_keys)
 
-    keys = commands.add_parser("keys", help="API keys for AUTH_MODE=api_key")
-    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
-    create = keys_commands.add_parser("create", help="print a new key (only its hash is kept)")
+
+def _key_commands(keys: argparse.ArgumentParser) -> None:
+    commands = keys.add_subparsers(dest="keys_command", required=True)
+    create = commands.add_parser("create", help="print a new key (only its hash is kept)")
     create.add_argument("--owner", required=True, help="whose conversations the key reaches")
     create.set_defaults(run=_keys_create)
-    revoke = keys_commands.add_parser(
+    revoke = commands.add_parser(
         "revoke", help="refuse a key (or all of an owner's) from now on, on every replica"
     )
     revoke.add_argument("key", metavar="KEY", nargs="?", help="the key, or - to read it from stdin")
     revoke.add_argument("--id", help="the key's id (printed by keys create)")
     revoke.add_argument("--owner", help="revoke every key of this owner")
     revoke.set_defaults(run=_keys_revoke)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:

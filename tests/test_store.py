@@ -388,3 +388,29 @@ async def test_the_latest_item_is_removed_by_a_commit_that_marks_the_rewrite(
         await store.pop_item(cid, "alice", frozenset({2}))
     commit = await store.append(Append(cid, turn(3), 3, owner="alice"))
     assert commit.revision == 4
+
+
+async def test_a_compacted_context_is_kept_with_its_turn_byte_for_byte(
+    contract_store: AnyStore,
+) -> None:
+    """What a compacting turn ran on comes back as it went in, is copied by a fork and kept
+    when the turn's latest item is removed (sealed too, with encryption at rest)."""
+    store, cid = contract_store, uuid.uuid4()
+    compacted = (
+        msgspec.Raw(b'{"type":"message","role":"user","content":"u1"}'),
+        msgspec.Raw(b'{"type":"compaction","id":"cmp_1","encrypted_content":"gA\\u00e9x=="}'),
+    )
+    await store.append(Append(cid, turn(1), 0, owner="alice"))
+    await store.append(
+        Append(cid, Turn("u2", "a2", turn(2).replay_items, compacted=compacted), 1, owner="alice")
+    )
+    loaded = await store.load(cid, "alice")
+    assert loaded is not None
+    assert [t.compacted for t in loaded.turns] == [(), compacted]
+    assert [bytes(i) for i in loaded.turns[1].compacted] == [bytes(i) for i in compacted]
+    fork = await store.fork(cid, "alice", 2)
+    forked = await store.load(fork.id, "alice")
+    assert forked is not None and list(forked.turns[1].compacted) == list(compacted)
+    await store.pop_item(cid, "alice", frozenset({2}))
+    popped = await store.load(cid, "alice")
+    assert popped is not None and list(popped.turns[-1].compacted) == list(compacted)

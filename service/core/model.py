@@ -134,6 +134,10 @@ class Turn:
     response: msgspec.Raw | None = None
     response_deleted: bool = False  # DELETE /v1/responses/{id}: the turn and its items stay
     turn_id: UUID | None = None  # the run that made it (a streamed or background turn)
+    # The compacted context the turn was sent on instead of the earlier turns: the user
+    # messages the provider kept, then its opaque compaction item. Later windows start here
+    # (service/core/window.py); the transcript keeps every turn.
+    compacted: Sequence[msgspec.Raw] = ()
 
     def said(self) -> tuple[Said, ...]:
         if self.transcript is not None:

@@ -29,6 +29,7 @@ _CLEAR_TURNS = sql(
     "SELECT t.conversation_id, t.seq, t.user_message, t.assistant_message,"
     " CAST(t.replay_items AS text) AS replay_items, CAST(t.tool_calls AS text) AS tool_calls,"
     " CAST(t.transcript AS text) AS transcript, CAST(t.response AS text) AS response,"
+    " CAST(t.compacted AS text) AS compacted,"
     " c.owner FROM turns t JOIN conversations c ON c.id = t.conversation_id"
     " WHERE t.sealed_replay_items IS NULL LIMIT :batch FOR UPDATE OF t SKIP LOCKED"
 )

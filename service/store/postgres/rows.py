@@ -79,6 +79,7 @@ class Rows:
             usage=_usage(row),
             transcript=self._said(row),
             response=_raw(self._field(row, "response")),
+            compacted=_compacted(self._field(row, "compacted")),
             response_deleted=bool(row["response_deleted"]),
             turn_id=row["turn_id"],
         )
@@ -110,6 +111,7 @@ class Rows:
             else None,
             "transcript": _JSON.encode(turn.transcript).decode() if turn.transcript else None,
             "response": bytes(turn.response).decode() if turn.response else None,
+            "compacted": msgspec.json.encode(turn.compacted).decode() if turn.compacted else None,
         }
         origin = turn.origin
         return {
@@ -206,6 +208,10 @@ class Events:
 def _usage(row: Row) -> Usage | None:
     text = row["usage"]
     return _USAGE.decode(text) if text else None
+
+
+def _compacted(text: str | None) -> tuple[msgspec.Raw, ...]:
+    return tuple(_ITEMS.decode(text)) if text else ()
 
 
 def _raw(text: str | None) -> msgspec.Raw | None:

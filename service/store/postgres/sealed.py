@@ -27,6 +27,7 @@ TURN_FIELDS = (
     "tool_calls",
     "transcript",
     "response",
+    "compacted",
 )
 
 

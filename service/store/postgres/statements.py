@@ -32,14 +32,14 @@ TURN = """
     turns.model, turns.context_from, turns.prompt_version, turns.status,
     turns.incomplete_reason, turns.created_at AS turn_created_at, turns.usage,
     turns.transcript, turns.sealed_transcript, turns.response, turns.sealed_response,
-    turns.response_deleted, turns.turn_id
+    turns.response_deleted, turns.turn_id, turns.compacted, turns.sealed_compacted
 """
 # A turn as written: the conversation_id, seq and created_at, then these.
 TURN_VALUES = """
     user_message, assistant_message, replay_items, provider, endpoint, model, context_from,
     prompt_version, tool_calls, status, incomplete_reason, turn_id, sealed_user_message,
     sealed_assistant_message, sealed_replay_items, sealed_tool_calls, usage, transcript,
-    sealed_transcript, response, sealed_response
+    sealed_transcript, response, sealed_response, compacted, sealed_compacted
 """
 INFO = """
     conversations.id, conversations.revision, conversations.created_at,
@@ -131,7 +131,8 @@ THE_TURN = f"""
             CAST(:sealed_assistant_message AS bytea), CAST(:sealed_replay_items AS bytea),
             CAST(:sealed_tool_calls AS bytea), CAST(:usage AS json), CAST(:transcript AS json),
             CAST(:sealed_transcript AS bytea), CAST(:response AS json),
-            CAST(:sealed_response AS bytea),
+            CAST(:sealed_response AS bytea), CAST(:compacted AS json),
+            CAST(:sealed_compacted AS bytea),
             head.id, head.revision, now()
         FROM head
         RETURNING turns.seq
@@ -279,7 +280,7 @@ TURN_INSERT = f"""
         :provider, :endpoint, :model, :context_from, :prompt_version, :tool_calls, :status,
         :incomplete_reason, :turn_id, :sealed_user_message, :sealed_assistant_message,
         :sealed_replay_items, :sealed_tool_calls, :usage, :transcript, :sealed_transcript,
-        :response, :sealed_response
+        :response, :sealed_response, :compacted, :sealed_compacted
     )
 """
 # The same with its first time kept (a turn moved or copied).
@@ -292,7 +293,7 @@ TURN_MOVE = TURN_INSERT.replace("now()", ":created_at")
 FORKED = """
     seq, user_message, assistant_message, replay_items, created_at, provider, endpoint, model,
     context_from, prompt_version, tool_calls, status, incomplete_reason, usage, transcript,
-    response
+    response, compacted
 """
 FORK = f"""
     WITH src AS (

@@ -1,6 +1,7 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
-Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses
+Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,
+compaction
 --subjects ...
 --rounds N  --flame, --realtime (floors: flame graphs into bench/flame/; servers under
 SCHED_FIFO)
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 from bench import (
+    compaction,
     durable,
     e2e,
     fork,
@@ -45,7 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument(
         "--parts",
-        default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses",
+        default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,"
+        "compaction",
     )
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
@@ -155,6 +158,14 @@ def main() -> None:
                 "stream costs the replica that replays it"
             )
             for line in responses.lines(responses.run(url, logs)):
+                _say("   " + line)
+        if "compaction" in parts:
+            _say(
+                f"\n11. Compaction: {compaction.CONVERSATIONS} conversations grown to "
+                f"{compaction.TURNS} turns with each CONTEXT_STRATEGY (compact at "
+                f"{compaction.THRESHOLD_TOKENS:,} tokens), fake provider"
+            )
+            for line in compaction.lines(compaction.run(url, logs)):
                 _say("   " + line)
         _say("\nTargets (ratios from this run)")
         if floor is not None:

@@ -235,6 +235,8 @@ def build_services(
         own_tools=turns.tool_names,
         models=settings.served_models(),
         instructions=settings.instructions,
+        compact_threshold=settings.compact_threshold(),
+        compact_default=settings.compact_threshold_tokens,
     )
     restorer = Restorer(backend.store)
     conversations = Conversations(backend.store, restorer)

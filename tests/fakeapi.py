@@ -105,6 +105,8 @@ class FakeResponsesAPI:
                 }
             }
             return httpx.Response(script.http_status, json=error, headers=script.headers)
+        if request.url.path.endswith("/responses/compact"):
+            return httpx.Response(200, json=compaction(number, json.loads(body)))
         text = f"reply {number}" if script.text is None else script.text
         if script.calls is not None:
             text = ""
@@ -148,6 +150,20 @@ def function_call(number: int, index: int, name: str, arguments: str) -> dict[st
     return {
         "id": f"fc_{number}_{index}", "type": "function_call", "status": "completed",
         "call_id": f"call_{number}_{index}", "name": name, "arguments": arguments,
+    }  # fmt: skip
+
+
+def compaction(number: int, request: dict[str, Any]) -> dict[str, Any]:
+    """``POST /responses/compact``: the input's user messages, then one compaction item."""
+    kept = [item for item in request["input"] if item.get("role") == "user"]
+    item = {
+        "type": "compaction", "id": f"cmp_{number}",
+        "encrypted_content": f"gAAA-compacted-{number}==",
+    }  # fmt: skip
+    usage = response_object(number, Script(), [])["usage"]
+    return {
+        "id": f"resp_{number}", "object": "response.compaction", "created_at": 1764460000,
+        "output": [*kept, item], "usage": usage,
     }  # fmt: skip
 
 

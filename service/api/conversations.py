@@ -11,16 +11,29 @@ from service.api.bodies import strict
 from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
-from service.api.schemas import ConversationList, ConversationView, Forked, ForkRequest
+from service.api.schemas import (
+    Compaction,
+    CompactRequest,
+    ConversationList,
+    ConversationView,
+    Forked,
+    ForkRequest,
+    UsageView,
+)
 from service.core.errors import (
+    ConversationBusy,
+    ConversationConflict,
     ConversationNotFound,
     InvalidInput,
     PreconditionFailed,
     StorageError,
     Unauthorized,
+    UpstreamError,
+    UpstreamTimeout,
 )
 from service.core.ids import parse_conversation_id
 from service.core.model import PageRequest
+from service.core.plans import compaction_plan
 
 MAX_PAGE_TURNS = 200
 MAX_PAGE_BYTES = 1024 * 1024  # of message text: what one read may hold in memory
@@ -106,6 +119,33 @@ class ConversationController(Controller):
         return Response(
             Forked.of(info, source, data.at_revision), headers={"ETag": etag(info.revision)}
         )
+
+    @post(
+        "/{conversation_id:str}/compact",
+        status_code=200,
+        summary="Compact the conversation now: one commit (revision + 1), If-Match honoured.",
+        description="The provider turns the context a turn would send into its kept user "
+        "messages and one opaque compaction item; later turns start from it. The transcript "
+        "keeps every turn.",
+        before_request=strict(CompactRequest),
+        response_headers=[ETAG, CORRELATION_ID],
+        responses=documented(
+            InvalidInput, Unauthorized, ConversationNotFound, PreconditionFailed,
+            ConversationConflict, ConversationBusy, UpstreamError, UpstreamTimeout, StorageError,
+        ),
+    )  # fmt: skip
+    async def compact(
+        self,
+        conversation_id: FromPath[str],
+        data: JSONBody[CompactRequest],
+        api: Caller,
+        if_match: IfMatch = None,
+    ) -> Response[Compaction]:
+        cid = parse_conversation_id(conversation_id)
+        plan = compaction_plan(cid, api.owner, parse_if_match(if_match))
+        revision, usage = await api.turns.compact(plan)
+        body = Compaction(str(cid), revision, UsageView.of(usage))
+        return Response(body, headers={"ETag": etag(revision)})
 
     @delete(
         "/{conversation_id:str}",

@@ -245,6 +245,18 @@ class ForkRequest(msgspec.Struct, forbid_unknown_fields=True):
     ]
 
 
+class CompactRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """``{}``: the compaction's model and instructions are the server's."""
+
+
+class Compaction(msgspec.Struct):
+    """A compaction committed on its own: the revision it made, and what it cost."""
+
+    conversation_id: str
+    revision: int
+    usage: UsageView | None
+
+
 class ForkOrigin(msgspec.Struct):
     conversation_id: str
     revision: int

@@ -97,10 +97,19 @@ def function_call_output(call_id: str, output: str) -> msgspec.Raw:
     return msgspec.Raw(msgspec.json.encode(item))
 
 
-def is_sealed_reasoning(item: msgspec.Raw) -> bool:
-    """A reasoning item whose encrypted_content only the provider that made it can open."""
+def is_opaque(item: msgspec.Raw) -> bool:
+    """An item only the provider, endpoint and model that made it can read: sealed reasoning,
+    or a compaction item."""
     head = msgspec.json.decode(item, type=_ItemHead)
-    return head.type == "reasoning" and bool(head.encrypted_content)
+    return head.type == "compaction" or (head.type == "reasoning" and bool(head.encrypted_content))
+
+
+def compaction_item(items: Sequence[msgspec.Raw]) -> msgspec.Raw | None:
+    """The compaction item among a compacted context's items (the last one), if any."""
+    for item in reversed(items):
+        if msgspec.json.decode(item, type=_ItemHead).type == "compaction":
+            return item
+    return None
 
 
 class _Listed(msgspec.Struct):

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -37,6 +38,8 @@ class PlanRules:
     own_tools: frozenset[str] = frozenset()  # TOOLS: names no client tool may take
     models: frozenset[str] | None = frozenset()  # MODELS besides the configured one (None: any)
     instructions: str = "append"  # INSTRUCTIONS: append, client, or server (client's refused)
+    compact_threshold: int | None = None  # CONTEXT_STRATEGY=compact: every turn's threshold
+    compact_default: int = 100_000  # COMPACT_THRESHOLD_TOKENS: a context_management's default
 
     def check_model(self, model: str | None, configured: str) -> None:
         """A model a request may name: the configured one, one of MODELS, or any with ``*``."""
@@ -48,6 +51,25 @@ class PlanRules:
         """Whether the server's prompt is sent (before a client's instructions): not when
         INSTRUCTIONS=client lets a client's instructions replace it."""
         return instructions is None or self.instructions != "client"
+
+    def compaction_asked(self, entries: Sequence[Any] | None) -> int | None:
+        """The threshold a /v1 ``context_management`` asks for (None: none asked): its
+        ``compaction`` entry's ``compact_threshold``, else COMPACT_THRESHOLD_TOKENS."""
+        threshold = None
+        for entry in entries or ():
+            if not isinstance(entry, dict) or entry.get("type") != "compaction":
+                raise InvalidInput(
+                    'context_management: only {"type": "compaction"} entries are supported.',
+                    param="context_management",
+                )
+            value = entry.get("compact_threshold", self.compact_default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput(
+                    "context_management: compact_threshold must be a positive integer.",
+                    param="context_management",
+                )
+            threshold = value if threshold is None else min(threshold, value)
+        return threshold
 
     def check_instructions(self, instructions: str | None) -> None:
         if instructions is not None and self.instructions == "server":
@@ -86,6 +108,9 @@ class TurnPlan:
     response: msgspec.Raw | None = None  # what the turn keeps of its Response (see Turn)
     server_prompt: bool = True  # the server's system prompt comes first (INSTRUCTIONS)
     stored_response: bool = False  # a /v1 response's new conversation, which expires
+    # The input, in the provider's tokens, above which the turn compacts its window first
+    # (service/usecases/compaction.py); None: it never does.
+    compact_threshold: int | None = None
 
     @property
     def input_items(self) -> list[msgspec.Raw]:
@@ -153,7 +178,14 @@ def make_plan(
         response=asked.response(stored_response) if asked.response else None,
         server_prompt=rules.server_prompt_first(asked.instructions),
         stored_response=stored_response,
+        compact_threshold=rules.compact_threshold if asked.compact is None else asked.compact,
     )
+
+
+def compaction_plan(conversation_id: uuid.UUID, owner: str, if_match: Precondition) -> TurnPlan:
+    """The plan of a compaction committed on its own (no message, no reply): a commit under
+    the same lease and If-Match as a turn."""
+    return TurnPlan(conversation_id, is_new=False, message="", if_match=if_match, owner=owner)
 
 
 @dataclass(frozen=True)
@@ -167,6 +199,7 @@ class Asked:
     # What the turn keeps of its Response (see Turn), given whether it is a stored response
     # (known once planned: a chained one is if its source is).
     response: Callable[[bool], msgspec.Raw] | None = None
+    compact: int | None = None  # the threshold its context_management asks (None: the server's)
 
 
 def _check_message(rules: PlanRules, message: str, items: tuple[msgspec.Raw, ...]) -> None:

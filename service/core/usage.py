@@ -34,3 +34,10 @@ class Usage:
             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": self.total_tokens,
         }
+
+
+def added(first: Usage | None, second: Usage | None) -> Usage | None:
+    """Two calls' usage added up (None where neither reported any)."""
+    if first is None or second is None:
+        return first or second
+    return first + second

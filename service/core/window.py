@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 
 from service.core.errors import ContextLengthExceeded
-from service.core.items import is_sealed_reasoning
+from service.core.items import is_opaque
 from service.core.model import Origin, Turn
 
 
@@ -68,19 +68,23 @@ def window_start(
 
 @dataclass(frozen=True)
 class Window:
-    """The earlier turns one turn sends: where they start, and their items as this provider
-    can take them (``unsealed``: the same without any sealed reasoning, for the one retry)."""
+    """The earlier context one turn sends: the first turn it holds, and its items as this
+    provider can take them (``unsealed``: the same without opaque items, for the one retry).
+    ``compacted``: the compacted context it holds in place of earlier turns (the kept user
+    messages, then the compaction item), when this turn made it (see ``compacted_to``)."""
 
     start: int
     items: list[msgspec.Raw]
-    turns: Sequence[Turn]
+    compacted: tuple[msgspec.Raw, ...] = ()
 
     @cached_property
     def unsealed(self) -> list[msgspec.Raw]:
-        return [
-            item for turn in self.turns for item in turn.replay_items
-            if not is_sealed_reasoning(item)
-        ]  # fmt: skip
+        return [item for item in self.items if not is_opaque(item)]
+
+    def compacted_to(self, items: Sequence[msgspec.Raw], revision: int) -> Window:
+        """This window compacted by the turn that makes ``revision``: later windows start at
+        that turn, with ``items`` before it."""
+        return Window(revision, list(items), tuple(items))
 
 
 def choose_window(
@@ -90,19 +94,24 @@ def choose_window(
     fixed_bytes: int,
     budget: Budget,
 ) -> Window:
-    """The window for a new turn over ``turns`` (every committed turn, in order)."""
-    sendable = [_sendable(turn, origin) for turn in turns]
-    start = window_start(list(map(items_bytes, sendable)), committed_start, fixed_bytes, budget)
-    items = [item for turn_items in sendable[start - 1 :] for item in turn_items]
-    return Window(start, items, turns[start - 1 :])
+    """The window for a new turn over ``turns`` (every committed turn, in order). It never
+    starts before the latest compacting turn, whose compacted context comes first."""
+    compacting = max((n for n, turn in enumerate(turns, 1) if turn.compacted), default=0)
+    sendable = [_sendable(turn, origin, n == compacting) for n, turn in enumerate(turns, 1)]
+    start = window_start(
+        list(map(items_bytes, sendable)), max(committed_start, compacting), fixed_bytes, budget
+    )
+    return Window(start, [item for turn_items in sendable[start - 1 :] for item in turn_items])
 
 
-def _sendable(turn: Turn, origin: Origin) -> list[msgspec.Raw]:
-    """A turn's replay items, verbatim, except sealed reasoning this provider cannot open:
-    reasoning sealed by another provider, endpoint or model is left out."""
+def _sendable(turn: Turn, origin: Origin, with_compacted: bool) -> Sequence[msgspec.Raw]:
+    """A turn's items, verbatim (after the compacted context it ran on, for the latest
+    compacting turn), except opaque items this provider cannot open: sealed reasoning and
+    compaction items made by another provider, endpoint or model are left out."""
+    items = [*turn.compacted, *turn.replay_items] if with_compacted else turn.replay_items
     if turn.origin is not None and turn.origin != origin:
-        return [item for item in turn.replay_items if not is_sealed_reasoning(item)]
-    return turn.replay_items
+        return [item for item in items if not is_opaque(item)]
+    return items
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,23 @@ class Settings:
         low=1,
         high=1024 * _MIB,
     )
+    context_strategy: str = _setting(
+        "CONTEXT_STRATEGY",
+        "drop",
+        "how a long conversation stays within the model's context: `drop` its oldest whole "
+        "turns (the window's limits above), or `compact` them first into the provider's opaque "
+        "compaction item once a turn's input passes `COMPACT_THRESHOLD_TOKENS` (Compaction, "
+        "below)",
+        choices=("drop", "compact"),
+    )
+    compact_threshold_tokens: int = _setting(
+        "COMPACT_THRESHOLD_TOKENS",
+        100_000,
+        "with `CONTEXT_STRATEGY=compact`, or a `/v1` `context_management` entry without its "
+        "`compact_threshold`: the input, in the provider's tokens, above which a turn compacts",
+        low=1,
+        high=100_000_000,
+    )
     tools: str | None = _setting(
         "TOOLS", None, "comma-separated import paths of read-only tools (Tools, below)"
     )
@@ -349,6 +366,10 @@ class Settings:
             raise SettingsError("OPENAI_BASE_URL must not carry credentials (user:password@)")
         if self.encryption_keys_file is not None:
             self.master_keys()  # a malformed or short key stops the process at start-up
+
+    def compact_threshold(self) -> int | None:
+        """The threshold every turn compacts at (None: CONTEXT_STRATEGY=drop)."""
+        return self.compact_threshold_tokens if self.context_strategy == "compact" else None
 
     def served_models(self) -> frozenset[str] | None:
         """MODELS as a set (None: any model, `*`)."""

@@ -52,6 +52,15 @@ class Reply:
 ProviderEvent = TextDelta | Reply
 
 
+@dataclass(frozen=True)
+class Compacted:
+    """What the provider's compaction made of a context: the user messages it kept, then one
+    opaque ``compaction`` item (replayed byte for byte, like sealed reasoning)."""
+
+    items: list[msgspec.Raw]
+    usage: Usage | None = None
+
+
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
 
 
@@ -74,6 +83,14 @@ def encode_request(model: str, request: ProviderRequest, *, stream: bool) -> byt
     return msgspec.json.encode(body)
 
 
+def encode_compaction(model: str, request: ProviderRequest) -> bytes:
+    """A ``POST /responses/compact`` request: the fields that endpoint takes."""
+    body: dict[str, object] = {"model": request.model or model, "input": request.input_items}
+    if request.instructions is not None:
+        body["instructions"] = request.instructions
+    return msgspec.json.encode(body)
+
+
 def request_overhead(model: str, request: ProviderRequest, *, stream: bool) -> int:
     """Bytes of ``request`` serialised with an empty ``input`` list (every provider sends the
     Responses API's shape; the fake is sized like it, so budgets behave as in production)."""
@@ -87,6 +104,10 @@ class Provider(Protocol):
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:
         """Yield the reply's events; closing the iterator early cancels the upstream call."""
+
+    async def compact(self, request: ProviderRequest) -> Compacted:
+        """The provider's compaction of ``request.input_items`` (its model and instructions
+        too; no other field). Raises the same domain errors as ``respond``."""
 
     async def close(self) -> None: ...
 

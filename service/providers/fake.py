@@ -27,7 +27,7 @@ import msgspec
 from service.core.errors import InvalidEncryptedContent, ProviderRefused, UpstreamError
 from service.core.model import Origin
 from service.core.usage import Usage
-from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
+from service.providers.base import Compacted, ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.fake_schema import instance
 
 _SEAL_KEY = b"turnstore-fake-provider"
@@ -91,12 +91,8 @@ class FakeProvider:
     ) -> AsyncGenerator[ProviderEvent, None]:
         _check_fields(request.fields)
         model = request.model or MODEL
-        heads = [msgspec.json.decode(item, type=_ItemHead) for item in request.input_items]
-        for head in heads:
-            if head.type == "reasoning" and (
-                head.id is None or head.encrypted_content != _seal(model, head.id)
-            ):
-                raise InvalidEncryptedContent()
+        heads = _checked(request, model)
+        compacted = _compacted(heads)
         users = [i for i, h in enumerate(heads) if h.role == "user"]
         if not users:
             raise UpstreamError("The fake provider answers user messages only.")
@@ -111,7 +107,7 @@ class FakeProvider:
             items = _call_items(model, name, arguments, history)
             yield Reply("", "completed", None, items, _usage(usage_in, 0))
             return
-        text = _answer(request, message, history, tool_outputs)
+        text = _answer(request, message, history, tool_outputs, compacted)
         status, reason = "completed", None
         limit = _max_output_tokens(request.fields)
         if limit is not None and _tokens(len(text)) > limit:
@@ -123,8 +119,44 @@ class FakeProvider:
         usage = _usage(usage_in, _tokens(len(text)))
         yield Reply(text, status, reason, _output_items(model, text, key), usage)  # type: ignore[arg-type]
 
+    async def compact(self, request: ProviderRequest) -> Compacted:
+        """The user messages of the input, then one compaction item sealed for the model
+        that names how many items it stands for."""
+        model = request.model or MODEL
+        heads = _checked(request, model)
+        kept = [raw for raw, h in zip(request.input_items, heads, strict=True) if h.role == "user"]
+        stands_for = len(request.input_items)
+        key = _key(hashlib.sha256(b"".join(request.input_items)).hexdigest(), model)
+        compaction_id = f"cmp_{key}_{stands_for}"
+        compaction = {
+            "type": "compaction",
+            "id": compaction_id,
+            "encrypted_content": _seal(model, compaction_id),
+        }
+        item = msgspec.Raw(msgspec.json.encode(compaction))
+        usage_in = _tokens(sum(map(len, request.input_items)) + len(request.instructions or ""))
+        return Compacted([*kept, item], _usage(usage_in, _tokens(len(item)), reasoning=0))
+
     async def close(self) -> None:
         return None
+
+
+def _checked(request: ProviderRequest, model: str) -> list[_ItemHead]:
+    """The input's items, each opaque one checked: a reasoning or compaction item this fake
+    did not seal for ``model`` fails like the real API (invalid_encrypted_content)."""
+    heads = [msgspec.json.decode(item, type=_ItemHead) for item in request.input_items]
+    for head in heads:
+        if head.type in ("reasoning", "compaction") and (
+            head.id is None or head.encrypted_content != _seal(model, head.id)
+        ):
+            raise InvalidEncryptedContent()
+    return heads
+
+
+def _compacted(heads: list[_ItemHead]) -> int | None:
+    """How many items the input's (latest) compaction item stands for, if it holds one."""
+    found = [h for h in heads if h.type == "compaction" and h.id]
+    return int(found[-1].id.rsplit("_", 1)[1]) if found and found[-1].id else None
 
 
 def _check_fields(fields: Mapping[str, msgspec.Raw]) -> None:
@@ -133,8 +165,15 @@ def _check_fields(fields: Mapping[str, msgspec.Raw]) -> None:
             raise ProviderRefused("unknown_parameter", name)
 
 
-def _answer(request: ProviderRequest, message: str, history: int, tool_outputs: list[Any]) -> str:
-    text = f"[fake-llm] {message}" + (f" (history={history})" if history else "")
+def _answer(
+    request: ProviderRequest,
+    message: str,
+    history: int,
+    tool_outputs: list[Any],
+    compacted: int | None = None,
+) -> str:
+    said = f"history={history}" + (f", compacted={compacted}" if compacted is not None else "")
+    text = f"[fake-llm] {message}" + (f" ({said})" if history or compacted is not None else "")
     text += "".join(f" [tool: {output}]" for output in tool_outputs)
     schema = _json_schema(request.fields)
     if schema is not None:  # structured outputs: a document valid against the schema
@@ -208,9 +247,9 @@ def _tokens(size: int) -> int:
     return math.ceil(size / 4)
 
 
-def _usage(input_tokens: int, text_tokens: int) -> Usage:
-    output = text_tokens + REASONING_TOKENS
-    return Usage(input_tokens, 0, output, REASONING_TOKENS, input_tokens + output)
+def _usage(input_tokens: int, text_tokens: int, reasoning: int = REASONING_TOKENS) -> Usage:
+    output = text_tokens + reasoning
+    return Usage(input_tokens, 0, output, reasoning, input_tokens + output)
 
 
 class _InputText(msgspec.Struct):

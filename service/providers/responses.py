@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -46,9 +46,18 @@ from service.core.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from service.core.items import compaction_item
 from service.core.model import Origin, ReplyStatus
 from service.core.usage import Usage
-from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta, encode_request
+from service.providers.base import (
+    Compacted,
+    ProviderEvent,
+    ProviderRequest,
+    Reply,
+    TextDelta,
+    encode_compaction,
+    encode_request,
+)
 
 log = logging.getLogger("turnstore.provider")
 
@@ -127,6 +136,11 @@ class _Response(msgspec.Struct):
     usage: _Usage | None = None
 
 
+class _Compaction(msgspec.Struct):
+    output: list[msgspec.Raw]
+    usage: _Usage | None = None
+
+
 class _Item(msgspec.Struct):
     type: str = ""
     content: msgspec.Raw = msgspec.Raw()  # parts, read for messages only
@@ -189,30 +203,9 @@ class ResponsesProvider:
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:
         content = encode_request(self.endpoint.model, request, stream=stream)
-        headers = dict(self._headers)
-        # The provider may join the trace: the W3C traceparent of this call's span, and
-        # nothing else of the client's context (its tracestate and baggage stay here).
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-        if "traceparent" in carrier:
-            headers["traceparent"] = carrier["traceparent"]
         with _translate():
-            async with self._client.stream(
-                "POST", self.endpoint.url, content=content, headers=headers
-            ) as response:  # leaving it (also by aclose() of this generator) closes the stream
-                request_id = _request_id(response)
-                span = trace.get_current_span()
-                span.set_attribute("http.response.status_code", response.status_code)
-                if request_id:
-                    span.set_attribute("provider.request_id", request_id)
-                if not response.is_success:
-                    error = await self._status_error(response)
-                    log.warning(
-                        "provider answered HTTP %s: %s", response.status_code, error.code,
-                        extra={"provider_request_id": request_id},
-                    )  # fmt: skip
-                    raise error
-                log.debug("provider answering", extra={"provider_request_id": request_id})
+            async with self._call(self.endpoint.url, content) as response:
+                # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
                     body = msgspec.json.decode(await self._read(response), type=_Response)
                     self._check_reply(body.output, 0)
@@ -227,6 +220,44 @@ class ResponsesProvider:
                     if events.finished:
                         return
         raise UpstreamError("The provider's stream ended before the response was complete.")
+
+    async def compact(self, request: ProviderRequest) -> Compacted:
+        """``POST {base}/responses/compact``: the compacted context, and its usage."""
+        content = encode_compaction(self.endpoint.model, request)
+        with _translate():
+            async with self._call(f"{self.endpoint.url}/compact", content) as response:
+                body = msgspec.json.decode(await self._read(response), type=_Compaction)
+        self._check_reply(body.output, 0)
+        if compaction_item(body.output) is None:
+            raise UpstreamError("The provider's compaction holds no compaction item.")
+        return Compacted(list(body.output), body.usage.value() if body.usage else None)
+
+    @asynccontextmanager
+    async def _call(self, url: str, content: bytes) -> AsyncIterator[httpx.Response]:
+        """One POST to the provider, its answer open while the block runs (a non-2xx answer
+        raised as its domain error)."""
+        headers = dict(self._headers)
+        # The provider may join the trace: the W3C traceparent of this call's span, and
+        # nothing else of the client's context (its tracestate and baggage stay here).
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if "traceparent" in carrier:
+            headers["traceparent"] = carrier["traceparent"]
+        async with self._client.stream("POST", url, content=content, headers=headers) as response:
+            request_id = _request_id(response)
+            span = trace.get_current_span()
+            span.set_attribute("http.response.status_code", response.status_code)
+            if request_id:
+                span.set_attribute("provider.request_id", request_id)
+            if not response.is_success:
+                error = await self._status_error(response)
+                log.warning(
+                    "provider answered HTTP %s: %s", response.status_code, error.code,
+                    extra={"provider_request_id": request_id},
+                )  # fmt: skip
+                raise error
+            log.debug("provider answering", extra={"provider_request_id": request_id})
+            yield response
 
     async def _read(self, response: httpx.Response) -> bytes:
         body, size = [], 0

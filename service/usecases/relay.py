@@ -16,7 +16,14 @@ from service.core.items import check_history
 from service.core.plans import Asked, PlanRules
 from service.core.window import SystemPrompt, instructions_for
 from service.platform import metrics
-from service.providers.base import Provider, ProviderEvent, ProviderRequest, Reply, replied
+from service.providers.base import (
+    Compacted,
+    Provider,
+    ProviderEvent,
+    ProviderRequest,
+    Reply,
+    replied,
+)
 from service.usecases.exchange import advertised
 from service.usecases.restore import Restorer
 
@@ -37,6 +44,22 @@ class Relay:
         (service/usecases/restore.py)."""
         check_history(items)
         return await self._restorer.restore(owner, items)
+
+    async def compact(self, items: list[msgspec.Raw], asked: Asked) -> Compacted:
+        """The provider's compaction of ``items`` (``POST /v1/responses/compact``): nothing is
+        kept. A refusal of the request is the client's (400)."""
+        prompt = instructions_for(
+            self._prompt, asked.instructions,
+            server_first=self._rules.server_prompt_first(asked.instructions),
+        )  # fmt: skip
+        request = ProviderRequest(items, prompt.text if prompt else None, model=asked.model)
+        try:
+            compacted = await self._provider.compact(request)
+        except ProviderRefused as refused:
+            raise refused.client_error() from refused
+        if compacted.usage is not None:
+            metrics.tokens_used(asked.model or self._provider.origin.model, compacted.usage)
+        return compacted
 
     async def respond(
         self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...], asked: Asked

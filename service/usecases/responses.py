@@ -20,6 +20,8 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
+
 from service.core import events
 from service.core.errors import (
     Cancelled,
@@ -34,7 +36,7 @@ from service.core.ids import ResponseRef, parse_response_id, response_id, run_re
 from service.core.items import check_history, client_tools, turn_input
 from service.core.model import ForkPoint, Precondition, RunView, Turn
 from service.core.plans import Asked, PlanRules, TurnPlan, make_plan
-from service.providers.base import ProviderEvent, Reply
+from service.providers.base import Compacted, ProviderEvent, Reply
 from service.usecases.conversations import Conversations
 from service.usecases.relay import Relay
 from service.usecases.restore import Restorer
@@ -90,6 +92,11 @@ class Responses:
     def models(self) -> list[str]:
         """The models a request may name (besides any, with ``MODELS=*``)."""
         return [self.model, *sorted((self._rules.models or frozenset()) - {self.model})]
+
+    def compaction_asked(self, entries: Sequence[Any] | None) -> int | None:
+        """The compaction threshold a ``context_management`` asks for (400 naming it if
+        malformed; None: none asked)."""
+        return self._rules.compaction_asked(entries)
 
     def check_model(self, model: str) -> None:
         self._rules.check_model(model, self.model)
@@ -205,6 +212,32 @@ class Responses:
         given = input if isinstance(input, list) else [{"role": "user", "content": input}]
         resolved = await self._relay.resolve(owner, given)
         return self._relay.stream(list(resolved), client_tools(tools, set()), asked)
+
+    async def compact(
+        self, owner: str, asked: Asked, input: str | list[Any] | None, previous: str | None
+    ) -> Compacted:
+        """``POST /v1/responses/compact``: the history ``previous`` names (its window as of it)
+        and ``input`` (restored as a stateless call's), compacted by the provider; nothing is
+        kept."""
+        items: list[msgspec.Raw] = []
+        if previous is not None:
+            try:
+                found = await self.find(owner, previous)
+            except ResponseNotFound:
+                raise PreviousResponseNotFound() from None
+            if found.revision is None:
+                raise InvalidInput(
+                    "previous_response_id names a response that has not completed.",
+                    param="previous_response_id",
+                )
+            conversation = await self._conversations.load(found.conversation_id, owner)
+            items = self._turns.history(conversation, found.revision, asked.model)
+        if input:
+            listed = input if isinstance(input, list) else [{"role": "user", "content": input}]
+            items += await self._restorer.restore(owner, listed)
+        if not items:
+            raise InvalidInput("Send input or previous_response_id to compact.", param="input")
+        return await self._relay.compact(items, asked)
 
     # --- a response's life after it ----------------------------------------------------------
 

@@ -30,15 +30,22 @@ from service.core.errors import (
     TurnstoreError,
     UpstreamError,
 )
-from service.core.items import calls_made, function_outputs, input_count, open_calls
+from service.core.items import (
+    calls_made,
+    compaction_item,
+    function_outputs,
+    input_count,
+    open_calls,
+)
 from service.core.model import Append, Committed, Conversation, Origin, ReplyStatus, RunCommit, Turn
 from service.core.plans import TurnPlan, check_precondition
 from service.core.strictjson import is_encodable
-from service.core.usage import Usage
+from service.core.usage import Usage, added
 from service.core.window import Budget, SystemPrompt, Window, choose_window, instructions_for
 from service.platform import metrics, tracing
 from service.providers.base import Provider, ProviderRequest, TextDelta, request_overhead
 from service.store.ports import ConversationStore, IdempotencyStore
+from service.usecases import compaction
 from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling, advertised, tool_names
 from service.usecases.leases import Held, Leases
 from service.usecases.locks import settle
@@ -56,6 +63,7 @@ class TurnDone:
     usage: Usage | None = None  # of the turn's provider calls, added up
     model: str | None = None  # that made the reply
     own_calls: frozenset[str] = frozenset()  # the call ids of turnstore's own tools' calls
+    compaction: msgspec.Raw | None = None  # the compaction item the turn ran on, if it made one
 
 
 TurnEvent = TextDelta | ToolCalled | TurnDone
@@ -200,6 +208,7 @@ class TurnService:
                     )
                 if run is not None:
                     await run.begin(conversation.revision if conversation else 0)
+                window, spent = await self._compacted(plan, conversation, window, new_items, asked)
                 answer: Answer | None = None
                 exchange_of = self._exchange(window, new_items, plan, asked, stream)
                 async with aclosing(exchange_of) as exchange:
@@ -209,6 +218,7 @@ class TurnService:
                         else:
                             yield event
                 assert answer is not None  # an exchange ends with its Answer or raises
+                answer = dataclasses.replace(answer, usage=added(spent, answer.usage))
                 turn = self._accept(plan, window, new_items, answer, asked)
                 revision = (
                     None
@@ -217,7 +227,58 @@ class TurnService:
                 )
             metrics.turn_ended(mode, committed=revision is not None)
         # Outside the outcome count: a client leaving now does not undo the commit.
-        yield _done(plan, answer, revision, len(new_items), asked.origin.model)
+        compacted_by = compaction_item(window.compacted) if window.compacted else None
+        yield _done(plan, answer, revision, len(new_items), asked.origin.model, compacted_by)
+
+    def history(
+        self, conversation: Conversation, revision: int, model: str | None
+    ) -> list[msgspec.Raw]:
+        """What a turn after ``revision`` would send of the conversation's earlier turns (for
+        ``model``), as of that revision: its window, compacted context first."""
+        turns = conversation.turns[:revision]
+        start = turns[-1].context_from if turns else 1
+        origin = self.provider.origin.with_model(model)
+        return choose_window(turns, start, origin, 0, self._budget).items
+
+    async def compact(self, plan: TurnPlan) -> tuple[int, Usage | None]:
+        """A compaction committed on its own (core.plans.compaction_plan): the window as a
+        turn would send it, compacted, as a turn without messages at the next revision. The
+        revision it made, and what it cost."""
+        asked = self._request(plan, stream=False)
+        async with self.leases.hold(plan) as held:
+            conversation = held.conversation
+            if conversation is None:
+                raise ConversationNotFound()
+            check_precondition(plan.if_match, conversation.revision)
+            window = self._window(conversation, [], asked)
+            if not window.items:
+                raise InvalidInput("The conversation has nothing to compact.")
+            making = conversation.revision + 1
+            compacted = await compaction.compact(self.provider, window, asked.template, making)
+            turn = Turn(
+                user_message="", assistant_message="", replay_items=[], transcript=(),
+                origin=asked.origin, context_from=making, usage=compacted.usage,
+                prompt_version=asked.prompt.version if asked.prompt else None,
+                compacted=compacted.window.compacted,
+            )  # fmt: skip
+            revision = await self._commit(plan, conversation, held, turn, None)
+        return revision, compacted.usage
+
+    async def _compacted(
+        self,
+        plan: TurnPlan,
+        conversation: Conversation | None,
+        window: Window,
+        new_items: list[msgspec.Raw],
+        asked: _Request,
+    ) -> tuple[Window, Usage | None]:
+        """The window compacted first when the turn's input passes its threshold
+        (service/usecases/compaction.py), and what the compaction cost."""
+        if not compaction.due(plan.compact_threshold, conversation, window, new_items):
+            return window, None
+        making = (conversation.revision if conversation else 0) + 1
+        compacted = await compaction.compact(self.provider, window, asked.template, making)
+        return compacted.window, compacted.usage
 
     def _request(self, plan: TurnPlan, stream: bool) -> _Request:
         prompt = instructions_for(self._prompt, plan.instructions, server_first=plan.server_prompt)
@@ -291,6 +352,7 @@ class TurnService:
             status=reply.status,
             incomplete_reason=reply.incomplete_reason,
             usage=answer.usage,
+            compacted=window.compacted,
         )
 
     async def _fork_basis(self, plan: TurnPlan) -> Conversation | None:
@@ -366,6 +428,7 @@ class TurnService:
             usage=turn.usage,
             model=turn.origin.model if turn.origin else None,
             own_calls=frozenset(call.call_id for call in turn.tool_calls),
+            compaction=compaction_item(turn.compacted),
         )
 
 
@@ -384,7 +447,12 @@ def check_answers(new_items: list[msgspec.Raw], conversation: Conversation | Non
 
 
 def _done(
-    plan: TurnPlan, answer: Answer, revision: int | None, inputs: int, model: str
+    plan: TurnPlan,
+    answer: Answer,
+    revision: int | None,
+    inputs: int,
+    model: str,
+    compaction: msgspec.Raw | None,
 ) -> TurnDone:
     reply = answer.reply
     return TurnDone(
@@ -398,4 +466,5 @@ def _done(
         usage=answer.usage,
         model=model,
         own_calls=frozenset(call.call_id for call in answer.tool_calls),
+        compaction=compaction,
     )

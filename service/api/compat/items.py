@@ -63,13 +63,19 @@ def output_items(
     *,
     encrypted: bool = False,
     own_calls: Collection[str] = (),
+    compaction: msgspec.Raw | None = None,
 ) -> list[dict[str, Any]]:
     """The shown items among ``items``, the turn's items from its ``first`` (a Response's
-    output: those after its input items); ``cid``, ``own_calls``: see core.items.listed."""
-    return [
+    output: those after its input items, after the ``compaction`` item the turn ran on, as
+    OpenAI's output holds it); ``cid``, ``own_calls``: see core.items.listed."""
+    shown = [
         _shown(msgspec.json.decode(raw), item_id, encrypted)
         for item_id, raw in listed(cid, revision, items, first, own_calls)
     ]
+    if compaction is not None:
+        [(item_id, raw)] = listed(cid, revision, [compaction], len(items) + first)
+        shown.insert(0, _shown(msgspec.json.decode(raw), item_id, encrypted))
+    return shown
 
 
 def _shown(item: dict[str, Any], item_id: str, encrypted: bool) -> dict[str, Any]:

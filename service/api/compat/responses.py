@@ -19,8 +19,10 @@ from service.api.bodies import strict
 from service.api.compat import items as views
 from service.api.compat.items import ENCRYPTED
 from service.api.compat.schemas import (
+    CompactCreate,
     Echo,
     ResponseCreate,
+    compaction_object,
     passed_through,
     response_error,
     response_object,
@@ -40,18 +42,18 @@ from service.api.sse import closed_with_response, run_stream, sse_events
 from service.core.errors import (
     InvalidInput,
     PreviousResponseNotFound,
+    RateLimited,
     RequestInProgress,
     ResponseNotFound,
+    UpstreamError,
+    UpstreamTimeout,
 )
 from service.core.ids import unstored_response_id
 from service.core.items import input_count
 from service.core.plans import Asked, TurnPlan
-from service.usecases.responses import Found
+from service.usecases.responses import Found, Responses
 from service.usecases.run import Run
 
-UNSUPPORTED = {
-    "context_management": "context_management is not supported yet",
-}
 Include = Annotated[
     list[str] | None,
     QueryParameter(name="include[]", required=False, description="reasoning.encrypted_content"),
@@ -68,9 +70,6 @@ StartingAfter = Annotated[
 
 def check_fields(asked: ResponseCreate) -> None:
     """400 naming a field this server cannot honour, for any call."""
-    for field, why in UNSUPPORTED.items():
-        if getattr(asked, field) not in (None, False):
-            raise InvalidInput(why + ".", param=field)
     if asked.store is False and (asked.background or asked.conversation is not None):
         what = "background" if asked.background else "conversation"
         raise InvalidInput(f"store: false cannot be used with {what}.", param="store")
@@ -78,23 +77,28 @@ def check_fields(asked: ResponseCreate) -> None:
 
 
 def asked_of(
-    asked: ResponseCreate, body: bytes, model: str, created_at: float
+    asked: ResponseCreate, body: bytes, responses: Responses, created_at: float
 ) -> tuple[Asked, Echo]:
     """What the request asks of the provider besides its input (the model, instructions, what
-    to include, and every field turnstore does not interpret, as it came), and what its
-    Response echoes (kept with the turn, with when it was created)."""
+    to include, when to compact, and every field turnstore does not interpret, as it came),
+    and what its Response echoes (kept with the turn, with when it was created)."""
     fields = passed_through(body)
+    compact = responses.compaction_asked(asked.context_management)
+    if asked.store is False and asked.context_management is not None:
+        # Nothing is kept to compact: the provider compacts, as OpenAI does with store false.
+        fields["context_management"] = msgspec.Raw(msgspec.json.encode(asked.context_management))
     echo = Echo(
-        model=asked.model or model, instructions=asked.instructions, tools=asked.tools or (),
-        truncation=asked.truncation, previous_response_id=asked.previous_response_id,
-        store=asked.store is not False, background=bool(asked.background), fields=fields,
+        model=asked.model or responses.model, instructions=asked.instructions,
+        tools=asked.tools or (), truncation=asked.truncation,
+        previous_response_id=asked.previous_response_id, store=asked.store is not False,
+        background=bool(asked.background), fields=fields,
     )  # fmt: skip
     include = tuple(i for i in asked.include or () if i != ENCRYPTED)
 
     def kept(stored: bool) -> msgspec.Raw:
         return replace(echo, stored=stored).record(created_at)
 
-    return Asked(asked.model, asked.instructions, fields, include, kept), echo
+    return Asked(asked.model, asked.instructions, fields, include, kept, compact), echo
 
 
 class OpenAIResponses(Controller):
@@ -118,7 +122,7 @@ class OpenAIResponses(Controller):
         asked, responses, body = data, api.responses, await request.body()
         check_fields(asked)
         started = time.time()  # the Response's created_at, the same in every answer about it
-        ask, echo = asked_of(asked, body, responses.model, started)
+        ask, echo = asked_of(asked, body, responses, started)
         responses.check(ask)
         if asked.store is False and asked.previous_response_id is None:
             return await stateless(request, asked, ask, echo, api, started)
@@ -136,14 +140,28 @@ class OpenAIResponses(Controller):
             return await run_of(request, plan, chained, echo, started, streamed, encrypted, api)
         done = await responses.run(plan, chained)
         assert done.revision is not None
-        output = views.output_items(
-            done.conversation_id, done.revision, done.items, done.inputs,
-            own_calls=done.own_calls, encrypted=encrypted,
-        )  # fmt: skip
+        output = Output.of_done(done).shown(done.conversation_id, done.revision, encrypted)
         return Response(response_object(
             done.conversation_id, done.revision, echo, status=done.status, output=output,
             incomplete_reason=done.incomplete_reason, created_at=started, usage=done.usage,
         ))  # fmt: skip
+
+    @post(
+        "/compact", status_code=200,
+        summary="The provider's compaction of a history (input and/or previous_response_id).",
+        description="Relayed as OpenAI serves it: items turnstore showed are restored to their "
+        "stored bytes first; nothing is kept.",
+        before_request=strict(CompactCreate), response_headers=[CORRELATION_ID],
+        responses=openai_documented(
+            PreviousResponseNotFound, ResponseNotFound, RateLimited, UpstreamError, UpstreamTimeout
+        ),
+    )  # fmt: skip
+    async def compact(self, data: JSONBody[CompactCreate], api: Caller) -> dict[str, Any]:
+        responses = api.responses
+        responses.check_model(data.model)
+        asked = Asked(data.model, data.instructions)
+        compacted = await responses.compact(api.owner, asked, data.input, data.previous_response_id)
+        return compaction_object(compacted.items, compacted.usage)
 
     @get(
         "/{response_id:str}", summary="A response as it is now, or (stream) its events.",
@@ -214,12 +232,7 @@ def shown(found: Found, api: Api, *, encrypted: bool = False) -> dict[str, Any]:
     turn, run = found.turn, found.run
     echo, created_at = _echo(found, api)
     if turn is not None and found.revision is not None:
-        first = input_count(turn.replay_items)
-        own = {call.call_id for call in turn.tool_calls}
-        output = views.output_items(
-            found.conversation_id, found.revision, turn.replay_items[first:], first,
-            encrypted=encrypted, own_calls=own,
-        )  # fmt: skip
+        output = Output.of_turn(turn).shown(found.conversation_id, found.revision, encrypted)
         return response_object(
             found.conversation_id, None, echo, rid=found.id, status=turn.status, output=output,
             incomplete_reason=turn.incomplete_reason, usage=turn.usage,
@@ -256,11 +269,8 @@ def source_of(api: Api, cid: uuid.UUID, run: Run | None, run_id: uuid.UUID) -> S
     async def output(revision: int) -> Output:
         done = run.result if run is not None else None
         if done is not None and done.revision == revision:
-            return Output(done.items, done.inputs, done.own_calls, done.usage)
-        turn = await api.responses.turn_at(cid, api.owner, revision)
-        first = input_count(turn.replay_items)
-        own = {call.call_id for call in turn.tool_calls}
-        return Output(turn.replay_items[first:], first, own, turn.usage)
+            return Output.of_done(done)
+        return Output.of_turn(await api.responses.turn_at(cid, api.owner, revision))
 
     return Source(message_id, output)
 

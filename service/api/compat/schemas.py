@@ -16,7 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.ids import conversation_id, response_id
+from service.core.ids import conversation_id, response_id, unstored_response_id
 from service.core.model import ConversationInfo
 from service.core.strictjson import holds_nul
 from service.core.usage import Usage
@@ -48,6 +48,27 @@ INTERPRETED = frozenset({
     "conversation", "previous_response_id", "input", "model", "instructions", "tools",
     "stream", "store", "background", "include", "context_management", "truncation",
 })  # fmt: skip
+
+
+class CompactCreate(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/responses/compact``: what that endpoint takes."""
+
+    model: str
+    input: str | list[dict[str, Any]] | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None
+
+
+def compaction_object(items: Sequence[msgspec.Raw], usage: Usage | None) -> dict[str, Any]:
+    """OpenAI's ``response.compaction``: the provider's output as it came (its user messages
+    and its compaction item), and what the call cost."""
+    return {
+        "id": unstored_response_id(),
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": [msgspec.json.decode(item) for item in items],
+        "usage": (usage or Usage()).as_openai(),
+    }
 
 
 class ResponseCreate(msgspec.Struct):

@@ -29,8 +29,11 @@ from service.core import events
 from service.core.errors import ContentFiltered, TurnstoreError, status_of
 from service.core.events import RunEvent
 from service.core.ids import shown_item_id, view_item_id
+from service.core.items import compaction_item, input_count
+from service.core.model import Turn
 from service.core.usage import Usage
 from service.providers.base import ProviderEvent, Reply, TextDelta
+from service.usecases.turns import TurnDone
 
 _JSON = msgspec.json.Encoder()
 
@@ -56,12 +59,31 @@ class _Failed(msgspec.Struct):
 
 @dataclass(frozen=True)
 class Output:
-    """A committed response's output: its turn's items after its inputs, and its usage."""
+    """A committed response's output: its turn's items after its inputs (after the
+    compaction item it ran on, if it compacted), and its usage."""
 
     items: Sequence[msgspec.Raw]
     first: int  # how many input items precede them in the turn
     own_calls: Collection[str]  # turnstore's own tools' calls among them (not shown)
     usage: Usage | None
+    compaction: msgspec.Raw | None = None
+
+    @classmethod
+    def of_turn(cls, turn: Turn) -> Output:
+        first = input_count(turn.replay_items)
+        own = {call.call_id for call in turn.tool_calls}
+        compaction = compaction_item(turn.compacted)
+        return cls(turn.replay_items[first:], first, own, turn.usage, compaction)
+
+    @classmethod
+    def of_done(cls, done: TurnDone) -> Output:
+        return cls(done.items, done.inputs, done.own_calls, done.usage, done.compaction)
+
+    def shown(self, cid: uuid.UUID | None, revision: int, encrypted: bool) -> list[dict[str, Any]]:
+        return output_items(
+            cid, revision, self.items, self.first, encrypted=encrypted,
+            own_calls=self.own_calls, compaction=self.compaction,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -167,10 +189,7 @@ class ResponseStream:
                 self._event("response.output_item.done", output_index=0,
                             item=self._message("completed", [_part(text)])),
             ]  # fmt: skip
-        shown = output_items(
-            self.cid, 0, output.items, output.first,
-            encrypted=encrypted, own_calls=output.own_calls,
-        )  # fmt: skip
+        shown = output.shown(self.cid, 0, encrypted)
         index = 0 if not self.text else 1
         for item in shown:  # the client's function calls, to run: announced whole
             if item["type"] == "function_call":

@@ -109,7 +109,9 @@ class Rows:
             "tool_calls": msgspec.json.encode(turn.tool_calls).decode()
             if turn.tool_calls
             else None,
-            "transcript": _JSON.encode(turn.transcript).decode() if turn.transcript else None,
+            "transcript": _JSON.encode(turn.transcript).decode()
+            if turn.transcript is not None
+            else None,
             "response": bytes(turn.response).decode() if turn.response else None,
             "compacted": msgspec.json.encode(turn.compacted).decode() if turn.compacted else None,
         }

@@ -81,6 +81,15 @@ async def test_a_turn_over_its_threshold_compacts_first_and_later_turns_start_th
         assert said(api.requests[3]) == ["one", "two", "three"]
         assert compacts(api) == [1]  # no threshold asked: no compaction
         transcript = (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()
+        # The compaction item, sent back as the Response showed it, is restored to its bytes.
+        shown = second.output[0].model_dump(exclude_none=True)
+        assert shown["id"] != "cmp_2"  # shown by an id that names its conversation
+        await client.responses.create(
+            input=[shown, {"role": "user", "content": "four"}], model="gpt-test", store=False
+        )
+        assert api.requests[-1]["input"][0] == {
+            "type": "compaction", "id": "cmp_2", "encrypted_content": "gAAA-compacted-2=="
+        }  # fmt: skip
     assert [m["content"] for m in transcript["messages"]] == [
         "one", "reply 1", "two", "reply 3", "three", "reply 4"
     ]  # fmt: skip

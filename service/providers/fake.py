@@ -11,7 +11,10 @@ It behaves like the real Responses API where turnstore or a client can tell:
   ``json_schema`` is answered with a JSON document valid against the schema; ``tool_choice``
   naming a function calls it (``required``: the first tool offered; ``none``: no call);
 - ``usage`` is deterministic: a token is four bytes of the request's input (and
-  instructions), or four characters of the reply.
+  instructions), or four characters of the reply;
+- ``compact`` keeps the input's user messages and adds one ``compaction`` item sealed for the
+  model, whose id says how many items it stands for; when one comes back it is checked like
+  sealed reasoning, and the reply says ``(history=N, compacted=M)``.
 """
 
 from __future__ import annotations

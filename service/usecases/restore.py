@@ -69,4 +69,8 @@ class Restorer:
                 for index, raw in enumerate(turn.replay_items):
                     head = msgspec.json.decode(raw, type=_Head)
                     found[shown_id(cid, revision, index, head.id)] = raw
+                for raw in turn.compacted:  # its compaction item, shown in its Response
+                    head = msgspec.json.decode(raw, type=_Head)
+                    if head.id is not None:
+                        found[shown_id(cid, revision, 0, head.id)] = raw
         return found

@@ -227,7 +227,10 @@ def build_services(
         tooling=tooling,
         idempotency=backend.idempotency,
     )
-    runs = TurnRuns(turns, backend.runs, backend.notifications, heartbeat_s=settings.turn_lease_s)
+    runs = TurnRuns(
+        turns, backend.runs, backend.notifications, heartbeat_s=settings.turn_lease_s,
+        readers=settings.owner_max_event_readers,
+    )  # fmt: skip
     closers.append(lambda: runs.close(settings.shutdown_grace_s))  # first: runs use the rest
     rules = PlanRules(
         max_message_chars=settings.max_message_chars,

@@ -25,7 +25,14 @@ from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine, resolve_database
 from service.platform.logs import configure as configure_logging
 from service.platform.settings import Settings, SettingsError
-from service.store.postgres import KEY_CACHE_S, ClearRows, Keyring, destroy_key
+from service.store.postgres import (
+    KEY_CACHE_S,
+    ApiKeyStore,
+    ClearRows,
+    Keyring,
+    destroy_key,
+    live_keys,
+)
 from service.store.postgres.placement import DEFAULT_SHARD_COUNT, distribute
 
 T = TypeVar("T")
@@ -167,14 +174,17 @@ def _master_keys(settings: Settings, command: str) -> MasterKeys:
 
 
 def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
-    """The data key first: from then on the owner's rows, here and in every backup of the
-    data taken before, cannot be decrypted. Then, once no replica can still hold the key in
-    memory (a write with it would leave rows nobody can read), the rows themselves."""
+    """Stop the owner first: their API keys are revoked and their data key is replaced by a
+    tombstone, so no replica makes them a new one (with encryption at rest, a write of theirs
+    fails from then on): their rows, here and in every backup taken before, cannot be
+    decrypted. Then, once no replica can still hold the old key in memory and their turns in
+    flight have ended, the rows themselves; and a check that nothing of theirs is left."""
 
-    async def shred(url: str) -> tuple[bool, int]:
+    async def shred(url: str) -> tuple[bool, int, int]:
         async with _engines(settings, url) as (engine, keyring_engine):
             store = postgres_store(engine, settings)
             sealed = await store.owner_has_sealed_rows(args.owner)
+            await ApiKeyStore(engine).revoke(owner=args.owner)
             had_key = await destroy_key(keyring_engine, args.owner)
             if sealed and not had_key:
                 _fail(
@@ -182,18 +192,27 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
                     f"{args.owner!r} has encrypted rows but no data key in this keyring: is "
                     "KEYRING_DATABASE_URL the service's? Nothing was deleted.",
                 )
-            if had_key and args.wait_s > 0:
+            if args.wait_s > 0:
                 sys.stderr.write(
-                    f"Destroyed the data key of {args.owner!r}; deleting their conversations "
-                    f"in {args.wait_s:g} s, once no replica holds the key any more.\n"
+                    f"Revoked the API keys of {args.owner!r} and destroyed their data key; "
+                    f"deleting their data in {args.wait_s:g} s, once no replica holds the key "
+                    "and their turns in flight have ended.\n"
                 )
                 await asyncio.sleep(args.wait_s)
-            return had_key, await store.delete_owner(args.owner)
+            deleted = await store.delete_owner(args.owner)
+            left = await store.owner_rows(args.owner) + await live_keys(keyring_engine, args.owner)
+            return had_key, deleted, left
 
     with _database(settings, migrate_embedded=True) as url:
-        had_key, deleted = _storage(lambda: asyncio.run(shred(url)), "owners shred")
+        had_key, deleted, left = _storage(lambda: asyncio.run(shred(url)), "owners shred")
     key = "destroyed the data key" if had_key else "found no data key"
-    print(f"{args.owner!r}: {key} and deleted {deleted} conversations")
+    if left:
+        _fail(
+            "owners shred",
+            f"{args.owner!r}: {key} and deleted {deleted} conversations, but {left} of their "
+            "rows or keys are still there (a turn committed meanwhile?): run it again.",
+        )
+    print(f"{args.owner!r}: revoked their API keys, {key} and deleted {deleted} conversations")
 
 
 def _fail(command: str, message: str) -> NoReturn:

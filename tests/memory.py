@@ -530,6 +530,11 @@ class MemoryStore:
         if found is not None and found.committed is None:
             del self._keys[key.owner, key.key]
 
+    async def release_run(self, turn_id: UUID, owner: str) -> None:
+        for name, found in list(self._keys.items()):
+            if name[0] == owner and found.turn_id == turn_id and found.committed is None:
+                del self._keys[name]
+
     async def purge(self, batch: int = 500) -> int:
         now = _now()
         for name, key in list(self._keys.items()):

@@ -233,7 +233,11 @@ async def test_a_background_turn_whose_replica_stops_ends_interrupted_for_every_
                 stall = asyncio.Event()  # never let go: the replica stops first
                 stalled = Script(text="lost with its replica", deltas=3, stall=stall)
                 api.then(stalled)
-                turn_id = (await background(a, message="doomed", conversation_id=cid))["turn_id"]
+                key = {"Idempotency-Key": f"doomed-{how}"}
+                asked = {"message": "doomed", "conversation_id": cid, "background": True}
+                first = await a.post(CHAT, json=asked, headers=key)
+                assert first.status_code == 202, first.text
+                turn_id = first.json()["turn_id"]
                 reader = asyncio.ensure_future(follow(b, turn_id))
                 await stalled.started.wait()
                 doomed.process.signal(getattr(signal, how))
@@ -248,9 +252,13 @@ async def test_a_background_turn_whose_replica_stops_ends_interrupted_for_every_
                 assert took < lease_s + 3, took
                 view = (await b.get(f"{TURNS}/{turn_id}")).json()
                 assert (view["status"], view["error"]["code"]) == ("failed", "turn_interrupted")
-                after = await b.post(CHAT, json={"message": "after", "conversation_id": cid})
-                assert after.status_code == 200, after.text
-                assert after.json()["revision"] == 2  # nothing of the interrupted turn was kept
+                # Its Idempotency-Key was freed when it ended: a retry runs the turn anew.
+                retried = await b.post(CHAT, json=asked, headers=key)
+                assert retried.status_code == 202, retried.text
+                assert retried.json()["turn_id"] != turn_id
+                assert retried.json()["conversation_id"] == cid
+                done = await status_becomes(b, retried.json()["turn_id"], "completed")
+                assert done["revision"] == 2  # nothing of the interrupted turn was kept
 
 
 async def test_on_sigterm_a_background_turn_may_finish_within_the_grace_period(
@@ -327,8 +335,17 @@ async def test_an_idempotency_key_retry_of_a_background_turn_names_the_same_turn
             CHAT, json={"message": "hi", "background": True}, headers=key
         )
         assert while_running.status_code == 202, while_running.text
-        assert while_running.json()["turn_id"] == first.json()["turn_id"]
-        gate.set()
+        # The first attempt's conversation and status, not a new conversation's id.
+        assert while_running.json() == {**first.json(), "status": "in_progress"}
+        # A retry on the stream follows the running turn's events to their end.
+        async with aconnect_sse(
+            client, "POST", STREAM, json={"message": "hi", "background": True}, headers=key
+        ) as source:
+            assert source.response.status_code == 200, await source.response.aread()
+            assert source.response.headers["X-Turn-Id"] == first.json()["turn_id"]
+            gate.set()
+            followed = [e async for sse in source.aiter_sse() if (e := event_of(sse)) is not None]
+        assert followed[-1].name == "message.done" and text_of(followed) == "once"
         await status_becomes(client, first.json()["turn_id"], "completed")
         after = await client.post(CHAT, json={"message": "hi", "background": True}, headers=key)
         assert after.status_code == 202, after.text

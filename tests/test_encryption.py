@@ -31,6 +31,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app
+from service.core.errors import ConversationNotFound
 from service.core.events import RunEvent
 from service.core.model import NewRun
 from service.platform import migrate
@@ -450,10 +451,12 @@ async def test_a_replica_forgets_a_shredded_data_key_within_its_cache_time(
     made = await keyring.for_write("alice")
     assert await keyring.for_read("alice") is made  # cached: no keyring read per turn
     assert await destroy_key(engine, "alice")
+    assert not await destroy_key(engine, "alice")  # (a tombstone is no key)
     now[0] += CACHE_S
     assert await keyring.for_read("alice") is None
-    renewed = await keyring.for_write("alice")  # writing again: a new key
-    assert renewed.seal(b"p", b"x") and renewed is not made
+    with pytest.raises(ConversationNotFound):  # no replica makes a shredded owner a new key
+        await keyring.for_write("alice")
+    assert (await keyring.for_write("bob")).seal(b"p", b"x")
 
 
 # -- shred ----------------------------------------------------------------------------------
@@ -525,12 +528,59 @@ async def test_a_shred_makes_a_backup_taken_before_it_unreadable_for_that_owner_
     async with served(data, **settings) as client:  # and in the live database: gone
         assert_error(await client.get(f"/api/v1/conversations/{a}", headers=alice), 404,
                      "conversation_not_found")  # fmt: skip
-        await say(client, "alice again, with a new key", headers=alice)
+        again = await client.post(CHAT, json={"message": "alice again"}, headers=alice)
+        assert_error(again, 404, "conversation_not_found")  # a shredded owner keeps nothing
+        await say(client, "bob goes on", b, headers=bob)
+
+
+async def test_a_turn_in_flight_during_a_shred_keeps_nothing_and_the_shred_checks_it(
+    databases: tuple[str, str, str], keys: Path
+) -> None:
+    """The owner's turn is waiting for the provider when the shred runs: it cannot make the
+    owner a new data key afterwards (it fails, as if the conversation did not exist), the
+    owner's API keys are revoked, and the shred finds nothing of theirs left."""
+    data, keyring, _ = databases
+    settings = {"encryption_keys_file": keys, "keyring_database_url": keyring, **JWT_SETTINGS}
+    api = FakeResponsesAPI()
+    gate = asyncio.Event()
+    slow = Script(text="too late", gate=gate)
+    api.then(slow)
+    async with served(data, provider=api.provider(), **settings) as client:
+        in_flight = asyncio.ensure_future(
+            client.post(CHAT, json={"message": "erase me"}, headers=jwt_bearer("carol"))
+        )
+        await slow.started.wait()
+        env = {
+            "DATABASE_URL": data,
+            "KEYRING_DATABASE_URL": keyring,
+            "ENCRYPTION_KEYS_FILE": str(keys),
+        }
+        shred = asyncio.ensure_future(
+            asyncio.to_thread(turnstore, "owners", "shred", "carol", "--wait-s", "2", **env)
+        )
+        await wait_until(lambda: scalar(keyring, "SELECT count(*) FROM owner_keys"), 1)
+        gate.set()
+        refused = await in_flight
+        shredded = await shred
+    assert_error(refused, 404, "conversation_not_found")
+    assert "found no data key and deleted 0 conversations" in shredded.stdout
+    assert await scalar(data, "SELECT count(*) FROM conversations") == 0
+    assert await scalar(data, "SELECT count(*) FROM turns") == 0
+
+
+async def wait_until(value: Any, expected: Any, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await value() != expected:
+        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
+        await asyncio.sleep(0.02)
 
 
 @asynccontextmanager
-async def served(database_url: str, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(database_url=database_url, **settings), provider=FakeProvider())
+async def served(
+    database_url: str, provider: Provider | None = None, **settings: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    config = Settings(database_url=database_url, **settings)
+    app = create_app(config, provider=provider or FakeProvider())
     async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
         yield client
 

@@ -44,6 +44,7 @@ class Stopped(Exception):
 
 
 _STREAMS_KEY = "turnstore.streams"
+_RELEASES_KEY = "turnstore.releases"
 
 
 def closed_with_response(scope: Scope, events: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
@@ -55,9 +56,19 @@ def closed_with_response(scope: Scope, events: AsyncGenerator[T, None]) -> Async
     return events
 
 
+def released_with_response(scope: Scope, release: Callable[[], None]) -> None:
+    """Have ``release`` called when the response ends, however it ends (a reader's slot)."""
+    scope.setdefault("state", {}).setdefault(_RELEASES_KEY, []).append(release)
+
+
 async def close_streams(scope: Scope) -> None:
-    for events in scope.get("state", {}).pop(_STREAMS_KEY, []):
-        await events.aclose()
+    state = scope.get("state", {})
+    try:
+        for events in state.pop(_STREAMS_KEY, []):
+            await events.aclose()
+    finally:
+        for release in state.pop(_RELEASES_KEY, []):
+            release()
 
 
 E = TypeVar("E", contravariant=True)

@@ -18,7 +18,7 @@ from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, LastEventId
 from service.api.schemas import TurnView
-from service.api.sse import TurnEvents, closed_with_response, sse_events
+from service.api.sse import TurnEvents, closed_with_response, released_with_response, sse_events
 from service.core.errors import InvalidInput, StorageError, TurnNotFound, Unauthorized
 
 MAX_SEQ = 2**31 - 1  # event numbers are PostgreSQL integers
@@ -80,6 +80,7 @@ class TurnController(Controller):
     ) -> ServerSentEvent:
         tid, since = parse_turn_id(turn_id), resume_after(last_event_id, after)
         await api.runs.status(tid, api.owner)  # an unknown turn is a JSON 404, before any stream
+        released_with_response(request.scope, api.runs.reader(api.owner))  # or a JSON 429
         source = api.runs.events(tid, api.owner, since)
         cid = correlation_id(request.scope)
         events = sse_events(

@@ -21,6 +21,7 @@ TurnstoreError
  +-- ContentFiltered              422 content_filtered
  +-- IdempotencyKeyReused         422 idempotency_key_reused
  +-- RateLimited                  429 rate_limited (+ Retry-After)
+ |    +-- TooManyRequests              429 too_many_requests (an owner limit)
  +-- StorageError                 500 storage_error
  +-- RequestRefused               400 <the provider's code> (the OpenAI surface: a client's
  |                                     request the provider refused, with its param)
@@ -182,6 +183,12 @@ class RateLimited(TurnstoreError):
     def __init__(self, message: str | None = None, *, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class TooManyRequests(RateLimited):
+    """An owner limit (the contract's Limits) was reached: nothing was kept."""
+
+    code, default_message = "too_many_requests", "Too many requests of this owner at once."
 
 
 class StorageError(TurnstoreError):

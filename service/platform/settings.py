@@ -162,6 +162,15 @@ class Settings:
         low=1,
         high=1024 * _MIB,
     )
+    owner_max_event_readers: int = _setting(
+        "OWNER_MAX_EVENT_READERS",
+        32,
+        "open event readers (`GET /api/v1/turns/{id}/events`, `GET /v1/responses/{id}?stream=true`)"
+        " per owner on one replica; past it `429 too_many_requests`. Each reader holds a stream "
+        "and a poll of the database: 32 covers a user's tabs and devices, not a fan-out",
+        low=1,
+        high=100_000,
+    )
     context_strategy: str = _setting(
         "CONTEXT_STRATEGY",
         "drop",

@@ -195,6 +195,10 @@ class IdempotencyStore(Protocol):
     async def release(self, key: IdempotencyKey) -> None:
         """A failed attempt does not use the key up."""
 
+    async def release_run(self, turn_id: UUID, owner: str) -> None:
+        """The key a run claimed, if it still says 'running': the run ended without a commit
+        (its replica vanished), so a retry may run the turn again at once."""
+
 
 @dataclass(frozen=True)
 class Readiness:

@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 
 from service.core import events
@@ -45,6 +45,7 @@ from service.platform.logs import correlation_id_var
 from service.platform.shutdown import SHUTDOWN
 from service.store.ports import Notifications, RunStore
 from service.usecases.heartbeat import Heartbeat
+from service.usecases.limits import OwnerLimit
 from service.usecases.locks import settle
 from service.usecases.run import Run
 from service.usecases.turns import TurnService
@@ -75,6 +76,13 @@ def _missed_end(view: RunView, after: int) -> bool:
     return after > view.last_event
 
 
+class _Earlier(Exception):
+    """An Idempotency-Key retry found the earlier attempt's run."""
+
+    def __init__(self, started: Started) -> None:
+        self.started = started
+
+
 class TurnRuns:
     """The runs of this process, and what readers anywhere ask of runs."""
 
@@ -85,7 +93,9 @@ class TurnRuns:
         notifications: Notifications,
         *,
         heartbeat_s: float,
+        readers: int = 32,
     ) -> None:
+        self._readers = OwnerLimit(readers, "event readers")
         self._turns = turns
         self._store = store
         self._notifications = notifications
@@ -108,11 +118,9 @@ class TurnRuns:
         as a run gets that run instead (a retry of a plain turn still running: 409)."""
         new = NewRun(uuid.uuid4(), plan.conversation_id, plan.owner, plan.background, plan.response)
         try:
-            committed = await self._turns.claim(plan, new.id)
-        except RequestInProgress as running:
-            if running.turn_id is None:
-                raise
-            return Started(running.turn_id, plan.conversation_id, "in_progress", None)
+            committed = await self._claim(plan, new.id)
+        except _Earlier as earlier:
+            return earlier.started
         if committed is not None and committed.turn_id is not None and plan.background:
             return Started(committed.turn_id, committed.conversation_id, "completed", None)
         try:
@@ -181,6 +189,12 @@ class TurnRuns:
             view = await self._store.read_run(turn_id, owner) or view
         return view
 
+    def reader(self, owner: str) -> Callable[[], None]:
+        """A slot for one more outside reader of ``owner``'s runs on this replica
+        (OWNER_MAX_EVENT_READERS; TooManyRequests past it): call what it returns when the
+        reader is gone."""
+        return self._readers.take(owner)
+
     async def events(
         self, turn_id: uuid.UUID, owner: str, after: int
     ) -> AsyncGenerator[RunEvent, None]:
@@ -244,11 +258,32 @@ class TurnRuns:
                     async with asyncio.timeout(FOLLOW_POLL_S[healthy]):
                         await woken.wait()
 
+    async def _claim(self, plan: TurnPlan, run_id: uuid.UUID) -> Committed | None:
+        """The plan's Idempotency-Key claimed for ``run_id``. While an earlier attempt runs as
+        a run, _Earlier names it as it is (its conversation, its status); one that ended
+        without its commit frees the key, and the claim is made again."""
+        for _ in range(2):
+            try:
+                return await self._turns.claim(plan, run_id)
+            except RequestInProgress as running:
+                if running.turn_id is None:
+                    raise
+                view = await self.view(running.turn_id, plan.owner)  # (interrupts a stalled one)
+                if view is not None and not (view.finished and view.revision is None):
+                    started = Started(view.id, view.conversation_id, view.status, None)
+                    raise _Earlier(started) from None
+                await self._turns.release_run(running.turn_id, plan.owner)
+        raise RequestInProgress()
+
     async def _interrupt(self, turn_id: uuid.UUID, owner: str) -> bool:
-        """End a run whose replica vanished; its terminal event names the request that found
-        it (the run's own request is gone with its replica)."""
+        """End a run whose replica vanished (and free its Idempotency-Key); its terminal
+        event names the request that found it (the run's own request is gone with its
+        replica)."""
         error = events.failure(0, TurnInterrupted(), correlation_id_var.get() or "")
-        return await self._store.interrupt_run(turn_id, owner, events.INTERRUPTED, error.data)
+        ended = await self._store.interrupt_run(turn_id, owner, events.INTERRUPTED, error.data)
+        if ended:
+            await self._turns.release_run(turn_id, owner)
+        return ended
 
     # --- this process's part: heartbeats, cancellations, shutdown --------------------------------
 

@@ -26,6 +26,7 @@ from service.core.errors import (
     ContextLengthExceeded,
     ConversationNotFound,
     InvalidInput,
+    RequestInProgress,
     StorageError,
     TurnstoreError,
     UpstreamError,
@@ -128,7 +129,11 @@ class TurnService:
                 raise ConversationNotFound()
             check_precondition(plan.if_match, info.revision)
         if plan.idempotency is not None and self._idempotency is not None:
-            await self._idempotency.check(plan.idempotency)
+            try:
+                await self._idempotency.check(plan.idempotency)
+            except RequestInProgress as running:
+                if running.turn_id is None:  # a run's retry follows it (runs.py): not refused
+                    raise
 
     async def claim(self, plan: TurnPlan, turn_id: uuid.UUID | None = None) -> Committed | None:
         """Claim the plan's Idempotency-Key for this attempt (``turn_id``: its run); where an
@@ -179,6 +184,12 @@ class TurnService:
         finally:
             if not committing:
                 await self.release(plan)
+
+    async def release_run(self, turn_id: uuid.UUID, owner: str) -> None:
+        """A run that ended without its commit (its replica vanished) frees its key."""
+        if self._idempotency is not None:
+            with contextlib.suppress(StorageError):  # the claim's lease runs out anyway
+                await settle(self._idempotency.release_run(turn_id, owner))
 
     async def release(self, plan: TurnPlan) -> None:
         """A turn that did not commit does not use its Idempotency-Key up."""

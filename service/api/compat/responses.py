@@ -38,7 +38,7 @@ from service.api.headers import (
     IfMatch,
     parse_if_match,
 )
-from service.api.sse import closed_with_response, run_stream, sse_events
+from service.api.sse import closed_with_response, released_with_response, run_stream, sse_events
 from service.core.errors import (
     InvalidInput,
     PreviousResponseNotFound,
@@ -313,6 +313,7 @@ async def resumed(
     then live to its end: the same events with the same numbers on any replica."""
     found, events = await api.responses.replay(api.owner, response_id)
     assert found.run is not None
+    released_with_response(request.scope, api.runs.reader(api.owner))  # or a JSON 429
     echo, created_at = _echo(found, api)
     run = api.runs.live(found.run.id, api.owner)
     source = source_of(api, found.conversation_id, run, found.run.id)

@@ -12,7 +12,14 @@ from service.store.postgres import idempotency as idem
 from service.store.postgres import run_statements
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.sealed import writing_key
-from service.store.postgres.tx import driver, written
+from service.store.postgres.tx import driver, sql, written
+
+# What is left of an owner: their conversations, runs and Idempotency-Key records.
+_OWNER_LEFT = sql(
+    "SELECT (SELECT count(*) FROM conversations WHERE owner = :owner)"
+    " + (SELECT count(*) FROM turn_runs WHERE owner = :owner)"
+    " + (SELECT count(*) FROM idempotency_keys WHERE owner = :owner)"
+)
 
 
 class Housekeeping(Adapter):
@@ -45,6 +52,13 @@ class Housekeeping(Adapter):
 
         await written(release)
 
+    async def release_run(self, turn_id: UUID, owner: str) -> None:
+        async def release() -> None:
+            async with driver(self._engine, write=False) as conn:  # one statement: autocommit
+                await idem.RELEASE_RUN.execute(conn, {"owner": owner, "turn_id": turn_id})
+
+        await written(release)
+
     async def purge(self, batch: int = 500) -> int:
         """Delete expired Idempotency-Key records, and conversations gone (idle past the
         retention, stored responses' past their expiry), a small batch per transaction so no
@@ -65,6 +79,11 @@ class Housekeeping(Adapter):
     async def owner_has_sealed_rows(self, owner: str) -> bool:
         async with driver(self._engine, write=False) as conn:
             return bool(await self._sql.owner_sealed.fetchval(conn, {"owner": owner}))
+
+    async def owner_rows(self, owner: str) -> int:
+        """How many rows of ``owner`` are left (conversations, runs, Idempotency-Keys)."""
+        async with driver(self._engine, write=False) as conn:
+            return int(await _OWNER_LEFT.fetchval(conn, {"owner": owner}) or 0)
 
     async def delete_owner(self, owner: str, batch: int = 500) -> int:
         """Delete all of ``owner``'s conversations (with their turns, runs and events) and

@@ -43,6 +43,9 @@ LIVE = sql(RECORD + " AND expires_at >= now()")
 RELEASE = sql("""
     DELETE FROM idempotency_keys WHERE owner = :caller AND key = :idem_key AND state = 'running'
 """)
+RELEASE_RUN = sql("""
+    DELETE FROM idempotency_keys WHERE owner = :owner AND turn_id = :turn_id AND state = 'running'
+""")
 EXPIRED = sql("DELETE FROM idempotency_keys WHERE expires_at < now()")
 DELETE_OWNED = sql("DELETE FROM idempotency_keys WHERE owner = :owner")
 

@@ -1,9 +1,11 @@
 """The keyring: each owner's data key, wrapped by a master key, in PostgreSQL.
 
 A data key is made on its owner's first encrypted write and kept in memory for a minute
-(unwrapped), so a turn costs the keyring nothing while its owner is active. Shredding deletes
-the wrapped key; other replicas drop their copy within that minute (see the README). The
-keyring may live in a database of its own (KEYRING_DATABASE_URL).
+(unwrapped), so a turn costs the keyring nothing while its owner is active. Shredding replaces
+the wrapped key by a tombstone: the key is gone, and no replica can make the owner a new one
+(a write of theirs fails as if their conversation did not exist); other replicas drop their
+copy of the old key within that minute (see the README). The keyring may live in a database
+of its own (KEYRING_DATABASE_URL).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.errors import StorageError
+from service.core.errors import ConversationNotFound, StorageError
 from service.platform.crypto import DataKey, MasterKeys, new_data_key
 from service.store.postgres.tx import driver, sql, written
 
@@ -25,17 +27,28 @@ _CREATE = sql(
     "INSERT INTO owner_keys (owner, master_key_id, wrapped, created_at)"
     " VALUES (:owner, :key_id, :wrapped, now()) ON CONFLICT (owner) DO NOTHING"
 )
-_SHRED = sql("DELETE FROM owner_keys WHERE owner = :owner RETURNING owner")
+SHREDDED = "-shredded-"  # a tombstone's master_key_id (no master key has this id)
+_HELD = sql("SELECT master_key_id FROM owner_keys WHERE owner = :owner FOR UPDATE")
+_TOMBSTONE = sql(
+    "INSERT INTO owner_keys (owner, master_key_id, wrapped, created_at)"
+    " VALUES (:owner, :shredded, :nothing, now()) ON CONFLICT (owner) DO UPDATE"
+    " SET master_key_id = EXCLUDED.master_key_id, wrapped = EXCLUDED.wrapped"
+)
+_LIVE_KEYS = sql(
+    "SELECT count(*) FROM owner_keys WHERE owner = :owner AND master_key_id <> :shredded"
+)
 _STALE = sql(
     "SELECT owner, master_key_id, wrapped FROM owner_keys WHERE master_key_id <> :current"
-    " ORDER BY owner LIMIT :batch"
+    " AND master_key_id <> :shredded ORDER BY owner LIMIT :batch"
 )
 _REWRAP = sql(
     "UPDATE owner_keys SET master_key_id = :key_id, wrapped = :wrapped"
     " WHERE owner = :owner AND master_key_id = :old"
 )
 _READY = sql("SELECT to_regclass('owner_keys') IS NOT NULL")
-_COUNT_STALE = sql("SELECT count(*) FROM owner_keys WHERE master_key_id <> :current")
+_COUNT_STALE = sql(
+    "SELECT count(*) FROM owner_keys WHERE master_key_id <> :current AND master_key_id <> :shredded"
+)
 
 
 class Keyring:
@@ -55,12 +68,15 @@ class Keyring:
         self._swept_at = clock()
 
     async def for_write(self, owner: str) -> DataKey:
-        """The owner's data key, made (and stored wrapped) if the owner has none yet."""
-        key = await self.for_read(owner)
-        while key is None:  # (a shred between the two statements: make another)
+        """The owner's data key, made (and stored wrapped) if the owner has none yet; a
+        shredded owner's is ConversationNotFound (nothing more is kept for them)."""
+        key = await self._key(owner)
+        while key is None:
             wrapped = self._masters.wrap(owner, new_data_key())
             await written(functools.partial(self._create, owner, *wrapped))
-            key = await self.for_read(owner)  # ours, or a replica's that was first
+            key = await self._key(owner)  # ours, or a replica's that was first
+        if isinstance(key, str):  # SHREDDED
+            raise ConversationNotFound("The conversation's owner was shredded.")
         return key
 
     async def _create(self, owner: str, key_id: str, wrapped: bytes) -> None:
@@ -69,6 +85,11 @@ class Keyring:
 
     async def for_read(self, owner: str) -> DataKey | None:
         """The owner's data key; None if the owner has none (never encrypted, or shredded)."""
+        key = await self._key(owner)
+        return None if isinstance(key, str) else key
+
+    async def _key(self, owner: str) -> DataKey | str | None:
+        """The owner's data key, SHREDDED for a tombstone, None if there is no row."""
         now = self._clock()
         if now - self._swept_at > CACHE_S:  # expired keys leave memory, looked up again or not
             self._cache = {o: entry for o, entry in self._cache.items() if entry[0] > now}
@@ -78,9 +99,9 @@ class Keyring:
             return cached[1]
         async with driver(self._engine, write=False) as conn:
             row = await _READ.fetchrow(conn, {"owner": owner})
-        if row is None:
+        if row is None or row["master_key_id"] == SHREDDED:
             self._cache.pop(owner, None)
-            return None
+            return None if row is None else SHREDDED
         key = DataKey(self._masters.unwrap(owner, row["master_key_id"], row["wrapped"]))
         self._cache[owner] = (self._clock() + CACHE_S, key)
         return key
@@ -96,7 +117,9 @@ class Keyring:
     async def stale(self) -> int:
         """How many data keys are wrapped by a master key other than the first."""
         async with driver(self._engine, write=False) as conn:
-            count = await _COUNT_STALE.fetchval(conn, {"current": self._masters.current})
+            count = await _COUNT_STALE.fetchval(
+                conn, {"current": self._masters.current, "shredded": SHREDDED}
+            )
         return int(count or 0)
 
     async def rewrap(self, batch: int = 100) -> int:
@@ -105,7 +128,9 @@ class Keyring:
         stored value is rewritten and replicas keep working throughout."""
         current = self._masters.current
         async with driver(self._engine, write=False) as conn:
-            rows = await _STALE.fetch(conn, {"current": current, "batch": batch})
+            rows = await _STALE.fetch(
+                conn, {"current": current, "batch": batch, "shredded": SHREDDED}
+            )
             for row in rows:
                 owner, old = row["owner"], row["master_key_id"]
                 key_id, wrapped = self._masters.wrap(
@@ -118,7 +143,15 @@ class Keyring:
 
 
 async def destroy_key(engine: AsyncEngine, owner: str) -> bool:
-    """Delete the owner's data key from the keyring on ``engine``; False if there was none.
-    (No master key is needed to destroy one.)"""
+    """Replace the owner's data key in the keyring on ``engine`` by a tombstone, so that no
+    replica makes them another; False if they had none. (No master key is needed.)"""
+    async with driver(engine, write=True) as conn:
+        held = await _HELD.fetchval(conn, {"owner": owner})
+        await _TOMBSTONE.execute(conn, {"owner": owner, "shredded": SHREDDED, "nothing": b""})
+    return held is not None and held != SHREDDED
+
+
+async def live_keys(engine: AsyncEngine, owner: str) -> int:
+    """How many data keys of ``owner`` the keyring on ``engine`` still holds (0 or 1)."""
     async with driver(engine, write=False) as conn:
-        return await _SHRED.fetchrow(conn, {"owner": owner}) is not None
+        return int(await _LIVE_KEYS.fetchval(conn, {"owner": owner, "shredded": SHREDDED}) or 0)

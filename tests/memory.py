@@ -179,6 +179,16 @@ class MemoryStore:
             return None
         return found.turns[revision - 1]
 
+    async def turns(
+        self, conversation_id: UUID, owner: str, low: int, high: int, *, newest_first: bool,
+        limit: int,
+    ) -> list[tuple[int, Turn]]:  # fmt: skip
+        found = self._live(conversation_id, owner)
+        if found is None:
+            return []
+        numbered = list(enumerate(found.turns, start=1))[max(low, 1) - 1 : max(high, 0)]
+        return (numbered[::-1] if newest_first else numbered)[:limit]
+
     async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
         found = self._live(ask.conversation_id, ask.owner)
         if found is None:

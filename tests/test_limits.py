@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-from contextlib import AsyncExitStack
+import uuid
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, ExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from httpx_sse import aconnect_sse
 
+from service.platform import migrate
+from tests.cluster import fake_api, provider_env, replica, turnstore_env, wait_ready
 from tests.conftest import ClientFactory
+from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import CHAT, JWT_SETTINGS, assert_error, jwt_bearer
 
 TURNS = "/api/v1/turns"
+
+
+@pytest.fixture
+def database(server_url: str) -> Iterator[str]:
+    with fresh_database(server_url) as url:
+        migrate.upgrade(url)
+        yield url
 
 
 async def opened(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> int:
@@ -67,3 +81,85 @@ async def test_an_owner_past_their_event_readers_gets_429_and_others_read_on(
             assert await opened(client, f"{TURNS}/{b_turn}/events", bob) == 200
         await until_opened(client, f"{TURNS}/{a_turn}/events", alice)
         stall.set()
+
+
+# --- memory: a request holds what it returns, not the conversation ---------------------------
+
+MIB = 1024 * 1024
+# What one request may add to a replica's peak memory, whatever the conversation's size: a
+# read holds one page of 4 turns, each at most MAX_BODY_BYTES (1 MiB) of request and
+# UPSTREAM_MAX_BODY_BYTES (256 KiB) of reply, as rows, raw items and decoded items (about 4x:
+# ~21 MiB), plus its answer (here at most 100 items of 47 KB, encoded and decoded: ~10 MiB).
+PAGE_BOUND = 40 * MIB
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set size so far (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_reading_a_big_conversation_holds_a_page_not_the_conversation(
+    database: str, tmp_path: Path
+) -> None:
+    """One replica writes a ~60 MB conversation; another, fresh, serves every read of its
+    items: its peak memory grows by less than a page's bound (loading the whole conversation,
+    as every one of these reads did, grew a replica by ~500 MB for three times this size)."""
+    async with fake_api(FakeResponsesAPI()) as base_url:
+        env = turnstore_env(DATABASE_URL=database, **provider_env(base_url))
+        with ExitStack() as stack:
+            writer = stack.enter_context(replica(env, tmp_path / "writer.log"))
+            reader = stack.enter_context(replica(env, tmp_path / "reader.log"))
+            await asyncio.gather(wait_ready(writer), wait_ready(reader))
+            async with (
+                httpx.AsyncClient(base_url=writer.url, timeout=60) as w,
+                httpx.AsyncClient(base_url=reader.url, timeout=60) as r,
+            ):
+                conversation = (await w.post("/v1/conversations", json={})).json()["id"]
+                items = f"/v1/conversations/{conversation}/items"
+                text = "many words of a long appended history " * 1_250  # 47.5 KB
+                for n in range(60):
+                    batch = [{"role": "user", "content": f"{n}.{i} {text}"} for i in range(20)]
+                    added = await w.post(items, json={"items": batch})
+                    assert added.status_code == 200, added.text
+                first_id = added.json()["data"][0]["id"]
+                answer = await w.post("/v1/responses", json={"conversation": conversation,
+                                                             "input": "and now?"})  # fmt: skip
+                assert answer.status_code == 200, answer.text
+                response = answer.json()["id"]
+                before = peak_rss(reader.process.popen.pid)
+                reads = [
+                    ("GET", items, {"limit": 1}),
+                    ("GET", items, {"limit": 100, "order": "asc"}),
+                    ("GET", items, {"limit": 2, "after": first_id}),
+                    ("GET", f"{items}/msg_not_there", {}),
+                    ("DELETE", f"{items}/{first_id}", {}),
+                    ("GET", f"/v1/responses/{response}", {}),
+                    ("GET", f"/v1/responses/{response}/input_items", {}),
+                ]
+                statuses = [
+                    (await r.request(method, url, params=params)).status_code
+                    for method, url, params in reads
+                ]
+                grown = peak_rss(reader.process.popen.pid) - before
+    assert statuses == [200, 200, 200, 404, 400, 200, 200]
+    assert grown < PAGE_BOUND, f"the reader's peak memory grew by {grown / MIB:.0f} MiB"
+
+
+async def test_a_stateless_call_restores_from_at_most_20_conversations(
+    make_client: ClientFactory,
+) -> None:
+    def named(n: int) -> dict[str, Any]:  # an item shown as one of another conversation's
+        return {"type": "message", "role": "assistant", "content": "x",
+                "id": f"msg_{uuid.uuid4().hex}{1:08x}{n:04x}"}  # fmt: skip
+
+    async with make_client() as client:
+        for count, says in ((21, "at most 20 conversations"), (20, "no stored item")):
+            history = [*(named(n) for n in range(count)), {"role": "user", "content": "hi"}]
+            body = {"input": history, "store": False, "model": "fake-llm"}
+            refused = await client.post("/v1/responses", json=body)
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["param"] == "input" and says in error["message"], error

@@ -161,6 +161,14 @@ class CachedStore:
     async def turn(self, conversation_id: UUID, owner: str, revision: int) -> Turn | None:
         return await self._inner.turn(conversation_id, owner, revision)  # one turn: not cached
 
+    async def turns(
+        self, conversation_id: UUID, owner: str, low: int, high: int, *, newest_first: bool,
+        limit: int,
+    ) -> list[tuple[int, Turn]]:  # fmt: skip
+        return await self._inner.turns(  # a page: not cached
+            conversation_id, owner, low, high, newest_first=newest_first, limit=limit
+        )
+
     async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
         # Cached turns may keep saying their response is there: nothing reads that from here
         # (a response is read with after_revision, which this cache passes through).

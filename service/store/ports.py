@@ -54,6 +54,14 @@ class ConversationStore(Protocol):
         """The turn that made ``revision`` of ``owner``'s conversation, read alone; None as
         for ``load``, or when there is no such turn. Raises StorageError."""
 
+    async def turns(
+        self, conversation_id: UUID, owner: str, low: int, high: int, *, newest_first: bool,
+        limit: int,
+    ) -> list[tuple[int, Turn]]:  # fmt: skip
+        """At most ``limit`` of its turns with revisions ``low``..``high``, each with its
+        revision, oldest or newest first (a paged read: memory bounded by the page); none
+        for a conversation ``load`` would not find. Raises StorageError."""
+
     async def append(self, append: Append) -> Commit:
         """Commit the turn in one transaction (see ``Append``); a completed Idempotency-Key
         then names this commit. Raises ConversationConflict (nothing written) when another

@@ -6,7 +6,7 @@ each a commit under the same rules as a turn's (If-Match, the revision, the leas
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +33,8 @@ from service.core.plans import check_precondition
 from service.store.ports import ConversationStore
 from service.usecases.restore import Restorer
 
+PAGE_TURNS = 4  # turns per read of a walk over a conversation's items
+
 
 class Conversations:
     def __init__(self, store: ConversationStore, restorer: Restorer) -> None:
@@ -54,6 +56,28 @@ class Conversations:
 
     async def info(self, cid: uuid.UUID, owner: str) -> ConversationInfo | None:
         return await self._store.describe(cid, owner)
+
+    async def walk(
+        self, cid: uuid.UUID, owner: str, *, newest_first: bool
+    ) -> AsyncGenerator[tuple[int, Turn], None]:
+        """Its turns with their revisions, oldest or newest first, read a page at a time (what
+        a reader of its items holds is a page, whatever its size; the Limits section).
+        ConversationNotFound before the first."""
+        low, high = 1, (await self.describe(cid, owner)).revision
+        while low <= high:
+            page = await self._store.turns(
+                cid, owner, low, high, newest_first=newest_first, limit=PAGE_TURNS
+            )
+            if not page:
+                return
+            last = page[-1][0]
+            for numbered in page:
+                yield numbered
+            del page, numbered  # not held while the next page is read
+            if newest_first:
+                high = last - 1
+            else:
+                low = last + 1
 
     async def transcript(self, cid: uuid.UUID, owner: str, page: PageRequest) -> TranscriptPage:
         found = await self._store.transcript(cid, owner, page)
@@ -120,19 +144,17 @@ class Conversations:
         """Remove ``item_id`` if it is the conversation's latest item (the Agents SDK's
         pop_item); any other item is 400, an unknown one 404. A commit between the look and
         the removal makes it 409, with nothing removed."""
-        conversation = await self.load(cid, owner)
-        check_precondition(if_match, conversation.revision)
-        ids = [
-            item_id
-            for revision, turn in enumerate(conversation.turns, start=1)
-            for item_id in listed_ids(cid, revision, turn)
-        ]
-        if item_id not in ids:
+        revision = (await self.describe(cid, owner)).revision
+        check_precondition(if_match, revision)
+        last = await self._store.turn(cid, owner, revision) if revision else None
+        latest = listed_ids(cid, revision, last) if last is not None else []
+        if not latest or latest[-1] != item_id:
+            async for number, turn in self.walk(cid, owner, newest_first=True):
+                if item_id in listed_ids(cid, number, turn):
+                    raise InvalidInput("Only the latest item can be removed.", param="item_id")
             raise ItemNotFound()
-        if ids[-1] != item_id:
-            raise InvalidInput("Only the latest item can be removed.", param="item_id")
         try:
-            info, _ = await self._store.pop_item(cid, owner, frozenset({conversation.revision}))
+            info, _ = await self._store.pop_item(cid, owner, frozenset({revision}))
         except PreconditionFailed:
             raise ConversationConflict() from None
         return info

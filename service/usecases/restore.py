@@ -7,24 +7,32 @@ stateless or stored response's ``input``, items appended to a conversation) they
 by the stored copies, byte for byte, so the provider gets back exactly what it made.
 
 An id is looked up in the conversations the request's shown ids name (each names its
-conversation). An id found nowhere there, or another owner's, is 400 (``param``).
+conversation), at most MAX_CONVERSATIONS of them, read a page of turns at a time until every
+id is found (memory: the items restored and a page). An id found nowhere there, or another
+owner's, is 400 (``param``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
+from uuid import UUID
 
 import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.ids import view_item_conversation
 from service.core.items import shown_id
+from service.core.model import Turn
 from service.store.ports import ConversationStore
 
 
 class _Head(msgspec.Struct):
     id: str | None = None
+
+
+MAX_CONVERSATIONS = 20  # a request may name items of at most this many conversations
+PAGE_TURNS = 4
 
 
 class Restorer:
@@ -35,7 +43,7 @@ class Restorer:
         self, owner: str, items: Sequence[dict[str, Any]], param: str = "input"
     ) -> list[msgspec.Raw]:
         """The items as they came, except those only the stored copy completes."""
-        stored = await self._stored(owner, items)
+        stored = await self._stored(owner, items, param)
         restored = []
         for item in items:
             item_id = item.get("id")
@@ -53,24 +61,56 @@ class Restorer:
             restored.append(stored[item_id])
         return restored
 
-    async def _stored(self, owner: str, items: Sequence[dict[str, Any]]) -> dict[str, msgspec.Raw]:
-        """The stored items of the conversations the request's shown ids name, by id."""
-        named = {
-            cid
-            for item in items
-            if isinstance(item.get("id"), str) and (cid := view_item_conversation(item["id"]))
-        }
+    async def _stored(
+        self, owner: str, items: Sequence[dict[str, Any]], param: str
+    ) -> dict[str, msgspec.Raw]:
+        """The stored items the request's shown ids name, by id."""
+        wanted: dict[UUID, set[str]] = {}
+        for item in items:
+            item_id = item.get("id")
+            if isinstance(item_id, str) and (cid := view_item_conversation(item_id)):
+                wanted.setdefault(cid, set()).add(item_id)
+        if len(wanted) > MAX_CONVERSATIONS:
+            raise InvalidInput(
+                f"{param}: items of at most {MAX_CONVERSATIONS} conversations in one request.",
+                param=param,
+            )
         found: dict[str, msgspec.Raw] = {}
-        for cid in named:
-            conversation = await self._store.load(cid, owner)
-            if conversation is None:
-                continue
-            for revision, turn in enumerate(conversation.turns, start=1):
+        for cid, ids in wanted.items():
+            found |= await self._found(owner, cid, ids)
+        return found
+
+    async def _found(self, owner: str, cid: UUID, ids: set[str]) -> dict[str, msgspec.Raw]:
+        """Those of ``ids`` stored in ``cid``: its turns read newest first, a page at a time,
+        until all are found (a client sends back what it saw last, mostly)."""
+        found: dict[str, msgspec.Raw] = {}
+        high = 2**31 - 1
+        while len(found) < len(ids) and high >= 1:
+            page = await self._store.turns(cid, owner, 1, high, newest_first=True, limit=PAGE_TURNS)
+            for revision, turn in page:
                 for index, raw in enumerate(turn.replay_items):
                     head = msgspec.json.decode(raw, type=_Head)
-                    found[shown_id(cid, revision, index, head.id)] = raw
+                    if (shown := shown_id(cid, revision, index, head.id)) in ids:
+                        found[shown] = raw
                 for raw in turn.compacted:  # its compaction item, shown in its Response
                     head = msgspec.json.decode(raw, type=_Head)
-                    if head.id is not None:
-                        found[shown_id(cid, revision, 0, head.id)] = raw
+                    if (
+                        head.id is not None
+                        and (shown := shown_id(cid, revision, 0, head.id)) in ids
+                    ):
+                        found[shown] = raw
+            if len(page) < PAGE_TURNS:
+                break
+            high = page[-1][0] - 1
         return found
+
+
+def _shown(cid: UUID, revision: int, turn: Turn) -> Iterator[tuple[str, msgspec.Raw]]:
+    """A turn's stored items by the ids they are shown by: its items, and its compaction item
+    (shown in its Response; the kept messages of a compacted context are never shown)."""
+    for index, raw in enumerate(turn.replay_items):
+        yield shown_id(cid, revision, index, msgspec.json.decode(raw, type=_Head).id), raw
+    for raw in turn.compacted:
+        own = msgspec.json.decode(raw, type=_Head).id
+        if own is not None:
+            yield shown_id(cid, revision, 0, own), raw

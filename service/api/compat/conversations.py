@@ -6,6 +6,7 @@ owners, ETags and If-Match. Metadata is not part of the history: updating it is 
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
 from litestar import Controller, Response, delete, get, post
@@ -117,10 +118,18 @@ class OpenAIConversations(Controller):
         limit: ItemLimit = 20,
         order: Order = "desc",
     ) -> dict[str, Any]:
-        encrypted = views.includes(include)
-        found = await api.conversations.load(parse_conversation_id(conversation_id), api.owner)
-        shown = views.all_items(found, encrypted=encrypted)
-        return views.page(shown, after=after, limit=limit, order=order).body()
+        cid, encrypted, newest_first = (
+            parse_conversation_id(conversation_id),
+            views.includes(include),
+            order == "desc",
+        )
+        turns = api.conversations.walk(cid, api.owner, newest_first=newest_first)
+        async with aclosing(turns):
+            page = await views.page_of(
+                turns, cid, after=after, limit=limit, newest_first=newest_first,
+                encrypted=encrypted,
+            )  # fmt: skip
+        return page.body()
 
     @post(
         "/{conversation_id:str}/items", status_code=200,
@@ -174,6 +183,7 @@ class OpenAIConversations(Controller):
         api: Caller,
         include: Include = None,
     ) -> dict[str, Any]:
-        encrypted = views.includes(include)
-        found = await api.conversations.load(parse_conversation_id(conversation_id), api.owner)
-        return views.find(views.all_items(found, encrypted=encrypted), item_id)
+        cid, encrypted = parse_conversation_id(conversation_id), views.includes(include)
+        turns = api.conversations.walk(cid, api.owner, newest_first=True)
+        async with aclosing(turns):
+            return await views.find_in(turns, cid, item_id, encrypted=encrypted)

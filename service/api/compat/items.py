@@ -8,7 +8,7 @@ hides ``encrypted_content`` unless it is asked for.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ import msgspec
 
 from service.core.errors import InvalidInput, ItemNotFound
 from service.core.items import listed
-from service.core.model import Conversation, Turn
+from service.core.model import Turn
 
 ENCRYPTED = "reasoning.encrypted_content"
 INCLUDABLE = frozenset({ENCRYPTED, "message.output_text.logprobs"})
@@ -102,13 +102,41 @@ def _shown(item: dict[str, Any], item_id: str, encrypted: bool) -> dict[str, Any
     return item
 
 
-def all_items(conversation: Conversation, *, encrypted: bool) -> list[dict[str, Any]]:
-    cid = conversation.id
-    return [
-        item
-        for revision, turn in enumerate(conversation.turns, start=1)
-        for item in turn_items(cid, revision, turn, encrypted=encrypted)
-    ]
+async def page_of(
+    turns: AsyncIterator[tuple[int, Turn]],
+    cid: uuid.UUID,
+    *,
+    after: str | None,
+    limit: int,
+    newest_first: bool,
+    encrypted: bool,
+) -> ItemPage:
+    """``limit`` items after the item ``after``, walking ``turns`` (newest first or oldest
+    first, as they come) only as far as the page needs."""
+    chosen: list[dict[str, Any]] = []
+    passed = after is None
+    async for revision, turn in turns:
+        shown = turn_items(cid, revision, turn, encrypted=encrypted)
+        for item in reversed(shown) if newest_first else shown:
+            if not passed:
+                passed = item["id"] == after
+            elif len(chosen) == limit:
+                return ItemPage(chosen, has_more=True)
+            else:
+                chosen.append(item)
+    if not passed:
+        raise InvalidInput("after: no such item in this conversation.", param="after")
+    return ItemPage(chosen, has_more=False)
+
+
+async def find_in(
+    turns: AsyncIterator[tuple[int, Turn]], cid: uuid.UUID, item_id: str, *, encrypted: bool
+) -> dict[str, Any]:
+    async for revision, turn in turns:
+        for item in turn_items(cid, revision, turn, encrypted=encrypted):
+            if item["id"] == item_id:
+                return item
+    raise ItemNotFound()
 
 
 def page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: str) -> ItemPage:
@@ -122,10 +150,3 @@ def page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: s
         start = ids.index(after) + 1
     chosen = ordered[start : start + limit]
     return ItemPage(chosen, has_more=start + limit < len(ordered))
-
-
-def find(items: list[dict[str, Any]], item_id: str) -> dict[str, Any]:
-    for item in items:
-        if item["id"] == item_id:
-            return item
-    raise ItemNotFound()

@@ -71,6 +71,16 @@ TURN_OF = f"""
     WHERE {THE_CONVERSATION}
 """
 
+# Some of its turns, :low <= seq <= :high, oldest or newest first, at most :n (a paged read:
+# what a listing holds in memory is a page, whatever the conversation's size).
+TURNS_OF = f"""
+    SELECT {TURN}
+    FROM conversations JOIN turns
+        ON turns.conversation_id = conversations.id AND turns.seq BETWEEN :low AND :high
+    WHERE {THE_CONVERSATION}
+    ORDER BY turns.seq {{order}} LIMIT :n
+"""
+
 # No other turn's lease may be live: a holder whose lease ran out and was taken over loses
 # here, even if the revision still matches. The commit releases the lease; the turns queued
 # for it are woken after it (see PostgresStore.append).
@@ -416,6 +426,10 @@ class Statements:
 
         self.load = compiled(LOAD)
         self.turn_of = compiled(TURN_OF)
+        self.turns_of = {  # newest first?
+            False: compiled(TURNS_OF.replace("{order}", "ASC")),
+            True: compiled(TURNS_OF.replace("{order}", "DESC")),
+        }
         self.lease = compiled(LEASE)
         self.commit = {False: compiled(COMMIT), True: compiled(COMMIT_FIRST)}  # first turn?
         self.exists = compiled(EXISTS)

@@ -68,6 +68,18 @@ class PostgresStore(Edits, Housekeeping):
             return None
         return (await reading(self._keyring, owner, conversation_id, [row])).turn(row)
 
+    async def turns(
+        self, conversation_id: UUID, owner: str, low: int, high: int, *, newest_first: bool,
+        limit: int,
+    ) -> list[tuple[int, Turn]]:  # fmt: skip
+        params = {"cid": conversation_id, "caller": owner, "low": low, "high": high, "n": limit}
+        async with driver(self._engine, write=False) as conn:
+            rows = await self._sql.turns_of[newest_first].fetch(conn, params)
+        if not rows:
+            return []
+        codec = await reading(self._keyring, owner, conversation_id, rows)
+        return [(row["seq"], codec.turn(row)) for row in rows]
+
     async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
         conversation_id, owner, after_revision = ask.conversation_id, ask.owner, ask.after_revision
         params = {

@@ -35,7 +35,7 @@ from service.api.errors import error_response
 from service.api.limits import RequestRules, allowed_hosts, request_rules_middleware
 from service.api.observe import http_metrics_middleware
 from service.api.ops import healthz, metrics, readyz
-from service.api.schemas import ChatRequest, ForkRequest
+from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
 from service.api.turns import TurnController
 from service.core.plans import PlanRules, claim_lease_s
 from service.core.window import Budget, SystemPrompt
@@ -320,7 +320,7 @@ def create_app(
 def _close_request_schemas(app: Litestar) -> None:
     """Request bodies refuse unknown fields: the OpenAPI document says so too."""
     schemas = app.openapi_schema.components.schemas or {}
-    for struct in (ChatRequest, ForkRequest):
+    for struct in (ChatRequest, ForkRequest, CompactRequest):
         schema = schemas.get(struct.__name__)
         if isinstance(schema, Schema):
             schema.additional_properties = False

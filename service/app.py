@@ -38,6 +38,7 @@ from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
 from service.api.turns import TurnController
 from service.core.plans import PlanRules, claim_lease_s
+from service.core.sizes import SizeLimit
 from service.core.window import Budget, SystemPrompt
 from service.platform import tracing
 from service.platform.db import create_engine, resolve_database
@@ -128,6 +129,7 @@ def postgres_store(
         events_ttl_s=settings.turn_events_ttl_s,
         stored_response_ttl_s=settings.stored_response_ttl_days * 86_400,
         keyring=keyring,
+        forks_per_minute=settings.owner_max_forks_per_minute,
     )
 
 
@@ -226,6 +228,7 @@ def build_services(
         budget=Budget(settings.context_max_turns, settings.context_max_request_bytes),
         tooling=tooling,
         idempotency=backend.idempotency,
+        size_limit=SizeLimit(settings.max_conversation_bytes),
     )
     runs = TurnRuns(
         turns, backend.runs, backend.notifications, heartbeat_s=settings.turn_lease_s,
@@ -242,7 +245,9 @@ def build_services(
         compact_default=settings.compact_threshold_tokens,
     )
     restorer = Restorer(backend.store)
-    conversations = Conversations(backend.store, restorer)
+    conversations = Conversations(
+        backend.store, restorer, SizeLimit(settings.max_conversation_bytes)
+    )
     relay = Relay(restorer, provider, turns.prompt, rules)
     responses = Responses(turns, runs, relay, restorer, conversations, rules)
     cases = UseCases(turns, runs, conversations, responses, rules, settings.sse_keepalive_s)

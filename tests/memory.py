@@ -6,6 +6,7 @@ no durability. ``tests/test_store.py`` runs the same contract tests against both
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -20,6 +21,7 @@ from service.core.errors import (
     IdempotencyKeyReused,
     InvalidInput,
     RequestInProgress,
+    TooManyRequests,
     TurnInterrupted,
 )
 from service.core.events import RunEvent
@@ -49,6 +51,7 @@ from service.core.model import (
     Turn,
 )
 from service.core.plans import check_precondition
+from service.core.sizes import held_bytes
 from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
@@ -117,7 +120,7 @@ class _Conversation:
         row = self.row
         return ConversationInfo(
             row.id, row.revision, row.created_at, row.updated_at, self.metadata,
-            self.expires_at is not None,
+            self.expires_at is not None, held_bytes(self.turns),
         )  # fmt: skip
 
     def lease_free_for(self, holder: UUID | None, now: datetime) -> bool:
@@ -141,8 +144,11 @@ class MemoryStore:
         events_ttl_s: float = 600,
         stored_response_ttl_s: float = 30 * 86_400,
         notifications: LocalNotifications | None = None,
+        forks_per_minute: int | None = None,
     ) -> None:
         self.notifications = notifications or LocalNotifications()
+        self._forks_per_minute = forks_per_minute
+        self._forks: dict[str, list[datetime]] = {}  # each owner's forks of the last minute
         self._conversations: dict[UUID, _Conversation] = {}
         self._runs: dict[UUID, _Run] = {}
         self._events_ttl = timedelta(seconds=events_ttl_s)
@@ -333,6 +339,12 @@ class MemoryStore:
         if not 1 <= at_revision <= found.row.revision:
             raise InvalidInput("at_revision must be a revision of the conversation.")
         now = _now()
+        if self._forks_per_minute is not None:
+            recent = [t for t in self._forks.get(owner, []) if t > now - timedelta(minutes=1)]
+            if len(recent) >= self._forks_per_minute:
+                wait = recent[0] + timedelta(minutes=1) - now
+                raise TooManyRequests(retry_after=str(max(1, math.ceil(wait.total_seconds()))))
+            self._forks[owner] = [*recent, now]
         turns = found.turns[:at_revision]
         start = turns[-1].context_from
         row = Conversation(

@@ -163,3 +163,146 @@ async def test_a_stateless_call_restores_from_at_most_20_conversations(
             assert refused.status_code == 400, refused.text
             error = refused.json()["error"]
             assert error["param"] == "input" and says in error["message"], error
+
+
+# --- MAX_CONVERSATION_BYTES: a conversation holds at most so much ------------------------------
+
+FULL_AT = 16 * 1024
+
+
+async def revision_of(client: httpx.AsyncClient, conversation: str) -> int:
+    found = await client.get(f"/v1/conversations/{conversation}")
+    assert found.status_code == 200, found.text
+    listed = await client.get(f"/v1/conversations/{conversation}/items", params={"limit": 100})
+    return len(listed.json()["data"])
+
+
+async def test_a_turn_or_append_past_max_conversation_bytes_is_422_and_keeps_nothing(
+    make_client: ClientFactory, engine: Any
+) -> None:
+    api = FakeResponsesAPI()
+    async with make_client(provider=api.provider(), max_conversation_bytes=FULL_AT) as client:
+        text = "x" * 3000
+        first = await client.post(CHAT, json={"message": text})
+        assert first.status_code == 200, first.text
+        cid = first.json()["conversation_id"]
+        refused = None
+        for _ in range(10):  # each turn stores its message twice (text and input item)
+            answer = await client.post(CHAT, json={"conversation_id": cid, "message": text})
+            if answer.status_code != 200:
+                refused = answer
+                break
+        assert refused is not None, "the conversation never filled"
+        body = assert_error(refused, 422, "conversation_full")
+        assert "compact" in body["message"]
+        async with engine.connect() as conn:
+            kept = (await conn.exec_driver_sql(
+                "SELECT revision, stored_bytes, (SELECT count(*) FROM turns"
+                " WHERE conversation_id = c.id) FROM conversations c WHERE id = $1",
+                (uuid.UUID(cid),),
+            )).one()  # fmt: skip
+        revision, stored, turns = kept
+        assert turns == revision and stored <= FULL_AT  # nothing of the refused turn
+        calls = len(api.requests)
+        # The input alone past the limit: refused before the provider is called.
+        huge = await client.post(CHAT, json={"conversation_id": cid, "message": "y" * 20_000})
+        assert_error(huge, 422, "conversation_full")
+        assert len(api.requests) == calls
+        # On /v1: a turn and an item append, in OpenAI's error shape; nothing kept.
+        conv = f"conv_{uuid.UUID(cid).hex}"
+        before = await revision_of(client, conv)
+        on_v1 = await client.post("/v1/responses", json={"conversation": conv, "input": text})
+        assert on_v1.status_code == 422, on_v1.text
+        assert on_v1.json()["error"]["code"] == "conversation_full"
+        appended = await client.post(
+            f"/v1/conversations/{conv}/items",
+            json={"items": [{"role": "user", "content": text}] * 3},
+        )
+        assert appended.status_code == 422, appended.text
+        assert await revision_of(client, conv) == before
+        # A new conversation is not full.
+        fresh = await client.post(CHAT, json={"message": text})
+        assert fresh.status_code == 200, fresh.text
+
+
+async def test_item_appends_count_a_conversation_made_by_a_fork_once_then_keep_its_size(
+    make_client: ClientFactory, engine: Any
+) -> None:
+    """A fork's size is not counted by the statement that copies it (stored_bytes NULL): the
+    first append reads its turns to count them, then every commit keeps the total, and the
+    limit holds across the fork."""
+    async with make_client(max_conversation_bytes=FULL_AT) as client:
+        made = await client.post("/v1/conversations", json={})
+        conv = made.json()["id"]
+        items = f"/v1/conversations/{conv}/items"
+        batch = {"items": [{"role": "user", "content": "z" * 500}] * 2}
+        for _ in range(2):
+            assert (await client.post(items, json=batch)).status_code == 200
+        cid = uuid.UUID(conv.removeprefix("conv_"))
+        forked = await client.post(f"/api/v1/conversations/{cid}/fork", json={"at_revision": 2})
+        assert forked.status_code in (200, 201), forked.text
+        fork_id = uuid.UUID(forked.json()["conversation_id"])
+
+        async def stored(of: uuid.UUID) -> int | None:
+            async with engine.connect() as conn:
+                return (await conn.exec_driver_sql(
+                    "SELECT stored_bytes FROM conversations WHERE id = $1", (of,)
+                )).scalar_one()  # fmt: skip
+
+        assert await stored(fork_id) is None
+        fork_items = f"/v1/conversations/conv_{fork_id.hex}/items"
+        added = await client.post(fork_items, json=batch)
+        assert added.status_code == 200, added.text
+        source, total = await stored(cid), await stored(fork_id)
+        assert source is not None and source > 2 * 2 * 500  # two batches of two 500-byte items
+        assert total == source + source // 2  # counted from its two turns, then the third
+        while (added := await client.post(fork_items, json=batch)).status_code == 200:
+            pass
+        assert added.status_code == 422, added.text
+        assert (await stored(fork_id) or 0) <= FULL_AT
+
+
+# --- OWNER_MAX_FORKS_PER_MINUTE: forks counted fleet-wide, in PostgreSQL ------------------------
+
+
+async def test_an_owner_past_their_forks_per_minute_gets_429_and_nothing_is_copied(
+    make_client: ClientFactory, engine: Any
+) -> None:
+    alice, bob = jwt_bearer("alice"), jwt_bearer("bob")
+    settings: dict[str, Any] = {"owner_max_forks_per_minute": 3, **JWT_SETTINGS}
+    async with make_client(**settings) as client:
+
+        async def conversations() -> int:
+            async with engine.connect() as conn:
+                found = await conn.exec_driver_sql("SELECT count(*) FROM conversations")
+                return int(found.scalar_one())
+
+        made = await client.post(CHAT, json={"message": "hello"}, headers=alice)
+        cid = made.json()["conversation_id"]
+        fork = f"/api/v1/conversations/{cid}/fork"
+        for _ in range(2):
+            assert (await client.post(fork, json={"at_revision": 1}, headers=alice)).is_success
+        # A previous_response_id fork is a fork too: the third.
+        first = await client.post("/v1/responses", json={"input": "one"}, headers=alice)
+        on = {"input": "two", "previous_response_id": first.json()["id"]}
+        assert (await client.post("/v1/responses", json=on, headers=alice)).is_success
+        branched = await client.post("/v1/responses", json=on, headers=alice)  # r1 again: a fork
+        assert branched.status_code == 200, branched.text
+        before = await conversations()
+        refused = await client.post(fork, json={"at_revision": 1}, headers=alice)
+        assert_error(refused, 429, "too_many_requests")
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        again = await client.post("/v1/responses", json=on, headers=alice)
+        assert again.status_code == 429, again.text
+        assert again.json()["error"]["code"] == "too_many_requests"
+        assert await conversations() == before  # nothing copied, nothing committed
+        # Another owner forks on.
+        theirs = await client.post(CHAT, json={"message": "hi"}, headers=bob)
+        bob_fork = f"/api/v1/conversations/{theirs.json()['conversation_id']}/fork"
+        assert (await client.post(bob_fork, json={"at_revision": 1}, headers=bob)).is_success
+        async with engine.connect() as conn:  # the minute's record: alice 3, bob 1
+            rows = await conn.exec_driver_sql(
+                "SELECT owner, count(*) FROM owner_forks WHERE owner IN ('alice', 'bob')"
+                " GROUP BY owner ORDER BY owner"
+            )
+            assert [tuple(r) for r in rows] == [("alice", 3), ("bob", 1)]

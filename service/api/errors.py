@@ -23,6 +23,7 @@ from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
     ConversationConflict,
+    ConversationFull,
     ConversationNotFound,
     IdempotencyKeyReused,
     InvalidInput,
@@ -66,8 +67,8 @@ def documented(
 # What any turn may answer, on either surface (for the OpenAPI document).
 TURN_ERRORS: tuple[type[TurnstoreError], ...] = (
     ContextLengthExceeded, ConversationNotFound, ConversationConflict, RequestInProgress,
-    PreconditionFailed, ContentFiltered, IdempotencyKeyReused, RateLimited, UpstreamError,
-    UpstreamTimeout,
+    PreconditionFailed, ContentFiltered, IdempotencyKeyReused, ConversationFull, RateLimited,
+    UpstreamError, UpstreamTimeout,
 )  # fmt: skip
 
 

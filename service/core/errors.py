@@ -20,6 +20,7 @@ TurnstoreError
  +-- UnsupportedMediaType         415 unsupported_media_type
  +-- ContentFiltered              422 content_filtered
  +-- IdempotencyKeyReused         422 idempotency_key_reused
+ +-- ConversationFull             422 conversation_full (MAX_CONVERSATION_BYTES)
  +-- RateLimited                  429 rate_limited (+ Retry-After)
  |    +-- TooManyRequests              429 too_many_requests (an owner limit)
  +-- StorageError                 500 storage_error
@@ -175,6 +176,16 @@ class UnsupportedMediaType(TurnstoreError):
 class ContentFiltered(TurnstoreError):
     code, status = "content_filtered", 422
     default_message = "The provider's content filter blocked the input or the output."
+
+
+class ConversationFull(TurnstoreError):
+    """The conversation would pass MAX_CONVERSATION_BYTES: nothing was kept."""
+
+    code, status = "conversation_full", 422
+    default_message = (
+        "The conversation is full (MAX_CONVERSATION_BYTES): compact it, fork it from an "
+        "earlier turn, or start a new conversation."
+    )
 
 
 class RateLimited(TurnstoreError):

@@ -171,6 +171,9 @@ class ConversationInfo:
     updated_at: datetime
     metadata: dict[str, str]
     stored_response: bool = False  # made for a stored /v1 response: it expires
+    # The text and items it holds (service/core/sizes.py; None: not counted since it was
+    # forked, edited or written by an older release).
+    stored_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,7 @@ class Append:
     # A new conversation made for a stored /v1 response: it expires STORED_RESPONSE_TTL_DAYS
     # after its last turn (a fork of one does too).
     stored_response: bool = False
+    stored_bytes: int | None = None  # what the conversation holds with this turn (None: unknown)
 
 
 @dataclass(frozen=True)

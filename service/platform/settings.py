@@ -171,6 +171,26 @@ class Settings:
         low=1,
         high=100_000,
     )
+    max_conversation_bytes: int = _setting(
+        "MAX_CONVERSATION_BYTES",
+        64 * _MIB,
+        "the items (JSON bytes, as sent) one conversation may hold; a turn or item append past "
+        "it is `422 conversation_full`. A turn holds its conversation's history in memory while"
+        " it runs (items and the texts read from them: up to about 3x this), so this bounds a "
+        "replica's memory per running turn; 64 MiB is far past any model's context (~1 MB)",
+        low=1024,
+        high=1024 * _MIB,
+    )
+    owner_max_forks_per_minute: int = _setting(
+        "OWNER_MAX_FORKS_PER_MINUTE",
+        30,
+        "forks one owner may make in a minute, fleet-wide (`POST …/fork` and `previous_response_id`"
+        " forks); past it `429 too_many_requests`. A fork copies its source inside the database "
+        "(WAL as large as the copied turns): 30 a minute is a person exploring branches, not a "
+        "loop filling the disk",
+        low=1,
+        high=1_000_000,
+    )
     context_strategy: str = _setting(
         "CONTEXT_STRATEGY",
         "drop",

@@ -30,6 +30,7 @@ from service.core.model import (
     Turn,
 )
 from service.core.plans import check_precondition
+from service.core.sizes import SizeLimit, turn_bytes
 from service.store.ports import ConversationStore
 from service.usecases.restore import Restorer
 
@@ -37,8 +38,11 @@ PAGE_TURNS = 4  # turns per read of a walk over a conversation's items
 
 
 class Conversations:
-    def __init__(self, store: ConversationStore, restorer: Restorer) -> None:
+    def __init__(
+        self, store: ConversationStore, restorer: Restorer, size_limit: SizeLimit | None = None
+    ) -> None:
         self._store, self._restorer = store, restorer
+        self._size = size_limit or SizeLimit()
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -99,9 +103,10 @@ class Conversations:
     async def create(
         self, owner: str, metadata: dict[str, str], items: Sequence[object] | None
     ) -> ConversationInfo:
-        return await self._store.create_conversation(
-            owner, metadata, await self._restored(owner, items)
-        )
+        turn = await self._restored(owner, items)
+        if turn is not None:
+            self._size.check(0, turn_bytes(turn))
+        return await self._store.create_conversation(owner, metadata, turn)
 
     async def update_metadata(
         self, cid: uuid.UUID, owner: str, metadata: dict[str, str], if_match: Precondition
@@ -127,7 +132,22 @@ class Conversations:
             raise InvalidInput("items: at least one.", param="items")
         info = await self.describe(cid, owner)
         check_precondition(if_match, info.revision)
-        return turn, await self._store.append(Append(cid, turn, info.revision, owner=owner))
+        held = info.stored_bytes
+        if held is None and self._size.max_bytes is not None:
+            held = await self._held(cid, owner, info.revision)  # counted once, then kept
+        size = self._size.check(held or 0, turn_bytes(turn))
+        append = Append(cid, turn, info.revision, owner=owner, stored_bytes=size)
+        return turn, await self._store.append(append)
+
+    async def _held(self, cid: uuid.UUID, owner: str, revision: int) -> int:
+        """What the conversation holds up to ``revision``, read a page at a time (a commit
+        past ``revision`` makes the append 409 anyway)."""
+        held = 0
+        async for number, turn in self.walk(cid, owner, newest_first=False):
+            if number > revision:
+                break
+            held += turn_bytes(turn)
+        return held
 
     async def _restored(self, owner: str, items: Sequence[Any] | None) -> Turn | None:
         """The turn that appends ``items``, those turnstore showed restored to their stored

@@ -40,6 +40,7 @@ from service.core.items import (
 )
 from service.core.model import Append, Committed, Conversation, Origin, ReplyStatus, RunCommit, Turn
 from service.core.plans import TurnPlan, check_precondition
+from service.core.sizes import SizeLimit, held_bytes, turn_bytes
 from service.core.strictjson import is_encodable
 from service.core.usage import Usage, added
 from service.core.window import Budget, SystemPrompt, Window, choose_window, instructions_for
@@ -101,6 +102,7 @@ class TurnService:
         budget: Budget | None = None,
         tooling: Tooling | None = None,
         idempotency: IdempotencyStore | None = None,
+        size_limit: SizeLimit | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -109,6 +111,7 @@ class TurnService:
         self._budget = budget or Budget()
         self._tooling = tooling
         self._idempotency = idempotency
+        self._size = size_limit or SizeLimit()
 
     @property
     def prompt(self) -> SystemPrompt | None:
@@ -211,6 +214,9 @@ class TurnService:
                 new_items = plan.input_items
                 if plan.items:  # a client's function outputs must answer its open calls
                     check_answers(new_items, conversation)
+                held_size = held_bytes(conversation.turns) if conversation else 0
+                # Full before the provider is called, if the input alone passes the limit.
+                self._size.check(held_size, sum(map(len, new_items)))
                 window = self._window(conversation, [*new_items, *plan.client_tools], asked)
                 if not plan.truncate and window.start > 1:
                     raise ContextLengthExceeded(
@@ -231,11 +237,10 @@ class TurnService:
                 assert answer is not None  # an exchange ends with its Answer or raises
                 answer = dataclasses.replace(answer, usage=added(spent, answer.usage))
                 turn = self._accept(plan, window, new_items, answer, asked)
-                revision = (
-                    None
-                    if turn is None
-                    else await self._commit(plan, conversation, held, turn, run)
-                )
+                revision = None
+                if turn is not None:
+                    size = self._size.check(held_size, turn_bytes(turn))
+                    revision = await self._commit(plan, conversation, held, turn, run, size)
             metrics.turn_ended(mode, committed=revision is not None)
         # Outside the outcome count: a client leaving now does not undo the commit.
         compacted_by = compaction_item(window.compacted) if window.compacted else None
@@ -272,7 +277,8 @@ class TurnService:
                 prompt_version=asked.prompt.version if asked.prompt else None,
                 compacted=compacted.window.compacted,
             )  # fmt: skip
-            revision = await self._commit(plan, conversation, held, turn, None)
+            size = self._size.check(held_bytes(conversation.turns), turn_bytes(turn))
+            revision = await self._commit(plan, conversation, held, turn, None, size)
         return revision, compacted.usage
 
     async def _compacted(
@@ -384,7 +390,7 @@ class TurnService:
 
     async def _commit(
         self, plan: TurnPlan, conversation: Conversation | None, held: Held, turn: Turn,
-        run: DurableRun | None,
+        run: DurableRun | None, stored_bytes: int,
     ) -> int:  # fmt: skip
         ending = await run.prepare_commit(turn) if run else None
         append = self.store.append(
@@ -398,6 +404,7 @@ class TurnService:
                 run=ending,
                 fork_of=plan.fork_of,
                 stored_response=plan.stored_response,
+                stored_bytes=stored_bytes,
             )
         )
         with metrics.COMMIT_SECONDS.time(), tracing.span("turn.commit") as span:

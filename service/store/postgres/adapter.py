@@ -23,6 +23,7 @@ class Adapter:
         events_ttl_s: float = 600,
         stored_response_ttl_s: float = 30 * 86_400,
         keyring: Keyring | None = None,
+        forks_per_minute: int | None = None,
     ) -> None:
         self._engine = engine
         # With a keyring (ENCRYPTION_KEYS_FILE), what users said is written sealed.
@@ -34,6 +35,7 @@ class Adapter:
         self._stored_response_ttl_s = stored_response_ttl_s
         # A claimed key whose replica died is taken over after this long.
         self._idempotency_lease_s = idempotency_lease_s
+        self._forks_per_minute = forks_per_minute  # OWNER_MAX_FORKS_PER_MINUTE (None: any)
 
     @property
     def engine(self) -> AsyncEngine:

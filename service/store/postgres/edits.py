@@ -4,7 +4,9 @@ one, on /v1), forks, the removal of the latest item and metadata."""
 from __future__ import annotations
 
 import logging
+import math
 import uuid
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import asyncpg
@@ -15,10 +17,12 @@ from service.core.errors import (
     ConversationNotFound,
     InvalidInput,
     StorageError,
+    TooManyRequests,
 )
 from service.core.items import without_last_item
 from service.core.model import ConversationInfo, Metadata, Precondition, Turn
 from service.core.plans import check_precondition
+from service.core.sizes import held_bytes, turn_bytes
 from service.platform.crypto import DataKey
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import Rows
@@ -26,6 +30,7 @@ from service.store.postgres.sealed import writing_key
 from service.store.postgres.tx import Params, driver, written
 
 log = logging.getLogger("turnstore.store")
+FORK_WINDOW = timedelta(minutes=1)  # OWNER_MAX_FORKS_PER_MINUTE's
 
 
 class Edits(Adapter):
@@ -42,6 +47,7 @@ class Edits(Adapter):
         params = {
             "cid": codec.conversation_id, "caller": owner, "revision": 0 if turn is None else 1,
             "context_start": 1, "expires_at": None, **codec.metadata_columns(metadata),
+            "stored_bytes": turn_bytes(turn) if turn is not None else 0,
         }  # fmt: skip
         async with driver(self._engine, write=True) as conn:
             row = await self._sql.new_conversation.fetchrow(conn, params)
@@ -69,25 +75,46 @@ class Edits(Adapter):
     ) -> asyncpg.Record | None:
         """Make conversation :new as :src up to revision :at; its new row, or None if :src is
         gone or not that far. In clear, one statement copies it inside the database; sealed,
-        each value is opened and sealed again for its new place."""
+        each value is opened and sealed again for its new place. TooManyRequests past
+        OWNER_MAX_FORKS_PER_MINUTE."""
+        if self._forks_per_minute is not None:
+            await self._fork_slot(conn, fork, self._forks_per_minute)
         if key is None:
             return await self._sql.fork.fetchrow(conn, fork)
         source = await self._sql.fork_source.fetchrow(conn, fork)
         if source is None:
             return None
         old, new = Rows(key, fork["src"]), Rows(key, fork["new"])
+        turns = [(row, old.turn(row)) for row in await self._sql.fork_turns.fetch(conn, fork)]
         row = await self._sql.new_conversation.fetchrow(conn, {
             "cid": new.conversation_id, "revision": fork["at"], "caller": fork["caller"],
             "context_start": source["context_from"] or 1, "expires_at": source["expires_at"],
             **new.metadata_columns(old.metadata(source)),
+            "stored_bytes": held_bytes(turn for _, turn in turns),
         })  # fmt: skip
         copies = [
-            new.turn_columns(turn["seq"], old.turn(turn), None)
-            | {"created_at": turn["turn_created_at"]}
-            for turn in await self._sql.fork_turns.fetch(conn, fork)
+            new.turn_columns(found["seq"], turn, None) | {"created_at": found["turn_created_at"]}
+            for found, turn in turns
         ]
         await self._sql.turn_move.executemany(conn, copies)
         return row
+
+    async def _fork_slot(self, conn: asyncpg.Connection, fork: Params, most: int) -> None:
+        """This fork counted against its owner's last minute (statements.FORK_SLOT), or
+        TooManyRequests with the seconds until the oldest of them leaves the minute."""
+        now = datetime.now(UTC)
+        await self._sql.fork_turnstile.execute(conn, {"caller": fork["caller"]})
+        slot = await self._sql.fork_slot.fetchrow(conn, {
+            "caller": fork["caller"], "new": fork["new"], "now": now,
+            "since": now - FORK_WINDOW, "max": most,
+        })  # fmt: skip
+        assert slot is not None  # the statement answers one row
+        if not slot["made"]:
+            wait = slot["oldest"] + FORK_WINDOW - now if slot["oldest"] else FORK_WINDOW
+            raise TooManyRequests(
+                f"At most {most} forks a minute (OWNER_MAX_FORKS_PER_MINUTE).",
+                retry_after=str(max(1, math.ceil(wait.total_seconds()))),
+            )
 
     async def _why_no_fork(self, conn: asyncpg.Connection, fork: Params) -> Exception:
         if await self._sql.describe.fetchrow(conn, {"cid": fork["src"], **fork}) is None:

@@ -104,6 +104,10 @@ PLACEMENT: dict[str, Placement] = {
     # Found by (owner, key) before the conversation is known; its foreign key to the
     # conversation goes (not co-located): deleting a conversation deletes its keys itself.
     "idempotency_keys": Distributed("owner", colocate_with="none", primary_key=("owner", "key")),
+    # Counted per owner in a fork's transaction (a fork is a two-phase commit anyway).
+    "owner_forks": Distributed(
+        "owner", colocate_with="idempotency_keys", primary_key=("owner", "conversation_id")
+    ),
     "api_keys": Coordinator("read per request by key hash; a reference table adds nothing"),
     "owner_keys": Coordinator("the keyring: in production a database of its own"),
     "alembic_version": Coordinator("migrations run on the coordinator"),

@@ -148,6 +148,7 @@ class Rows:
             updated_at=row["updated_at"],
             metadata=self.metadata(row),
             stored_response=row["expires_at"] is not None,
+            stored_bytes=row["stored_bytes"],
         )
 
     def conversation(self, row: Row, turns: list[Turn]) -> Conversation:

@@ -44,7 +44,7 @@ TURN_VALUES = """
 INFO = """
     conversations.id, conversations.revision, conversations.created_at,
     conversations.updated_at, conversations.metadata, conversations.sealed_metadata,
-    conversations.expires_at
+    conversations.expires_at, conversations.stored_bytes
 """
 HEAD = """
     conversations.revision, conversations.created_at, conversations.updated_at,
@@ -102,7 +102,8 @@ BUMP = f"""
         lease_holder = NULL,
         lease_expires_at = NULL,
         expires_at = CASE WHEN conversations.expires_at IS NOT NULL
-            THEN CAST(:expires_at AS timestamptz) END
+            THEN CAST(:expires_at AS timestamptz) END,
+        stored_bytes = CAST(:stored_bytes AS bigint)
     WHERE conversations.id = :cid AND conversations.revision = :expected
         AND conversations.owner = :caller AND {LIVE} AND {FREE}
     RETURNING {COMMITTED}
@@ -111,17 +112,18 @@ BUMP = f"""
 CREATE = f"""
     INSERT INTO conversations (
         id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
-        expires_at
+        expires_at, stored_bytes
     ) VALUES (
         :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
-        CAST(:expires_at AS timestamptz)
+        CAST(:expires_at AS timestamptz), CAST(:stored_bytes AS bigint)
     )
     ON CONFLICT (id) DO UPDATE SET
         revision = 1,
         updated_at = now(),
         context_start = excluded.context_start,
         lease_holder = NULL,
-        lease_expires_at = NULL
+        lease_expires_at = NULL,
+        stored_bytes = excluded.stored_bytes
     WHERE conversations.revision = 0 AND conversations.owner = :caller AND {LIVE} AND {FREE}
     RETURNING {COMMITTED}
 """
@@ -276,10 +278,10 @@ LISTING = f"""
 NEW_CONVERSATION = f"""
     INSERT INTO conversations (
         id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
-        sealed_metadata, expires_at
+        sealed_metadata, expires_at, stored_bytes
     ) VALUES (
         :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
-        :sealed_metadata, CAST(:expires_at AS timestamptz)
+        :sealed_metadata, CAST(:expires_at AS timestamptz), CAST(:stored_bytes AS bigint)
     )
     RETURNING {INFO}
 """
@@ -323,13 +325,31 @@ FORK = f"""
                       WHERE conversation_id = :src AND seq = :at), 1),
             :caller, false, metadata, expires_at
         FROM src
-        RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata, expires_at
+        RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata, expires_at,
+            stored_bytes
     ), copied AS (
         INSERT INTO turns ({FORKED}, conversation_id)
         SELECT {FORKED}, :new FROM turns
         WHERE conversation_id = (SELECT id FROM src) AND seq <= :at
     )
     SELECT * FROM forked
+"""
+# OWNER_MAX_FORKS_PER_MINUTE, in the fork's transaction: an owner's forks are counted one at
+# a time (a transaction lock on the owner), over the minute before :now; older rows are
+# pruned, and this fork's is added while there is room. Its row goes if the fork rolls back.
+FORK_TURNSTILE = "SELECT pg_advisory_xact_lock(hashtextextended('forks:' || :caller, 0))"
+FORK_SLOT = """
+    WITH pruned AS (
+        DELETE FROM owner_forks WHERE owner = :caller AND made_at <= :since
+    ), recent AS (
+        SELECT count(*) AS n, min(made_at) AS oldest FROM owner_forks
+        WHERE owner = :caller AND made_at > :since
+    ), made AS (
+        INSERT INTO owner_forks (owner, conversation_id, made_at)
+        SELECT :caller, :new, :now FROM recent WHERE recent.n < :max
+        RETURNING made_at
+    )
+    SELECT recent.oldest, EXISTS (SELECT 1 FROM made) AS made FROM recent
 """
 # A fork made in the process: the source's row (kept from changing meanwhile) and its turns.
 FORK_SOURCE = f"""
@@ -371,7 +391,8 @@ REWRITTEN = f"""
     UPDATE conversations SET
         revision = conversations.revision + 1,
         rewritten_at = conversations.revision + 1,
-        updated_at = now()
+        updated_at = now(),
+        stored_bytes = NULL
     WHERE conversations.id = :cid
     RETURNING {INFO}
 """
@@ -450,6 +471,8 @@ class Statements:
         self.turn_insert = compiled(TURN_INSERT)
         self.turn_move = compiled(TURN_MOVE)
         self.fork = compiled(FORK)
+        self.fork_turnstile = compiled(FORK_TURNSTILE)
+        self.fork_slot = compiled(FORK_SLOT)
         self.fork_source = compiled(FORK_SOURCE)
         self.fork_turns = compiled(FORK_TURNS)
         self.sealed_source = compiled(SEALED_SOURCE)

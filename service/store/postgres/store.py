@@ -170,7 +170,7 @@ class PostgresStore(Edits, Housekeeping):
             "caller": append.owner, "holder": append.lease, "revision": 1, "metadata": None,
             "ttl_s": self._idempotency_ttl_s,
             "idem_key": append.idempotency.key if append.idempotency else None,
-            "expires_at": self._expiry(append),
+            "expires_at": self._expiry(append), "stored_bytes": append.stored_bytes,
         }  # fmt: skip
         wake: list[str] = []  # topics to notify once committed
         plain = append.fork_of is None and run is None

@@ -24,10 +24,9 @@ def test_the_floors_run_the_stores_own_statements() -> None:
     them (and a floor's parameters are named as the store's)."""
     store = Statements(retention_days=None)
     floor = turn_statements()
-    assert [floor.lease.sql, floor.commit.sql, floor.commit_new.sql, floor.check.sql] == [
+    assert [floor.lease.sql, floor.commit.sql, floor.check.sql] == [
         store.lease.sql,
-        store.commit[False].sql,
-        store.commit[True].sql,
+        store.commit.sql,
         store.describe.sql,
     ]
     assert floor.run_log is runs.LOG and floor.run_commit is runs.COMMIT

@@ -80,8 +80,10 @@ def _command(subject: str, port: int) -> list[str]:
 # pg_stat_statements' text of a statement -> what it is (the first pattern that matches).
 _LABELS = (
     (r"^WITH attempt AS", "lease (+ turns after the cached revision)"),
-    (r"^WITH head AS \(UPDATE", "commit (bump, turn row, idempotency key)"),
-    (r"^WITH head AS \(INSERT", "commit of a new conversation"),
+    (
+        r"^SELECT revision, created_at, updated_at, lease_wanted FROM turnstore_commit",
+        "commit (bump or new conversation, turn row, idempotency key)",
+    ),
     (r"^SELECT conversations\.revision", "load (the check before a stream starts)"),
     (r"^INSERT INTO turn_runs", "run: create"),
     (r"^UPDATE turn_runs SET status = \$\d+ WHERE id", "run: begin"),

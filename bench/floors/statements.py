@@ -28,8 +28,8 @@ class Nulls(dict[str, Any]):
 @dataclass(frozen=True)
 class TurnStatements:
     lease: Statement  # take the lease and read the turns after :after (one statement)
-    commit: Statement  # the conditional bump, the turn row, the Idempotency-Key: one statement
-    commit_new: Statement  # the same over a new conversation (or an empty /v1 one)
+    commit: Statement  # the conditional bump (or a new conversation), the turn row, the
+    # Idempotency-Key: one call of turnstore_commit()
     check: Statement  # the streamed turn's check before its stream starts
     create_empty: Statement  # POST /v1/conversations (not measured: before the turns)
     wake: Statement  # after a commit that released a lease others wait for
@@ -43,8 +43,7 @@ def turn_statements() -> TurnStatements:
     sql = Statements(retention_days=None)  # RETENTION_DAYS unset, as the bench serves
     return TurnStatements(
         lease=sql.lease,
-        commit=sql.commit[False],
-        commit_new=sql.commit[True],
+        commit=sql.commit,
         check=sql.describe,
         create_empty=sql.new_conversation,
         wake=sql.wake,

@@ -25,6 +25,7 @@ import asyncpg
 import msgspec
 
 from bench.floors.statements import Nulls, Statement, TurnStatements, turn_statements
+from service.store.postgres.store import lease_clock
 
 OWNER = "anonymous"  # AUTH_MODE=none, as the bench serves turnstore
 PROVIDER, ENDPOINT, MODEL = "fake", "builtin", "fake-llm"  # the fake provider's origin
@@ -187,7 +188,7 @@ class Floor:
         """Take the conversation's lease; its revision."""
         rows = await self._fetch(self.sql.lease, {
             "cid": cid, "caller": OWNER, "holder": holder, "replaces": None,
-            "lease_s": LEASE_S, "queue": True, "after": self.seen.get(cid, 0),
+            "queue": True, "after": self.seen.get(cid, 0), **lease_clock(LEASE_S),
         })  # fmt: skip
         if not rows:
             raise _not_found()
@@ -208,10 +209,10 @@ class Floor:
             "sealed_user_message": None, "sealed_assistant_message": None,
             "sealed_replay_items": None, "sealed_tool_calls": None,
             "cid": cid, "expected": expected, "context_start": 1, "caller": OWNER,
-            "holder": holder, "revision": 1, "metadata": None, "ttl_s": IDEMPOTENCY_TTL_S,
+            "holder": holder, "idle_s": None, "expires_at": None, "ttl_s": IDEMPOTENCY_TTL_S,
             "idem_key": None, "usage": _JSON.encode(reply.usage).decode(),
         }  # fmt: skip
-        return (self.sql.commit_new if expected == 0 else self.sql.commit), values
+        return self.sql.commit, values
 
     def _committed(self, cid: uuid.UUID, row: Any, reply: Reply) -> int:
         if row is None:

@@ -209,6 +209,13 @@ class StorageError(TurnstoreError):
         super().__init__(message)
         self.sqlstate = sqlstate  # for the log line, never for the client
 
+    @property
+    def hopeless(self) -> bool:
+        """Whether running the same statement again can never succeed: the server refuses it
+        as such (SQLSTATE class 0A feature not supported, e.g. by Citus; 42 syntax error or
+        undefined object), as opposed to a connection lost or a server restarting."""
+        return self.sqlstate is not None and self.sqlstate[:2] in {"0A", "42"}
+
 
 class UpstreamError(TurnstoreError):
     code, status = "upstream_error", 502

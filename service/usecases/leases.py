@@ -109,9 +109,9 @@ class Leases:
                 if not held.committed:
                     try:
                         await settle(self._store.release_lease(cid, holder))
-                    except StorageError:
+                    except StorageError as exc:
                         # Given back later, or taken over by the next turn here.
-                        self._keeper.abandon(cid, holder)
+                        self._keeper.abandon(cid, holder, exc)
 
     async def close(self) -> None:
         await self._keeper.close()
@@ -167,6 +167,7 @@ class _Keeper:
         self._lease_s = lease_s
         self._held: dict[uuid.UUID, uuid.UUID] = {}  # holder -> conversation
         self.abandoned: set[tuple[uuid.UUID, uuid.UUID]] = set()  # (conversation, holder)
+        self._refusals: set[str | None] = set()  # SQLSTATEs of hopeless releases, logged
         self._heartbeat = Heartbeat(
             lease_s / 3,
             self._renew,
@@ -182,9 +183,26 @@ class _Keeper:
     def discard(self, holder: uuid.UUID) -> None:
         self._held.pop(holder, None)
 
-    def abandon(self, conversation_id: uuid.UUID, holder: uuid.UUID) -> None:
+    def abandon(
+        self, conversation_id: uuid.UUID, holder: uuid.UUID, error: StorageError | None = None
+    ) -> None:
+        """Give the lease back later: unless the database refused that as it always will
+        (then retrying it every RELEASE_RETRY_S would only add load; the lease expires)."""
+        if error is not None and error.hopeless:
+            self._refused(error)
+            return
         self.abandoned.add((conversation_id, holder))
         self._heartbeat.wake()
+
+    def _refused(self, error: StorageError) -> None:
+        """Logged once per SQLSTATE: the same refusal again says nothing new."""
+        if error.sqlstate not in self._refusals:
+            self._refusals.add(error.sqlstate)
+            log.error(
+                "the database refuses to give turn leases back (SQLSTATE %s), which no retry"
+                " changes: they expire after their lease instead",
+                error.sqlstate,
+            )
 
     def abandoned_in(self, conversation_id: uuid.UUID) -> uuid.UUID | None:
         """A holder of this process that could not give back its lease of the conversation."""
@@ -195,9 +213,13 @@ class _Keeper:
 
     async def _give_back(self) -> None:
         for cid, holder in list(self.abandoned):
-            with contextlib.suppress(StorageError):
+            try:
                 await self._store.release_lease(cid, holder)
-                self.abandoned.discard((cid, holder))
+            except StorageError as exc:
+                if not exc.hopeless:
+                    continue
+                self._refused(exc)
+            self.abandoned.discard((cid, holder))
 
     async def _renew(self) -> None:
         leases = [(cid, holder) for holder, cid in self._held.items()]

@@ -1,7 +1,8 @@
 """``turnstore encrypt-existing``: rows written in clear, rewritten sealed, a batch at a time.
 
-Each batch is one short transaction that locks only its own rows (``SKIP LOCKED``: several
-runs share the work, and a turn being committed is never waited for). The plaintext is
+Each batch is one short transaction: rows in clear are read without a lock, then each is
+sealed only if it is still as it was read (several runs may share the work: a row another run
+sealed first is left alone). The plaintext is
 exactly what the row held, so a replica's history cache stays valid and replay stays
 byte-exact. Replicas must already run with ENCRYPTION_KEYS_FILE, or they would keep writing
 in clear (and could not read what this rewrote).
@@ -31,28 +32,32 @@ _CLEAR_TURNS = sql(
     " CAST(t.transcript AS text) AS transcript, CAST(t.response AS text) AS response,"
     " CAST(t.compacted AS text) AS compacted,"
     " c.owner FROM turns t JOIN conversations c ON c.id = t.conversation_id"
-    " WHERE t.sealed_replay_items IS NULL LIMIT :batch FOR UPDATE OF t SKIP LOCKED"
+    " WHERE t.sealed_replay_items IS NULL LIMIT :batch"
 )
 _SEAL_TURN = sql(
     "UPDATE turns SET " + ", ".join(f"{n} = :{n}, sealed_{n} = :sealed_{n}" for n in TURN_FIELDS)
     + " WHERE conversation_id = :conversation_id AND seq = :seq"
+    + " AND sealed_replay_items IS NULL RETURNING 1"
 )  # fmt: skip
 _CLEAR_METADATA = sql(
     "SELECT id, owner, CAST(metadata AS text) AS metadata FROM conversations"
     " WHERE metadata IS NOT NULL AND sealed_metadata IS NULL"
-    " LIMIT :batch FOR NO KEY UPDATE SKIP LOCKED"
+    " LIMIT :batch"
 )
 _SEAL_METADATA = sql(
     "UPDATE conversations SET metadata = NULL, sealed_metadata = :sealed WHERE id = :id"
+    " AND CAST(metadata AS text) = :metadata AND sealed_metadata IS NULL RETURNING 1"
 )
 _CLEAR_EVENTS = sql(
-    "SELECT e.turn_id, e.seq, CAST(e.events AS text) AS events, r.owner"
-    " FROM turn_events e JOIN turn_runs r ON r.id = e.turn_id"
-    " WHERE e.events IS NOT NULL LIMIT :batch FOR UPDATE OF e SKIP LOCKED"
+    "SELECT e.conversation_id, e.turn_id, e.seq, CAST(e.events AS text) AS events, r.owner"
+    " FROM turn_events e JOIN turn_runs r"
+    " ON r.conversation_id = e.conversation_id AND r.id = e.turn_id"
+    " WHERE e.events IS NOT NULL LIMIT :batch"
 )
 _SEAL_EVENTS = sql(
     "UPDATE turn_events SET events = NULL, sealed_events = :sealed"
-    " WHERE turn_id = :turn_id AND seq = :seq"
+    " WHERE conversation_id = :conversation_id AND turn_id = :turn_id AND seq = :seq"
+    " AND events IS NOT NULL RETURNING 1"
 )
 _COUNT = sql(
     "SELECT (SELECT count(*) FROM turns WHERE sealed_replay_items IS NULL)"
@@ -83,31 +88,40 @@ class ClearRows:
         return done
 
     async def _turns(self, conn: asyncpg.Connection, batch: int) -> int:
-        rows = await _CLEAR_TURNS.fetch(conn, {"batch": batch})
+        rows, done = await _CLEAR_TURNS.fetch(conn, {"batch": batch}), 0
         for row in rows:
             key = await self.keyring.for_write(row["owner"])
             cid, seq = row["conversation_id"], row["seq"]
             columns = sealed_turn_columns(key, cid, seq, row)
-            await _SEAL_TURN.execute(conn, {**columns, "conversation_id": cid, "seq": seq})
-        return len(rows)
+            done += len(
+                await _SEAL_TURN.fetch(conn, {**columns, "conversation_id": cid, "seq": seq})
+            )
+        return done
 
     async def _metadata(self, conn: asyncpg.Connection, batch: int) -> int:
         rows = await _CLEAR_METADATA.fetch(conn, {"batch": batch})
-        for row in rows:
-            where = metadata_place(row["id"])
-            await self._seal(conn, _SEAL_METADATA, row, where, row["metadata"])
-        return len(rows)
+        return sum(
+            [
+                await self._seal(
+                    conn, _SEAL_METADATA, row, metadata_place(row["id"]), row["metadata"]
+                )
+                for row in rows
+            ]
+        )
 
     async def _events(self, conn: asyncpg.Connection, batch: int) -> int:
         rows = await _CLEAR_EVENTS.fetch(conn, {"batch": batch})
-        for row in rows:
-            where = events_place(row["turn_id"], row["seq"])
-            await self._seal(conn, _SEAL_EVENTS, row, where, row["events"])
-        return len(rows)
+        return sum([
+            await self._seal(conn, _SEAL_EVENTS, row, events_place(row["turn_id"], row["seq"]),
+                             row["events"])
+            for row in rows
+        ])  # fmt: skip
 
     async def _seal(
         self, conn: asyncpg.Connection, statement: Compiled, row: Any, where: bytes, text: str
-    ) -> None:
+    ) -> int:
+        """The row sealed, if it is still as it was read (rows are read without a lock: on
+        Citus a FOR UPDATE over every shard is refused); 1 if it was."""
         key = await self.keyring.for_write(row["owner"])
         _, sealed = put(key, where, text)
-        await statement.execute(conn, {**row, "sealed": sealed})
+        return len(await statement.fetch(conn, {**row, "sealed": sealed}))

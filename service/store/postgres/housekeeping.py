@@ -3,6 +3,7 @@ purge, an owner's deletion, readiness and the pool."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from service.core.model import Committed, IdempotencyKey
@@ -31,7 +32,9 @@ class Housekeeping(Adapter):
         self, key: IdempotencyKey, turn_id: UUID | None, data_key: DataKey | None
     ) -> Committed | None:
         params = idem.key_params(key, data_key)
-        claim = {**params, "lease_s": self._idempotency_lease_s, "claimed_turn": turn_id}
+        now = datetime.now(UTC)
+        until = now + timedelta(seconds=self._idempotency_lease_s)
+        claim = {**params, "now": now, "until": until, "claimed_turn": turn_id}
         async with driver(self._engine, write=True) as conn:
             if await idem.CLAIM.fetchval(conn, claim) is not None:
                 return None
@@ -62,17 +65,23 @@ class Housekeeping(Adapter):
     async def purge(self, batch: int = 500) -> int:
         """Delete expired Idempotency-Key records, and conversations gone (idle past the
         retention, stored responses' past their expiry), a small batch per transaction so no
-        lock is held long; concurrent purges skip each other's rows."""
+        lock is held long: a batch is picked, then deleted if still gone."""
         async with driver(self._engine, write=False) as conn:
             await idem.EXPIRED.execute(conn, {})
             await run_statements.EXPIRED.execute(conn, {})  # past TURN_EVENTS_TTL_S
         total = 0
         while True:
+            async with driver(self._engine, write=False) as conn:
+                picked = [
+                    row["id"] for row in await self._sql.purge_pick.fetch(conn, {"batch": batch})
+                ]
+            if not picked:
+                break
             async with driver(self._engine, write=True) as conn:
-                gone = [row["id"] for row in await self._sql.purge.fetch(conn, {"batch": batch})]
+                gone = [row["id"] for row in await self._sql.purge.fetch(conn, {"ids": picked})]
                 await run_statements.DELETE_OF.execute(conn, {"cids": gone})
             total += len(gone)
-            if len(gone) < batch:
+            if len(picked) < batch:
                 break
         return total
 

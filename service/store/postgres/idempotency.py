@@ -17,21 +17,22 @@ from service.core.model import Committed, IdempotencyKey
 from service.platform.crypto import DataKey
 from service.store.postgres.tx import sql
 
-# A claim, or the takeover of an expired one (only an expired key is taken over).
+# A claim, or the takeover of an expired one (only an expired key is taken over). :now and
+# :until (when the claim's lease runs out) come from the caller's clock: Citus refuses now()
+# (not immutable) in an ON CONFLICT DO UPDATE.
 CLAIM = sql("""
     INSERT INTO idempotency_keys
         (owner, key, request_hash, state, turn_id, created_at, expires_at)
-    VALUES (:caller, :idem_key, :request_hash, 'running', :claimed_turn, now(),
-            now() + make_interval(secs => :lease_s))
+    VALUES (:caller, :idem_key, :request_hash, 'running', :claimed_turn, :now, :until)
     ON CONFLICT (owner, key) DO UPDATE SET
         request_hash = :request_hash,
         state = 'running',
         conversation_id = NULL,
         revision = NULL,
         turn_id = :claimed_turn,
-        created_at = now(),
-        expires_at = now() + make_interval(secs => :lease_s)
-    WHERE idempotency_keys.expires_at < now()
+        created_at = :now,
+        expires_at = :until
+    WHERE idempotency_keys.expires_at < :now
     RETURNING idempotency_keys.state
 """)
 RECORD = """

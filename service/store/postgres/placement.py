@@ -115,6 +115,30 @@ PLACEMENT: dict[str, Placement] = {
 }
 
 
+@dataclass(frozen=True)
+class DistributedFunction:
+    """A function sent whole to the worker that holds its ``argument``'s shard of
+    ``colocate_with`` (when it is called on its own, autocommitted: ``SELECT * FROM f(...)``)."""
+
+    signature: str  # as regprocedure reads it
+    argument: str
+    colocate_with: str
+
+
+# Every function the migrations make, placed after the tables.
+FUNCTIONS: dict[str, DistributedFunction] = {
+    # A turn's commit: the plain turn's one round trip, on one worker, without 2PC.
+    "turnstore_commit": DistributedFunction(
+        "turnstore_commit(uuid, integer, text, uuid, integer, timestamptz, double precision,"
+        " text, text, json, text, text, text, integer, text, json, text, text, uuid, bytea,"
+        " bytea, bytea, bytea, json, json, bytea, json, bytea, json, bytea, text,"
+        " double precision)",
+        argument="p_cid",
+        colocate_with="conversations",
+    ),
+}
+
+
 class Refused(RuntimeError):
     """The placement cannot be applied here; the message says why, in one line."""
 
@@ -124,21 +148,24 @@ async def distribute(
     *,
     shard_count: int = DEFAULT_SHARD_COUNT,
     placement: dict[str, Placement] | None = None,
+    functions: dict[str, DistributedFunction] | None = None,
 ) -> str:
     """Place every table of the schema at ``url`` (a Citus coordinator) as ``placement`` says;
     what was done, one line per table, or that nothing was to do."""
     placement = PLACEMENT if placement is None else placement
+    functions = FUNCTIONS if functions is None else functions
     conn = await asyncpg.connect(**_connect_args(url))
     try:
         await _check_server(conn)
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", LOCK_ID)
-            await _check_schema(conn, placement)
+            await _check_schema(conn, placement, functions)
             await conn.execute(f"SET LOCAL citus.shard_count = {int(shard_count)}")
             # DDL after a distributed table was made in the same transaction must not open
             # parallel connections to the workers.
             await conn.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
             done = await _place(conn, placement)
+            done += await _place_functions(conn, functions)
     except asyncpg.PostgresError as exc:
         raise Refused(f"Citus refused the placement: {exc}".splitlines()[0]) from exc
     finally:
@@ -157,7 +184,11 @@ async def _check_server(conn: asyncpg.Connection) -> None:
         raise Refused("this is not the Citus coordinator (no worker added yet?): nothing placed")
 
 
-async def _check_schema(conn: asyncpg.Connection, placement: dict[str, Placement]) -> None:
+async def _check_schema(
+    conn: asyncpg.Connection,
+    placement: dict[str, Placement],
+    functions: dict[str, DistributedFunction],
+) -> None:
     version = None
     if await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL"):
         version = await conn.fetchval("SELECT version_num FROM alembic_version")
@@ -167,6 +198,41 @@ async def _check_schema(conn: asyncpg.Connection, placement: dict[str, Placement
     unnamed = set(await _tables(conn)) - set(placement)
     if unnamed:
         raise Refused(f"no placement for {', '.join(sorted(unnamed))} (service/store/placement.py)")
+    unnamed = set(await _functions(conn)) - set(functions)
+    if unnamed:
+        raise Refused(f"no placement for function {', '.join(sorted(unnamed))}")
+
+
+async def _functions(conn: asyncpg.Connection) -> list[str]:
+    """The functions the migrations made (Citus' own live in other schemas)."""
+    rows = await conn.fetch(
+        "SELECT proname FROM pg_proc p WHERE pronamespace = 'public'::regnamespace"
+        " AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')"
+    )
+    return [row["proname"] for row in rows]
+
+
+async def _place_functions(
+    conn: asyncpg.Connection, functions: dict[str, DistributedFunction]
+) -> list[str]:
+    """Each function distributed by its argument, unless it is already (pg_dist_object names
+    its argument's index then)."""
+    done = []
+    for name, function in functions.items():
+        placed = await conn.fetchval(
+            "SELECT distribution_argument_index IS NOT NULL FROM pg_catalog.pg_dist_object"
+            " WHERE classid = 'pg_proc'::regclass AND objid = $1::regprocedure",
+            function.signature,
+        )
+        if placed:
+            continue
+        await conn.execute(
+            "SELECT create_distributed_function($1::regprocedure, $2,"
+            " colocate_with => $3)",
+            function.signature, function.argument, function.colocate_with,
+        )  # fmt: skip
+        done.append(f"{name}(): distributed by {function.argument}, with {function.colocate_with}")
+    return done
 
 
 async def _tables(conn: asyncpg.Connection) -> list[str]:

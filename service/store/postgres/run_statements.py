@@ -9,7 +9,7 @@ lock at commit, so it is not sent for nothing.
 
 from __future__ import annotations
 
-from service.store.postgres.statements import CHANNEL, NO_SYNC_WAIT
+from service.store.postgres.statements import NO_SYNC_WAIT, WAKE
 from service.store.postgres.tx import sql
 
 UNFINISHED = "status IN ('queued', 'in_progress')"
@@ -27,9 +27,7 @@ LOGGED = f"""
         ON CONFLICT DO NOTHING
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM e),
-        CASE WHEN r.watched THEN pg_notify('{CHANNEL}', 'events:' || r.id::text) END,
-        {NO_SYNC_WAIT}
+    SELECT (SELECT count(*) FROM e) AS written, r.watched, {NO_SYNC_WAIT}
     FROM r
 """
 
@@ -85,18 +83,20 @@ READ = sql(f"""
 # The batches that hold events after :after (a batch's seq is its last event's).
 READ_EVENTS = sql(f"""
     SELECT {VIEW}, e.seq, CAST(e.events AS text) AS events, e.sealed_events
-    FROM turn_runs r LEFT JOIN turn_events e ON e.turn_id = r.id AND e.seq > :after
+    FROM turn_runs r LEFT JOIN turn_events e
+        ON e.conversation_id = r.conversation_id AND e.turn_id = r.id AND e.seq > :after
     WHERE r.id = :id AND r.owner = :owner AND {LIVE}
     ORDER BY e.seq
 """)
-WATCH = sql(f"""
-    UPDATE turn_runs SET watched = true WHERE id = :id AND NOT watched
-    RETURNING pg_notify('{CHANNEL}', 'watch:' || id::text), {NO_SYNC_WAIT}
-""")
+WATCH = sql("UPDATE turn_runs SET watched = true WHERE id = :id AND NOT watched RETURNING id")
+# (Citus refuses set_config in an UPDATE's RETURNING: it is the statement's own.)
 BEGIN = sql(f"""
-    UPDATE turn_runs SET status = 'in_progress', base_revision = :base
-    WHERE id = :id AND status = 'queued'
-    RETURNING {NO_SYNC_WAIT}
+    WITH r AS (
+        UPDATE turn_runs SET status = 'in_progress', base_revision = :base
+        WHERE id = :id AND status = 'queued'
+        RETURNING id
+    )
+    SELECT r.id, {NO_SYNC_WAIT} FROM r
 """)
 # The run that makes a conversation's revision :base + 1 (a streamed response, named by that
 # revision), the latest if several tried.
@@ -107,27 +107,28 @@ RUN_AT = sql(f"""
     LIMIT 1
 """)
 CANCEL = sql(f"""
-    WITH r AS (
-        UPDATE turn_runs SET cancel_requested = true
-        WHERE id = :id AND owner = :owner AND {UNFINISHED}
-        RETURNING id
-    )
-    SELECT pg_notify('{CHANNEL}', 'cancel:' || id::text) FROM r
+    UPDATE turn_runs SET cancel_requested = true
+    WHERE id = :id AND owner = :owner AND {UNFINISHED}
+    RETURNING id
 """)
 RENEW = sql(f"""
-    UPDATE turn_runs SET heartbeat_until = now() + make_interval(secs => :hb)
-    WHERE id = ANY(CAST(:ids AS uuid[])) AND {UNFINISHED}
-    RETURNING id, cancel_requested, watched, {NO_SYNC_WAIT}
+    WITH r AS (
+        UPDATE turn_runs SET heartbeat_until = now() + make_interval(secs => :hb)
+        WHERE id = ANY(CAST(:ids AS uuid[])) AND {UNFINISHED}
+        RETURNING id, cancel_requested, watched
+    )
+    SELECT r.id, r.cancel_requested, r.watched, {NO_SYNC_WAIT} FROM r
 """)
 CANCEL_REQUESTED = sql("""
     SELECT id FROM turn_runs WHERE id = ANY(CAST(:ids AS uuid[])) AND cancel_requested
 """)
-# A stalled run is locked first, so its terminal event can be sealed for its place (the batch
-# is named by its event's number) before it is written.
+# A stalled run's next event number, read first so its terminal event can be sealed for its
+# place (the batch is named by its event's number); the interruption is then written only if
+# the run is still stalled at that event (no lock held in between: on Citus a FOR UPDATE by
+# the run's id alone, on every shard, is refused).
 STALLED = sql(f"""
     SELECT last_event + 1 FROM turn_runs
     WHERE id = :id AND {UNFINISHED} AND heartbeat_until < now()
-    FOR UPDATE
 """)
 INTERRUPT = sql(f"""
     WITH r AS (
@@ -135,17 +136,18 @@ INTERRUPT = sql(f"""
             status = 'failed', error_code = 'turn_interrupted', error_message = :message,
             last_event = :last, finished_at = now(),
             expires_at = now() + make_interval(secs => :ttl)
-        WHERE id = :id
+        WHERE id = :id AND {UNFINISHED} AND heartbeat_until < now() AND last_event + 1 = :last
         RETURNING id, conversation_id, watched
     ), e AS (
         INSERT INTO turn_events (conversation_id, turn_id, seq, events, sealed_events)
         SELECT conversation_id, id, :last, CAST(:events AS json), :sealed_events FROM r
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM e),
-        CASE WHEN r.watched THEN pg_notify('{CHANNEL}', 'events:' || r.id::text) END
-    FROM r
+    SELECT (SELECT count(*) FROM e) AS written, r.watched FROM r
 """)
+# Readers elsewhere woken (from the server the client is connected to: on Citus a NOTIFY sent
+# on a worker reaches no one), after the statement that made the news.
+NOTIFY = sql(WAKE)
 FORGET = sql(f"DELETE FROM turn_runs WHERE id = :id AND owner = :owner AND NOT {UNFINISHED}")
 DELETE_OF = sql("DELETE FROM turn_runs WHERE conversation_id = ANY(CAST(:cids AS uuid[]))")
 EXPIRED = sql("DELETE FROM turn_runs WHERE expires_at < now()")

@@ -3,13 +3,16 @@ run_statements.py's, the commit's part is PostgresStore.append's."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+import asyncpg
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core.errors import StorageError
 from service.core.events import ERROR, RunEvent
 from service.core.model import NewRun, Renewed, RunEnd, RunView
 from service.platform.crypto import DataKey
@@ -77,7 +80,7 @@ class PostgresRuns:
     ) -> None:
         batch = (await self._events(owner, run_id)).batch_columns(events)
         params = {"id": run_id, "last": events[-1].seq, "message_id": message_id, **batch}
-        await self._write(sql.LOG, params)
+        await self._logged(run_id, await self._rows(sql.LOG, params))
 
     async def find_run(self, conversation_id: UUID, owner: str, base_revision: int) -> UUID | None:
         params = {"cid": conversation_id, "owner": owner, "base": base_revision}
@@ -92,7 +95,7 @@ class PostgresRuns:
             "message": end.error_message, "last": end.events[-1].seq, "ttl": self._ttl_s,
             "revision": end.revision, **batch,
         }  # fmt: skip
-        return bool(await self._write(sql.END, params))
+        return await self._logged(run_id, await self._rows(sql.END, params))
 
     async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
         async with driver(self._engine, write=False) as conn:
@@ -119,10 +122,14 @@ class PostgresRuns:
         await self._write(sql.FORGET, {"id": run_id, "owner": owner})
 
     async def watch_run(self, run_id: UUID) -> None:
-        await self._write(sql.WATCH, {"id": run_id})
+        if await self._rows(sql.WATCH, {"id": run_id}):
+            await self._notify(f"watch:{run_id}")
 
     async def cancel_run(self, run_id: UUID, owner: str) -> bool:
-        return bool(await self._write(sql.CANCEL, {"id": run_id, "owner": owner}))
+        if not await self._rows(sql.CANCEL, {"id": run_id, "owner": owner}):
+            return False
+        await self._notify(f"cancel:{run_id}")
+        return True
 
     async def renew_runs(self, run_ids: Sequence[UUID], heartbeat_s: float) -> Renewed:
         async with driver(self._engine, write=False) as conn:
@@ -140,17 +147,16 @@ class PostgresRuns:
     async def interrupt_run(self, run_id: UUID, owner: str, message: str, event_data: str) -> bool:
         events = await self._events(owner, run_id)
 
-        async def interrupt() -> bool:
-            async with driver(self._engine, write=True) as conn:
+        async def interrupt() -> list[asyncpg.Record]:
+            async with driver(self._engine, write=False) as conn:
                 last = await sql.STALLED.fetchval(conn, {"id": run_id})
                 if last is None:
-                    return False  # alive, or ended meanwhile
+                    return []  # alive, or ended meanwhile
                 batch = events.batch_columns([RunEvent(last, ERROR, event_data)])
                 params = {"id": run_id, "message": message, "ttl": self._ttl_s, "last": last}
-                await sql.INTERRUPT.execute(conn, {**params, **batch})
-                return True
+                return await sql.INTERRUPT.fetch(conn, {**params, **batch})
 
-        return await written(interrupt)
+        return await self._logged(run_id, await written(interrupt))
 
     async def _events(self, owner: str, run_id: UUID) -> Events:
         """The run's batches as ``owner``'s new values are written: sealed with a keyring."""
@@ -158,9 +164,25 @@ class PostgresRuns:
 
     async def _write(self, statement: Compiled, params: dict[str, Any]) -> int:
         """One statement (autocommit), retried on a stale read-only session; its rows."""
+        return len(await self._rows(statement, params))
 
-        async def once() -> int:
+    async def _rows(self, statement: Compiled, params: dict[str, Any]) -> list[asyncpg.Record]:
+        async def once() -> list[asyncpg.Record]:
             async with driver(self._engine, write=False) as conn:
-                return len(await statement.fetch(conn, params))
+                return await statement.fetch(conn, params)
 
         return await written(once)
+
+    async def _logged(self, run_id: UUID, rows: list[asyncpg.Record]) -> bool:
+        """Whether the run was updated (a batch logged with it, or not if it was already);
+        its readers elsewhere woken when it has some."""
+        if rows and rows[0]["watched"]:
+            await self._notify(f"events:{run_id}")
+        return bool(rows)
+
+    async def _notify(self, topic: str) -> None:
+        """Wake readers elsewhere, after the statement that made the news (a NOTIFY inside it
+        would, on Citus, be sent by the worker that ran it, where no one listens)."""
+        with contextlib.suppress(StorageError):  # those woken look again by themselves
+            async with driver(self._engine, write=False) as conn:
+                await sql.NOTIFY.execute(conn, {"topics": [topic]})

@@ -81,94 +81,36 @@ TURNS_OF = f"""
     ORDER BY turns.seq {{order}} LIMIT :n
 """
 
-# No other turn's lease may be live: a holder whose lease ran out and was taken over loses
-# here, even if the revision still matches. The commit releases the lease; the turns queued
-# for it are woken after it (see PostgresStore.append).
-FREE = """(
-    conversations.lease_holder IS NULL OR conversations.lease_expires_at <= now()
-    OR conversations.lease_holder = :holder
-)"""
-COMMITTED = """
-    conversations.id, conversations.revision, conversations.created_at,
-    conversations.updated_at, conversations.lease_wanted
+# A turn's commit: the conditional bump of its conversation (or the new conversation of its
+# first turn, :expected 0), its row at the new revision and its Idempotency-Key completed
+# (:idem_key NULL: none); none of it if the conversation moved on, is gone, or another turn's
+# lease is live. The commit releases the lease; the turns queued for it are woken after it
+# (see PostgresStore.append). It is a function (migration 0017) so that on Citus, called on
+# its own, it runs whole on the worker that holds the conversation (one round trip, no
+# two-phase commit); :idle_s is the retention (NULL: none).
+COMMIT_ARGUMENTS = (
+    "cid", "expected", "caller", "holder", "context_start", "expires_at", "idle_s",
+    "stored_bytes", "user_message", "assistant_message", "replay_items", "provider",
+    "endpoint", "model", "context_from", "prompt_version", "tool_calls", "status",
+    "incomplete_reason", "turn_id",
+    "sealed_user_message", "sealed_assistant_message", "sealed_replay_items",
+    "sealed_tool_calls", "usage", "transcript", "sealed_transcript", "response",
+    "sealed_response", "compacted", "sealed_compacted", "idem_key", "ttl_s",
+)  # fmt: skip
+COMMIT = f"""
+    SELECT revision, created_at, updated_at, lease_wanted
+    FROM turnstore_commit({", ".join(f":{name}" for name in COMMIT_ARGUMENTS)})
 """
-# The conditional bump of a turn's commit. The window start only advances, and only together
-# with a committed turn.
-BUMP = f"""
-    UPDATE conversations SET
-        revision = conversations.revision + 1,
-        updated_at = now(),
-        context_start = greatest(conversations.context_start, :context_start),
-        lease_holder = NULL,
-        lease_expires_at = NULL,
-        expires_at = CASE WHEN conversations.expires_at IS NOT NULL
-            THEN CAST(:expires_at AS timestamptz) END,
-        stored_bytes = CAST(:stored_bytes AS bigint)
-    WHERE conversations.id = :cid AND conversations.revision = :expected
-        AND conversations.owner = :caller AND {LIVE} AND {FREE}
-    RETURNING {COMMITTED}
-"""
-# The first turn: a new conversation, or one made empty (revision 0) on /v1.
-CREATE = f"""
-    INSERT INTO conversations (
-        id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
-        expires_at, stored_bytes
-    ) VALUES (
-        :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
-        CAST(:expires_at AS timestamptz), CAST(:stored_bytes AS bigint)
-    )
-    ON CONFLICT (id) DO UPDATE SET
-        revision = 1,
-        updated_at = now(),
-        context_start = excluded.context_start,
-        lease_holder = NULL,
-        lease_expires_at = NULL,
-        stored_bytes = excluded.stored_bytes
-    WHERE conversations.revision = 0 AND conversations.owner = :caller AND {LIVE} AND {FREE}
-    RETURNING {COMMITTED}
-"""
-# A turn's commit in one statement (for a plain turn, in autocommit: one round trip): the
-# conditional bump (or the new conversation) as ``head``, the turn's row at the new revision
-# and its Idempotency-Key completed (:idem_key NULL: none); none of it if ``head`` found no
-# row.
-THE_TURN = f"""
-    inserted AS (
-        INSERT INTO turns ({TURN_VALUES}, conversation_id, seq, created_at)
-        SELECT
-            CAST(:user_message AS text), CAST(:assistant_message AS text),
-            CAST(:replay_items AS json), CAST(:provider AS text), CAST(:endpoint AS text),
-            CAST(:model AS text), CAST(:context_from AS integer), CAST(:prompt_version AS text),
-            CAST(:tool_calls AS json), CAST(:status AS text), CAST(:incomplete_reason AS text),
-            CAST(:turn_id AS uuid), CAST(:sealed_user_message AS bytea),
-            CAST(:sealed_assistant_message AS bytea), CAST(:sealed_replay_items AS bytea),
-            CAST(:sealed_tool_calls AS bytea), CAST(:usage AS json), CAST(:transcript AS json),
-            CAST(:sealed_transcript AS bytea), CAST(:response AS json),
-            CAST(:sealed_response AS bytea), CAST(:compacted AS json),
-            CAST(:sealed_compacted AS bytea),
-            head.id, head.revision, now()
-        FROM head
-        RETURNING turns.seq
-    ), completed AS (
-        UPDATE idempotency_keys SET
-            state = 'done',
-            conversation_id = head.id,
-            revision = head.revision,
-            expires_at = now() + make_interval(secs => :ttl_s)
-        FROM head
-        WHERE idempotency_keys.owner = :caller AND idempotency_keys.key = :idem_key
-        RETURNING idempotency_keys.key
-    )
-    SELECT head.revision, head.created_at, head.updated_at, head.lease_wanted FROM head
-"""
-COMMIT = f"WITH head AS ({BUMP}), {THE_TURN}"
-COMMIT_FIRST = f"WITH head AS ({CREATE}), {THE_TURN}"
 # Why a commit found no row: the conversation is gone, or it moved on.
 EXISTS = f"SELECT 1 FROM conversations WHERE {THE_CONVERSATION}"
 
 # Free for a new holder too when the holder is this replica's own turn that could not give
 # its lease back (:replaces).
+# :now (and :until, when a lease taken now runs out) come from the caller's clock, not now():
+# Citus refuses a function that is not immutable inside CASE (timestamptz + interval is not).
 TAKEABLE = """(
-    conversations.lease_holder IS NULL OR conversations.lease_expires_at <= now()
+    conversations.lease_holder IS NULL
+    OR conversations.lease_expires_at <= CAST(:now AS timestamptz)
     OR conversations.lease_holder = :holder OR conversations.lease_holder = :replaces
 )"""
 # The lease and the turns after :after in one statement (one round trip). The turns are read
@@ -180,7 +122,7 @@ LEASE = f"""
         UPDATE conversations SET
             lease_holder = CASE WHEN {TAKEABLE} THEN CAST(:holder AS uuid)
                 ELSE conversations.lease_holder END,
-            lease_expires_at = CASE WHEN {TAKEABLE} THEN now() + make_interval(secs => :lease_s)
+            lease_expires_at = CASE WHEN {TAKEABLE} THEN CAST(:until AS timestamptz)
                 ELSE conversations.lease_expires_at END,
             lease_wanted = CASE WHEN {TAKEABLE} THEN false
                 ELSE conversations.lease_wanted OR :queue END
@@ -194,21 +136,18 @@ LEASE = f"""
     FROM attempt LEFT JOIN turns ON turns.conversation_id = :cid AND turns.seq > :after
     ORDER BY turns.seq
 """
-# A lease given back; the turns queued for it are woken.
-RELEASE_LEASE = f"""
-    WITH released AS (
-        UPDATE conversations SET lease_holder = NULL, lease_expires_at = NULL
-        WHERE id = :cid AND lease_holder = :holder
-        RETURNING id, lease_wanted, {NO_SYNC_WAIT}
-    )
-    SELECT pg_notify('{CHANNEL}', 'lease:' || id::text) FROM released WHERE lease_wanted
+# A lease given back; whether turns are queued for it (they are woken after it, from the
+# server the client is connected to: on Citus a NOTIFY sent by a worker reaches no one).
+RELEASE_LEASE = """
+    UPDATE conversations SET lease_holder = NULL, lease_expires_at = NULL
+    WHERE id = :cid AND lease_holder = :holder
+    RETURNING lease_wanted
 """
-RENEW_LEASES = f"""
-    UPDATE conversations c
-    SET lease_expires_at = now() + make_interval(secs => :lease_s)
-    FROM unnest(CAST(:cids AS uuid[]), CAST(:holders AS uuid[])) AS l(id, holder)
-    WHERE c.id = l.id AND c.lease_holder = l.holder
-    RETURNING c.id, {NO_SYNC_WAIT}
+# This process's leases renewed until :until (a holder is one turn's: of one conversation).
+RENEW_LEASES = """
+    UPDATE conversations SET lease_expires_at = CAST(:until AS timestamptz)
+    WHERE id = ANY(CAST(:cids AS uuid[])) AND lease_holder = ANY(CAST(:holders AS uuid[]))
+    RETURNING id
 """
 # Topics to wake once a commit is done.
 WAKE = f"""
@@ -228,8 +167,7 @@ PAGE_SIZES = f"""
             + coalesce(octet_length(turns.assistant_message),
                        octet_length(turns.sealed_assistant_message) - {OVERHEAD}) AS size
         FROM turns
-        WHERE turns.conversation_id = conversations.id
-            AND turns.seq > :after AND turns.seq < :before
+        WHERE turns.conversation_id = :cid AND turns.seq > :after AND turns.seq < :before
         ORDER BY turns.seq {{order}}
         LIMIT :fetch
     ) AS sizes ON true
@@ -355,7 +293,7 @@ FORK_SLOT = """
 FORK_SOURCE = f"""
     SELECT conversations.metadata, conversations.sealed_metadata, conversations.expires_at,
         (SELECT turns.context_from FROM turns
-         WHERE turns.conversation_id = conversations.id AND turns.seq = :at) AS context_from
+         WHERE turns.conversation_id = :src AND turns.seq = :at) AS context_from
     FROM conversations
     WHERE conversations.id = :src AND conversations.owner = :caller
         AND conversations.revision >= :at AND {LIVE}
@@ -399,14 +337,18 @@ REWRITTEN = f"""
 
 # Housekeeping: conversations idle past the retention, a batch at a time (concurrent purges
 # skip each other's rows); an owner's, a batch at a time.
+PURGE_PICK = f"""
+    SELECT conversations.id FROM conversations
+    WHERE NOT ({LIVE})
+    ORDER BY conversations.updated_at
+    LIMIT :batch
+"""
+# Those picked, deleted if still gone (no lock taken while picking: on Citus a FOR UPDATE
+# over every shard is refused; a concurrent purge that deleted one first is waited for, and
+# the row is then not there).
 PURGE = f"""
-    DELETE FROM conversations WHERE conversations.id IN (
-        SELECT conversations.id FROM conversations
-        WHERE NOT ({LIVE})
-        ORDER BY conversations.updated_at
-        LIMIT :batch
-        FOR UPDATE SKIP LOCKED
-    )
+    DELETE FROM conversations
+    WHERE conversations.id = ANY(CAST(:ids AS uuid[])) AND NOT ({LIVE})
     RETURNING conversations.id
 """
 OWNED = """
@@ -452,7 +394,8 @@ class Statements:
             True: compiled(TURNS_OF.replace("{order}", "DESC")),
         }
         self.lease = compiled(LEASE)
-        self.commit = {False: compiled(COMMIT), True: compiled(COMMIT_FIRST)}  # first turn?
+        self.commit = compiled(COMMIT)
+        self.idle_s = retention_days * 86_400 if retention_days else None  # for the commit
         self.exists = compiled(EXISTS)
         self.release_lease = compiled(RELEASE_LEASE)
         self.renew_leases = compiled(RENEW_LEASES)
@@ -480,6 +423,7 @@ class Statements:
         self.turn_at = compiled(TURN_AT)
         self.delete_turn = compiled(DELETE_TURN)
         self.rewritten = compiled(REWRITTEN)
+        self.purge_pick = compiled(PURGE_PICK)
         self.purge = compiled(PURGE)
         self.owned = compiled(OWNED)
         self.owner_sealed = compiled(OWNER_SEALED)

@@ -49,6 +49,12 @@ from service.store.postgres.sealed import writing_key
 from service.store.postgres.tx import Params, driver, written
 
 
+def lease_clock(lease_s: float) -> Params:
+    """The lease statement's clock: now, and when a lease taken now runs out."""
+    now = datetime.now(UTC)
+    return {"now": now, "until": now + timedelta(seconds=lease_s)}
+
+
 class PostgresStore(Edits, Housekeeping):
     """ConversationStore, IdempotencyStore and Operations over one engine."""
 
@@ -84,8 +90,8 @@ class PostgresStore(Edits, Housekeeping):
         conversation_id, owner, after_revision = ask.conversation_id, ask.owner, ask.after_revision
         params = {
             "cid": conversation_id, "caller": owner, "holder": ask.holder,
-            "replaces": ask.replaces, "lease_s": ask.lease_s, "queue": ask.queue,
-            "after": after_revision,
+            "replaces": ask.replaces, "queue": ask.queue, "after": after_revision,
+            **lease_clock(ask.lease_s),
         }  # fmt: skip
 
         async def take() -> list[asyncpg.Record]:
@@ -117,16 +123,18 @@ class PostgresStore(Edits, Housekeeping):
         return codec.conversation(rows[0], [codec.turn(row) for row in found])
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
-        async def release() -> None:
+        async def release() -> bool:
             async with driver(self._engine, write=False) as conn:
                 params = {"cid": conversation_id, "holder": holder}
-                await self._sql.release_lease.execute(conn, params)
+                return bool(await self._sql.release_lease.fetchval(conn, params))
 
-        await written(release)
+        if await written(release):  # turns wait for it
+            await self._wake([f"lease:{conversation_id}"])
 
     async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
         cids, holders = [cid for cid, _ in leases], [holder for _, holder in leases]
-        params = {"cids": cids, "holders": holders, "lease_s": lease_s}
+        until = datetime.now(UTC) + timedelta(seconds=lease_s)
+        params = {"cids": cids, "holders": holders, "until": until}
         async with driver(self._engine, write=False) as conn:
             return {row["id"] for row in await self._sql.renew_leases.fetch(conn, params)}
 
@@ -167,7 +175,7 @@ class PostgresStore(Edits, Housekeeping):
         params = {
             **codec.turn_columns(revision, append.turn, run.run_id if run else None),
             "cid": cid, "expected": expected, "context_start": append.turn.context_from,
-            "caller": append.owner, "holder": append.lease, "revision": 1, "metadata": None,
+            "caller": append.owner, "holder": append.lease, "idle_s": self._sql.idle_s,
             "ttl_s": self._idempotency_ttl_s,
             "idem_key": append.idempotency.key if append.idempotency else None,
             "expires_at": self._expiry(append), "stored_bytes": append.stored_bytes,
@@ -180,7 +188,7 @@ class PostgresStore(Edits, Housekeeping):
                         "caller": append.owner, "new": cid}  # fmt: skip
                 if await self._copy(conn, fork, codec.key) is None:
                     raise await self._why_no_fork(conn, fork)  # the source went meanwhile
-            row = await self._sql.commit[expected == 0].fetchrow(conn, params)
+            row = await self._sql.commit.fetchrow(conn, params)
             if row is None:
                 raise await self._why_not(conn, params)
             if row["lease_wanted"]:  # turns wait for the lease this commit released

@@ -130,7 +130,7 @@ FUNCTIONS: dict[str, DistributedFunction] = {
     # A turn's commit: the plain turn's one round trip, on one worker, without 2PC.
     "turnstore_commit": DistributedFunction(
         "turnstore_commit(uuid, integer, text, uuid, integer, timestamptz, double precision,"
-        " text, text, json, text, text, text, integer, text, json, text, text, uuid, bytea,"
+        " bigint, text, text, json, text, text, text, integer, text, json, text, text, uuid, bytea,"
         " bytea, bytea, bytea, json, json, bytea, json, bytea, json, bytea, text,"
         " double precision)",
         argument="p_cid",

@@ -4,6 +4,7 @@ with one failure mapping."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, cast
@@ -11,7 +12,8 @@ from typing import Any, TypeVar, cast
 import asyncpg
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 from service.core.errors import StorageError
 
@@ -41,18 +43,28 @@ def sqlstate(exc: BaseException | None) -> str | None:
 
 
 @asynccontextmanager
-async def _checked_out(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A pooled connection. Any database failure becomes StorageError, and the connection it
-    happened on is discarded: after a failover or a restart the pool must not hand out a
-    session that is read-only or half-dead. A read-only refusal discards every idle session:
-    one opened while the database was read-only stays so after it is writable again."""
+async def _checked_out(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
+    """The asyncpg connection of a pooled one, straight from the engine's pool (its checkout
+    check included, platform/db.py): one greenlet hop to check it out and one to give it back,
+    where ``engine.connect()`` built a Connection and an AsyncConnection and made three (a
+    plain turn's two statements spent 0.27 ms of server CPU more so, bench/README.md section
+    8). Any database failure becomes StorageError, and the connection it happened on is
+    discarded: after a failover or a restart the pool must not hand out a session that is
+    read-only or half-dead. A read-only refusal discards every idle session: one opened while
+    the database was read-only stays so after it is writable again."""
     try:
-        async with engine.connect() as conn:
-            try:
-                yield conn
-            except _FAILURES:
-                await conn.invalidate()
-                raise
+        fairy = await greenlet_spawn(engine.sync_engine.pool.connect)  # dispose() replaces it
+        try:
+            connection = fairy.driver_connection
+            assert connection is not None  # a checked-out connection always has one
+            yield connection
+        except _FAILURES as exc:
+            await greenlet_spawn(fairy.invalidate, exc)  # which gives it back
+            raise
+        except BaseException:
+            await asyncio.shield(greenlet_spawn(fairy.close))  # cancelled: given back anyway
+            raise
+        await greenlet_spawn(fairy.close)
     except _FAILURES as exc:
         state = sqlstate(exc)
         if state == READ_ONLY:
@@ -78,9 +90,7 @@ async def driver(engine: AsyncEngine, *, write: bool) -> AsyncIterator[asyncpg.C
     failure mapping, without SQLAlchemy's per-execution work. Without ``write`` each statement
     commits by itself (the engine autocommits, see platform/db.py: one statement is one round
     trip and sees one snapshot); ``write`` runs them in one READ COMMITTED transaction."""
-    async with _checked_out(engine) as conn:
-        connection = (await conn.get_raw_connection()).driver_connection
-        assert connection is not None  # a checked-out connection always has one
+    async with _checked_out(engine) as connection:
         if not write:
             yield connection
             return

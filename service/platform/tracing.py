@@ -17,12 +17,19 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 tracer = trace.get_tracer("turnstore")
 _configured = False
+_provider: object = None  # the provider last looked at, and whether it is an SDK one
+_sdk = False
 
 
 def active() -> bool:
     """Whether spans go anywhere: an SDK tracer provider is installed (by ``configure``, or by
-    a test). Otherwise the API's no-op spans would still cost a context switch each."""
-    return isinstance(trace.get_tracer_provider(), TracerProvider)
+    a test). Otherwise the API's no-op spans would still cost a context switch each. (Asked
+    several times per request: the ABC check is made once per provider.)"""
+    global _provider, _sdk
+    provider = trace.get_tracer_provider()
+    if provider is not _provider:
+        _provider, _sdk = provider, isinstance(provider, TracerProvider)
+    return _sdk
 
 
 def span(name: str, **options: Any) -> AbstractContextManager[trace.Span]:

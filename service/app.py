@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api import console
 from service.api.auth import authentication, build_authenticator, openapi_security
+from service.api.bodies import StrictRequest
 from service.api.chat import ChatController
 from service.api.compat.conversations import OpenAIConversations
 from service.api.compat.models import OpenAIModels
@@ -300,6 +301,7 @@ def create_app(
         },
         exception_handlers={Exception: error_response},
         request_max_body_size=settings.max_body_bytes,
+        request_class=StrictRequest,
         lifespan=[lifespan],
         openapi_config=_openapi(components),
         logging_config=None,

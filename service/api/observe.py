@@ -5,25 +5,11 @@ the request rules refused before routing, is counted under ``unmatched``."""
 
 from __future__ import annotations
 
-from prometheus_client.metrics import Counter, Histogram
-
-from service.platform.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
+from service.platform.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS, series
 
 UNMATCHED = "unmatched"
 
-# The labelled series already used: ``labels()`` takes a lock and builds its key each call.
-_counters: dict[tuple[str, str, int], Counter] = {}
-_timers: dict[tuple[str, str], Histogram] = {}
-
 
 def observe(route: str, method: str, status: int, seconds: float) -> None:
-    counter = _counters.get((route, method, status))
-    if counter is None:
-        counter = _counters[route, method, status] = HTTP_REQUESTS.labels(
-            route, method, str(status)
-        )
-    timer = _timers.get((route, method))
-    if timer is None:
-        timer = _timers[route, method] = HTTP_REQUEST_SECONDS.labels(route, method)
-    counter.inc()
-    timer.observe(seconds)
+    series(HTTP_REQUESTS, route, method, str(status)).inc()
+    series(HTTP_REQUEST_SECONDS, route, method).observe(seconds)

@@ -65,6 +65,10 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
         # asyncpg without a round trip, and ``_skip_closed`` replaces it at checkout. One the
         # network lost silently fails its statement and is discarded (store/postgres/tx.py).
         pool_pre_ping=False,
+        # No rollback when a connection goes back: statements run on the asyncpg connection
+        # itself (store/postgres/tx.py), where a transaction always ends inside its block, so
+        # SQLAlchemy's rollback had nothing to do, each time.
+        pool_reset_on_return=None,
         # json columns hold replay items that turnstore never decodes: read them as text.
         json_deserializer=lambda text: text,
         hide_parameters=True,  # SQL errors must not carry message text into logs

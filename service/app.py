@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 from litestar import Litestar, Request, Router
 from litestar.di import Provide
-from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, Schema
@@ -24,16 +23,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api import console
 from service.api.auth import authentication, build_authenticator, openapi_security
+from service.api.bodies import StrictRequest
 from service.api.chat import ChatController
 from service.api.compat.conversations import OpenAIConversations
 from service.api.compat.models import OpenAIModels
 from service.api.compat.responses import OpenAIResponses
 from service.api.conversations import ConversationController
-from service.api.correlation import add_correlation_header, correlation_middleware
 from service.api.deps import Api, UseCases
+from service.api.edge import Edge
 from service.api.errors import error_response
-from service.api.limits import RequestRules, allowed_hosts, request_rules_middleware
-from service.api.observe import http_metrics_middleware
+from service.api.limits import RequestRules, allowed_hosts
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
 from service.api.turns import TurnController
@@ -296,7 +295,9 @@ def create_app(
             OpenAIResponses,
             OpenAIModels,
         ],
-        guards=[guard],
+        # AUTH_MODE=none: every request's owner is "anonymous", asked by the handler's
+        # dependency; no guard (Litestar copies the route handler for each guard call).
+        guards=[guard] if settings.auth_mode != "none" else [],
         security=security,
     )
     app = Litestar(
@@ -306,19 +307,17 @@ def create_app(
             "api": Provide(_api(owner, services.cases)),
         },
         exception_handlers={Exception: error_response},
-        before_send=[add_correlation_header],
-        middleware=[
-            correlation_middleware,
-            http_metrics_middleware,
-            DefineMiddleware(request_rules_middleware, rules=_rules(settings)),
-        ],
         request_max_body_size=settings.max_body_bytes,
+        request_class=StrictRequest,
         lifespan=[lifespan],
         openapi_config=_openapi(components),
         logging_config=None,
         debug=False,
     )
     _close_request_schemas(app)
+    # Every request and response passes the edge (service/api/edge.py), outside the router:
+    # unmatched routes too. No Litestar middleware: each route's stack stays the handler's.
+    app.asgi_handler = Edge(app.asgi_handler, _rules(settings))
     return app
 
 

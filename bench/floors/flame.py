@@ -219,8 +219,10 @@ ANCESTOR = (
             "(asyncpg/pool.py",
             "(sqlalchemy/",
             "(service/db.py",
+            "(service/platform/db.py",
             "_checked_out",
             "driver (service/store/tx.py",
+            "driver (service/store/postgres/tx.py",
             "greenlet",
         ),
     ),
@@ -243,6 +245,7 @@ ANCESTOR = (
             "capture_response_started",
             "wrapped_send",
             "add_correlation_header",
+            "edge_send",
         ),
     ),
     (
@@ -254,6 +257,8 @@ ANCESTOR = (
             "(litestar/response/streaming.py",
             "closed_with_response",
             "close_streams",
+            "_encoded (service/api/sse.py",
+            "EventStream",
         ),
     ),
     (
@@ -262,6 +267,9 @@ ANCESTOR = (
             "(service/runs.py",
             "(service/store/runs.py",
             "(service/api/turns.py",
+            "(service/usecases/runs.py",
+            "(service/usecases/run.py",
+            "(service/store/postgres/run_store.py",
         ),
     ),
     ("/v1: output items view", ("output_items", "_shown_items")),
@@ -269,8 +277,9 @@ ANCESTOR = (
 )
 NEAREST = (
     (
-        "turnstore middlewares",
+        "turnstore middlewares (since issue 31: the edge)",
         (
+            "(service/api/edge.py",
             "(service/api/correlation.py",
             "(service/api/observe.py",
             "(service/api/limits.py",

@@ -23,14 +23,37 @@ _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
+class StrictRequest(Request[Any, Any, Any]):
+    """The app's request class: a body a ``before_request`` hook decoded (``strict``) is the
+    handler's ``data`` as it is, not parsed again by the framework (into Python objects, then
+    converted into the struct once more)."""
+
+    __slots__ = ("_strict",)
+
+    def keep(self, value: msgspec.Struct) -> None:
+        self._strict = value
+
+    async def json(self) -> Any:
+        try:
+            return self._strict
+        except AttributeError:
+            return await super().json()
+
+
 def strict(into: type[msgspec.Struct]) -> Callable[[Request[Any, Any, Any]], Awaitable[None]]:
     """A ``before_request`` hook: the body decodes into ``into`` (400 naming the field at
-    fault otherwise) before the framework parses it for the handler."""
+    fault otherwise) before the framework parses it for the handler, which gets that value."""
 
     async def check(request: Request[Any, Any, Any]) -> None:
-        decode(await request.body(), into)
+        decoded(request, decode(await request.body(), into))
 
     return check
+
+
+def decoded(request: Request[Any, Any, Any], value: msgspec.Struct) -> None:
+    """``value`` is the handler's ``data``."""
+    if isinstance(request, StrictRequest):
+        request.keep(value)
 
 
 def decode(body: bytes, into: type[S]) -> S:

@@ -9,7 +9,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
-from service.api.bodies import decode
+from service.api.bodies import decode, decoded
 from service.api.correlation import correlation_id
 from service.api.deps import Api, Caller
 from service.api.errors import TURN_ERRORS, documented
@@ -47,7 +47,7 @@ async def strict_chat_request(request: Request[Any, Any, Any]) -> None:
     nothing."""
     if len(request.headers.getall("idempotency-key", [])) > 1:
         raise InvalidInput("Idempotency-Key must be sent once.")
-    decode(await request.body(), ChatRequest)  # the body is kept for the handler's own parse
+    decoded(request, decode(await request.body(), ChatRequest))  # the handler's data
 
 
 class ChatController(Controller):

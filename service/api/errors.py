@@ -17,7 +17,6 @@ from litestar.types import Scope
 
 from service.api.compat.schemas import OpenAIError
 from service.api.correlation import correlation_id
-from service.api.observe import count_unmatched
 from service.api.schemas import ErrorEnvelope
 from service.core.errors import (
     ContentFiltered,
@@ -137,8 +136,6 @@ def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[
             log_failure(exc, cid)
     elif isinstance(exc, HTTPException) and exc.status_code < 500:
         status, param = exc.status_code, _invalid_param(exc)
-        if isinstance(exc, NotFoundException | MethodNotAllowedException):
-            count_unmatched(request.scope, status)
         code = _CODE_BY_STATUS.get(status, "http_error")
         message = _framework_message(exc, request)
         headers.update(exc.headers or {})

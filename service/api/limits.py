@@ -1,4 +1,5 @@
-"""Checks every request passes before any route sees it, and a bound on every send.
+"""Checks every request passes before any route sees it, and a bound on every send (both
+applied by the edge, service/api/edge.py).
 
 - The request head (target plus headers) has a hard size limit, whatever the ASGI server:
   uvicorn's h11 ``max_incomplete_event_size`` bounds what it buffers of a head still arriving,
@@ -16,22 +17,16 @@ Each refusal is answered in the contract's envelope by the app's exception handl
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from dataclasses import dataclass
 
-from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import Scope
 
-from service.api.sse import close_streams
 from service.core.errors import InvalidHost, InvalidInput, UnsupportedMediaType
 
 MAX_HEAD_BYTES = 16 * 1024  # room for a large JWT
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 # Probes and scrapers address a pod by its IP: no data behind these, whatever the Host.
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
-
-log = logging.getLogger("turnstore.api")
 
 
 @dataclass(frozen=True)
@@ -77,32 +72,6 @@ def _is_json(content_type: bytes) -> bool:
     return media == b"application/json" or (
         media.startswith(b"application/") and media.endswith(b"+json")
     )
-
-
-def request_rules_middleware(app: ASGIApp, rules: RequestRules) -> ASGIApp:
-    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP:
-            await app(scope, receive, send)
-            return
-        check(scope, rules)
-
-        async def bounded_send(message: Message) -> None:
-            try:
-                async with asyncio.timeout(rules.send_timeout_s):
-                    await send(message)
-            except TimeoutError:
-                raise ClientStoppedReading() from None
-
-        try:
-            await app(scope, receive, bounded_send)
-        except ClientStoppedReading:
-            # The response had started: nothing more can be said to this client. The server
-            # closes the connection.
-            log.warning("the client stopped reading; its response was ended")
-        finally:
-            await close_streams(scope)
-
-    return middleware
 
 
 def allowed_hosts(auth_mode: str, extra: str | None) -> frozenset[str] | None:

@@ -18,7 +18,13 @@ from service.api.deps import Caller
 from service.api.errors import documented
 from service.api.headers import CORRELATION_ID, LastEventId
 from service.api.schemas import TurnView
-from service.api.sse import TurnEvents, closed_with_response, released_with_response, sse_events
+from service.api.sse import (
+    EventStream,
+    TurnEvents,
+    closed_with_response,
+    released_with_response,
+    sse_events,
+)
 from service.core.errors import InvalidInput, StorageError, TurnNotFound, Unauthorized
 
 MAX_SEQ = 2**31 - 1  # event numbers are PostgreSQL integers
@@ -87,7 +93,7 @@ class TurnController(Controller):
             source, TurnEvents(cid), api.sse_keepalive_s, correlation_id=cid, follower=True
         )
         closed_with_response(request.scope, events)
-        return ServerSentEvent(events, headers={"X-Turn-Id": str(tid)})
+        return EventStream(events, headers={"X-Turn-Id": str(tid)})
 
     @post(
         "/{turn_id:str}/cancel",

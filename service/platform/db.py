@@ -30,6 +30,9 @@ def driver_connect_args(url: str) -> dict[str, Any]:
     return {**kwargs, "server_settings": {"application_name": "turnstore-listen"}}
 
 
+POOL_TIMEOUT_S = 10  # how long a statement waits for a connection of the pool
+
+
 def _unnamed() -> str:
     return ""  # the protocol's unnamed statement: it lives until the next Parse, never longer
 
@@ -59,12 +62,16 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
         # DB_POOL_SIZE is the hard limit per process: a turn holds a connection only to load and
         # to commit, never while the provider works, so a small pool serves many turns.
         max_overflow=0,
-        pool_timeout=10,
+        pool_timeout=POOL_TIMEOUT_S,
         # No ping per checkout (a round trip per statement group): a connection the server
         # closed (restart, failover, terminated backend, a pooler restart) is known closed to
         # asyncpg without a round trip, and ``_skip_closed`` replaces it at checkout. One the
         # network lost silently fails its statement and is discarded (store/postgres/tx.py).
         pool_pre_ping=False,
+        # No rollback when a connection goes back: statements run on the asyncpg connection
+        # itself (store/postgres/tx.py), where a transaction always ends inside its block, so
+        # SQLAlchemy's rollback had nothing to do, each time.
+        pool_reset_on_return=None,
         # json columns hold replay items that turnstore never decodes: read them as text.
         json_deserializer=lambda text: text,
         hide_parameters=True,  # SQL errors must not carry message text into logs

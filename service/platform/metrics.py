@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -17,6 +18,20 @@ from prometheus_client import (
 
 from service.core.errors import TurnstoreError
 from service.core.usage import Usage
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+_series: dict[tuple[object, ...], object] = {}
+
+
+def series(metric: M, *labels: str) -> M:
+    """``metric.labels(*labels)``, remembered: prometheus_client takes a lock and builds the
+    key on every call, and every request and turn counts a few of them."""
+    key = (metric, *labels)
+    found = _series.get(key)
+    if found is None:
+        found = _series[key] = metric.labels(*labels)
+    return found  # type: ignore[return-value]
+
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)  # CPU, memory, open files of this process
@@ -61,7 +76,7 @@ def tokens_used(model: str, usage: Usage) -> None:
         ("output", usage.output_tokens), ("reasoning", usage.reasoning_tokens),
     ):  # fmt: skip
         if count:
-            PROVIDER_TOKENS.labels(model, kind).inc(count)
+            series(PROVIDER_TOKENS, model, kind).inc(count)
 
 
 PROVIDER_SECONDS = Histogram(
@@ -106,9 +121,9 @@ POOL_IN_USE = Gauge(
 def turn_ended(mode: str, *, committed: bool) -> None:
     """A turn reached its end: committed, or refused by the content filter."""
     if committed:
-        TURNS_COMMITTED.labels(mode).inc()
+        series(TURNS_COMMITTED, mode).inc()
     else:
-        TURNS_NOT_COMMITTED.labels(mode, "content_filtered").inc()
+        series(TURNS_NOT_COMMITTED, mode, "content_filtered").inc()
 
 
 @contextmanager
@@ -118,11 +133,11 @@ def turn_outcome(mode: str) -> Iterator[None]:
     try:
         yield
     except TurnstoreError as exc:
-        TURNS_NOT_COMMITTED.labels(mode, exc.code).inc()
+        series(TURNS_NOT_COMMITTED, mode, exc.code).inc()
         raise
     except (GeneratorExit, asyncio.CancelledError):
-        TURNS_NOT_COMMITTED.labels(mode, "disconnect").inc()
+        series(TURNS_NOT_COMMITTED, mode, "disconnect").inc()
         raise
     except Exception:
-        TURNS_NOT_COMMITTED.labels(mode, "internal_error").inc()
+        series(TURNS_NOT_COMMITTED, mode, "internal_error").inc()
         raise

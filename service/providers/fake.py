@@ -20,6 +20,7 @@ It behaves like the real Responses API where turnstore or a client can tell:
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import math
 from collections.abc import AsyncGenerator, Mapping
@@ -75,6 +76,7 @@ class _NamedChoice(msgspec.Struct):
     name: str = ""
 
 
+@functools.lru_cache(maxsize=4096)  # every turn checks the seals of its whole history again
 def _seal(model: str, item_id: str) -> str:
     # The default model's seal is the one of releases without model choice: their
     # conversations keep replaying.
@@ -144,10 +146,13 @@ class FakeProvider:
         return None
 
 
+_HEAD = msgspec.json.Decoder(_ItemHead)
+
+
 def _checked(request: ProviderRequest, model: str) -> list[_ItemHead]:
     """The input's items, each opaque one checked: a reasoning or compaction item this fake
     did not seal for ``model`` fails like the real API (invalid_encrypted_content)."""
-    heads = [msgspec.json.decode(item, type=_ItemHead) for item in request.input_items]
+    heads = [_HEAD.decode(item) for item in request.input_items]
     for head in heads:
         if head.type in ("reasoning", "compaction") and (
             head.id is None or head.encrypted_content != _seal(model, head.id)

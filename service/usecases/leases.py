@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from service.core.errors import ConversationBusy, ConversationNotFound, StorageError
-from service.core.model import Conversation, LeaseRequest
+from service.core.model import Conversation, LeaseAttempt, LeaseRequest
 from service.core.plans import TurnPlan
 from service.platform import metrics, tracing
 from service.store.ports import ConversationStore, Notifications
@@ -81,21 +81,23 @@ class Leases:
         ConversationNotFound, StorageError."""
         holder, cid, started = uuid.uuid4(), plan.conversation_id, time.monotonic()
         deadline = started + (self.policy.queue_wait_s if self.policy.queue else 0)
-        async with contextlib.AsyncExitStack() as stack:
-            with metrics.TURNS_WAITING.track_inprogress():
-                try:
-                    local = self._locks.hold(cid, wait_s=max(0.0, deadline - started))
-                    await stack.enter_async_context(local)
-                except TimeoutError:
-                    raise _busy() from None
+        local = self._locks.hold(cid, wait_s=max(0.0, deadline - started))
+        try:
+            if self._locks.taken(cid):  # another turn of this process has it: wait, counted
+                with metrics.TURNS_WAITING.track_inprogress():
+                    await local.__aenter__()
+            else:
+                await local.__aenter__()
+        except TimeoutError:
+            raise _busy() from None
+        try:
             if plan.is_new:  # its id is new: no other turn can hold it (and it waited for none)
                 yield Held(None, holder)
                 return
             with metrics.TURNS_WAITING.track_inprogress(), tracing.span("turn.lease") as span:
                 conversation = await self._acquire(plan, holder, deadline)
                 span.set_attribute("turnstore.waited_s", time.monotonic() - started)
-                if conversation is not None:
-                    span.set_attribute("turnstore.revision", conversation.revision)
+                span.set_attribute("turnstore.revision", conversation.revision)
             waited = time.monotonic() - started
             if waited > WAITED_S:
                 metrics.TURNS_QUEUED.inc()
@@ -112,30 +114,28 @@ class Leases:
                     except StorageError as exc:
                         # Given back later, or taken over by the next turn here.
                         self._keeper.abandon(cid, holder, exc)
+        finally:
+            await local.__aexit__(None, None, None)
 
     async def close(self) -> None:
         await self._keeper.close()
 
     async def _acquire(self, plan: TurnPlan, holder: uuid.UUID, deadline: float) -> Conversation:
-        """Take the lease, waiting for it per the policy; the conversation as loaded then."""
+        """Take the lease, waiting for it per the policy; the conversation as loaded then.
+        Most turns find it free: only a refused turn subscribes to its release, and then asks
+        again at once (a release between the refusal and the subscription is not missed)."""
+        attempt = await self._attempt(plan, holder)
+        if attempt.acquired:
+            return _found(attempt)
+        if deadline <= time.monotonic():
+            raise _busy()
         topic, poll = f"lease:{plan.conversation_id}", FIRST_POLL_S
         async with self._notifications.subscribe(topic) as released:
             while True:
                 released.clear()
-                try:
-                    attempt = await self._store.lease(LeaseRequest(
-                        plan.conversation_id, plan.owner, holder, lease_s=self.policy.lease_s,
-                        queue=self.policy.queue,
-                        replaces=self._keeper.abandoned_in(plan.conversation_id),
-                    ))  # fmt: skip
-                except StorageError:
-                    # It may have taken the lease before its answer was lost: give it back.
-                    self._keeper.abandon(plan.conversation_id, holder)
-                    raise
-                if attempt.conversation is None:
-                    raise ConversationNotFound()
+                attempt = await self._attempt(plan, holder)
                 if attempt.acquired:
-                    return attempt.conversation
+                    return _found(attempt)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise _busy()
@@ -150,6 +150,27 @@ class Leases:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(wait, left)):
                         await released.wait()
+
+    async def _attempt(self, plan: TurnPlan, holder: uuid.UUID) -> LeaseAttempt:
+        """One try; ConversationNotFound when there is no such conversation (of this owner)."""
+        try:
+            attempt = await self._store.lease(LeaseRequest(
+                plan.conversation_id, plan.owner, holder, lease_s=self.policy.lease_s,
+                queue=self.policy.queue,
+                replaces=self._keeper.abandoned_in(plan.conversation_id),
+            ))  # fmt: skip
+        except StorageError:
+            # It may have taken the lease before its answer was lost: give it back.
+            self._keeper.abandon(plan.conversation_id, holder)
+            raise
+        if attempt.conversation is None:
+            raise ConversationNotFound()
+        return attempt
+
+
+def _found(attempt: LeaseAttempt) -> Conversation:
+    assert attempt.conversation is not None  # _attempt raised ConversationNotFound otherwise
+    return attempt.conversation
 
 
 def _busy() -> ConversationBusy:

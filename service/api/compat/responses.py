@@ -38,7 +38,13 @@ from service.api.headers import (
     IfMatch,
     parse_if_match,
 )
-from service.api.sse import closed_with_response, released_with_response, run_stream, sse_events
+from service.api.sse import (
+    EventStream,
+    closed_with_response,
+    released_with_response,
+    run_stream,
+    sse_events,
+)
 from service.core.errors import (
     InvalidInput,
     PreviousResponseNotFound,
@@ -325,7 +331,7 @@ async def resumed(
     cid = correlation_id(request.scope)
     stream = sse_events(events, rendering, api.sse_keepalive_s, correlation_id=cid, follower=True)
     closed_with_response(request.scope, stream)
-    return ServerSentEvent(stream)
+    return EventStream(stream)
 
 
 async def stateless(
@@ -346,7 +352,7 @@ async def stateless(
             provider, rendering, api.sse_keepalive_s, correlation_id=cid, follower=False
         )
         closed_with_response(request.scope, stream)
-        return ServerSentEvent(stream)
+        return EventStream(stream)
     reply = await api.responses.stateless(api.owner, ask, asked.input, asked.tools)
     # Sealed reasoning is kept in the answer: a client that keeps the history has no other
     # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).

@@ -1,7 +1,7 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
 Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,
-compaction
+compaction,citus
 --subjects ...
 --rounds N  --flame, --realtime (floors: flame graphs into bench/flame/; servers under
 SCHED_FIFO)
@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from bench import (
+    citus,
     compaction,
     durable,
     e2e,
@@ -48,7 +49,7 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,"
-        "compaction",
+        "compaction,citus",
     )
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
@@ -167,6 +168,16 @@ def main() -> None:
             )
             for line in compaction.lines(compaction.run(url, logs)):
                 _say("   " + line)
+        if "citus" in parts:
+            config = citus.CitusConfig(rounds=args.rounds)
+            _say(
+                f"\n12. Citus: the store's plain turns (lease + commit), {config.conversations}"
+                f" conversations x {config.turns} turns at concurrency {config.concurrency}, on"
+                " a coordinator with two workers (this machine) and on one plain server; best"
+                f" of {config.rounds} rounds"
+            )
+            for line in citus.lines(citus.run(url, config)):
+                _say(line)
         _say("\nTargets (ratios from this run)")
         if floor is not None:
             for line in report.floor_targets(floors.ratios(floor)):

@@ -306,7 +306,8 @@ class Streamed:
                 "usage": reply.openai_usage(),
             })  # fmt: skip
             ended = await conn.fetchrow(sql.run_commit.sql, *sql.run_commit.args(Nulls({
-                "id": run, "status": "completed", "revision": revision, "seq": done_seq,
+                "id": run, "cid": cid, "status": "completed", "revision": revision,
+                "seq": done_seq,
                 "ttl": EVENTS_TTL_S, "sealed_events": None,
                 "events": (b'[[%d,"message.done",%s]]' % (done_seq, done)).decode(),
             })))  # fmt: skip

@@ -47,6 +47,9 @@ RELEASE = sql("""
 RELEASE_RUN = sql("""
     DELETE FROM idempotency_keys WHERE owner = :owner AND turn_id = :turn_id AND state = 'running'
 """)
+# The keys that committed to a deleted conversation (on plain PostgreSQL its foreign key does
+# this first; on Citus, where keys are placed by owner, there is none: deleting does it).
+DELETE_OF = sql("DELETE FROM idempotency_keys WHERE owner = :caller AND conversation_id = :cid")
 EXPIRED = sql("DELETE FROM idempotency_keys WHERE expires_at < now()")
 DELETE_OWNED = sql("DELETE FROM idempotency_keys WHERE owner = :owner")
 

@@ -55,18 +55,21 @@ END = sql(
     )
 )
 # A durable turn's commit ends its run (in the commit's transaction, after the turn row): no
-# row means the run was interrupted meanwhile, and the whole commit is rolled back.
+# row means the run was interrupted meanwhile, and the whole commit is rolled back. Named by
+# its conversation too: on Citus the same worker as the turn's commit (no two-phase commit).
 COMMIT = sql(f"""
     WITH r AS (
         UPDATE turn_runs SET
             status = :status, revision = :revision, last_event = :seq, finished_at = now(),
             expires_at = now() + make_interval(secs => :ttl)
-        WHERE id = :id AND {UNFINISHED}
+        WHERE conversation_id = :cid AND id = :id AND {UNFINISHED}
         RETURNING id, conversation_id, watched
+    ), e AS (
+        INSERT INTO turn_events (conversation_id, turn_id, seq, events, sealed_events)
+        SELECT r.conversation_id, r.id, :seq, CAST(:events AS json), :sealed_events FROM r
+        RETURNING 1
     )
-    INSERT INTO turn_events (conversation_id, turn_id, seq, events, sealed_events)
-    SELECT r.conversation_id, r.id, :seq, CAST(:events AS json), :sealed_events FROM r
-    RETURNING (SELECT watched FROM r)
+    SELECT r.watched FROM r
 """)
 VIEW = """
     r.id, r.conversation_id, r.status, r.revision, r.error_code, r.error_message,

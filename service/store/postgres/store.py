@@ -41,6 +41,7 @@ from service.core.plans import check_precondition
 from service.platform.crypto import DataKey
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
+from service.store.postgres import idempotency as idem
 from service.store.postgres import run_statements
 from service.store.postgres.edits import Edits
 from service.store.postgres.housekeeping import Housekeeping
@@ -193,7 +194,7 @@ class PostgresStore(Edits, Housekeeping):
                 raise await self._why_not(conn, params)
             if row["lease_wanted"]:  # turns wait for the lease this commit released
                 wake.append(f"lease:{cid}")
-            if run is not None and await self._end_run(conn, run, revision, codec.key):
+            if run is not None and await self._end_run(conn, cid, run, revision, codec.key):
                 wake.append(f"events:{run.run_id}")  # its events are followed elsewhere
         if wake:
             await self._wake(wake)
@@ -207,14 +208,20 @@ class PostgresStore(Edits, Housekeeping):
         return None
 
     async def _end_run(
-        self, conn: asyncpg.Connection, run: RunCommit, revision: int, key: DataKey | None
+        self,
+        conn: asyncpg.Connection,
+        cid: UUID,
+        run: RunCommit,
+        revision: int,
+        key: DataKey | None,
     ) -> bool:
         """The run's end and its message.done, in the commit's transaction; whether a reader
         elsewhere follows it. TurnInterrupted (the whole commit rolled back) if the run was
         interrupted meanwhile."""
         batch = Events(key, run.run_id).batch_columns([run.done.event(run.done_seq, revision)])
         ended = await run_statements.COMMIT.fetchrow(conn, {
-            "id": run.run_id, "status": run.status, "revision": revision, "seq": run.done_seq,
+            "id": run.run_id, "cid": cid, "status": run.status, "revision": revision,
+            "seq": run.done_seq,
             "ttl": self._events_ttl_s, **batch,
         })  # fmt: skip
         if ended is None:
@@ -249,6 +256,7 @@ class PostgresStore(Edits, Housekeeping):
             check_precondition(if_match, revision)  # else the delete is rolled back
             cids = {"cids": [conversation_id]}
             await run_statements.DELETE_OF.execute(conn, cids)  # and their events
+            await idem.DELETE_OF.execute(conn, params)
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         async with driver(self._engine, write=False) as conn:

@@ -1,5 +1,5 @@
-"""turnstore on Citus (deploy/SCALE-OUT.md): the store contract, the run store's, the lease and
-the durable-turn tests run again, unchanged, against the local Citus cluster (tests/citus.py:
+"""turnstore on Citus (deploy/SCALE-OUT.md): the store contract, the run store's, the lease,
+durable-turn, owner, Idempotency-Key and retention tests run again, unchanged, against the local Citus cluster (tests/citus.py:
 a coordinator and two workers, migrated with `turnstore db upgrade` and placed with `turnstore
 db distribute`). Where Citus is not installed they skip with one line (in CI they fail).
 
@@ -13,18 +13,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncpg
+import msgspec
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from httpx_sse import aconnect_sse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core import events as run_events
+from service.core.model import Append, NewRun, Turn
 from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine
 from service.store.postgres import Keyring, PostgresRuns, PostgresStore
+from service.store.postgres.encrypting import ClearRows
 from tests.cluster import replicas
 from tests.database import asyncpg_dsn
 from tests.fakeapi import FakeResponsesAPI, Script
@@ -42,6 +47,7 @@ from tests.test_durable import (
     text_of,
 )
 from tests.test_leases import *  # noqa: F403
+from tests.test_owners_idempotency_retention import *  # noqa: F403
 from tests.test_run_store import *  # noqa: F403
 from tests.test_run_store import Stores
 from tests.test_store import *  # noqa: F403
@@ -198,3 +204,36 @@ async def _purge(url: str) -> int:
         return await PostgresStore(engine, retention_days=1).purge(batch=2)
     finally:
         await engine.dispose()
+
+
+async def test_encrypt_existing_seals_every_clear_row_on_citus(engine: AsyncEngine) -> None:
+    """`turnstore encrypt-existing` on the cluster: turns, metadata and events written in
+    clear are sealed (picked without a lock on every shard, each sealed if still clear), and
+    read back the same through an encrypting store."""
+    clear = PostgresStore(engine)
+    turn = Turn("said in clear", "told in clear", [msgspec.Raw(b'{"type":"message"}')])
+    cids = [uuid.uuid4() for _ in range(5)]
+    for cid in cids:
+        await clear.append(Append(cid, turn, 0, owner="alice"))
+    info = await clear.create_conversation("alice", {"topic": "in clear"})
+    runs = PostgresRuns(engine, events_ttl_s=60)
+    run = NewRun(uuid.uuid4(), cids[0], "alice", True)
+    await runs.create_run(run, 30)
+    await runs.log_events(run.id, "alice", [run_events.delta(1, "streamed in clear")])
+    keyring = _keyring(engine, encrypted=True)
+    assert keyring is not None
+    rows = ClearRows(engine, keyring)
+    assert await rows.count() == 5 + 1 + 1
+    while await rows.encrypt_batch(2):
+        pass
+    assert await rows.count() == 0
+    sealed = PostgresStore(engine, keyring=keyring)
+    for cid in cids:
+        loaded = await sealed.load(cid, "alice")
+        assert loaded is not None and loaded.turns[0].user_message == "said in clear"
+    described = await sealed.describe(info.id, "alice")
+    assert described is not None and described.metadata == {"topic": "in clear"}
+    found = await PostgresRuns(engine, events_ttl_s=60, keyring=keyring).run_events(
+        run.id, "alice", 0
+    )
+    assert found is not None and "streamed in clear" in str(found[1][0].data)

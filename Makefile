@@ -90,7 +90,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[bench]'
 	@touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) ## turnstore vs a plain-asyncpg baseline and three peers; HTTP; 1,000 streams (~3 min)
+bench: $(BENCH_STAMP) citus-deps ## turnstore vs a plain-asyncpg baseline and three peers; HTTP; 1,000 streams; Citus (~4 min)
 	$(BIN)/python -m bench
 
 clean: ## remove .venv and the embedded database

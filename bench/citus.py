@@ -4,7 +4,9 @@ PostgresStore: plain turns (the lease, then the commit), 32 conversations x 10 t
 concurrency 16, best of the rounds. Per turn: turns/s, round trips (every statement the
 store's connections sent, counted by asyncpg's query logger: checkout pings, BEGIN and COMMIT
 included), and two-phase commits (the coordinator's pg_dist_transaction, with 2PC recovery
-off so none is forgotten meanwhile: 0 for a plain turn, which commits on one worker).
+off so none is forgotten meanwhile: 0 for a plain turn, which commits on one worker). The
+cluster's nodes write as durably as the plain server (fsync, full-page writes), and all of
+them share this machine's cores with the load generator.
 
 The cluster needs Citus in the system PostgreSQL 15 (`make citus-deps`); without it the part
 says why and measures nothing.
@@ -33,6 +35,8 @@ from tests.citus import citus_cluster, citus_database, citus_missing
 from tests.database import asyncpg_dsn
 
 SHARDS = 32  # per co-location group
+# As durable as the plain server: the test cluster's fsync and full-page writes are off.
+DURABLE = {"fsync": "on", "full_page_writes": "on"}
 OWNER = "bench"
 
 
@@ -137,7 +141,7 @@ async def measure(name: str, url: str, config: CitusConfig) -> CitusResult:
 @contextmanager
 def citus_url() -> Iterator[str]:
     """A migrated, placed database on a fresh local cluster (stopped on the way out)."""
-    with citus_cluster() as cluster, citus_database(cluster) as url:
+    with citus_cluster(settings=DURABLE) as cluster, citus_database(cluster) as url:
         migrate.upgrade(url)
         asyncio.run(distribute(url, shard_count=SHARDS))
         yield url

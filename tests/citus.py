@@ -106,9 +106,12 @@ class CitusCluster:
 
 
 @contextmanager
-def citus_cluster(workers: int = 2) -> Iterator[CitusCluster]:
+def citus_cluster(
+    workers: int = 2, settings: dict[str, str] | None = None
+) -> Iterator[CitusCluster]:
     """A coordinator and ``workers`` workers running, with Citus loaded (``citus_database``
-    makes a database that uses them); stopped and removed on the way out."""
+    makes a database that uses them); stopped and removed on the way out. ``settings``: the
+    servers' settings over the tests' (the bench makes its writes durable again)."""
     with ExitStack() as stack:
         _remove_abandoned()
         root = stack.enter_context(workdir("citus"))
@@ -118,7 +121,7 @@ def citus_cluster(workers: int = 2) -> Iterator[CitusCluster]:
             os.chown(root, *ids)
         names = ("coordinator", *(f"worker{i}" for i in range(1, workers + 1)))
         _initdb(ids, [root / name for name in names])
-        nodes = [stack.enter_context(_node(root / name, ids)) for name in names]
+        nodes = [stack.enter_context(_node(root / name, ids, settings)) for name in names]
         cluster = CitusCluster(nodes[0], tuple(nodes[1:]))
         asyncio.run(_wait_ready(cluster))
         yield cluster
@@ -145,9 +148,12 @@ def _remove_abandoned() -> None:
 
 
 @contextmanager
-def _node(data_dir: Path, ids: tuple[int, int] | None) -> Iterator[Node]:
+def _node(
+    data_dir: Path, ids: tuple[int, int] | None, settings: dict[str, str] | None = None
+) -> Iterator[Node]:
     port = free_port()
-    options = [f"-c{name}={value}" for name, value in {**_SETTINGS, "port": port}.items()]
+    chosen = {**_SETTINGS, **(settings or {}), "port": port}
+    options = [f"-c{name}={value}" for name, value in chosen.items()]
     log = open(data_dir.parent / f"{data_dir.name}.log", "wb")  # noqa: SIM115 (closed below)
     libc = ctypes.CDLL(None, use_errno=True)
 

@@ -383,7 +383,8 @@ async def runs_of(engine: AsyncEngine) -> dict[str, int]:
         rows = await conn.execute(
             text(
                 "SELECT r.id::text, count(e.seq) FROM turn_runs r"
-                " LEFT JOIN turn_events e ON e.turn_id = r.id GROUP BY r.id"
+                " LEFT JOIN turn_events e"
+                " ON e.conversation_id = r.conversation_id AND e.turn_id = r.id GROUP BY r.id"
             )
         )
         return {row[0]: row[1] for row in rows}

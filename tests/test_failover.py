@@ -483,12 +483,12 @@ async def _until(check: Callable[[], bool], what: str) -> None:
 async def _wait_commits_in_flight(node: Node, count: int) -> None:
     """Until ``count`` turn commits of ``node`` wait for their synchronous standby (an
     observer's connection to that node alone). Lease statements wait there too: not those.
-    A plain turn commits in one statement (its bump is the CTE ``head``), a durable one with
+    A plain turn commits in one statement (``turnstore_commit()``), a durable one with
     COMMIT."""
     conn = await asyncpg.connect(node.dsn, timeout=5)
     query = (
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
-        "AND (query LIKE 'COMMIT%' OR query LIKE 'WITH head AS%')"
+        "AND (query LIKE 'COMMIT%' OR query LIKE '%FROM turnstore_commit(%')"
     )
     try:
 

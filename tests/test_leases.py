@@ -9,6 +9,7 @@ import asyncio
 import random
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.app import create_app, postgres_backend
 from service.platform import migrate
 from service.platform.settings import Settings
+from service.store.postgres import PostgresStore
+from service.store.postgres.tx import sql
+from service.usecases.leases import RELEASE_RETRY_S
 from tests.cluster import fake_api, provider_env, replica, replicas, turnstore_env, wait_ready
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script, output_items
@@ -209,3 +213,43 @@ async def test_many_clients_on_two_replicas_queue_every_turn_into_its_place(
         f"\nqueued: {turns} turns, {clients_count} clients, 2 replicas, {conversations} "
         f"conversations in {elapsed:.1f} s ({turns / elapsed:.0f} turns/s)"
     )
+
+
+class RefusedReleases(PostgresStore):
+    """A seam: this replica's lease release is a statement the server refuses for good (an
+    undefined table, SQLSTATE 42P01, as Citus refuses what it does not support with 0A000);
+    the tries are counted."""
+
+    tries = 0
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        self._sql.release_lease = sql(
+            "UPDATE no_such_table SET lease_holder = NULL"
+            " WHERE id = :cid AND lease_holder = :holder RETURNING lease_wanted"
+        )
+
+    async def release_lease(self, conversation_id: uuid.UUID, holder: uuid.UUID) -> None:
+        self.tries += 1
+        await super().release_lease(conversation_id, holder)
+
+
+async def test_a_release_the_database_refuses_for_good_is_not_retried_and_logged_once(
+    database_url: str, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = FakeResponsesAPI()
+    settings = Settings(database_url=database_url)
+    store = RefusedReleases(engine)
+    app = create_app(
+        settings, backend=postgres_backend(settings, store=store), provider=api.provider()
+    )
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        cid = await start(client)
+        for _ in range(2):  # two turns that fail: each gives its lease back, refused
+            api.then(Script(http_status=500, error_code="server_error"))
+            failed = await client.post(CHAT, json={"message": "fails", "conversation_id": cid})
+            assert failed.status_code == 502, failed.text
+        await asyncio.sleep(4 * RELEASE_RETRY_S)  # a retry would have come meanwhile
+    assert store.tries == 2
+    logged = [r for r in caplog.records if "refuses to give turn leases back" in r.getMessage()]
+    assert len(logged) == 1 and "42P01" in logged[0].getMessage()

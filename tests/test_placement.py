@@ -15,6 +15,7 @@ import pytest
 from service import cli
 from service.platform import migrate
 from service.store.postgres.placement import (
+    FUNCTIONS,
     PLACEMENT,
     Coordinator,
     Distributed,
@@ -61,6 +62,31 @@ def test_the_check_catches_a_table_a_migration_added(database_url: str) -> None:
         assert unplaced(database_url) == {"scratch_added"}
     finally:
         fetch(database_url, "DROP TABLE scratch_added")
+
+
+FUNCTIONS_OF_SCHEMA = (
+    "SELECT p.oid::regprocedure::text AS signature, proname FROM pg_proc p"
+    " WHERE pronamespace = 'public'::regnamespace"
+)
+
+
+def test_every_function_of_the_schema_is_placed_with_its_signature(database_url: str) -> None:
+    """A migration that adds a function names it in FUNCTIONS (distributed by which argument,
+    with which table), by the signature it has: `db distribute` refuses an unnamed one."""
+    found = {row["proname"]: row["signature"] for row in fetch(database_url, FUNCTIONS_OF_SCHEMA)}
+    assert set(found) == set(FUNCTIONS)
+    for name, function in FUNCTIONS.items():
+        signature = fetch(database_url, "SELECT $1::regprocedure::text AS s", function.signature)
+        assert signature[0]["s"] == found[name], name
+
+
+def test_the_function_check_catches_a_function_a_migration_added(database_url: str) -> None:
+    fetch(database_url, "CREATE FUNCTION scratch_added() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+    try:
+        names = {row["proname"] for row in fetch(database_url, FUNCTIONS_OF_SCHEMA)}
+        assert names - set(FUNCTIONS) == {"scratch_added"}
+    finally:
+        fetch(database_url, "DROP FUNCTION scratch_added()")
 
 
 def test_the_placement_keeps_citus_rules() -> None:

@@ -20,6 +20,7 @@ import pytest
 from service.core.model import Append, LeaseRequest, Turn
 from service.platform.db import create_engine
 from service.store.postgres import PostgresStore
+from service.store.postgres import idempotency as idem
 from service.store.postgres.rows import Rows
 from service.store.postgres.statements import Statements
 from service.store.postgres.tx import Compiled
@@ -115,3 +116,19 @@ async def _turns_and_2pc(url: str) -> tuple[int, int]:
 
 def test_a_plain_turn_commits_on_one_worker_without_a_two_phase_commit(citus_url: str) -> None:
     assert asyncio.run(_turns_and_2pc(citus_url)) == (0, 0)
+
+
+async def _fan_out_2pc(url: str) -> int:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        before = await _prepared(conn)
+        await conn.execute(idem.EXPIRED.sql)  # a DELETE on every shard of the keys
+        return await _prepared(conn) - before
+    finally:
+        await conn.close()
+
+
+def test_the_two_phase_count_sees_a_write_on_both_workers(citus_url: str) -> None:
+    """The 2PC check itself can fail: a write to every shard commits in two phases on each
+    worker that holds some."""
+    assert asyncio.run(_fan_out_2pc(citus_url)) >= 2

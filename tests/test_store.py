@@ -138,9 +138,13 @@ async def test_delete_honours_if_match(contract_store: AnyStore) -> None:
 
 
 async def _wait_for_lock_waiters(engine: AsyncEngine, expected: int) -> None:
-    """Poll pg_stat_activity until `expected` backends wait on a lock (bounded, no sleep race)."""
+    """Poll until `expected` backends wait on a lock (bounded, no sleep race): in
+    pg_stat_activity, or on Citus in citus_stat_activity (a lock wait happens on a worker)."""
+    async with engine.connect() as conn:
+        citus = await conn.scalar(text("SELECT to_regclass('citus_stat_activity') IS NOT NULL"))
+    view = "citus_stat_activity" if citus else "pg_stat_activity"
     query = text(
-        "SELECT count(*) FROM pg_stat_activity "
+        f"SELECT count(*) FROM {view} "
         "WHERE datname = current_database() AND wait_event_type = 'Lock'"
     )
     for _ in range(500):

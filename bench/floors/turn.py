@@ -284,7 +284,7 @@ class Streamed:
         floor, sql, cid, run = self.floor, self.floor.sql, self.conversation_id, self.run_id
         holder = uuid.uuid4()
         expected = 0 if self.new else await floor._lease(cid, holder)
-        await floor._fetch(sql.run_begin, {"id": run})
+        await floor._fetch(sql.run_begin, {"id": run, "cid": cid})
         reply = Reply.of(self.message, 2 * expected, floor.history_bytes.get(cid, 0))
         logged = []
         for seq, delta in enumerate(reply.deltas(), start=1):
@@ -292,7 +292,7 @@ class Streamed:
             logged.append(b'[%d,"message.delta",%s]' % (seq, data))
             yield seq, "message.delta", data
         await floor._fetch(sql.run_log, {
-            "id": run, "last": len(logged), "sealed_events": None,
+            "id": run, "cid": cid, "last": len(logged), "sealed_events": None,
             "events": (b"[" + b",".join(logged) + b"]").decode(),
         })  # fmt: skip
         statement, values = floor._commit_values(cid, holder, expected, self.message, reply, run)

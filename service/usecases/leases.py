@@ -41,6 +41,7 @@ LAST_POLL_S = 1.0  # ... up to this
 SAFETY_POLL_S = 5.0  # with notifications, look again at least this often anyway
 WAITED_S = 0.001  # a turn that got its lease later than this after it asked has queued
 RELEASE_RETRY_S = 0.5  # how often a lease that could not be given back is tried again
+MAX_REFUSED = 10_000  # leases the database refused to release, kept for a takeover here
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Leases:
                 metrics.TURNS_QUEUED.inc()
                 metrics.QUEUE_WAIT_SECONDS.observe(waited)
             held = Held(conversation, holder)
+            self._keeper.taken(cid)
             self._keeper.add(cid, holder)
             try:
                 yield held
@@ -189,6 +191,7 @@ class _Keeper:
         self._held: dict[uuid.UUID, uuid.UUID] = {}  # holder -> conversation
         self.abandoned: set[tuple[uuid.UUID, uuid.UUID]] = set()  # (conversation, holder)
         self._refusals: set[str | None] = set()  # SQLSTATEs of hopeless releases, logged
+        self.refused: set[tuple[uuid.UUID, uuid.UUID]] = set()  # releases never retried
         self._heartbeat = Heartbeat(
             lease_s / 3,
             self._renew,
@@ -210,24 +213,32 @@ class _Keeper:
         """Give the lease back later: unless the database refused that as it always will
         (then retrying it every RELEASE_RETRY_S would only add load; the lease expires)."""
         if error is not None and error.hopeless:
-            self._refused(error)
+            self._refused(error, conversation_id, holder)
             return
         self.abandoned.add((conversation_id, holder))
         self._heartbeat.wake()
 
-    def _refused(self, error: StorageError) -> None:
-        """Logged once per SQLSTATE: the same refusal again says nothing new."""
+    def _refused(self, error: StorageError, conversation_id: uuid.UUID, holder: uuid.UUID) -> None:
+        """Kept for this process's next turn of the conversation to take over (``replaces``),
+        never tried again; logged once per SQLSTATE: the same refusal says nothing new."""
+        if len(self.refused) >= MAX_REFUSED:  # their leases have long expired
+            self.refused.clear()
+        self.refused.add((conversation_id, holder))
         if error.sqlstate not in self._refusals:
             self._refusals.add(error.sqlstate)
             log.error(
                 "the database refuses to give turn leases back (SQLSTATE %s), which no retry"
-                " changes: they expire after their lease instead",
+                " changes: they expire, or a turn of this replica takes them over",
                 error.sqlstate,
             )
 
     def abandoned_in(self, conversation_id: uuid.UUID) -> uuid.UUID | None:
         """A holder of this process that could not give back its lease of the conversation."""
-        return next((h for c, h in self.abandoned if c == conversation_id), None)
+        return next((h for c, h in self.abandoned | self.refused if c == conversation_id), None)
+
+    def taken(self, conversation_id: uuid.UUID) -> None:
+        """A turn here holds the conversation's lease now: a refused holder of it is gone."""
+        self.refused = {(c, h) for c, h in self.refused if c != conversation_id}
 
     async def close(self) -> None:
         await self._heartbeat.close()
@@ -239,7 +250,7 @@ class _Keeper:
             except StorageError as exc:
                 if not exc.hopeless:
                     continue
-                self._refused(exc)
+                self._refused(exc, cid, holder)
             self.abandoned.discard((cid, holder))
 
     async def _renew(self) -> None:

@@ -13,13 +13,17 @@ from service.store.postgres.statements import NO_SYNC_WAIT, WAKE
 from service.store.postgres.tx import sql
 
 UNFINISHED = "status IN ('queued', 'in_progress')"
+# A run is found by its id; by its conversation's too when the caller knows it (:cid, NULL when
+# not): on Citus that routes the statement to the conversation's worker instead of every shard.
+HERE = "(CAST(:cid AS uuid) IS NULL OR conversation_id = :cid)"
+R_HERE = "(CAST(:cid AS uuid) IS NULL OR r.conversation_id = :cid)"
 LIVE = "(r.expires_at IS NULL OR r.expires_at > now())"
 # A run's row updated while it is unfinished (r), a batch of events written with it (e) unless
 # it was already (a retry); whether it was, and the run's readers elsewhere woken.
 LOGGED = f"""
     WITH r AS (
         UPDATE turn_runs SET {{changes}}
-        WHERE id = :id AND {UNFINISHED}
+        WHERE id = :id AND {HERE} AND {UNFINISHED}
         RETURNING id, conversation_id, watched
     ), e AS (
         INSERT INTO turn_events (conversation_id, turn_id, seq, events, sealed_events)
@@ -81,22 +85,24 @@ READ = sql(f"""
     SELECT {VIEW}, t.seq, t.assistant_message, t.sealed_assistant_message
     FROM turn_runs r LEFT JOIN turns t
         ON t.conversation_id = r.conversation_id AND t.seq = r.revision
-    WHERE r.id = :id AND r.owner = :owner AND {LIVE}
+    WHERE r.id = :id AND {R_HERE} AND r.owner = :owner AND {LIVE}
 """)
 # The batches that hold events after :after (a batch's seq is its last event's).
 READ_EVENTS = sql(f"""
     SELECT {VIEW}, e.seq, CAST(e.events AS text) AS events, e.sealed_events
     FROM turn_runs r LEFT JOIN turn_events e
         ON e.conversation_id = r.conversation_id AND e.turn_id = r.id AND e.seq > :after
-    WHERE r.id = :id AND r.owner = :owner AND {LIVE}
+    WHERE r.id = :id AND {R_HERE} AND r.owner = :owner AND {LIVE}
     ORDER BY e.seq
 """)
-WATCH = sql("UPDATE turn_runs SET watched = true WHERE id = :id AND NOT watched RETURNING id")
+WATCH = sql(f"""
+    UPDATE turn_runs SET watched = true WHERE id = :id AND {HERE} AND NOT watched RETURNING id
+""")
 # (Citus refuses set_config in an UPDATE's RETURNING: it is the statement's own.)
 BEGIN = sql(f"""
     WITH r AS (
         UPDATE turn_runs SET status = 'in_progress', base_revision = :base
-        WHERE id = :id AND status = 'queued'
+        WHERE id = :id AND {HERE} AND status = 'queued'
         RETURNING id
     )
     SELECT r.id, {NO_SYNC_WAIT} FROM r
@@ -111,7 +117,7 @@ RUN_AT = sql(f"""
 """)
 CANCEL = sql(f"""
     UPDATE turn_runs SET cancel_requested = true
-    WHERE id = :id AND owner = :owner AND {UNFINISHED}
+    WHERE id = :id AND {HERE} AND owner = :owner AND {UNFINISHED}
     RETURNING id
 """)
 RENEW = sql(f"""
@@ -131,7 +137,7 @@ CANCEL_REQUESTED = sql("""
 # the run's id alone, on every shard, is refused).
 STALLED = sql(f"""
     SELECT last_event + 1 FROM turn_runs
-    WHERE id = :id AND {UNFINISHED} AND heartbeat_until < now()
+    WHERE id = :id AND {HERE} AND {UNFINISHED} AND heartbeat_until < now()
 """)
 INTERRUPT = sql(f"""
     WITH r AS (
@@ -139,7 +145,8 @@ INTERRUPT = sql(f"""
             status = 'failed', error_code = 'turn_interrupted', error_message = :message,
             last_event = :last, finished_at = now(),
             expires_at = now() + make_interval(secs => :ttl)
-        WHERE id = :id AND {UNFINISHED} AND heartbeat_until < now() AND last_event + 1 = :last
+        WHERE id = :id AND {HERE} AND {UNFINISHED} AND heartbeat_until < now()
+            AND last_event + 1 = :last
         RETURNING id, conversation_id, watched
     ), e AS (
         INSERT INTO turn_events (conversation_id, turn_id, seq, events, sealed_events)
@@ -151,7 +158,9 @@ INTERRUPT = sql(f"""
 # Readers elsewhere woken (from the server the client is connected to: on Citus a NOTIFY sent
 # on a worker reaches no one), after the statement that made the news.
 NOTIFY = sql(WAKE)
-FORGET = sql(f"DELETE FROM turn_runs WHERE id = :id AND owner = :owner AND NOT {UNFINISHED}")
+FORGET = sql(f"""
+    DELETE FROM turn_runs WHERE id = :id AND {HERE} AND owner = :owner AND NOT {UNFINISHED}
+""")
 DELETE_OF = sql("DELETE FROM turn_runs WHERE conversation_id = ANY(CAST(:cids AS uuid[]))")
 EXPIRED = sql("DELETE FROM turn_runs WHERE expires_at < now()")
 DELETE_OWNED = sql("DELETE FROM turn_runs WHERE owner = :owner")

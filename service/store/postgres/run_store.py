@@ -29,6 +29,8 @@ from service.store.postgres.sealed import (
 )
 from service.store.postgres.tx import Compiled, driver, written
 
+KNOWN_RUNS = 10_000  # runs whose conversation a process remembers
+
 
 def view(row: Any, key: DataKey | None, message: str | None = None) -> RunView:
     where = run_response_place(row["id"])
@@ -60,6 +62,18 @@ class PostgresRuns:
         self._engine = engine
         self._ttl_s = events_ttl_s
         self._keyring = keyring  # events are sealed under their owner's key with one
+        # The conversation of each run this process made or read, so that its statements name
+        # it too (see run_statements.HERE); bounded, the oldest forgotten first.
+        self._conversations: dict[UUID, UUID] = {}
+
+    def _learn(self, run_id: UUID, conversation_id: UUID) -> None:
+        self._conversations[run_id] = conversation_id
+        if len(self._conversations) > KNOWN_RUNS:
+            del self._conversations[next(iter(self._conversations))]
+
+    def _at(self, run_id: UUID) -> dict[str, Any]:
+        """The run's id, and its conversation's if known (None: found by the id alone)."""
+        return {"id": run_id, "cid": self._conversations.get(run_id)}
 
     async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
         key = await writing_key(self._keyring, run.owner) if run.response else None
@@ -71,27 +85,30 @@ class PostgresRuns:
             "sealed_response": sealed,
         }  # fmt: skip
         await self._write(sql.CREATE, params)
+        self._learn(run.id, run.conversation_id)
 
     async def begin_run(self, run_id: UUID, revision: int) -> None:
-        await self._write(sql.BEGIN, {"id": run_id, "base": revision})
+        await self._write(sql.BEGIN, {**self._at(run_id), "base": revision})
 
     async def log_events(
         self, run_id: UUID, owner: str, events: Sequence[RunEvent], message_id: str | None = None
     ) -> None:
         batch = (await self._events(owner, run_id)).batch_columns(events)
-        params = {"id": run_id, "last": events[-1].seq, "message_id": message_id, **batch}
+        params = {**self._at(run_id), "last": events[-1].seq, "message_id": message_id, **batch}
         await self._logged(run_id, await self._rows(sql.LOG, params))
 
     async def find_run(self, conversation_id: UUID, owner: str, base_revision: int) -> UUID | None:
         params = {"cid": conversation_id, "owner": owner, "base": base_revision}
         async with driver(self._engine, write=False) as conn:
             found: UUID | None = await sql.RUN_AT.fetchval(conn, params)
+        if found is not None:
+            self._learn(found, conversation_id)
         return found
 
     async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
         batch = (await self._events(owner, run_id)).batch_columns(end.events)
         params = {
-            "id": run_id, "status": end.status, "code": end.error_code,
+            **self._at(run_id), "status": end.status, "code": end.error_code,
             "message": end.error_message, "last": end.events[-1].seq, "ttl": self._ttl_s,
             "revision": end.revision, **batch,
         }  # fmt: skip
@@ -99,9 +116,10 @@ class PostgresRuns:
 
     async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
         async with driver(self._engine, write=False) as conn:
-            row = await sql.READ.fetchrow(conn, {"id": run_id, "owner": owner})
+            row = await sql.READ.fetchrow(conn, {**self._at(run_id), "owner": owner})
         if row is None:
             return None
+        self._learn(run_id, row["conversation_id"])
         key = await reading_key(self._keyring, owner, [row], ["assistant_message", "response"])
         where = turn_place(row["conversation_id"], row["seq"] or 0, "assistant_message")
         message = get(key, where, row["assistant_message"], row["sealed_assistant_message"])
@@ -110,23 +128,24 @@ class PostgresRuns:
     async def run_events(
         self, run_id: UUID, owner: str, after: int
     ) -> tuple[RunView, list[RunEvent]] | None:
-        params = {"id": run_id, "owner": owner, "after": after}
+        params = {**self._at(run_id), "owner": owner, "after": after}
         async with driver(self._engine, write=False) as conn:
             rows = await sql.READ_EVENTS.fetch(conn, params)
         if not rows:
             return None
+        self._learn(run_id, rows[0]["conversation_id"])
         key = await reading_key(self._keyring, owner, rows, ["events", "response"])
         return view(rows[0], key), Events(key, run_id).after(rows, after)
 
     async def forget_run(self, run_id: UUID, owner: str) -> None:
-        await self._write(sql.FORGET, {"id": run_id, "owner": owner})
+        await self._write(sql.FORGET, {**self._at(run_id), "owner": owner})
 
     async def watch_run(self, run_id: UUID) -> None:
-        if await self._rows(sql.WATCH, {"id": run_id}):
+        if await self._rows(sql.WATCH, self._at(run_id)):
             await self._notify(f"watch:{run_id}")
 
     async def cancel_run(self, run_id: UUID, owner: str) -> bool:
-        if not await self._rows(sql.CANCEL, {"id": run_id, "owner": owner}):
+        if not await self._rows(sql.CANCEL, {**self._at(run_id), "owner": owner}):
             return False
         await self._notify(f"cancel:{run_id}")
         return True
@@ -149,11 +168,11 @@ class PostgresRuns:
 
         async def interrupt() -> list[asyncpg.Record]:
             async with driver(self._engine, write=False) as conn:
-                last = await sql.STALLED.fetchval(conn, {"id": run_id})
+                last = await sql.STALLED.fetchval(conn, self._at(run_id))
                 if last is None:
                     return []  # alive, or ended meanwhile
                 batch = events.batch_columns([RunEvent(last, ERROR, event_data)])
-                params = {"id": run_id, "message": message, "ttl": self._ttl_s, "last": last}
+                params = {**self._at(run_id), "message": message, "ttl": self._ttl_s, "last": last}
                 return await sql.INTERRUPT.fetch(conn, {**params, **batch})
 
         return await self._logged(run_id, await written(interrupt))

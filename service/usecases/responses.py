@@ -156,6 +156,13 @@ class Responses:
     ) -> tuple[Found, frozenset[int], ForkPoint | None]:
         """Where a turn after ``previous`` goes: its conversation, the revision it must still
         be at, and the fork to make when a later turn committed since."""
+        found, revision = await self._completed(owner, previous)
+        info = await self._conversations.describe(found.conversation_id, owner)
+        fork = ForkPoint(found.conversation_id, revision) if revision < info.revision else None
+        return found, frozenset({revision}), fork
+
+    async def _completed(self, owner: str, previous: str) -> tuple[Found, int]:
+        """The completed response ``previous`` names and the revision its turn made."""
         try:
             found = await self.find(owner, previous)
         except ResponseNotFound:
@@ -165,10 +172,7 @@ class Responses:
                 "previous_response_id names a response that has not completed.",
                 param="previous_response_id",
             )
-        info = await self._conversations.describe(found.conversation_id, owner)
-        revision = found.revision
-        fork = ForkPoint(found.conversation_id, revision) if revision < info.revision else None
-        return found, frozenset({revision}), fork
+        return found, found.revision
 
     async def run(self, plan: TurnPlan, chained: bool) -> TurnDone:
         """The turn, committed (``chained``: its plan came from a previous_response_id)."""
@@ -221,17 +225,9 @@ class Responses:
         kept."""
         items: list[msgspec.Raw] = []
         if previous is not None:
-            try:
-                found = await self.find(owner, previous)
-            except ResponseNotFound:
-                raise PreviousResponseNotFound() from None
-            if found.revision is None:
-                raise InvalidInput(
-                    "previous_response_id names a response that has not completed.",
-                    param="previous_response_id",
-                )
+            found, revision = await self._completed(owner, previous)
             conversation = await self._conversations.load(found.conversation_id, owner)
-            items = self._turns.history(conversation, found.revision, asked.model)
+            items = self._turns.history(conversation, revision, asked.model)
         if input:
             listed = input if isinstance(input, list) else [{"role": "user", "content": input}]
             items += await self._restorer.restore(owner, listed)

@@ -27,6 +27,7 @@ from service.core.errors import (
     InvalidInput,
     PreconditionFailed,
     StorageError,
+    TooManyRequests,
     Unauthorized,
     UpstreamError,
     UpstreamTimeout,
@@ -109,7 +110,9 @@ class ConversationController(Controller):
         "untouched, and each conversation goes on (and is deleted or expires) on its own.",
         before_request=strict(ForkRequest),
         response_headers=[ETAG, CORRELATION_ID],
-        responses=documented(InvalidInput, Unauthorized, ConversationNotFound, StorageError),
+        responses=documented(
+            InvalidInput, Unauthorized, ConversationNotFound, TooManyRequests, StorageError
+        ),
     )
     async def fork(
         self, conversation_id: FromPath[str], data: JSONBody[ForkRequest], api: Caller

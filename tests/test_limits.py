@@ -170,7 +170,7 @@ async def test_a_stateless_call_restores_from_at_most_20_conversations(
 FULL_AT = 16 * 1024
 
 
-async def revision_of(client: httpx.AsyncClient, conversation: str) -> int:
+async def items_of(client: httpx.AsyncClient, conversation: str) -> int:
     found = await client.get(f"/v1/conversations/{conversation}")
     assert found.status_code == 200, found.text
     listed = await client.get(f"/v1/conversations/{conversation}/items", params={"limit": 100})
@@ -210,7 +210,7 @@ async def test_a_turn_or_append_past_max_conversation_bytes_is_422_and_keeps_not
         assert len(api.requests) == calls
         # On /v1: a turn and an item append, in OpenAI's error shape; nothing kept.
         conv = f"conv_{uuid.UUID(cid).hex}"
-        before = await revision_of(client, conv)
+        before = await items_of(client, conv)
         on_v1 = await client.post("/v1/responses", json={"conversation": conv, "input": text})
         assert on_v1.status_code == 422, on_v1.text
         assert on_v1.json()["error"]["code"] == "conversation_full"
@@ -219,7 +219,7 @@ async def test_a_turn_or_append_past_max_conversation_bytes_is_422_and_keeps_not
             json={"items": [{"role": "user", "content": text}] * 3},
         )
         assert appended.status_code == 422, appended.text
-        assert await revision_of(client, conv) == before
+        assert await items_of(client, conv) == before
         # A new conversation is not full.
         fresh = await client.post(CHAT, json={"message": text})
         assert fresh.status_code == 200, fresh.text

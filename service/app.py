@@ -129,6 +129,7 @@ def postgres_store(
         stored_response_ttl_s=settings.stored_response_ttl_days * 86_400,
         keyring=keyring,
         forks_per_minute=settings.owner_max_forks_per_minute,
+        running_turns=settings.owner_max_running_turns,
     )
 
 

@@ -145,8 +145,11 @@ class MemoryStore:
         stored_response_ttl_s: float = 30 * 86_400,
         notifications: LocalNotifications | None = None,
         forks_per_minute: int | None = None,
+        running_turns: int | None = None,
     ) -> None:
         self.notifications = notifications or LocalNotifications()
+        self._running_turns = running_turns
+        self._running: dict[str, dict[UUID, datetime]] = {}  # owner -> holder -> until
         self._forks_per_minute = forks_per_minute
         self._forks: dict[str, list[datetime]] = {}  # each owner's forks of the last minute
         self._conversations: dict[UUID, _Conversation] = {}
@@ -204,6 +207,8 @@ class MemoryStore:
             ask.conversation_id, ask.owner, after_revision=ask.after_revision
         )
         if found.lease_free_for(holder, now) or (ask.replaces and found.holder == ask.replaces):
+            if not await self.take_turn(ask.owner, holder, ask.lease_s):
+                return LeaseAttempt(conversation=None, acquired=False, crowded=True)
             found.holder, found.lease_expires_at = holder, now + timedelta(seconds=ask.lease_s)
             found.lease_wanted = False
             return LeaseAttempt(conversation, acquired=True)
@@ -223,6 +228,24 @@ class MemoryStore:
                 found.lease_expires_at = _now() + timedelta(seconds=lease_s)
                 renewed.add(conversation_id)
         return renewed
+
+    async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
+        now, running = _now(), self._running.setdefault(owner, {})
+        for other in [h for h, until in running.items() if until <= now]:
+            del running[other]
+        most = self._running_turns
+        if holder not in running and most is not None and len(running) >= most:
+            return False
+        running[holder] = now + timedelta(seconds=lease_s)
+        return True
+
+    async def free_turn(self, owner: str, holder: UUID) -> None:
+        self._running.get(owner, {}).pop(holder, None)
+
+    async def renew_turns(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
+        for owner, holder in turns:
+            if holder in self._running.get(owner, {}):
+                self._running[owner][holder] = _now() + timedelta(seconds=lease_s)
 
     def _released(self, found: _Conversation) -> None:
         found.holder = found.lease_expires_at = None
@@ -267,6 +290,8 @@ class MemoryStore:
         conversation_id, turn, owner = append.conversation_id, append.turn, append.owner
         expected_revision, idempotency = append.expected_revision, append.idempotency
         now = _now()
+        if append.lease is not None:  # the turn ends here, committed or not
+            await self.free_turn(owner, append.lease)
         if append.fork_of is not None:
             point = append.fork_of
             await self.fork(point.source, owner, point.revision, new_id=conversation_id)

@@ -83,6 +83,115 @@ async def test_an_owner_past_their_event_readers_gets_429_and_others_read_on(
         stall.set()
 
 
+# --- running turns: counted for the owner on the whole fleet ----------------------------------
+
+
+async def started(*scripts: Script, timeout_s: float = 10) -> None:
+    """Until the provider has begun answering each of ``scripts``."""
+    async with asyncio.timeout(timeout_s):
+        for script in scripts:
+            await script.started.wait()
+
+
+async def test_an_owner_past_their_running_turns_gets_429_on_every_replica(
+    make_client: ClientFactory,
+) -> None:
+    """Three turns of alice run (a warm plain turn on one replica, a first turn and a
+    background turn on the other): her fourth is 429 on both replicas, whatever it is (plain,
+    streamed, background, /v1, warm or new), before the provider is called and with nothing
+    kept; bob runs on; once hers end, she runs again."""
+    api, gate = FakeResponsesAPI(), asyncio.Event()
+    held = [Script(text="held", gate=gate) for _ in range(3)]
+    api.then(Script(text="one"), Script(text="two"), *held, Script(text="bob"), Script())
+    alice, bob = jwt_bearer("alice"), jwt_bearer("bob")
+    settings: dict[str, Any] = {"owner_max_running_turns": 3, **JWT_SETTINGS}
+    async with (
+        make_client(provider=api.provider(), **settings) as one,
+        make_client(provider=api.provider(), **settings) as two,
+    ):
+        first, other = [
+            (await one.post(CHAT, json={"message": m}, headers=alice)).json()["conversation_id"]
+            for m in ("one", "two")
+        ]
+        running = [
+            asyncio.create_task(
+                one.post(CHAT, json={"message": "warm", "conversation_id": first}, headers=alice)
+            ),
+            asyncio.create_task(two.post(CHAT, json={"message": "new"}, headers=alice)),
+        ]
+        background = await two.post(CHAT, json={"message": "bg", "background": True},
+                                    headers=alice)  # fmt: skip
+        assert background.status_code == 202, background.text
+        await started(*held)
+        calls = len(api.requests)
+        for client in (one, two):
+            for path, body in (
+                (CHAT, {"message": "plain"}),
+                (CHAT, {"message": "warm", "conversation_id": other}),
+                (CHAT, {"message": "bg", "background": True}),
+                (f"{CHAT}/stream", {"message": "streamed"}),
+                (f"{CHAT}/stream", {"message": "warm", "conversation_id": other}),
+            ):
+                refused = await client.post(path, json=body, headers=alice)
+                assert_error(refused, 429, "too_many_requests")  # JSON, a stream's too
+                assert refused.headers["Retry-After"] == "1"
+            v1 = await client.post("/v1/responses", json={"input": "hi"}, headers=alice)
+            assert v1.status_code == 429, v1.text
+            assert v1.json()["error"]["code"] == "too_many_requests"
+        assert len(api.requests) == calls  # the provider was not called
+        kept = await one.get(f"/api/v1/conversations/{other}", headers=alice)
+        assert kept.json()["revision"] == 1  # nothing kept
+        assert (await two.post(CHAT, json={"message": "b"}, headers=bob)).status_code == 200
+        gate.set()
+        assert [r.status_code for r in await asyncio.gather(*running)] == [200, 200]
+        turn = await until_finished(one, background.json()["turn_id"], alice)
+        assert turn["status"] == "completed", turn
+        again = await two.post(CHAT, json={"message": "again"}, headers=alice)
+        assert again.status_code == 200, again.text
+
+
+async def until_finished(
+    client: httpx.AsyncClient, turn_id: str, headers: dict[str, str], timeout_s: float = 10
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while (turn := (await client.get(f"{TURNS}/{turn_id}", headers=headers)).json())[
+        "status"
+    ] in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, turn
+        await asyncio.sleep(0.02)
+    return dict(turn)
+
+
+async def test_replicas_racing_for_the_last_places_never_run_more_than_the_limit(
+    make_client: ClientFactory,
+) -> None:
+    """Twelve first turns of one owner at once, half on each replica, with room for four:
+    exactly four reach the provider (the count is one owner's at a time in PostgreSQL, not a
+    snapshot each replica reads), the others are 429, and the four commit."""
+    api, gate = FakeResponsesAPI(), asyncio.Event()
+    api.then(*(Script(text="raced", gate=gate) for _ in range(12)))
+    alice = jwt_bearer("alice")
+    settings: dict[str, Any] = {"owner_max_running_turns": 4, **JWT_SETTINGS}
+    async with (
+        make_client(provider=api.provider(), **settings) as one,
+        make_client(provider=api.provider(), **settings) as two,
+    ):
+        turns = [
+            asyncio.create_task(client.post(CHAT, json={"message": f"m{n}"}, headers=alice))
+            for n in range(6)
+            for client in (one, two)
+        ]
+        deadline = time.monotonic() + 20
+        # Every turn either was refused or reached the provider (and waits at its gate).
+        while sum(t.done() for t in turns) + len(api.requests) < len(turns):
+            assert time.monotonic() < deadline, (len(api.requests), sum(t.done() for t in turns))
+            await asyncio.sleep(0.02)
+        assert len(api.requests) == 4
+        gate.set()
+        statuses = sorted(r.status_code for r in await asyncio.gather(*turns))
+        assert statuses == [200] * 4 + [429] * 8
+
+
 # --- memory: a request holds what it returns, not the conversation ---------------------------
 
 MIB = 1024 * 1024

@@ -366,6 +366,7 @@ class LeaseAttempt:
     conversation: Conversation | None  # None: unknown, deleted, expired or another owner's
     acquired: bool
     busy_until: datetime | None = None  # not acquired: when the holder's lease runs out
+    crowded: bool = False  # not acquired: the owner runs OWNER_MAX_RUNNING_TURNS turns
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,17 @@ class Settings:
         low=1,
         high=1024 * _MIB,
     )
+    owner_max_running_turns: int = _setting(
+        "OWNER_MAX_RUNNING_TURNS",
+        16,
+        "turns one owner may have running at once on the whole fleet (plain, streamed and "
+        "background; counted in PostgreSQL); past it `429 too_many_requests`, the provider not "
+        "called. Each running turn is a provider call on the operator's key and a held request:"
+        " 16 covers a person's tabs and an app's burst, not a loop. With `AUTH_MODE=none` every "
+        "client is one owner: raise it to what the whole deployment may run at once",
+        low=1,
+        high=1_000_000,
+    )
     owner_max_event_readers: int = _setting(
         "OWNER_MAX_EVENT_READERS",
         32,

@@ -85,6 +85,8 @@ class CachedStore:
         attempt = await self._inner.lease(
             replace(ask, after_revision=entry.revision if entry else 0)
         )
+        if attempt.crowded:  # nothing was read
+            return attempt
         merged = await self._merged(ask.conversation_id, ask.owner, entry, attempt.conversation)
         return replace(attempt, conversation=merged)
 
@@ -93,6 +95,15 @@ class CachedStore:
 
     async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
         return await self._inner.renew_leases(leases, lease_s)
+
+    async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
+        return await self._inner.take_turn(owner, holder, lease_s)
+
+    async def free_turn(self, owner: str, holder: UUID) -> None:
+        await self._inner.free_turn(owner, holder)
+
+    async def renew_turns(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
+        await self._inner.renew_turns(turns, lease_s)
 
     async def _merged(
         self,

@@ -70,11 +70,24 @@ class ConversationStore(Protocol):
 
     async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
         """Take the lease ``ask`` asks for, and load the conversation (as ``load``) in the
-        same statement; a queued caller is woken through ``Notifications``. Raises
-        StorageError."""
+        same statement; a queued caller is woken through ``Notifications``. The holder's
+        place among its owner's running turns (``take_turn``) is taken with it, and the lease
+        is not when there is none (``crowded``). Raises StorageError."""
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
         """Give the lease up (a turn that will not commit; a commit releases it by itself)."""
+
+    async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
+        """A place among ``owner``'s running turns for ``holder`` (OWNER_MAX_RUNNING_TURNS,
+        counted across every replica) for ``lease_s`` from now; False when the owner runs
+        that many already. A holder that has one keeps it (renewed). ``lease`` takes it
+        too, and ``append`` gives it back. Raises StorageError."""
+
+    async def free_turn(self, owner: str, holder: UUID) -> None:
+        """Give the place back (a turn that ends without its commit). Raises StorageError."""
+
+    async def renew_turns(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
+        """Extend these (owner, holder) places by ``lease_s`` from now."""
 
     async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
         """Extend these (conversation, holder) leases by ``lease_s`` from now; the

@@ -26,7 +26,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from service.core.errors import ConversationBusy, ConversationNotFound, StorageError
+from service.core.errors import (
+    ConversationBusy,
+    ConversationNotFound,
+    StorageError,
+    TooManyRequests,
+)
 from service.core.model import Conversation, LeaseAttempt, LeaseRequest
 from service.core.plans import TurnPlan
 from service.platform import metrics, tracing
@@ -42,6 +47,7 @@ SAFETY_POLL_S = 5.0  # with notifications, look again at least this often anyway
 WAITED_S = 0.001  # a turn that got its lease later than this after it asked has queued
 RELEASE_RETRY_S = 0.5  # how often a lease that could not be given back is tried again
 MAX_REFUSED = 10_000  # leases the database refused to release, kept for a takeover here
+CROWDED_RETRY_AFTER_S = "1"  # Retry-After of a turn refused for OWNER_MAX_RUNNING_TURNS
 
 
 @dataclass(frozen=True)
@@ -75,12 +81,29 @@ class Leases:
         self._locks = locks or KeyedLocks()
         self._keeper = _Keeper(store, self.policy.lease_s)
 
+    async def take(self, owner: str, holder: uuid.UUID) -> None:
+        """A place for ``holder`` among ``owner``'s running turns, kept (renewed) until
+        ``free``; TooManyRequests when the owner runs OWNER_MAX_RUNNING_TURNS turns on the
+        whole fleet. (A turn of an existing conversation takes its place with its lease.)"""
+        if not await self._store.take_turn(owner, holder, self.policy.lease_s):
+            raise _crowded()
+        self._keeper.count(owner, holder)
+
+    async def free(self, owner: str, holder: uuid.UUID, *, committed: bool = False) -> None:
+        """The place given back, unless the turn's commit did (``committed``)."""
+        self._keeper.uncount(holder)
+        if not committed:
+            with contextlib.suppress(StorageError):  # it stops counting after a lease anyway
+                await settle(self._store.free_turn(owner, holder))
+
     @asynccontextmanager
-    async def hold(self, plan: TurnPlan) -> AsyncIterator[Held]:
-        """The conversation with its lease held for the turn of ``plan``, renewed while inside
-        and released on the way out unless the commit released it. Raises ConversationBusy,
-        ConversationNotFound, StorageError."""
-        holder, cid, started = uuid.uuid4(), plan.conversation_id, time.monotonic()
+    async def hold(self, plan: TurnPlan, run_id: uuid.UUID | None = None) -> AsyncIterator[Held]:
+        """The conversation with its lease held for the turn of ``plan``, and the turn's place
+        among its owner's running turns, renewed while inside and given back on the way out
+        unless the commit did. ``run_id``: a run's turn, whose place the run took (``take``)
+        and gives back itself; it holds the lease as the run. Raises ConversationBusy,
+        TooManyRequests, ConversationNotFound, StorageError."""
+        holder, cid, started = run_id or uuid.uuid4(), plan.conversation_id, time.monotonic()
         deadline = started + (self.policy.queue_wait_s if self.policy.queue else 0)
         local = self._locks.hold(cid, wait_s=max(0.0, deadline - started))
         try:
@@ -91,33 +114,48 @@ class Leases:
                 await local.__aenter__()
         except TimeoutError:
             raise _busy() from None
+        held = Held(None, holder)
         try:
             if plan.is_new:  # its id is new: no other turn can hold it (and it waited for none)
-                yield Held(None, holder)
-                return
-            with metrics.TURNS_WAITING.track_inprogress(), tracing.span("turn.lease") as span:
-                conversation = await self._acquire(plan, holder, deadline)
-                span.set_attribute("turnstore.waited_s", time.monotonic() - started)
-                span.set_attribute("turnstore.revision", conversation.revision)
-            waited = time.monotonic() - started
-            if waited > WAITED_S:
-                metrics.TURNS_QUEUED.inc()
-                metrics.QUEUE_WAIT_SECONDS.observe(waited)
-            held = Held(conversation, holder)
-            self._keeper.taken(cid)
-            self._keeper.add(cid, holder)
-            try:
+                if run_id is None:
+                    await self.take(plan.owner, holder)
                 yield held
-            finally:
-                self._keeper.discard(holder)
-                if not held.committed:
-                    try:
-                        await settle(self._store.release_lease(cid, holder))
-                    except StorageError as exc:
-                        # Given back later, or taken over by the next turn here.
-                        self._keeper.abandon(cid, holder, exc)
+                return
+            self._keeper.count(plan.owner, holder)  # the lease statement takes the place
+            async with self._leased(plan, held, started, deadline):
+                yield held
         finally:
+            if run_id is None:
+                await self.free(plan.owner, holder, committed=held.committed)
             await local.__aexit__(None, None, None)
+
+    @asynccontextmanager
+    async def _leased(
+        self, plan: TurnPlan, held: Held, started: float, deadline: float
+    ) -> AsyncIterator[None]:
+        """The conversation's lease taken for ``held`` (the conversation as loaded then),
+        renewed while inside and given back on the way out unless the commit did."""
+        cid, holder = plan.conversation_id, held.holder
+        with metrics.TURNS_WAITING.track_inprogress(), tracing.span("turn.lease") as span:
+            held.conversation = await self._acquire(plan, holder, deadline)
+            span.set_attribute("turnstore.waited_s", time.monotonic() - started)
+            span.set_attribute("turnstore.revision", held.conversation.revision)
+        waited = time.monotonic() - started
+        if waited > WAITED_S:
+            metrics.TURNS_QUEUED.inc()
+            metrics.QUEUE_WAIT_SECONDS.observe(waited)
+        self._keeper.taken(cid)
+        self._keeper.add(cid, holder)
+        try:
+            yield
+        finally:
+            self._keeper.discard(holder)
+            if not held.committed:
+                try:
+                    await settle(self._store.release_lease(cid, holder))
+                except StorageError as exc:
+                    # Given back later, or taken over by the next turn here.
+                    self._keeper.abandon(cid, holder, exc)
 
     async def close(self) -> None:
         await self._keeper.close()
@@ -165,6 +203,8 @@ class Leases:
             # It may have taken the lease before its answer was lost: give it back.
             self._keeper.abandon(plan.conversation_id, holder)
             raise
+        if attempt.crowded:
+            raise _crowded()
         if attempt.conversation is None:
             raise ConversationNotFound()
         return attempt
@@ -180,6 +220,16 @@ def _busy() -> ConversationBusy:
     return ConversationBusy()
 
 
+def _crowded() -> TooManyRequests:
+    # When a place frees is not known here (turns end when their provider answers): a second
+    # is the shortest wait worth a client's retry.
+    return TooManyRequests(
+        "This owner runs as many turns as it may at once (OWNER_MAX_RUNNING_TURNS); nothing "
+        "was kept. Retry after a while.",
+        retry_after=CROWDED_RETRY_AFTER_S,
+    )
+
+
 class _Keeper:
     """Renews every lease this process holds, in one statement every third of a lease, and
     gives back the leases its turns could not give back themselves (the database failed):
@@ -189,13 +239,14 @@ class _Keeper:
         self._store = store
         self._lease_s = lease_s
         self._held: dict[uuid.UUID, uuid.UUID] = {}  # holder -> conversation
+        self._counted: dict[uuid.UUID, str] = {}  # holder -> owner (OWNER_MAX_RUNNING_TURNS)
         self.abandoned: set[tuple[uuid.UUID, uuid.UUID]] = set()  # (conversation, holder)
         self._refusals: set[str | None] = set()  # SQLSTATEs of hopeless releases, logged
         self.refused: set[tuple[uuid.UUID, uuid.UUID]] = set()  # releases never retried
         self._heartbeat = Heartbeat(
             lease_s / 3,
             self._renew,
-            lambda: bool(self._held or self.abandoned),
+            lambda: bool(self._held or self._counted or self.abandoned),
             between=self._give_back,
             poll_s=lambda: RELEASE_RETRY_S if self.abandoned else None,
         )
@@ -206,6 +257,14 @@ class _Keeper:
 
     def discard(self, holder: uuid.UUID) -> None:
         self._held.pop(holder, None)
+
+    def count(self, owner: str, holder: uuid.UUID) -> None:
+        """A place among the owner's running turns, renewed with the leases."""
+        self._counted[holder] = owner
+        self._heartbeat.start()
+
+    def uncount(self, holder: uuid.UUID) -> None:
+        self._counted.pop(holder, None)
 
     def abandon(
         self, conversation_id: uuid.UUID, holder: uuid.UUID, error: StorageError | None = None
@@ -254,6 +313,12 @@ class _Keeper:
             self.abandoned.discard((cid, holder))
 
     async def _renew(self) -> None:
+        places = [(owner, holder) for holder, owner in self._counted.items()]
+        if places:
+            try:
+                await self._store.renew_turns(places, self._lease_s)
+            except StorageError:
+                log.warning("could not renew %d running turns' places", len(places))
         leases = [(cid, holder) for holder, cid in self._held.items()]
         if not leases:
             return

@@ -124,7 +124,12 @@ class TurnRuns:
         if committed is not None and committed.turn_id is not None and plan.background:
             return Started(committed.turn_id, committed.conversation_id, "completed", None)
         try:
-            await self._store.create_run(new, self._heartbeat_s)
+            await self._turns.leases.take(plan.owner, new.id)  # TooManyRequests: a JSON answer
+            try:
+                await self._store.create_run(new, self._heartbeat_s)
+            except BaseException:
+                await self._turns.leases.free(plan.owner, new.id)
+                raise
         except BaseException:
             await self._turns.release(plan)
             raise
@@ -157,6 +162,9 @@ class TurnRuns:
         finally:
             run.done()
             self._live.pop(run.id, None)
+            # Its commit gave its place back; a replayed earlier commit made none.
+            ended = run.result is not None and run.result.revision is not None
+            await self._turns.leases.free(run.new.owner, run.id, committed=ended and not committed)
 
     # --- what readers ask --------------------------------------------------------------------
 

@@ -82,7 +82,10 @@ class _Request:
 
 
 class DurableRun(Protocol):
-    """A turn running as a run (service/usecases/run.py): its commit also ends the run."""
+    """A turn running as a run (service/usecases/run.py): its commit also ends the run. It
+    holds its place among its owner's running turns, and its lease, as ``id``."""
+
+    id: uuid.UUID
 
     async def begin(self, revision: int) -> None:
         """The turn holds its conversation at ``revision`` (0: a new one; it queued until
@@ -207,7 +210,7 @@ class TurnService:
         mode = "stream" if stream else "chat"
         asked = self._request(plan, stream)
         with metrics.turn_outcome(mode):  # what ends the turn before its TurnDone
-            async with self.leases.hold(plan) as held:
+            async with self.leases.hold(plan, run.id if run else None) as held:
                 conversation = held.conversation or await self._fork_basis(plan)
                 if conversation is not None:
                     check_precondition(plan.if_match, conversation.revision)

@@ -108,6 +108,11 @@ PLACEMENT: dict[str, Placement] = {
     "owner_forks": Distributed(
         "owner", colocate_with="idempotency_keys", primary_key=("owner", "conversation_id")
     ),
+    # Each owner's running turns, counted one owner at a time by turnstore_take_turn: with
+    # the owner's other rows, on one worker (the count is never a fan-out).
+    "owner_turns": Distributed(
+        "owner", colocate_with="idempotency_keys", primary_key=("owner", "holder")
+    ),
     "api_keys": Coordinator("read per request by key hash; a reference table adds nothing"),
     "owner_keys": Coordinator("the keyring: in production a database of its own"),
     "alembic_version": Coordinator("migrations run on the coordinator"),
@@ -135,6 +140,12 @@ FUNCTIONS: dict[str, DistributedFunction] = {
         " double precision)",
         argument="p_cid",
         colocate_with="conversations",
+    ),
+    # A turn's place among its owner's running turns: on the worker of the owner's rows.
+    "turnstore_take_turn": DistributedFunction(
+        "turnstore_take_turn(text, uuid, timestamptz, timestamptz, integer)",
+        argument="p_owner",
+        colocate_with="idempotency_keys",
     ),
 }
 

@@ -81,6 +81,21 @@ TURNS_OF = f"""
     ORDER BY turns.seq {{order}} LIMIT :n
 """
 
+# OWNER_MAX_RUNNING_TURNS (migration 0018): a turn's place among its owner's running turns,
+# taken before the provider is called (:most NULL: no limit); ``taken`` false: the owner runs
+# that many already. Its commit (COMMIT_COUNTED) or FREE_TURN gives it back; a replica that
+# dies leaves places that stop counting at ``until`` (renewed with the leases).
+TAKE_TURN_CALL = """turnstore_take_turn(:caller, :holder, CAST(:now AS timestamptz),
+    CAST(:until AS timestamptz), CAST(:most AS integer))"""
+TAKE_TURN = f"SELECT taken FROM {TAKE_TURN_CALL}"
+FREE_TURN = "DELETE FROM owner_turns WHERE owner = :caller AND holder = :holder"
+RENEW_TURNS = """
+    UPDATE owner_turns SET until = CAST(:until AS timestamptz)
+    FROM unnest(CAST(:owners AS text[]), CAST(:holders AS uuid[])) AS held (owner, holder)
+    WHERE owner_turns.owner = held.owner AND owner_turns.holder = held.holder
+"""
+
+
 # A turn's commit: the conditional bump of its conversation (or the new conversation of its
 # first turn, :expected 0), its row at the new revision and its Idempotency-Key completed
 # (:idem_key NULL: none); none of it if the conversation moved on, is gone, or another turn's
@@ -101,6 +116,9 @@ COMMIT = f"""
     SELECT revision, created_at, updated_at, lease_wanted
     FROM turnstore_commit({", ".join(f":{name}" for name in COMMIT_ARGUMENTS)})
 """
+# The same, giving the turn's place among its owner's running turns back in the same
+# statement (on Citus, where the place lives on the owner's worker, FREE_TURN follows it).
+COMMIT_COUNTED = f"WITH freed AS ({FREE_TURN}) {COMMIT}"
 # Why a commit found no row: the conversation is gone, or it moved on.
 EXISTS = f"SELECT 1 FROM conversations WHERE {THE_CONVERSATION}"
 
@@ -113,18 +131,34 @@ TAKEABLE = """(
     OR conversations.lease_expires_at <= CAST(:now AS timestamptz)
     OR conversations.lease_holder = :holder OR conversations.lease_holder = :replaces
 )"""
-# The lease and the turns after :after in one statement (one round trip). The turns are read
-# in the statement's snapshot; the conversation's fields come from the updated row, which may
-# be newer if a commit raced the statement: the caller then sees a revision ahead of the
-# turns it got and reads again.
-LEASE = f"""
-    WITH attempt AS (
+
+
+def leased(counted: bool) -> str:
+    """The lease and the turns after :after in one statement (one round trip). The turns are
+    read in the statement's snapshot; the conversation's fields come from the updated row,
+    which may be newer if a commit raced the statement: the caller then sees a revision ahead
+    of the turns it got and reads again.
+
+    ``counted``: the turn's place among its owner's running turns is taken in the same
+    statement, when the lease is free to take (``counted`` NULL: it was not, ``false``: the
+    owner runs too many turns, and the lease stays as it was). On Citus the place lives on
+    the owner's worker, not the conversation's, so it is taken by a statement of its own
+    (TAKE_TURN) and this one is not ``counted``."""
+    slot = f"""slot AS (
+        SELECT taken.taken FROM conversations, LATERAL {TAKE_TURN_CALL} AS taken
+        WHERE {THE_CONVERSATION} AND {TAKEABLE}
+    ), """
+    granted = f"({TAKEABLE} AND (SELECT taken FROM slot))" if counted else TAKEABLE
+    wanted = f"({TAKEABLE} AND (SELECT NOT taken FROM slot))" if counted else "false"
+    return f"""
+    WITH {slot if counted else ""}attempt AS (
         UPDATE conversations SET
-            lease_holder = CASE WHEN {TAKEABLE} THEN CAST(:holder AS uuid)
+            lease_holder = CASE WHEN {granted} THEN CAST(:holder AS uuid)
                 ELSE conversations.lease_holder END,
-            lease_expires_at = CASE WHEN {TAKEABLE} THEN CAST(:until AS timestamptz)
+            lease_expires_at = CASE WHEN {granted} THEN CAST(:until AS timestamptz)
                 ELSE conversations.lease_expires_at END,
-            lease_wanted = CASE WHEN {TAKEABLE} THEN false
+            lease_wanted = CASE WHEN {granted} THEN false
+                WHEN coalesce({wanted}, false) THEN conversations.lease_wanted
                 ELSE conversations.lease_wanted OR :queue END
         WHERE {THE_CONVERSATION}
         RETURNING {HEAD}, conversations.rewritten_at,
@@ -132,10 +166,13 @@ LEASE = f"""
     )
     SELECT attempt.revision, attempt.created_at, attempt.updated_at, attempt.context_start,
         attempt.owner, attempt.rewritten_at, attempt.acquired, attempt.lease_expires_at,
+        {"(SELECT taken FROM slot)" if counted else "NULL::boolean"} AS counted,
         {NO_SYNC_WAIT} AS no_sync_wait, {TURN}
     FROM attempt LEFT JOIN turns ON turns.conversation_id = :cid AND turns.seq > :after
     ORDER BY turns.seq
 """
+
+
 # A lease given back; whether turns are queued for it (they are woken after it, from the
 # server the client is connected to: on Citus a NOTIFY sent by a worker reaches no one).
 RELEASE_LEASE = """
@@ -393,8 +430,12 @@ class Statements:
             False: compiled(TURNS_OF.replace("{order}", "ASC")),
             True: compiled(TURNS_OF.replace("{order}", "DESC")),
         }
-        self.lease = compiled(LEASE)
-        self.commit = compiled(COMMIT)
+        self.lease = {counted: compiled(leased(counted)) for counted in (False, True)}
+        self.commit = {counted: compiled(COMMIT_COUNTED if counted else COMMIT)
+                       for counted in (False, True)}  # fmt: skip
+        self.take_turn = compiled(TAKE_TURN)
+        self.free_turn = compiled(FREE_TURN)
+        self.renew_turns = compiled(RENEW_TURNS)
         self.idle_s = retention_days * 86_400 if retention_days else None  # for the commit
         self.exists = compiled(EXISTS)
         self.release_lease = compiled(RELEASE_LEASE)

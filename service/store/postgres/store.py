@@ -92,17 +92,24 @@ class PostgresStore(Edits, Housekeeping):
         params = {
             "cid": conversation_id, "caller": owner, "holder": ask.holder,
             "replaces": ask.replaces, "queue": ask.queue, "after": after_revision,
-            **lease_clock(ask.lease_s),
+            "most": self._running_turns, **lease_clock(ask.lease_s),
         }  # fmt: skip
+        folded = await self.folded()
 
         async def take() -> list[asyncpg.Record]:
             async with driver(self._engine, write=False) as conn:  # one statement: autocommit
-                return await self._sql.lease.fetch(conn, params)
+                return await self._sql.lease[folded].fetch(conn, params)
 
         rows = await written(take)
         if not rows:
             return LeaseAttempt(conversation=None, acquired=False)
         first = rows[0]
+        if first["acquired"] and not folded:  # Citus: the place is taken on its own
+            first = dict(first) | {"counted": await self.take_turn(owner, ask.holder, ask.lease_s)}
+            if not first["counted"]:
+                await self.release_lease(conversation_id, ask.holder)
+        if first["counted"] is False:  # the owner runs OWNER_MAX_RUNNING_TURNS turns
+            return LeaseAttempt(conversation=None, acquired=False, crowded=True)
         newest = rows[-1]["seq"] if rows[-1]["seq"] is not None else after_revision
         busy_until = None if first["acquired"] else first["lease_expires_at"]
         if first["revision"] > newest:
@@ -131,6 +138,29 @@ class PostgresStore(Edits, Housekeeping):
 
         if await written(release):  # turns wait for it
             await self._wake([f"lease:{conversation_id}"])
+
+    async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
+        params = {"caller": owner, "holder": holder, "most": self._running_turns,
+                  **lease_clock(lease_s)}  # fmt: skip
+
+        async def take() -> bool:
+            async with driver(self._engine, write=False) as conn:
+                return bool(await self._sql.take_turn.fetchval(conn, params))
+
+        return await written(take)
+
+    async def free_turn(self, owner: str, holder: UUID) -> None:
+        async def free() -> None:
+            async with driver(self._engine, write=False) as conn:
+                await self._sql.free_turn.execute(conn, {"caller": owner, "holder": holder})
+
+        await written(free)
+
+    async def renew_turns(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
+        until = datetime.now(UTC) + timedelta(seconds=lease_s)
+        params = {"owners": [o for o, _ in turns], "holders": [h for _, h in turns], "until": until}
+        async with driver(self._engine, write=False) as conn:
+            await self._sql.renew_turns.execute(conn, params)
 
     async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
         cids, holders = [cid for cid, _ in leases], [holder for _, holder in leases]
@@ -183,19 +213,23 @@ class PostgresStore(Edits, Housekeeping):
         }  # fmt: skip
         wake: list[str] = []  # topics to notify once committed
         plain = append.fork_of is None and run is None
+        folded = await self.folded()
         async with driver(self._engine, write=not plain) as conn:
             if append.fork_of is not None:
                 fork = {"src": append.fork_of.source, "at": append.fork_of.revision,
                         "caller": append.owner, "new": cid}  # fmt: skip
                 if await self._copy(conn, fork, codec.key) is None:
                     raise await self._why_no_fork(conn, fork)  # the source went meanwhile
-            row = await self._sql.commit.fetchrow(conn, params)
+            row = await self._sql.commit[folded].fetchrow(conn, params)
             if row is None:
                 raise await self._why_not(conn, params)
             if row["lease_wanted"]:  # turns wait for the lease this commit released
                 wake.append(f"lease:{cid}")
             if run is not None and await self._end_run(conn, cid, run, revision, codec.key):
                 wake.append(f"events:{run.run_id}")  # its events are followed elsewhere
+        if not folded and append.lease is not None:  # its place among the running turns
+            with contextlib.suppress(StorageError):  # it stops counting at its ``until``
+                await self.free_turn(append.owner, append.lease)
         if wake:
             await self._wake(wake)
         return Commit(row["revision"], row["created_at"], row["updated_at"])

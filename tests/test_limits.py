@@ -154,9 +154,10 @@ async def until_finished(
     client: httpx.AsyncClient, turn_id: str, headers: dict[str, str], timeout_s: float = 10
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
-    while (turn := (await client.get(f"{TURNS}/{turn_id}", headers=headers)).json())[
-        "status"
-    ] in ("queued", "in_progress"):
+    while (turn := (await client.get(f"{TURNS}/{turn_id}", headers=headers)).json())["status"] in (
+        "queued",
+        "in_progress",
+    ):
         assert time.monotonic() < deadline, turn
         await asyncio.sleep(0.02)
     return dict(turn)

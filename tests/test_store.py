@@ -418,3 +418,63 @@ async def test_a_compacted_context_is_kept_with_its_turn_byte_for_byte(
     await store.pop_item(cid, "alice", frozenset({2}))
     popped = await store.load(cid, "alice")
     assert popped is not None and list(popped.turns[-1].compacted) == list(compacted)
+
+
+# --- OWNER_MAX_RUNNING_TURNS: an owner's places among the running turns ----------------------
+
+
+@pytest.fixture(params=["postgres", pytest.param("memory", marks=pytest.mark.fast)])
+def counting_store(request: pytest.FixtureRequest) -> AnyStore:
+    """A store that lets each owner run two turns at once."""
+    if request.param == "memory":
+        return MemoryStore(running_turns=2)
+    return PostgresStore(request.getfixturevalue("engine"), running_turns=2)
+
+
+def owner() -> str:
+    """An owner of this test alone (the database is shared by the module's tests)."""
+    return f"owner-{uuid.uuid4().hex[:8]}"
+
+
+async def test_an_owner_runs_at_most_its_running_turns(counting_store: AnyStore) -> None:
+    store, alice, bob = counting_store, owner(), owner()
+    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    assert await store.take_turn(alice, a, 30)
+    assert await store.take_turn(alice, a, 30)  # its own place again: renewed, not counted
+    assert await store.take_turn(alice, b, 30)
+    assert not await store.take_turn(alice, c, 30)
+    assert await store.take_turn(bob, c, 30)  # every owner has a count of their own
+    await store.free_turn(alice, a)
+    assert await store.take_turn(alice, c, 30)
+
+
+async def test_a_place_that_ran_out_stops_counting(counting_store: AnyStore) -> None:
+    """A replica that dies stops renewing its turns' places; they stop counting when they
+    run out (a renewal sets when)."""
+    store, alice = counting_store, owner()
+    lapsed, renewed, a, b = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    assert await store.take_turn(alice, lapsed, -1)
+    assert await store.take_turn(alice, renewed, 30)
+    await store.renew_turns([(alice, renewed)], -1)
+    assert await store.take_turn(alice, a, 30)
+    assert await store.take_turn(alice, b, 30)
+    assert not await store.take_turn(alice, uuid.uuid4(), 30)
+
+
+async def test_a_lease_takes_its_turns_place_and_the_commit_gives_it_back(
+    counting_store: AnyStore,
+) -> None:
+    store, cid, holder, alice = counting_store, uuid.uuid4(), uuid.uuid4(), owner()
+    await store.append(Append(cid, turn(1), 0, owner=alice))
+    others = [uuid.uuid4(), uuid.uuid4()]
+    for other in others:
+        assert await store.take_turn(alice, other, 30)
+    ask = LeaseRequest(cid, alice, holder, lease_s=30, queue=False)
+    crowded = await store.lease(ask)
+    assert crowded.crowded and not crowded.acquired
+    await store.free_turn(alice, others[0])
+    leased = await store.lease(ask)
+    assert leased.acquired and not leased.crowded
+    assert not await store.take_turn(alice, uuid.uuid4(), 30)  # the lease holds a place
+    await store.append(Append(cid, turn(2), 1, owner=alice, lease=holder))
+    assert await store.take_turn(alice, uuid.uuid4(), 30)  # the commit gave it back

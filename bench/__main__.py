@@ -1,7 +1,7 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
 Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,
-compaction,citus
+compaction,citus,running
 --subjects ...
 --rounds N  --flame, --realtime (floors: flame graphs into bench/flame/; servers under
 SCHED_FIFO)
@@ -31,6 +31,7 @@ from bench import (
     plots,
     report,
     responses,
+    running,
     tracing,
 )
 from bench.database import REPO, fresh_database, server, server_version
@@ -49,7 +50,7 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,"
-        "compaction,citus",
+        "compaction,citus,running",
     )
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
@@ -178,6 +179,13 @@ def main() -> None:
             )
             for line in citus.lines(citus.run(url, config)):
                 _say(line)
+        if "running" in parts:
+            _say(
+                "\n13. Running turns: what counting an owner's running turns fleet-wide"
+                " (OWNER_MAX_RUNNING_TURNS) costs part 2's load, with the count and without"
+            )
+            for line in running.lines(running.run(url, logs)):
+                _say("   " + line)
         _say("\nTargets (ratios from this run)")
         if floor is not None:
             for line in report.floor_targets(floors.ratios(floor)):

@@ -185,8 +185,9 @@ def postgres_backend(settings: Settings, *, store: PostgresStore | None = None) 
     listener = PostgresNotifications(settings.database_listen_url or url, store.engine)
     closers.append(listener.close)
     runs = PostgresRuns(
-        store.engine, events_ttl_s=settings.turn_events_ttl_s, keyring=store.keyring
-    )
+        store.engine, events_ttl_s=settings.turn_events_ttl_s, keyring=store.keyring,
+        places=store.places,
+    )  # fmt: skip
     return Backend(conversations, runs, listener, store, store, ApiKeyStore(store.engine), closers)
 
 

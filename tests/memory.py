@@ -424,8 +424,11 @@ class MemoryStore:
 
     # --- runs ------------------------------------------------------------------------------
 
-    async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
+    async def create_run(self, run: NewRun, heartbeat_s: float) -> bool:
+        if not await self.take_turn(run.owner, run.id, heartbeat_s):
+            return False
         self._runs[run.id] = _Run(run, _now() + timedelta(seconds=heartbeat_s))
+        return True
 
     async def begin_run(self, run_id: UUID, revision: int) -> None:
         run = self._runs.get(run_id)

@@ -15,6 +15,7 @@ from service.core.items import user_input_item
 from service.providers.base import ProviderRequest, TextDelta
 from service.providers.base import Reply as ProviderReply
 from service.providers.fake import FakeProvider
+from service.store.postgres import places
 from service.store.postgres import run_statements as runs
 from service.store.postgres.statements import Statements
 
@@ -24,11 +25,13 @@ def test_the_floors_run_the_stores_own_statements() -> None:
     them (and a floor's parameters are named as the store's)."""
     store = Statements(retention_days=None)
     floor = turn_statements()
+    # A turn on plain PostgreSQL: its place among the owner's running turns counted in them.
     assert [floor.lease.sql, floor.commit.sql, floor.check.sql] == [
-        store.lease.sql,
-        store.commit.sql,
+        store.lease[True].sql,
+        store.commit[True].sql,
         store.describe.sql,
     ]
+    assert floor.take is places.TAKE and floor.run_create is runs.CREATE_COUNTED
     assert floor.run_log is runs.LOG and floor.run_commit is runs.COMMIT
 
 

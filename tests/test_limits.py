@@ -150,6 +150,34 @@ async def test_an_owner_past_their_running_turns_gets_429_on_every_replica(
         assert again.status_code == 200, again.text
 
 
+async def test_a_turn_that_ends_without_its_commit_gives_its_place_back(
+    make_client: ClientFactory,
+) -> None:
+    """With room for one turn, each that fails (the provider's 500, plain and streamed, new and
+    warm), is filtered or cancelled leaves the room to the next at once."""
+    api = FakeResponsesAPI()
+    failed = Script(http_status=500, error_code="server_error")
+    filtered = Script(status="incomplete", incomplete_reason="content_filter")
+    api.then(Script(), failed, failed, filtered, failed, Script(gate=asyncio.Event()), Script())
+    alice = jwt_bearer("alice")
+    settings: dict[str, Any] = {"owner_max_running_turns": 1, **JWT_SETTINGS}
+    async with make_client(provider=api.provider(), **settings) as client:
+        made = await client.post(CHAT, json={"message": "first"}, headers=alice)
+        warm = {"message": "again", "conversation_id": made.json()["conversation_id"]}
+        assert_error(await client.post(CHAT, json={"message": "new"}, headers=alice), 502,
+                     "upstream_error")  # fmt: skip
+        assert_error(await client.post(CHAT, json=warm, headers=alice), 502, "upstream_error")
+        assert_error(await client.post(CHAT, json=warm, headers=alice), 422, "content_filtered")
+        streamed = await client.post(f"{CHAT}/stream", json=warm, headers=alice)
+        assert streamed.status_code == 200 and "event: error" in streamed.text
+        background = await client.post(CHAT, json={**warm, "background": True}, headers=alice)
+        turn_id = background.json()["turn_id"]
+        cancelled = await client.post(f"{TURNS}/{turn_id}/cancel", headers=alice)
+        assert cancelled.json()["status"] == "cancelled", cancelled.text
+        done = await client.post(CHAT, json=warm, headers=alice)
+        assert done.status_code == 200, done.text  # not 429: every place came back
+
+
 async def until_finished(
     client: httpx.AsyncClient, turn_id: str, headers: dict[str, str], timeout_s: float = 10
 ) -> dict[str, Any]:

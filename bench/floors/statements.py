@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from service.store.postgres import places
 from service.store.postgres import run_statements as runs
 from service.store.postgres.statements import Statements
 from service.store.postgres.tx import Compiled as Statement
@@ -27,13 +28,15 @@ class Nulls(dict[str, Any]):
 
 @dataclass(frozen=True)
 class TurnStatements:
-    lease: Statement  # take the lease and read the turns after :after (one statement)
+    lease: Statement  # take the lease (and the turn's place among the owner's running
+    # turns) and read the turns after :after (one statement)
+    take: Statement  # a new conversation's first turn: its place among the running turns
     commit: Statement  # the conditional bump (or a new conversation), the turn row, the
-    # Idempotency-Key: one call of turnstore_commit()
+    # Idempotency-Key: one call of turnstore_commit(), the turn's place given back
     check: Statement  # the streamed turn's check before its stream starts
     create_empty: Statement  # POST /v1/conversations (not measured: before the turns)
     wake: Statement  # after a commit that released a lease others wait for
-    run_create: Statement  # a streamed turn runs as a durable run: its row,
+    run_create: Statement  # a streamed turn runs as a durable run: its row and place,
     run_begin: Statement  # its start once the lease is held,
     run_log: Statement  # its events so far, logged before the commit,
     run_commit: Statement  # and its end, in the commit's transaction
@@ -42,12 +45,13 @@ class TurnStatements:
 def turn_statements() -> TurnStatements:
     sql = Statements(retention_days=None)  # RETENTION_DAYS unset, as the bench serves
     return TurnStatements(
-        lease=sql.lease,
-        commit=sql.commit,
+        lease=sql.lease[True],  # plain PostgreSQL: the places taken in the turn's statements
+        take=places.TAKE,
+        commit=sql.commit[True],
         check=sql.describe,
         create_empty=sql.new_conversation,
         wake=sql.wake,
-        run_create=runs.CREATE,
+        run_create=runs.CREATE_COUNTED,
         run_begin=runs.BEGIN,
         run_log=runs.LOG,
         run_commit=runs.COMMIT,

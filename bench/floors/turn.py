@@ -25,9 +25,11 @@ import asyncpg
 import msgspec
 
 from bench.floors.statements import Nulls, Statement, TurnStatements, turn_statements
-from service.store.postgres.store import lease_clock
+from bench.server import ONE_OWNER
+from service.store.postgres.places import clock
 
 OWNER = "anonymous"  # AUTH_MODE=none, as the bench serves turnstore
+MOST = int(ONE_OWNER["OWNER_MAX_RUNNING_TURNS"])  # as the bench serves turnstore
 PROVIDER, ENDPOINT, MODEL = "fake", "builtin", "fake-llm"  # the fake provider's origin
 LEASE_S = 30.0  # TURN_LEASE_S (also the runs' heartbeat)
 EVENTS_TTL_S = 600.0  # TURN_EVENTS_TTL_S
@@ -188,7 +190,7 @@ class Floor:
         """Take the conversation's lease; its revision."""
         rows = await self._fetch(self.sql.lease, {
             "cid": cid, "caller": OWNER, "holder": holder, "replaces": None,
-            "queue": True, "after": self.seen.get(cid, 0), **lease_clock(LEASE_S),
+            "queue": True, "after": self.seen.get(cid, 0), "most": MOST, **clock(LEASE_S),
         })  # fmt: skip
         if not rows:
             raise _not_found()
@@ -196,6 +198,14 @@ class Floor:
             raise Refused(409, "conversation_busy", "Another turn holds the conversation.")
         revision: int = rows[0]["revision"]
         return revision
+
+    async def _take(self, holder: uuid.UUID) -> None:
+        """A new conversation's first turn: its place among the owner's running turns."""
+        rows = await self._fetch(self.sql.take, {
+            "caller": OWNER, "holder": holder, "most": MOST, **clock(LEASE_S),
+        })  # fmt: skip
+        if not rows[0]["taken"]:
+            raise Refused(429, "too_many_requests", "Too many turns of this owner at once.")
 
     def _commit_values(
         self, cid: uuid.UUID, holder: uuid.UUID, expected: int, message: str, reply: Reply,
@@ -234,6 +244,7 @@ class Floor:
         holder = uuid.uuid4()
         if conversation is None:
             cid, expected = uuid.uuid4(), 0
+            await self._take(holder)
         else:
             cid = parse_id(conversation)
             expected = await self._lease(cid, holder)
@@ -265,9 +276,12 @@ class Floor:
             if not rows:
                 raise _not_found()
         run_id = uuid.uuid4()
-        await self._fetch(self.sql.run_create, {
+        made = await self._fetch(self.sql.run_create, {
             "id": run_id, "cid": cid, "owner": OWNER, "background": False, "hb": LEASE_S,
+            "caller": OWNER, "holder": run_id, "most": MOST, **clock(LEASE_S),
         })  # fmt: skip
+        if not made[0]["taken"]:
+            raise Refused(429, "too_many_requests", "Too many turns of this owner at once.")
         return Streamed(self, message, cid, new, run_id)
 
 
@@ -282,7 +296,7 @@ class Streamed:
     async def events(self) -> AsyncIterator[tuple[int, str, bytes]]:
         """(seq, name, data) of each event: the deltas, then message.done once committed."""
         floor, sql, cid, run = self.floor, self.floor.sql, self.conversation_id, self.run_id
-        holder = uuid.uuid4()
+        holder = run  # a run holds its lease and its place as the run
         expected = 0 if self.new else await floor._lease(cid, holder)
         await floor._fetch(sql.run_begin, {"id": run, "cid": cid})
         reply = Reply.of(self.message, 2 * expected, floor.history_bytes.get(cid, 0))

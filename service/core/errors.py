@@ -201,6 +201,16 @@ class TooManyRequests(RateLimited):
 
     code, default_message = "too_many_requests", "Too many requests of this owner at once."
 
+    @classmethod
+    def running_turns(cls) -> TooManyRequests:
+        """OWNER_MAX_RUNNING_TURNS. When a turn ends is not known (when its provider answers):
+        a second is the shortest wait worth a client's retry."""
+        return cls(
+            "This owner runs as many turns at once as it may (OWNER_MAX_RUNNING_TURNS); nothing"
+            " was kept. Retry after a while.",
+            retry_after="1",
+        )
+
 
 class StorageError(TurnstoreError):
     code, status, default_message = "storage_error", 500, "The database failed; nothing was kept."

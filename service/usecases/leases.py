@@ -47,7 +47,6 @@ SAFETY_POLL_S = 5.0  # with notifications, look again at least this often anyway
 WAITED_S = 0.001  # a turn that got its lease later than this after it asked has queued
 RELEASE_RETRY_S = 0.5  # how often a lease that could not be given back is tried again
 MAX_REFUSED = 10_000  # leases the database refused to release, kept for a takeover here
-CROWDED_RETRY_AFTER_S = "1"  # Retry-After of a turn refused for OWNER_MAX_RUNNING_TURNS
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,11 @@ class Leases:
         ``free``; TooManyRequests when the owner runs OWNER_MAX_RUNNING_TURNS turns on the
         whole fleet. (A turn of an existing conversation takes its place with its lease.)"""
         if not await self._store.take_turn(owner, holder, self.policy.lease_s):
-            raise _crowded()
+            raise TooManyRequests.running_turns()
+        self._keeper.count(owner, holder)
+
+    def keep(self, owner: str, holder: uuid.UUID) -> None:
+        """A place its caller took otherwise (a run, as it was made): renewed until ``free``."""
         self._keeper.count(owner, holder)
 
     async def free(self, owner: str, holder: uuid.UUID, *, committed: bool = False) -> None:
@@ -100,9 +103,9 @@ class Leases:
     async def hold(self, plan: TurnPlan, run_id: uuid.UUID | None = None) -> AsyncIterator[Held]:
         """The conversation with its lease held for the turn of ``plan``, and the turn's place
         among its owner's running turns, renewed while inside and given back on the way out
-        unless the commit did. ``run_id``: a run's turn, whose place the run took (``take``)
-        and gives back itself; it holds the lease as the run. Raises ConversationBusy,
-        TooManyRequests, ConversationNotFound, StorageError."""
+        unless the commit did. ``run_id``: a run's turn, whose place the run took when it was
+        made and gives back itself (``keep``, ``free``); it holds the lease as the run.
+        Raises ConversationBusy, TooManyRequests, ConversationNotFound, StorageError."""
         holder, cid, started = run_id or uuid.uuid4(), plan.conversation_id, time.monotonic()
         deadline = started + (self.policy.queue_wait_s if self.policy.queue else 0)
         local = self._locks.hold(cid, wait_s=max(0.0, deadline - started))
@@ -204,7 +207,7 @@ class Leases:
             self._keeper.abandon(plan.conversation_id, holder)
             raise
         if attempt.crowded:
-            raise _crowded()
+            raise TooManyRequests.running_turns()
         if attempt.conversation is None:
             raise ConversationNotFound()
         return attempt
@@ -218,16 +221,6 @@ def _found(attempt: LeaseAttempt) -> Conversation:
 def _busy() -> ConversationBusy:
     metrics.TURNS_BUSY.inc()
     return ConversationBusy()
-
-
-def _crowded() -> TooManyRequests:
-    # When a place frees is not known here (turns end when their provider answers): a second
-    # is the shortest wait worth a client's retry.
-    return TooManyRequests(
-        "This owner runs as many turns as it may at once (OWNER_MAX_RUNNING_TURNS); nothing "
-        "was kept. Retry after a while.",
-        retry_after=CROWDED_RETRY_AFTER_S,
-    )
 
 
 class _Keeper:

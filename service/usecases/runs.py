@@ -34,6 +34,7 @@ from service.core.errors import (
     NotReady,
     RequestInProgress,
     StorageError,
+    TooManyRequests,
     TurnInterrupted,
     TurnNotFound,
     TurnstoreError,
@@ -124,15 +125,12 @@ class TurnRuns:
         if committed is not None and committed.turn_id is not None and plan.background:
             return Started(committed.turn_id, committed.conversation_id, "completed", None)
         try:
-            await self._turns.leases.take(plan.owner, new.id)  # TooManyRequests: a JSON answer
-            try:
-                await self._store.create_run(new, self._heartbeat_s)
-            except BaseException:
-                await self._turns.leases.free(plan.owner, new.id)
-                raise
+            if not await self._store.create_run(new, self._heartbeat_s):
+                raise TooManyRequests.running_turns()  # a JSON answer, before any stream
         except BaseException:
             await self._turns.release(plan)
             raise
+        self._turns.leases.keep(plan.owner, new.id)
         run = Run(new, plan, correlation_id, self._store)
         self._live[new.id] = run
         run.task = asyncio.get_running_loop().create_task(self._execute(run, committed))

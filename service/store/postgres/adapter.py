@@ -8,11 +8,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.model import ConversationInfo
 from service.store.postgres.keyring import Keyring
+from service.store.postgres.places import Places
 from service.store.postgres.rows import reading
 from service.store.postgres.statements import Statements
-from service.store.postgres.tx import driver, sql
-
-CITUS = sql("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
 
 
 class Adapter:
@@ -40,22 +38,15 @@ class Adapter:
         # A claimed key whose replica died is taken over after this long.
         self._idempotency_lease_s = idempotency_lease_s
         self._forks_per_minute = forks_per_minute  # OWNER_MAX_FORKS_PER_MINUTE (None: any)
-        self._running_turns = running_turns  # OWNER_MAX_RUNNING_TURNS (None: any)
-        self._spread: bool | None = None  # on Citus? (asked once, see ``folded``)
+        self._places = Places(engine, running_turns)  # OWNER_MAX_RUNNING_TURNS (None: any)
 
     @property
     def engine(self) -> AsyncEngine:
         return self._engine
 
-    async def folded(self) -> bool:
-        """Whether a turn's place among its owner's running turns is taken and given back in
-        the statements the turn makes anyway (plain PostgreSQL), or by statements of their
-        own (Citus: the places live on the owner's worker, the turn's statements run on the
-        conversation's). Asked of the server once."""
-        if self._spread is None:
-            async with driver(self._engine, write=False) as conn:
-                self._spread = bool(await CITUS.fetchval(conn, {}))
-        return not self._spread
+    @property
+    def places(self) -> Places:
+        return self._places
 
     @property
     def keyring(self) -> Keyring | None:

@@ -9,7 +9,7 @@ lock at commit, so it is not sent for nothing.
 
 from __future__ import annotations
 
-from service.store.postgres.statements import NO_SYNC_WAIT, WAKE
+from service.store.postgres.statements import NO_SYNC_WAIT, TAKE_TURN_CALL, WAKE
 from service.store.postgres.tx import sql
 
 UNFINISHED = "status IN ('queued', 'in_progress')"
@@ -35,12 +35,25 @@ LOGGED = f"""
     FROM r
 """
 
-CREATE = sql("""
-    INSERT INTO turn_runs (id, conversation_id, owner, background, status, heartbeat_until,
-                           created_at, last_event, cancel_requested, watched, response,
-                           sealed_response)
-    VALUES (:id, :cid, :owner, :background, 'queued', now() + make_interval(secs => :hb),
-            now(), 0, false, false, CAST(:response AS json), :sealed_response)
+RUN_COLUMNS = """
+    id, conversation_id, owner, background, status, heartbeat_until, created_at, last_event,
+    cancel_requested, watched, response, sealed_response
+"""
+RUN_VALUES = """
+    :id, :cid, :owner, :background, 'queued', now() + make_interval(secs => :hb), now(), 0,
+    false, false, CAST(:response AS json), :sealed_response
+"""
+CREATE = sql(f"INSERT INTO turn_runs ({RUN_COLUMNS}) VALUES ({RUN_VALUES})")
+# The same, when the run's turn has its place among its owner's running turns (places.py), in
+# the same statement; whether it had (nothing is made when not). Plain PostgreSQL only: on
+# Citus the place is on the owner's worker, taken by a statement of its own before CREATE.
+CREATE_COUNTED = sql(f"""
+    WITH slot AS (
+        SELECT taken FROM {TAKE_TURN_CALL}
+    ), made AS (
+        INSERT INTO turn_runs ({RUN_COLUMNS}) SELECT {RUN_VALUES} FROM slot WHERE slot.taken
+    )
+    SELECT taken FROM slot
 """)
 LOG = sql(
     LOGGED.format(

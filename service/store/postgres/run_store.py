@@ -18,6 +18,7 @@ from service.core.model import NewRun, Renewed, RunEnd, RunView
 from service.platform.crypto import DataKey
 from service.store.postgres import run_statements as sql
 from service.store.postgres.keyring import Keyring
+from service.store.postgres.places import Places
 from service.store.postgres.rows import Events
 from service.store.postgres.sealed import (
     get,
@@ -57,9 +58,15 @@ class PostgresRuns:
     """The RunStore port over one engine."""
 
     def __init__(
-        self, engine: AsyncEngine, *, events_ttl_s: float, keyring: Keyring | None = None
+        self,
+        engine: AsyncEngine,
+        *,
+        events_ttl_s: float,
+        keyring: Keyring | None = None,
+        places: Places | None = None,
     ) -> None:
         self._engine = engine
+        self._places = places or Places(engine, None)  # OWNER_MAX_RUNNING_TURNS
         self._ttl_s = events_ttl_s
         self._keyring = keyring  # events are sealed under their owner's key with one
         # The conversation of each run this process made or read, so that its statements name
@@ -75,7 +82,7 @@ class PostgresRuns:
         """The run's id, and its conversation's if known (None: found by the id alone)."""
         return {"id": run_id, "cid": self._conversations.get(run_id)}
 
-    async def create_run(self, run: NewRun, heartbeat_s: float) -> None:
+    async def create_run(self, run: NewRun, heartbeat_s: float) -> bool:
         key = await writing_key(self._keyring, run.owner) if run.response else None
         text = bytes(run.response).decode() if run.response else None
         clear, sealed = put(key, run_response_place(run.id), text)
@@ -84,8 +91,18 @@ class PostgresRuns:
             "background": run.background, "hb": heartbeat_s, "response": clear,
             "sealed_response": sealed,
         }  # fmt: skip
-        await self._write(sql.CREATE, params)
+        if await self._places.folded():
+            counted = {**params, **self._places.params(run.owner, run.id, heartbeat_s)}
+            if not (await self._rows(sql.CREATE_COUNTED, counted))[0]["taken"]:
+                return False
+        else:  # Citus: the place first, on the owner's worker
+            if await self._places.apart() and not await self._places.take(
+                run.owner, run.id, heartbeat_s
+            ):
+                return False
+            await self._write(sql.CREATE, params)
         self._learn(run.id, run.conversation_id)
+        return True
 
     async def begin_run(self, run_id: UUID, revision: int) -> None:
         await self._write(sql.BEGIN, {**self._at(run_id), "base": revision})

@@ -81,19 +81,12 @@ TURNS_OF = f"""
     ORDER BY turns.seq {{order}} LIMIT :n
 """
 
-# OWNER_MAX_RUNNING_TURNS (migration 0018): a turn's place among its owner's running turns,
-# taken before the provider is called (:most NULL: no limit); ``taken`` false: the owner runs
-# that many already. Its commit (COMMIT_COUNTED) or FREE_TURN gives it back; a replica that
-# dies leaves places that stop counting at ``until`` (renewed with the leases).
+# OWNER_MAX_RUNNING_TURNS (migration 0018, places.py): a turn's place among its owner's
+# running turns, taken before the provider is called (:most NULL: no limit); ``taken`` false:
+# the owner runs that many already. The commit (COMMIT_COUNTED) or FREE_TURN gives it back.
 TAKE_TURN_CALL = """turnstore_take_turn(:caller, :holder, CAST(:now AS timestamptz),
     CAST(:until AS timestamptz), CAST(:most AS integer))"""
-TAKE_TURN = f"SELECT taken FROM {TAKE_TURN_CALL}"
 FREE_TURN = "DELETE FROM owner_turns WHERE owner = :caller AND holder = :holder"
-RENEW_TURNS = """
-    UPDATE owner_turns SET until = CAST(:until AS timestamptz)
-    FROM unnest(CAST(:owners AS text[]), CAST(:holders AS uuid[])) AS held (owner, holder)
-    WHERE owner_turns.owner = held.owner AND owner_turns.holder = held.holder
-"""
 
 
 # A turn's commit: the conditional bump of its conversation (or the new conversation of its
@@ -433,9 +426,6 @@ class Statements:
         self.lease = {counted: compiled(leased(counted)) for counted in (False, True)}
         self.commit = {counted: compiled(COMMIT_COUNTED if counted else COMMIT)
                        for counted in (False, True)}  # fmt: skip
-        self.take_turn = compiled(TAKE_TURN)
-        self.free_turn = compiled(FREE_TURN)
-        self.renew_turns = compiled(RENEW_TURNS)
         self.idle_s = retention_days * 86_400 if retention_days else None  # for the commit
         self.exists = compiled(EXISTS)
         self.release_lease = compiled(RELEASE_LEASE)

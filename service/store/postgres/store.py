@@ -50,12 +50,6 @@ from service.store.postgres.sealed import writing_key
 from service.store.postgres.tx import Params, driver, written
 
 
-def lease_clock(lease_s: float) -> Params:
-    """The lease statement's clock: now, and when a lease taken now runs out."""
-    now = datetime.now(UTC)
-    return {"now": now, "until": now + timedelta(seconds=lease_s)}
-
-
 class PostgresStore(Edits, Housekeeping):
     """ConversationStore, IdempotencyStore and Operations over one engine."""
 
@@ -90,11 +84,10 @@ class PostgresStore(Edits, Housekeeping):
     async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
         conversation_id, owner, after_revision = ask.conversation_id, ask.owner, ask.after_revision
         params = {
-            "cid": conversation_id, "caller": owner, "holder": ask.holder,
-            "replaces": ask.replaces, "queue": ask.queue, "after": after_revision,
-            "most": self._running_turns, **lease_clock(ask.lease_s),
+            "cid": conversation_id, "replaces": ask.replaces, "queue": ask.queue,
+            "after": after_revision, **self._places.params(owner, ask.holder, ask.lease_s),
         }  # fmt: skip
-        folded = await self.folded()
+        folded = await self._places.folded()
 
         async def take() -> list[asyncpg.Record]:
             async with driver(self._engine, write=False) as conn:  # one statement: autocommit
@@ -104,7 +97,7 @@ class PostgresStore(Edits, Housekeeping):
         if not rows:
             return LeaseAttempt(conversation=None, acquired=False)
         first = rows[0]
-        if first["acquired"] and not folded:  # Citus: the place is taken on its own
+        if first["acquired"] and await self._places.apart():  # on the owner's worker
             first = dict(first) | {"counted": await self.take_turn(owner, ask.holder, ask.lease_s)}
             if not first["counted"]:
                 await self.release_lease(conversation_id, ask.holder)
@@ -140,27 +133,13 @@ class PostgresStore(Edits, Housekeeping):
             await self._wake([f"lease:{conversation_id}"])
 
     async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
-        params = {"caller": owner, "holder": holder, "most": self._running_turns,
-                  **lease_clock(lease_s)}  # fmt: skip
-
-        async def take() -> bool:
-            async with driver(self._engine, write=False) as conn:
-                return bool(await self._sql.take_turn.fetchval(conn, params))
-
-        return await written(take)
+        return await self._places.take(owner, holder, lease_s)
 
     async def free_turn(self, owner: str, holder: UUID) -> None:
-        async def free() -> None:
-            async with driver(self._engine, write=False) as conn:
-                await self._sql.free_turn.execute(conn, {"caller": owner, "holder": holder})
-
-        await written(free)
+        await self._places.free(owner, holder)
 
     async def renew_turns(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
-        until = datetime.now(UTC) + timedelta(seconds=lease_s)
-        params = {"owners": [o for o, _ in turns], "holders": [h for _, h in turns], "until": until}
-        async with driver(self._engine, write=False) as conn:
-            await self._sql.renew_turns.execute(conn, params)
+        await self._places.renew(turns, lease_s)
 
     async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
         cids, holders = [cid for cid, _ in leases], [holder for _, holder in leases]
@@ -213,7 +192,7 @@ class PostgresStore(Edits, Housekeeping):
         }  # fmt: skip
         wake: list[str] = []  # topics to notify once committed
         plain = append.fork_of is None and run is None
-        folded = await self.folded()
+        folded = await self._places.folded()
         async with driver(self._engine, write=not plain) as conn:
             if append.fork_of is not None:
                 fork = {"src": append.fork_of.source, "at": append.fork_of.revision,
@@ -227,7 +206,7 @@ class PostgresStore(Edits, Housekeeping):
                 wake.append(f"lease:{cid}")
             if run is not None and await self._end_run(conn, cid, run, revision, codec.key):
                 wake.append(f"events:{run.run_id}")  # its events are followed elsewhere
-        if not folded and append.lease is not None:  # its place among the running turns
+        if append.lease is not None and await self._places.apart():  # on the owner's worker
             with contextlib.suppress(StorageError):  # it stops counting at its ``until``
                 await self.free_turn(append.owner, append.lease)
         if wake:

@@ -28,8 +28,8 @@ ROUNDS = 3
 SIGNATURE = "text, uuid, timestamptz, timestamptz, integer"
 UNCOUNTED = """
 CREATE OR REPLACE FUNCTION turnstore_take_turn(p_owner text, p_holder uuid, p_now timestamptz,
-    p_until timestamptz, p_most integer, OUT taken boolean, OUT free_at timestamptz)
-RETURNS record LANGUAGE plpgsql AS $$ BEGIN taken := true; END $$
+    p_until timestamptz, p_most integer, OUT taken boolean)
+RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN taken := true; END $$
 """
 
 

@@ -1,16 +1,20 @@
 """owner_turns: each owner's running turns (OWNER_MAX_RUNNING_TURNS), and the function that
 takes one
 
-- ``owner_turns``: one row per running turn (its owner, its holder: the turn's lease holder
-  or its run's id, and until when it counts unless renewed). A turn takes its row before the
-  provider is called and its commit (or its end) deletes it; a replica that dies leaves rows
-  that stop counting at ``until`` (TURN_LEASE_S after the last renewal). On Citus distributed
-  by owner, with the Idempotency-Keys.
-- ``turnstore_take_turn(owner, holder, now, until, most)``: the owner's turns are counted one
-  at a time (a transaction lock per owner), each count in a snapshot taken after that lock,
-  so two replicas never both take the 16th of 16. A holder that has its row already (a run
-  whose lease statement takes it again) renews it, never counts twice. Whether it was taken,
-  and when the earliest running turn of the owner stops counting at the latest.
+- ``owner_turns``: one row per running turn: its owner, its place (a number from 1 to the
+  limit), its holder (the turn's lease holder, or its run's id) and until when it counts
+  unless renewed. There are as many places as the limit, and the primary key (owner, place)
+  makes two turns that race for one place wait for each other: one gets it, the other looks
+  for another. So an owner never runs more turns than places, on any number of replicas, and
+  no lock is taken on the owner as a whole (turns of one owner do not queue for each other).
+  A turn takes its row before the provider is called and its commit (or its end) deletes it;
+  a replica that dies leaves rows that stop counting at ``until`` (TURN_LEASE_S after the last
+  renewal). On Citus distributed by owner, with the Idempotency-Keys.
+- ``turnstore_take_turn(owner, holder, now, until, most)``: whether a place was free. A holder
+  that has one already (a run, whose lease statement takes it again) renews it. The places
+  are tried from a random one on, so turns that start together rarely try the same; rows that
+  ran out are deleted only when no place is free, never one a commit is deleting at that
+  moment (SKIP LOCKED: a take never waits for a commit, so the two cannot deadlock).
 
 Expand only: a new table and function the release before this one never uses (its turns are
 not counted while it serves beside this one). The downgrade drops both: what it loses is the
@@ -35,31 +39,50 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 SIGNATURE = "text, uuid, timestamptz, timestamptz, integer"
-# Rows that stopped counting are deleted by the next take, but never one a commit is deleting
-# at that moment (SKIP LOCKED: a take never waits for a commit, so the two cannot deadlock).
 FUNCTION = """
 CREATE FUNCTION turnstore_take_turn(p_owner text, p_holder uuid, p_now timestamptz,
-    p_until timestamptz, p_most integer, OUT taken boolean, OUT free_at timestamptz)
-RETURNS record LANGUAGE plpgsql AS $$
+    p_until timestamptz, p_most integer, OUT taken boolean)
+RETURNS boolean LANGUAGE plpgsql AS $$
 #variable_conflict use_column
+DECLARE
+    v_live boolean;
+    v_start integer;
+    v_place integer;
 BEGIN
-    UPDATE owner_turns SET until = p_until WHERE owner = p_owner AND holder = p_holder;
-    IF FOUND OR p_most IS NULL THEN
+    IF p_most IS NULL THEN
         taken := true;
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtextextended('turns:' || p_owner, 0));
-    DELETE FROM owner_turns WHERE owner = p_owner AND holder IN (
-        SELECT holder FROM owner_turns
-        WHERE owner = p_owner AND until <= p_now
-        FOR UPDATE SKIP LOCKED
-    );
-    SELECT count(*) < p_most, min(until) INTO taken, free_at
-    FROM owner_turns WHERE owner = p_owner AND until > p_now;
-    IF taken THEN
-        INSERT INTO owner_turns (owner, holder, until) VALUES (p_owner, p_holder, p_until);
-        free_at := NULL;
+    SELECT until > p_now INTO v_live FROM owner_turns
+    WHERE owner = p_owner AND holder = p_holder;
+    IF v_live THEN
+        UPDATE owner_turns SET until = p_until WHERE owner = p_owner AND holder = p_holder;
+        taken := true;
+        RETURN;
+    ELSIF NOT v_live THEN  -- it ran out: a place is taken afresh
+        DELETE FROM owner_turns WHERE owner = p_owner AND holder = p_holder;
     END IF;
+    v_start := floor(random() * p_most)::integer;
+    FOR v_round IN 1..2 LOOP
+        FOR i IN 0 .. p_most - 1 LOOP
+            v_place := (v_start + i) % p_most + 1;
+            INSERT INTO owner_turns (owner, place, holder, until)
+            VALUES (p_owner, v_place, p_holder, p_until)
+            ON CONFLICT (owner, place) DO NOTHING;
+            IF FOUND THEN
+                taken := true;
+                RETURN;
+            END IF;
+        END LOOP;
+        EXIT WHEN v_round = 2;
+        DELETE FROM owner_turns WHERE owner = p_owner AND place IN (
+            SELECT place FROM owner_turns
+            WHERE owner = p_owner AND until <= p_now
+            FOR UPDATE SKIP LOCKED
+        );
+        EXIT WHEN NOT FOUND;
+    END LOOP;
+    taken := false;
 END
 $$
 """
@@ -69,9 +92,11 @@ def upgrade() -> None:
     op.create_table(
         "owner_turns",
         sa.Column("owner", sa.Text, nullable=False),
+        sa.Column("place", sa.Integer, nullable=False),
         sa.Column("holder", sa.Uuid, nullable=False),
         sa.Column("until", sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("owner", "holder"),
+        sa.PrimaryKeyConstraint("owner", "place"),
+        sa.UniqueConstraint("owner", "holder", name="owner_turns_holder_key"),
     )
     op.execute(FUNCTION)
 

@@ -108,10 +108,10 @@ PLACEMENT: dict[str, Placement] = {
     "owner_forks": Distributed(
         "owner", colocate_with="idempotency_keys", primary_key=("owner", "conversation_id")
     ),
-    # Each owner's running turns, counted one owner at a time by turnstore_take_turn: with
-    # the owner's other rows, on one worker (the count is never a fan-out).
+    # Each owner's running turns, a place each (turnstore_take_turn): with the owner's other
+    # rows, on one worker (taking a place is never a fan-out).
     "owner_turns": Distributed(
-        "owner", colocate_with="idempotency_keys", primary_key=("owner", "holder")
+        "owner", colocate_with="idempotency_keys", primary_key=("owner", "place")
     ),
     "api_keys": Coordinator("read per request by key hash; a reference table adds nothing"),
     "owner_keys": Coordinator("the keyring: in production a database of its own"),

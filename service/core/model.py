@@ -151,14 +151,36 @@ class Conversation:
     revision: int
     created_at: datetime
     updated_at: datetime
-    turns: list[Turn] = field(default_factory=list)  # all of them, or those after a revision
+    # The turns held: those that made revisions ``first``..``revision``, in order. A turn
+    # holds its window (from ``context_start``), a reader all or those after a revision.
+    turns: list[Turn] = field(default_factory=list)
     context_start: int = 1  # turns before this one are outside the model's context
     owner: str = ANONYMOUS
     rewritten_at: int = 0  # the revision at which earlier history last changed (a removal)
+    first: int = 1  # the revision turns[0] made (revision + 1 when none is held)
 
     @property
     def replay_items(self) -> list[msgspec.Raw]:
+        """Of the turns held."""
         return [item for turn in self.turns for item in turn.replay_items]
+
+    @property
+    def last(self) -> Turn | None:
+        """The latest turn (held whenever there is one: every read reaches the revision)."""
+        return self.turns[-1] if self.turns and self.complete else None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the turns held are exactly ``first``..``revision``."""
+        return self.first + len(self.turns) - 1 == self.revision
+
+    def since(self, start: int) -> list[Turn]:
+        """The turns held from revision ``start`` on (all held, if it is before ``first``)."""
+        return self.turns[max(start - self.first, 0) :]
+
+    def through(self, revision: int) -> list[Turn]:
+        """The turns held up to revision ``revision``."""
+        return self.turns[: max(revision - self.first + 1, 0)]
 
 
 @dataclass(frozen=True)

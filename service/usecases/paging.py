@@ -1,0 +1,45 @@
+"""Reading a conversation's turns a page at a time: what a reader holds is a page, whatever
+the conversation's size (the contract's Limits). The item listings walk its turns this way,
+and a conversation whose size is not stored is counted this way, once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+
+from service.core.model import Turn
+from service.core.sizes import turn_bytes
+from service.store.ports import ConversationStore
+
+PAGE_TURNS = 4  # turns per read of a walk over a conversation's turns
+
+
+async def walk(
+    store: ConversationStore, cid: uuid.UUID, owner: str, low: int, high: int, *,
+    newest_first: bool,
+) -> AsyncGenerator[tuple[int, Turn], None]:  # fmt: skip
+    """Turns ``low``..``high`` of ``owner``'s conversation with their revisions, oldest or
+    newest first, a page at a time (none for a conversation the store would not find)."""
+    while low <= high:
+        page = await store.turns(cid, owner, low, high, newest_first=newest_first, limit=PAGE_TURNS)
+        if not page:
+            return
+        last = page[-1][0]
+        for numbered in page:
+            yield numbered
+        del page, numbered  # not held while the next page is read
+        if newest_first:
+            high = last - 1
+        else:
+            low = last + 1
+
+
+async def counted_bytes(store: ConversationStore, cid: uuid.UUID, owner: str, revision: int) -> int:
+    """What turns 1..``revision`` of the conversation hold (service/core/sizes.py), read a
+    page at a time: for a conversation whose size is not stored (forked, an item removed,
+    written by an older release), counted once; its next commit keeps the total."""
+    held = 0
+    async for _, turn in walk(store, cid, owner, 1, revision, newest_first=False):
+        held += turn_bytes(turn)
+    return held

@@ -138,6 +138,9 @@ class Turn:
     # messages the provider kept, then its opaque compaction item. Later windows start here
     # (service/core/window.py); the transcript keeps every turn.
     compacted: Sequence[msgspec.Raw] = ()
+    # The revision it made, as read back (None: not committed yet). Revisions have gaps: the
+    # removal of an item moves the latest turn to the next revision (``pop_item``).
+    number: int | None = None
 
     def said(self) -> tuple[Said, ...]:
         if self.transcript is not None:
@@ -151,13 +154,14 @@ class Conversation:
     revision: int
     created_at: datetime
     updated_at: datetime
-    # The turns held: those that made revisions ``first``..``revision``, in order. A turn
-    # holds its window (from ``context_start``), a reader all or those after a revision.
+    # The turns held: every turn of revision ``first``..``revision``, in order (each with its
+    # number). A turn holds its window (from ``context_start``), a reader all or those after
+    # a revision.
     turns: list[Turn] = field(default_factory=list)
     context_start: int = 1  # turns before this one are outside the model's context
     owner: str = ANONYMOUS
     rewritten_at: int = 0  # the revision at which earlier history last changed (a removal)
-    first: int = 1  # the revision turns[0] made (revision + 1 when none is held)
+    first: int = 1  # the turns held are those from this revision on
 
     @property
     def replay_items(self) -> list[msgspec.Raw]:
@@ -171,16 +175,19 @@ class Conversation:
 
     @property
     def complete(self) -> bool:
-        """Whether the turns held are exactly ``first``..``revision``."""
-        return self.first + len(self.turns) - 1 == self.revision
+        """Whether the turns held reach the revision (a revision's turn is always there)."""
+        if not self.turns:
+            return self.revision < self.first
+        return self.turns[-1].number == self.revision
 
     def since(self, start: int) -> list[Turn]:
-        """The turns held from revision ``start`` on (all held, if it is before ``first``)."""
-        return self.turns[max(start - self.first, 0) :]
+        """The turns held of revision ``start`` on."""
+        return since(self.turns, start)
 
-    def through(self, revision: int) -> list[Turn]:
-        """The turns held up to revision ``revision``."""
-        return self.turns[: max(revision - self.first + 1, 0)]
+
+def since(turns: list[Turn], start: int) -> list[Turn]:
+    """Those of ``turns`` (read back, in order) of revision ``start`` on."""
+    return [turn for turn in turns if turn.number is None or turn.number >= start]
 
 
 @dataclass(frozen=True)

@@ -42,16 +42,11 @@ def request_bytes(overhead: int, items: Sequence[msgspec.Raw]) -> int:
 
 
 def window_start(
-    turn_sizes: Sequence[int],
-    committed_start: int,
-    fixed_bytes: int,
-    budget: Budget,
-    first: int = 1,
+    turn_sizes: Sequence[int], committed_start: int, fixed_bytes: int, budget: Budget
 ) -> int:
-    """The first turn (its revision) to send: the smallest start at or after
-    ``committed_start`` whose suffix of turns fits. ``turn_sizes`` are turns ``first`` on,
-    up to the latest (``committed_start`` is never before ``first``); ``first +
-    len(turn_sizes)`` means no earlier turn fits.
+    """The first turn (its place, from 1) to send: the smallest start at or after
+    ``committed_start`` whose suffix of turns fits. ``len(turn_sizes) + 1`` means no earlier
+    turn fits.
 
     ``fixed_bytes`` is the request without earlier turns (envelope, instructions and the
     new user item); ``turn_sizes`` what each turn's items add (their bytes and commas).
@@ -61,13 +56,13 @@ def window_start(
         raise ContextLengthExceeded(
             "The message (with the system prompt) alone exceeds the context budget."
         )
-    end = first + len(turn_sizes)  # the revision the new turn makes
-    start = max(committed_start, first)
+    count = len(turn_sizes)
+    start = max(committed_start, 1)
     if budget.max_turns is not None:
-        start = max(start, end - budget.max_turns)
-    size = fixed_bytes + sum(turn_sizes[start - first :])
-    while start < end and size > budget.max_request_bytes:
-        size -= turn_sizes[start - first]
+        start = max(start, count + 1 - budget.max_turns)
+    size = fixed_bytes + sum(turn_sizes[start - 1 :])
+    while start <= count and size > budget.max_request_bytes:
+        size -= turn_sizes[start - 1]
         start += 1
     return start
 
@@ -99,22 +94,25 @@ def choose_window(
     origin: Origin,
     fixed_bytes: int,
     budget: Budget,
-    first: int = 1,
 ) -> Window:
-    """The window for a new turn over ``turns`` (the committed turns from revision ``first``
-    on, in order, ``first`` at or before ``committed_start``). It never starts before the
-    latest compacting turn, whose compacted context comes first."""
-    numbered = list(enumerate(turns, first))
+    """The window for a new turn over ``turns``: the committed turns from the committed
+    window start on (or more), in order, each numbered by the revision it made (a turn
+    without a number, by its place from 1). It never starts before the latest compacting
+    turn, whose compacted context comes first. Its start is the revision of the first turn
+    it holds, or the lower bound it had to keep (the committed start, the compacting turn)
+    when it holds every turn from there: a window start never names a turn that was not
+    left out."""
+    numbered = [(turn.number or n, turn) for n, turn in enumerate(turns, 1)]
     compacting = max((n for n, turn in numbered if turn.compacted), default=0)
     sendable = [_sendable(turn, origin, n == compacting) for n, turn in numbered]
-    start = window_start(
-        list(map(items_bytes, sendable)),
-        max(committed_start, compacting),
-        fixed_bytes,
-        budget,
-        first,
-    )
-    return Window(start, [item for turn_items in sendable[start - first :] for item in turn_items])
+    lower = max(committed_start, compacting)
+    kept = next((i for i, (n, _) in enumerate(numbered, 1) if n >= lower), len(numbered) + 1)
+    place = window_start(list(map(items_bytes, sendable)), kept, fixed_bytes, budget)
+    if place == kept:
+        start = lower
+    else:
+        start = numbered[place - 1][0] if place <= len(numbered) else numbered[-1][0] + 1
+    return Window(start, [item for turn_items in sendable[place - 1 :] for item in turn_items])
 
 
 def _sendable(turn: Turn, origin: Origin, with_compacted: bool) -> Sequence[msgspec.Raw]:

@@ -82,6 +82,7 @@ class Rows:
             compacted=_compacted(self._field(row, "compacted")),
             response_deleted=bool(row["response_deleted"]),
             turn_id=row["turn_id"],
+            number=row["seq"],
         )
 
     def transcript_turn(self, row: Row) -> TranscriptTurn:

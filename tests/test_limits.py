@@ -148,6 +148,54 @@ async def test_reading_a_big_conversation_holds_a_page_not_the_conversation(
     assert grown < PAGE_BOUND, f"the reader's peak memory grew by {grown / MIB:.0f} MiB"
 
 
+# What one turn may add to a fresh replica's peak memory, whatever its conversation's size: it
+# reads the turns from the committed window start on, which the previous turn chose to fit
+# CONTEXT_MAX_REQUEST_BYTES (1 MiB), plus what that turn added (at most a 1 MiB body and a
+# 256 KiB reply): ~2.3 MiB of items, held as rows, raw items and decoded items, and once more
+# by the history cache (about 5x: ~12 MiB), then sent as one request (1 MiB) and answered.
+# Measured: 7 MiB; loading the whole history, as a turn on a cold replica did before, grew it
+# by 219 MiB (~3.5x the conversation).
+TURN_BOUND = 24 * MIB
+
+
+async def test_a_turn_of_a_big_conversation_loads_its_window_not_the_history(
+    database: str, tmp_path: Path
+) -> None:
+    """A ~60 MB conversation whose window start has moved on (CONTEXT_MAX_TURNS): one turn of
+    it on a fresh replica (warmed up by a turn of a small conversation first) grows that
+    replica's peak memory by less than TURN_BOUND, and its provider request is its window."""
+    api = FakeResponsesAPI()
+    async with fake_api(api) as base_url:
+        env = turnstore_env(DATABASE_URL=database, CONTEXT_MAX_TURNS="2", **provider_env(base_url))
+        with ExitStack() as stack:
+            writer = stack.enter_context(replica(env, tmp_path / "writer.log"))
+            reader = stack.enter_context(replica(env, tmp_path / "reader.log"))
+            await asyncio.gather(wait_ready(writer), wait_ready(reader))
+            async with (
+                httpx.AsyncClient(base_url=writer.url, timeout=60) as w,
+                httpx.AsyncClient(base_url=reader.url, timeout=60) as r,
+            ):
+                conv = (await w.post("/v1/conversations", json={})).json()["id"]
+                cid = conv.removeprefix("conv_")
+                text = "many words of a long appended history " * 1_250  # 47.5 KB
+                for n in range(60):
+                    batch = [{"role": "user", "content": f"{n}.{i} {text}"} for i in range(20)]
+                    added = await w.post(f"/v1/conversations/{conv}/items", json={"items": batch})
+                    assert added.status_code == 200, added.text
+                moved = await w.post(CHAT, json={"conversation_id": cid, "message": "sum up"})
+                assert moved.status_code == 200, moved.text  # its window: the latest turns
+                warm = await r.post(CHAT, json={"message": "warm up"})
+                assert warm.status_code == 200, warm.text
+                before = peak_rss(reader.process.popen.pid)
+                turn = await r.post(CHAT, json={"conversation_id": cid, "message": "and now?"})
+                grown = peak_rss(reader.process.popen.pid) - before
+    assert turn.status_code == 200, turn.text
+    assert grown < TURN_BOUND, f"the replica's peak memory grew by {grown / MIB:.0f} MiB"
+    sent = api.requests[-1]["input"]
+    assert len(sent) < 2 * 20 + 3  # at most the two latest turns and the new message
+    assert sent[-1]["content"] == [{"type": "input_text", "text": "and now?"}]
+
+
 async def test_a_stateless_call_restores_from_at_most_20_conversations(
     make_client: ClientFactory,
 ) -> None:

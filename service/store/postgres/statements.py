@@ -63,6 +63,16 @@ LOAD = f"""
     ORDER BY turns.seq
 """
 
+# The same for a turn (LEASE's turns, when a commit raced it): from its window start on.
+LOAD_WINDOW = f"""
+    SELECT {HEAD}, conversations.rewritten_at, {TURN}
+    FROM conversations LEFT JOIN turns
+        ON turns.conversation_id = conversations.id
+        AND turns.seq > greatest(:after, conversations.context_start - 1)
+    WHERE {THE_CONVERSATION}
+    ORDER BY turns.seq
+"""
+
 # One turn of the owner's conversation (a response retrieved): the turn alone is read.
 TURN_OF = f"""
     SELECT {HEAD}, {TURN}
@@ -113,7 +123,9 @@ TAKEABLE = """(
     OR conversations.lease_expires_at <= CAST(:now AS timestamptz)
     OR conversations.lease_holder = :holder OR conversations.lease_holder = :replaces
 )"""
-# The lease and the turns after :after in one statement (one round trip). The turns are read
+# The lease and the turns a turn reads in one statement (one round trip): its window, from
+# the committed window start on (context_start, never before the latest compacting turn),
+# after :after (the revision a cache holds). The turns are read
 # in the statement's snapshot; the conversation's fields come from the updated row, which may
 # be newer if a commit raced the statement: the caller then sees a revision ahead of the
 # turns it got and reads again.
@@ -133,7 +145,8 @@ LEASE = f"""
     SELECT attempt.revision, attempt.created_at, attempt.updated_at, attempt.context_start,
         attempt.owner, attempt.rewritten_at, attempt.acquired, attempt.lease_expires_at,
         {NO_SYNC_WAIT} AS no_sync_wait, {TURN}
-    FROM attempt LEFT JOIN turns ON turns.conversation_id = :cid AND turns.seq > :after
+    FROM attempt LEFT JOIN turns ON turns.conversation_id = :cid
+        AND turns.seq > greatest(:after, attempt.context_start - 1)
     ORDER BY turns.seq
 """
 # A lease given back; whether turns are queued for it (they are woken after it, from the
@@ -388,6 +401,7 @@ class Statements:
             return sql(template.replace(LIVE, live))
 
         self.load = compiled(LOAD)
+        self.load_window = compiled(LOAD_WINDOW)
         self.turn_of = compiled(TURN_OF)
         self.turns_of = {  # newest first?
             False: compiled(TURNS_OF.replace("{order}", "ASC")),

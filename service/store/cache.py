@@ -47,7 +47,7 @@ from service.store.ports import ConversationStore
 class _Entry:
     revision: int
     created_at: datetime  # tells a conversation from a later one that reuses its id
-    first: int  # the revision turns[0] made: turns first..revision are cached
+    first: int  # every turn of revision first..revision is cached
     turns: list[Turn]  # never mutated: every change builds a new list
     size: int
 
@@ -93,8 +93,7 @@ class CachedStore:
         if merged is False:  # the id names another conversation now, or rows are missing
             fresh = await self._inner.load(conversation_id, owner)
             merged = self._merged(conversation_id, None, fresh, 1)
-        assert merged is not False  # read afresh, whole
-        return merged
+        return fresh if merged is False else merged  # (read whole: as it is, not kept)
 
     async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
         """The lease, revalidating the cached turns in the same statement; the turns of its
@@ -109,7 +108,8 @@ class CachedStore:
             # The cached turns do not continue these: the same try again, its window whole.
             attempt = await self._inner.lease(replace(ask, after_revision=0))
             merged = self._merged(cid, None, attempt.conversation, _window_start(attempt))
-        assert merged is not False  # read afresh, its window whole
+        if merged is False:  # (read from its window start: as it is, not kept)
+            return attempt
         return replace(attempt, conversation=merged)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:

@@ -49,6 +49,7 @@ from service.core.model import (
     TranscriptPage,
     TranscriptTurn,
     Turn,
+    since,
 )
 from service.core.plans import check_precondition
 from service.core.sizes import held_bytes
@@ -120,8 +121,18 @@ class _Conversation:
         row = self.row
         return ConversationInfo(
             row.id, row.revision, row.created_at, row.updated_at, self.metadata,
-            self.expires_at is not None, held_bytes(self.turns),
+            self.expires_at is not None, held_bytes(self.turns), row.revision,
         )  # fmt: skip
+
+    def head(self) -> Conversation:
+        """The conversation row as read, its size counted (as every commit here keeps it)."""
+        return replace(
+            self.row, stored_bytes=held_bytes(self.turns), stored_revision=self.row.revision
+        )
+
+    def at(self, revision: int) -> int | None:
+        """Where the turn of ``revision`` is (None: there is none; revisions have gaps)."""
+        return next((i for i, t in enumerate(self.turns) if t.number == revision), None)
 
     def lease_free_for(self, holder: UUID | None, now: datetime) -> bool:
         expired = self.lease_expires_at is None or self.lease_expires_at <= now
@@ -180,13 +191,14 @@ class MemoryStore:
         found = self._live(conversation_id, owner)
         if found is None:
             return None
-        return replace(found.row, turns=list(found.turns[after_revision:]))
+        return replace(
+            found.head(), turns=since(found.turns, after_revision + 1), first=after_revision + 1
+        )
 
     async def turn(self, conversation_id: UUID, owner: str, revision: int) -> Turn | None:
         found = self._live(conversation_id, owner)
-        if found is None or not 1 <= revision <= len(found.turns):
-            return None
-        return found.turns[revision - 1]
+        at = found.at(revision) if found else None
+        return None if found is None or at is None else found.turns[at]
 
     async def turns(
         self, conversation_id: UUID, owner: str, low: int, high: int, *, newest_first: bool,
@@ -195,7 +207,7 @@ class MemoryStore:
         found = self._live(conversation_id, owner)
         if found is None:
             return []
-        numbered = list(enumerate(found.turns, start=1))[max(low, 1) - 1 : max(high, 0)]
+        numbered = [(t.number or 0, t) for t in found.turns if low <= (t.number or 0) <= high]
         return (numbered[::-1] if newest_first else numbered)[:limit]
 
     async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
@@ -203,9 +215,9 @@ class MemoryStore:
         if found is None:
             return LeaseAttempt(conversation=None, acquired=False)
         now, holder = _now(), ask.holder
-        conversation = await self.load(
-            ask.conversation_id, ask.owner, after_revision=ask.after_revision
-        )
+        # A turn reads its window: from the committed window start on.
+        start = max(ask.after_revision + 1, found.row.context_start)
+        conversation = replace(found.head(), turns=since(found.turns, start), first=start)
         if found.lease_free_for(holder, now) or (ask.replaces and found.holder == ask.replaces):
             if not await self.take_turn(ask.owner, holder, ask.lease_s):
                 return LeaseAttempt(conversation=None, acquired=False, crowded=True)
@@ -258,11 +270,10 @@ class MemoryStore:
         found = self._live(conversation_id, owner)
         if found is None:
             return None
-        before = page.before if page.before is not None else len(found.turns) + 1
+        before = page.before if page.before is not None else found.row.revision + 1
         numbered = [
-            (number, turn) for number, turn in enumerate(found.turns, start=1)
-            if page.after < number < before
-        ]  # fmt: skip
+            (t.number or 0, t) for t in found.turns if page.after < (t.number or 0) < before
+        ]
         ordered = numbered[::-1] if page.backwards else numbered
         sizes = [
             (n, len(t.user_message.encode()) + len(t.assistant_message.encode()))
@@ -331,7 +342,7 @@ class MemoryStore:
             )
             if found.expires_at is not None:
                 found.expires_at = now + self._stored_ttl
-        found.turns.append(replace(turn, created_at=now))
+        found.turns.append(replace(turn, created_at=now, number=found.row.revision))
         self._released(found)
         revision = found.row.revision
         if idempotency is not None:
@@ -352,7 +363,7 @@ class MemoryStore:
         row = Conversation(uuid4(), revision, now, now, owner=owner)
         found = self._conversations[row.id] = _Conversation(row, metadata=dict(metadata))
         if turn is not None:
-            found.turns.append(replace(turn, created_at=now))
+            found.turns.append(replace(turn, created_at=now, number=1))
         return found.info()
 
     async def fork(
@@ -370,8 +381,8 @@ class MemoryStore:
                 wait = recent[0] + timedelta(minutes=1) - now
                 raise TooManyRequests(retry_after=str(max(1, math.ceil(wait.total_seconds()))))
             self._forks[owner] = [*recent, now]
-        turns = found.turns[:at_revision]
-        start = turns[-1].context_from
+        turns = [turn for turn in found.turns if (turn.number or 0) <= at_revision]
+        start = turns[-1].context_from if turns else 1
         row = Conversation(
             new_id or uuid4(), at_revision, now, now, context_start=start, owner=owner
         )
@@ -393,19 +404,17 @@ class MemoryStore:
         if not found.turns or not found.turns[-1].replay_items:
             raise InvalidInput("The conversation has no item to remove.", param="item_id")
         last = found.turns[-1]
-        found.turns[-1] = without_last_item(last)
-        revision = found.row.revision + 1
+        revision = found.row.revision + 1  # the turn moves to it, as in PostgreSQL
+        found.turns[-1] = replace(without_last_item(last), number=revision)
         found.row = replace(found.row, revision=revision, updated_at=now, rewritten_at=revision)
         return found.info(), last.replay_items[-1]
 
     async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
         found = self._live(conversation_id, owner)
-        if found is None or not 1 <= revision <= len(found.turns):
+        at = found.at(revision) if found else None
+        if found is None or at is None or found.turns[at].response_deleted:
             return False
-        turn = found.turns[revision - 1]
-        if turn.response_deleted:
-            return False
-        found.turns[revision - 1] = replace(turn, response_deleted=True)
+        found.turns[at] = replace(found.turns[at], response_deleted=True)
         return True
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
@@ -467,7 +476,8 @@ class MemoryStore:
         if run is None:
             return None
         found = self._conversations.get(run.new.conversation_id)
-        committed = found.turns[run.revision - 1] if found and run.revision else None
+        at = found.at(run.revision) if found and run.revision else None
+        committed = found.turns[at] if found and at is not None else None
         return run.view(committed.assistant_message if committed else None)
 
     async def run_events(

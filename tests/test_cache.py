@@ -7,6 +7,7 @@ import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from uuid import UUID
 
 import msgspec
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import build_services
 from service.core.errors import ConversationConflict, ConversationNotFound, PreconditionFailed
-from service.core.model import ANONYMOUS, Append, Conversation, Turn
+from service.core.model import ANONYMOUS, Append, Conversation, LeaseAttempt, LeaseRequest, Turn
 from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.store.cache import CachedStore, turn_size
@@ -39,6 +40,12 @@ class CountingStore(PostgresStore):
         conversation = await super().load(conversation_id, owner, after_revision=after_revision)
         self.reads.append((after_revision, len(conversation.turns) if conversation else 0))
         return conversation
+
+    async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
+        attempt = await super().lease(ask)
+        found = attempt.conversation
+        self.reads.append((ask.after_revision, len(found.turns) if found else 0))
+        return attempt
 
 
 def make_turn(n: int, *, size: int = 100) -> Turn:
@@ -152,6 +159,37 @@ async def test_two_replicas_interleaving_stay_correct(
     for replica in replicas:
         for cid in conversations:
             assert await replica.load(cid) == await store.load(cid)
+
+
+async def test_a_turn_reads_and_caches_its_window_not_the_history(
+    counting: CountingStore, store: PostgresStore, other_engine: AsyncEngine
+) -> None:
+    """Through the cache a turn's lease holds the turns from the committed window start on;
+    when another replica moves the window on, one read of the newer rows revalidates it and
+    the turns now before the window are dropped."""
+    cache = CachedStore(counting, MiB)
+    cid = uuid.uuid4()
+    for n, start in enumerate([1, 1, 3, 3], 1):
+        await store.append(Append(cid, replace(make_turn(n), context_from=start), n - 1))
+
+    async def turn_reads() -> list[str]:
+        holder = uuid.uuid4()
+        attempt = await cache.lease(LeaseRequest(cid, ANONYMOUS, holder, lease_s=30, queue=False))
+        await cache.release_lease(cid, holder)
+        found = attempt.conversation
+        assert attempt.acquired and found is not None
+        assert found.complete and found.first == found.context_start
+        return [turn.user_message for turn in found.turns]
+
+    assert await turn_reads() == ["question 3", "question 4"]
+    one = turn_size(make_turn(0))  # every turn here is the same size
+    assert cache.cached_revision(cid) == 4 and cache.cached_bytes == 2 * one
+    there = CachedStore(PostgresStore(other_engine), MiB)
+    await there.append(Append(cid, replace(make_turn(5), context_from=4), 4))
+
+    assert await turn_reads() == ["question 4", "question 5"]
+    assert counting.reads == [(0, 2), (4, 1)]
+    assert cache.cached_revision(cid) == 5 and cache.cached_bytes == 2 * one
 
 
 async def test_a_conflict_evicts_and_the_next_load_reads_afresh(

@@ -286,6 +286,54 @@ async def test_reading_a_big_conversation_holds_a_page_not_the_conversation(
     assert grown < PAGE_BOUND, f"the reader's peak memory grew by {grown / MIB:.0f} MiB"
 
 
+# What one turn may add to a fresh replica's peak memory, whatever its conversation's size: it
+# reads the turns from the committed window start on, which the previous turn chose to fit
+# CONTEXT_MAX_REQUEST_BYTES (1 MiB), plus what that turn added (at most a 1 MiB body and a
+# 256 KiB reply): ~2.3 MiB of items, held as rows, raw items and decoded items, and once more
+# by the history cache (about 5x: ~12 MiB), then sent as one request (1 MiB) and answered.
+# Measured: 7 MiB; loading the whole history, as a turn on a cold replica did before, grew it
+# by 219 MiB (~3.5x the conversation).
+TURN_BOUND = 24 * MIB
+
+
+async def test_a_turn_of_a_big_conversation_loads_its_window_not_the_history(
+    database: str, tmp_path: Path
+) -> None:
+    """A ~60 MB conversation whose window start has moved on (CONTEXT_MAX_TURNS): one turn of
+    it on a fresh replica (warmed up by a turn of a small conversation first) grows that
+    replica's peak memory by less than TURN_BOUND, and its provider request is its window."""
+    api = FakeResponsesAPI()
+    async with fake_api(api) as base_url:
+        env = turnstore_env(DATABASE_URL=database, CONTEXT_MAX_TURNS="2", **provider_env(base_url))
+        with ExitStack() as stack:
+            writer = stack.enter_context(replica(env, tmp_path / "writer.log"))
+            reader = stack.enter_context(replica(env, tmp_path / "reader.log"))
+            await asyncio.gather(wait_ready(writer), wait_ready(reader))
+            async with (
+                httpx.AsyncClient(base_url=writer.url, timeout=60) as w,
+                httpx.AsyncClient(base_url=reader.url, timeout=60) as r,
+            ):
+                conv = (await w.post("/v1/conversations", json={})).json()["id"]
+                cid = conv.removeprefix("conv_")
+                text = "many words of a long appended history " * 1_250  # 47.5 KB
+                for n in range(60):
+                    batch = [{"role": "user", "content": f"{n}.{i} {text}"} for i in range(20)]
+                    added = await w.post(f"/v1/conversations/{conv}/items", json={"items": batch})
+                    assert added.status_code == 200, added.text
+                moved = await w.post(CHAT, json={"conversation_id": cid, "message": "sum up"})
+                assert moved.status_code == 200, moved.text  # its window: the latest turns
+                warm = await r.post(CHAT, json={"message": "warm up"})
+                assert warm.status_code == 200, warm.text
+                before = peak_rss(reader.process.popen.pid)
+                turn = await r.post(CHAT, json={"conversation_id": cid, "message": "and now?"})
+                grown = peak_rss(reader.process.popen.pid) - before
+    assert turn.status_code == 200, turn.text
+    assert grown < TURN_BOUND, f"the replica's peak memory grew by {grown / MIB:.0f} MiB"
+    sent = api.requests[-1]["input"]
+    assert len(sent) < 2 * 20 + 3  # at most the two latest turns and the new message
+    assert sent[-1]["content"] == [{"type": "input_text", "text": "and now?"}]
+
+
 async def test_a_stateless_call_restores_from_at_most_20_conversations(
     make_client: ClientFactory,
 ) -> None:
@@ -361,6 +409,35 @@ async def test_a_turn_or_append_past_max_conversation_bytes_is_422_and_keeps_not
         # A new conversation is not full.
         fresh = await client.post(CHAT, json={"message": text})
         assert fresh.status_code == 200, fresh.text
+
+
+async def test_a_size_an_older_release_left_behind_is_caught_up_from_the_turns_after_it(
+    make_client: ClientFactory, engine: Any
+) -> None:
+    """The previous release commits without counting (it does not know ``stored_bytes``): a
+    turn here reads only its window, so it counts the turns after ``stored_revision`` (the
+    older release's) and adds them, and its commit keeps the exact total."""
+    async with make_client(max_conversation_bytes=FULL_AT) as client:
+        first = await client.post(CHAT, json={"message": "x" * 3000})
+        cid = uuid.UUID(first.json()["conversation_id"])
+        async with engine.begin() as conn:
+            counted = (await conn.exec_driver_sql(
+                "SELECT stored_bytes, stored_revision FROM conversations WHERE id = $1", (cid,)
+            )).one()  # fmt: skip
+            assert counted[1] == 1 and counted[0] > FULL_AT // 3, counted
+            for seq in (2, 3):  # two turns as the previous release commits them
+                await conn.exec_driver_sql(
+                    "INSERT INTO turns (conversation_id, seq, user_message, assistant_message,"
+                    " replay_items, created_at, status, context_from) SELECT conversation_id,"
+                    " $2, user_message, assistant_message, replay_items, now(), status,"
+                    " context_from FROM turns WHERE conversation_id = $1 AND seq = 1",
+                    (cid, seq),
+                )
+            await conn.exec_driver_sql(
+                "UPDATE conversations SET revision = 3 WHERE id = $1", (cid,)
+            )
+        refused = await client.post(CHAT, json={"conversation_id": str(cid), "message": "y"})
+        assert_error(refused, 422, "conversation_full")  # 3 x the first turn passes the limit
 
 
 async def test_item_appends_count_a_conversation_made_by_a_fork_once_then_keep_its_size(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 
 import msgspec
 import pytest
@@ -22,7 +23,15 @@ from service.core.errors import (
     RequestInProgress,
     StorageError,
 )
-from service.core.model import ANONYMOUS, Append, Committed, IdempotencyKey, LeaseRequest, Turn
+from service.core.model import (
+    ANONYMOUS,
+    Append,
+    Committed,
+    Conversation,
+    IdempotencyKey,
+    LeaseRequest,
+    Turn,
+)
 from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine
 from service.store.postgres import Keyring, PostgresStore
@@ -238,6 +247,34 @@ async def test_load_after_a_revision_returns_only_newer_turns(contract_store: An
     assert [t.user_message for t in newer.turns] == [turn(3).user_message]
     current = await store.load(cid, after_revision=3)
     assert current is not None and current.turns == [] and current.revision == 3
+
+
+async def test_a_turn_loads_its_window_from_the_committed_window_start_not_the_history(
+    contract_store: AnyStore,
+) -> None:
+    """The lease (a turn's load) reads the turns from context_start on, also after a cached
+    revision before it; a whole read (load) still has them all."""
+    store, cid = contract_store, uuid.uuid4()
+    starts = [1, 1, 2, 4, 4, 6]  # each turn's window start: context_start ends at 6
+    for n, start in enumerate(starts, 1):
+        await store.append(Append(cid, replace(turn(n), context_from=start), n - 1))
+
+    async def leased(after: int) -> Conversation:
+        ask = LeaseRequest(cid, ANONYMOUS, uuid.uuid4(), lease_s=30, queue=False)
+        attempt = await store.lease(replace(ask, after_revision=after))
+        assert attempt.conversation is not None
+        await store.release_lease(cid, ask.holder)
+        return attempt.conversation
+
+    for after, first in ((0, 6), (3, 6), (5, 6), (6, 7)):
+        window = await leased(after)
+        assert (window.revision, window.context_start, window.first) == (6, 6, first)
+        assert [t.user_message for t in window.turns] == [
+            turn(n).user_message for n in range(first, 7)
+        ]
+        assert window.complete
+    whole = await store.load(cid)
+    assert whole is not None and whole.first == 1 and len(whole.turns) == 6
 
 
 async def test_listing_pages_newest_first_and_refuses_foreign_cursors(

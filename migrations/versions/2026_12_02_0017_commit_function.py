@@ -26,122 +26,16 @@ from collections.abc import Sequence
 from alembic import op
 from sqlalchemy.engine import Connection
 
-from migrations import live
+from migrations import commit_function, live
 
 revision: str = "0017"
 down_revision: str | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# The turn's columns as the function takes them, in order after the commit's own arguments.
-TURN = (
-    ("user_message", "text"),
-    ("assistant_message", "text"),
-    ("replay_items", "json"),
-    ("provider", "text"),
-    ("endpoint", "text"),
-    ("model", "text"),
-    ("context_from", "integer"),
-    ("prompt_version", "text"),
-    ("tool_calls", "json"),
-    ("status", "text"),
-    ("incomplete_reason", "text"),
-    ("turn_id", "uuid"),
-    ("sealed_user_message", "bytea"),
-    ("sealed_assistant_message", "bytea"),
-    ("sealed_replay_items", "bytea"),
-    ("sealed_tool_calls", "bytea"),
-    ("usage", "json"),
-    ("transcript", "json"),
-    ("sealed_transcript", "bytea"),
-    ("response", "json"),
-    ("sealed_response", "bytea"),
-    ("compacted", "json"),
-    ("sealed_compacted", "bytea"),
-)
-# Its arguments: the conversation (the distribution argument, first), the commit's condition,
-# the turn, the Idempotency-Key to complete (NULL: none).
-ARGUMENTS = (
-    ("cid", "uuid"),
-    ("expected", "integer"),
-    ("caller", "text"),
-    ("holder", "uuid"),
-    ("context_start", "integer"),
-    ("expires_at", "timestamptz"),
-    ("idle_s", "double precision"),
-    ("stored_bytes", "bigint"),  # the conversation's size with this turn (NULL: not counted)
-    *TURN,
-    ("idem_key", "text"),
-    ("ttl_s", "double precision"),
-)
-SIGNATURE = ", ".join(kind for _, kind in ARGUMENTS)
-COLUMNS = ", ".join(name for name, _ in TURN)
-VALUES = ", ".join(f"p_{name}" for name, _ in TURN)
-PARAMETERS = ", ".join(f"p_{name} {kind}" for name, kind in ARGUMENTS)
-
-# Live: not expired, not idle past the retention (p_idle_s NULL: kept however idle); free:
-# no other turn's lease is live.
-LIVE_AND_FREE = """
-    (c.expires_at IS NULL OR c.expires_at > v_now)
-    AND (v_cutoff IS NULL OR c.updated_at > v_cutoff)
-    AND (c.lease_holder IS NULL OR c.lease_expires_at <= v_now OR c.lease_holder = p_holder)
-"""
-FUNCTION = f"""
-CREATE FUNCTION turnstore_commit({PARAMETERS},
-    OUT revision integer, OUT created_at timestamptz, OUT updated_at timestamptz,
-    OUT lease_wanted boolean)
-RETURNS SETOF record LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := now();
-    v_cutoff timestamptz := v_now - make_interval(secs => p_idle_s);
-    v_head record;
-BEGIN
-    IF p_expected = 0 THEN
-        INSERT INTO conversations AS c (
-            id, revision, created_at, updated_at, context_start, owner, lease_wanted,
-            expires_at, stored_bytes
-        ) VALUES (
-            p_cid, 1, v_now, v_now, p_context_start, p_caller, false, p_expires_at,
-            p_stored_bytes
-        )
-        ON CONFLICT (id) DO UPDATE SET
-            revision = 1, updated_at = v_now, context_start = excluded.context_start,
-            lease_holder = NULL, lease_expires_at = NULL, stored_bytes = excluded.stored_bytes
-        WHERE c.revision = 0 AND c.owner = p_caller AND {LIVE_AND_FREE}
-        RETURNING c.revision, c.created_at, c.updated_at, c.lease_wanted INTO v_head;
-    ELSE
-        UPDATE conversations AS c SET
-            revision = c.revision + 1,
-            updated_at = v_now,
-            context_start = greatest(c.context_start, p_context_start),
-            lease_holder = NULL,
-            lease_expires_at = NULL,
-            expires_at = CASE WHEN c.expires_at IS NOT NULL THEN p_expires_at END,
-            stored_bytes = p_stored_bytes
-        WHERE c.id = p_cid AND c.revision = p_expected AND c.owner = p_caller
-            AND {LIVE_AND_FREE}
-        RETURNING c.revision, c.created_at, c.updated_at, c.lease_wanted INTO v_head;
-    END IF;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    INSERT INTO turns (conversation_id, seq, created_at, {COLUMNS})
-    VALUES (p_cid, v_head.revision, v_now, {VALUES});
-    IF p_idem_key IS NOT NULL THEN
-        UPDATE idempotency_keys AS k SET
-            state = 'done', conversation_id = p_cid, revision = v_head.revision,
-            expires_at = v_now + make_interval(secs => p_ttl_s)
-        WHERE k.owner = p_caller AND k.key = p_idem_key;
-    END IF;
-    revision := v_head.revision;
-    created_at := v_head.created_at;
-    updated_at := v_head.updated_at;
-    lease_wanted := v_head.lease_wanted;
-    RETURN NEXT;
-END
-$$
-"""
+# The function (and what 0018 makes of it) is written in migrations/commit_function.py.
+FUNCTION = commit_function.definition(counts_revision=False)
+SIGNATURE = commit_function.SIGNATURE
 
 
 def upgrade() -> None:

@@ -1,5 +1,5 @@
 """owner_turns: each owner's running turns (OWNER_MAX_RUNNING_TURNS), and the function that
-takes one
+takes one; conversations.stored_revision: the revision ``stored_bytes`` counts
 
 - ``owner_turns``: one row per running turn: its owner, its place (a number from 1 to the
   limit), its holder (the turn's lease holder, or its run's id) and until when it counts
@@ -15,10 +15,17 @@ takes one
   are tried from a random one on, so turns that start together rarely try the same; rows that
   ran out are deleted only when no place is free, never one a commit is deleting at that
   moment (SKIP LOCKED: a take never waits for a commit, so the two cannot deadlock).
+- ``conversations.stored_revision``: the revision up to which ``stored_bytes`` counts
+  (MAX_CONVERSATION_BYTES), written with it by ``turnstore_commit()`` (replaced here, its
+  signature as it was) and the other writes of it. A turn reads no more of its conversation
+  than its window, so it cannot count the whole history again: where an older release's
+  commits left the count behind, only the turns after ``stored_revision`` are counted.
 
-Expand only: a new table and function the release before this one never uses (its turns are
-not counted while it serves beside this one). The downgrade drops both: what it loses is the
-count of turns running at that moment.
+Expand only: a new table, a function and a nullable column without default the release
+before this one never uses (its turns are not counted while it serves beside this one, and
+its commits leave ``stored_revision`` behind, which is how they are found). The downgrade
+drops them and puts 0017's commit function back: what it loses is the count of turns running
+at that moment and which revision each size counts (counted again after a new upgrade).
 
 Revision ID: 0018
 Revises: 0017
@@ -31,7 +38,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.engine import Connection
 
-from migrations import live
+from migrations import commit_function, live
 
 revision: str = "0018"
 down_revision: str | None = "0017"
@@ -99,13 +106,25 @@ def upgrade() -> None:
         sa.UniqueConstraint("owner", "holder", name="owner_turns_holder_key"),
     )
     op.execute(FUNCTION)
+    op.add_column("conversations", sa.Column("stored_revision", sa.Integer()))
+    op.execute(commit_function.definition(counts_revision=True, replace=True))
 
 
 def downgrade() -> None:
+    op.execute(commit_function.definition(counts_revision=False, replace=True))
+    op.drop_column("conversations", "stored_revision")
     op.execute(f"DROP FUNCTION turnstore_take_turn({SIGNATURE})")
     op.drop_table("owner_turns")
 
 
 def losses(connection: Connection) -> dict[str, int]:
-    """Nothing a client wrote: the turns running right now stop counting."""
-    return live.nonzero({"owner_turns": live.count(connection, "owner_turns", "true")})
+    """Nothing a client wrote: the turns running right now stop counting, and which revision
+    each conversation's size counts is forgotten (it is counted again)."""
+    return live.nonzero(
+        {
+            "owner_turns": live.count(connection, "owner_turns", "true"),
+            "conversations.stored_revision": live.count(
+                connection, "conversations", "stored_revision IS NOT NULL"
+            ),
+        }
+    )

@@ -138,6 +138,9 @@ class Turn:
     # messages the provider kept, then its opaque compaction item. Later windows start here
     # (service/core/window.py); the transcript keeps every turn.
     compacted: Sequence[msgspec.Raw] = ()
+    # The revision it made, as read back (None: not committed yet). Revisions have gaps: the
+    # removal of an item moves the latest turn to the next revision (``pop_item``).
+    number: int | None = None
 
     def said(self) -> tuple[Said, ...]:
         if self.transcript is not None:
@@ -151,14 +154,44 @@ class Conversation:
     revision: int
     created_at: datetime
     updated_at: datetime
-    turns: list[Turn] = field(default_factory=list)  # all of them, or those after a revision
+    # The turns held: every turn of revision ``first``..``revision``, in order (each with its
+    # number). A turn holds its window (from ``context_start``), a reader all or those after
+    # a revision.
+    turns: list[Turn] = field(default_factory=list)
     context_start: int = 1  # turns before this one are outside the model's context
     owner: str = ANONYMOUS
     rewritten_at: int = 0  # the revision at which earlier history last changed (a removal)
+    first: int = 1  # the turns held are those from this revision on
+    # What it holds (MAX_CONVERSATION_BYTES, service/core/sizes.py) up to ``stored_revision``
+    # as its row stores it; None: not counted (forked, an item removed).
+    stored_bytes: int | None = None
+    stored_revision: int | None = None
 
     @property
     def replay_items(self) -> list[msgspec.Raw]:
+        """Of the turns held."""
         return [item for turn in self.turns for item in turn.replay_items]
+
+    @property
+    def last(self) -> Turn | None:
+        """The latest turn (held whenever there is one: every read reaches the revision)."""
+        return self.turns[-1] if self.turns and self.complete else None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the turns held reach the revision (a revision's turn is always there)."""
+        if not self.turns:
+            return self.revision < self.first
+        return self.turns[-1].number == self.revision
+
+    def since(self, start: int) -> list[Turn]:
+        """The turns held of revision ``start`` on."""
+        return since(self.turns, start)
+
+
+def since(turns: list[Turn], start: int) -> list[Turn]:
+    """Those of ``turns`` (read back, in order) of revision ``start`` on."""
+    return [turn for turn in turns if turn.number is None or turn.number >= start]
 
 
 @dataclass(frozen=True)
@@ -174,6 +207,7 @@ class ConversationInfo:
     # The text and items it holds (service/core/sizes.py; None: not counted since it was
     # forked, edited or written by an older release).
     stored_bytes: int | None = None
+    stored_revision: int | None = None  # the revision stored_bytes counts up to
 
 
 @dataclass(frozen=True)

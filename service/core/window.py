@@ -44,8 +44,9 @@ def request_bytes(overhead: int, items: Sequence[msgspec.Raw]) -> int:
 def window_start(
     turn_sizes: Sequence[int], committed_start: int, fixed_bytes: int, budget: Budget
 ) -> int:
-    """The first turn (1-based) to send: the smallest start at or after ``committed_start``
-    whose suffix of turns fits. ``len(turn_sizes) + 1`` means no earlier turn fits.
+    """The first turn (its place, from 1) to send: the smallest start at or after
+    ``committed_start`` whose suffix of turns fits. ``len(turn_sizes) + 1`` means no earlier
+    turn fits.
 
     ``fixed_bytes`` is the request without earlier turns (envelope, instructions and the
     new user item); ``turn_sizes`` what each turn's items add (their bytes and commas).
@@ -94,14 +95,24 @@ def choose_window(
     fixed_bytes: int,
     budget: Budget,
 ) -> Window:
-    """The window for a new turn over ``turns`` (every committed turn, in order). It never
-    starts before the latest compacting turn, whose compacted context comes first."""
-    compacting = max((n for n, turn in enumerate(turns, 1) if turn.compacted), default=0)
-    sendable = [_sendable(turn, origin, n == compacting) for n, turn in enumerate(turns, 1)]
-    start = window_start(
-        list(map(items_bytes, sendable)), max(committed_start, compacting), fixed_bytes, budget
-    )
-    return Window(start, [item for turn_items in sendable[start - 1 :] for item in turn_items])
+    """The window for a new turn over ``turns``: the committed turns from the committed
+    window start on (or more), in order, each numbered by the revision it made (a turn
+    without a number, by its place from 1). It never starts before the latest compacting
+    turn, whose compacted context comes first. Its start is the revision of the first turn
+    it holds, or the lower bound it had to keep (the committed start, the compacting turn)
+    when it holds every turn from there: a window start never names a turn that was not
+    left out."""
+    numbered = [(turn.number or n, turn) for n, turn in enumerate(turns, 1)]
+    compacting = max((n for n, turn in numbered if turn.compacted), default=0)
+    sendable = [_sendable(turn, origin, n == compacting) for n, turn in numbered]
+    lower = max(committed_start, compacting)
+    kept = next((i for i, (n, _) in enumerate(numbered, 1) if n >= lower), len(numbered) + 1)
+    place = window_start(list(map(items_bytes, sendable)), kept, fixed_bytes, budget)
+    if place == kept:
+        start = lower
+    else:
+        start = numbered[place - 1][0] if place <= len(numbered) else numbered[-1][0] + 1
+    return Window(start, [item for turn_items in sendable[place - 1 :] for item in turn_items])
 
 
 def _sendable(turn: Turn, origin: Origin, with_compacted: bool) -> Sequence[msgspec.Raw]:

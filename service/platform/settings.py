@@ -186,9 +186,9 @@ class Settings:
         "MAX_CONVERSATION_BYTES",
         64 * _MIB,
         "the items (JSON bytes, as sent) one conversation may hold; a turn or item append past "
-        "it is `422 conversation_full`. A turn holds its conversation's history in memory while"
-        " it runs (items and the texts read from them: up to about 3x this), so this bounds a "
-        "replica's memory per running turn; 64 MiB is far past any model's context (~1 MB)",
+        "it is `422 conversation_full`. A turn reads only its context window, so this bounds "
+        "the disk and WAL one conversation takes, not a replica's memory; 64 MiB is far past any"
+        " model's context (~1 MB) and leaves room for long tool transcripts",
         low=1024,
         high=1024 * _MIB,
     )

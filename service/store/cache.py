@@ -7,6 +7,10 @@ change and only disappear together with their conversation; the conversation row
 always read fresh, so its revision, timestamps and any other conversation-level field are
 never served from memory. Only turns are cached, bounded by their bytes, least recently used
 out first. Nothing here changes what clients see.
+
+What is cached of a conversation is a suffix of its turns: a turn reads (and this keeps) its
+window, from the committed window start on, never the whole history; a whole read (``load``)
+keeps them all.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Literal
 from uuid import UUID
 
 import msgspec
@@ -33,6 +38,7 @@ from service.core.model import (
     Summary,
     TranscriptPage,
     Turn,
+    since,
 )
 from service.store.ports import ConversationStore
 
@@ -41,8 +47,13 @@ from service.store.ports import ConversationStore
 class _Entry:
     revision: int
     created_at: datetime  # tells a conversation from a later one that reuses its id
+    first: int  # every turn of revision first..revision is cached
     turns: list[Turn]  # never mutated: every change builds a new list
     size: int
+
+    def since(self, start: int) -> list[Turn] | None:
+        """The cached turns of revision ``start`` on (None: not all of them are cached)."""
+        return since(self.turns, start) if self.first <= start else None
 
 
 def turn_size(turn: Turn) -> int:
@@ -75,19 +86,33 @@ class CachedStore:
         if after_revision:  # a few recent turns: not what this cache is for
             return await self._inner.load(conversation_id, owner, after_revision=after_revision)
         entry = self._entries.get(conversation_id)
+        entry = entry if entry is not None and entry.first == 1 else None  # a whole read
         after = entry.revision if entry else 0
         fresh = await self._inner.load(conversation_id, owner, after_revision=after)
-        return await self._merged(conversation_id, owner, entry, fresh)
+        merged = self._merged(conversation_id, entry, fresh, 1)
+        if merged is False:  # the id names another conversation now, or rows are missing
+            fresh = await self._inner.load(conversation_id, owner)
+            merged = self._merged(conversation_id, None, fresh, 1)
+        return fresh if merged is False else merged  # (read whole: as it is, not kept)
 
     async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
-        """The lease, revalidating the cached turns in the same statement."""
-        entry = self._entries.get(ask.conversation_id)
+        """The lease, revalidating the cached turns in the same statement; the turns of its
+        window (from the committed window start on)."""
+        cid = ask.conversation_id
+        entry = self._entries.get(cid)
         attempt = await self._inner.lease(
             replace(ask, after_revision=entry.revision if entry else 0)
         )
         if attempt.crowded:  # nothing was read
             return attempt
-        merged = await self._merged(ask.conversation_id, ask.owner, entry, attempt.conversation)
+        merged = self._merged(cid, entry, attempt.conversation, _window_start(attempt))
+        if merged is False:
+            # The cached turns do not continue these: the same try again, its window whole
+            # (the same holder: its place among the running turns is not taken twice).
+            attempt = await self._inner.lease(replace(ask, after_revision=0))
+            merged = self._merged(cid, None, attempt.conversation, _window_start(attempt))
+        if merged is False:  # (read from its window start: as it is, not kept)
+            return attempt
         return replace(attempt, conversation=merged)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
@@ -105,33 +130,26 @@ class CachedStore:
     async def renew_turns(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
         await self._inner.renew_turns(turns, lease_s)
 
-    async def _merged(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        entry: _Entry | None,
-        fresh: Conversation | None,
-    ) -> Conversation | None:
-        """``fresh`` (the turns after the cached revision) with the cached turns before it."""
+    def _merged(
+        self, conversation_id: UUID, entry: _Entry | None, fresh: Conversation | None, since: int
+    ) -> Conversation | Literal[False] | None:
+        """``fresh`` (the turns after the cached revision, or from ``since`` on if that is
+        later) with the cached turns before it, from revision ``since`` on; remembered. False
+        (and forgotten) when the cached turns cannot be used with it: read again, without."""
         if fresh is None:
             self._evict(conversation_id)
             return None
-        if entry is not None and not _continues(entry, fresh):
-            # The id names another conversation now, or rows are missing: start over.
+        turns = _joined(entry, fresh, since)
+        if turns is None:
             self._evict(conversation_id)
-            entry = None
-            fresh = await self._inner.load(conversation_id, owner)
-            if fresh is None:
-                return None
-        if entry is None:
-            turns, size = fresh.turns, sum(map(turn_size, fresh.turns))
-        else:
-            turns = [*entry.turns, *fresh.turns] if fresh.turns else entry.turns
-            size = entry.size + sum(map(turn_size, fresh.turns))
-        self._remember(conversation_id, _Entry(fresh.revision, fresh.created_at, turns, size))
+            return False
+        size = sum(map(turn_size, turns))
+        self._remember(
+            conversation_id, _Entry(fresh.revision, fresh.created_at, since, turns, size)
+        )
         # Every conversation-level field comes from the row just read; the copy of the list
         # keeps a caller from changing what is cached.
-        return replace(fresh, turns=list(turns))
+        return replace(fresh, turns=list(turns), first=since)
 
     async def append(self, append: Append) -> Commit:
         conversation_id, turn, expected_revision = (
@@ -144,15 +162,24 @@ class CachedStore:
             self._evict(conversation_id)
             raise
         # The commit made revision expected + 1 out of exactly the cached turns plus this one.
-        turn = replace(turn, created_at=commit.updated_at)  # the commit's now(), as stored
+        # The commit's now() and revision, as stored.
+        turn = replace(turn, created_at=commit.updated_at, number=commit.revision)
         entry = self._entries.get(conversation_id)
         if commit.revision != expected_revision + 1:
             self._evict(conversation_id)
         elif expected_revision == 0:
-            self._remember(conversation_id, _Entry(1, commit.created_at, [turn], turn_size(turn)))
+            self._remember(
+                conversation_id, _Entry(1, commit.created_at, 1, [turn], turn_size(turn))
+            )
         elif entry is not None and entry.revision == expected_revision:
-            turns, size = [*entry.turns, turn], entry.size + turn_size(turn)
-            self._remember(conversation_id, _Entry(commit.revision, entry.created_at, turns, size))
+            # Kept from the new turn's window start on: later turns never start before it.
+            first = max(entry.first, min(turn.context_from, commit.revision))
+            turns = since([*entry.turns, turn], first)
+            size = sum(map(turn_size, turns))
+            self._remember(
+                conversation_id,
+                _Entry(commit.revision, entry.created_at, first, turns, size),
+            )
         return commit
 
     async def transcript(
@@ -241,10 +268,27 @@ class CachedStore:
             self._bytes -= entry.size
 
 
-def _continues(entry: _Entry, fresh: Conversation) -> bool:
-    """Whether ``fresh`` (the turns after entry.revision) extends the cached turns."""
-    return (
-        fresh.created_at == entry.created_at
-        and fresh.revision == entry.revision + len(fresh.turns)
-        and fresh.rewritten_at <= entry.revision  # no turn it holds was rewritten since
-    )
+def _window_start(attempt: LeaseAttempt) -> int:
+    return attempt.conversation.context_start if attempt.conversation else 1
+
+
+def _joined(entry: _Entry | None, fresh: Conversation, since: int) -> list[Turn] | None:
+    """The turns from revision ``since`` on: ``fresh``'s (read from revision
+    ``fresh.first``), after the cached ones before them; None when ``fresh`` is not whole or
+    the cached turns cannot give what it lacks (the id names another conversation now, or
+    a turn they hold was rewritten since)."""
+    if not fresh.complete or fresh.first < since:
+        return None
+    if fresh.first == since:  # read from ``since`` on: nothing cached is needed
+        return fresh.turns
+    if (
+        entry is None
+        or fresh.created_at != entry.created_at
+        or fresh.first != entry.revision + 1
+        or fresh.rewritten_at > entry.revision  # a turn it holds was rewritten since
+    ):
+        return None
+    cached = entry.since(since)
+    if cached is None:
+        return None
+    return [*cached, *fresh.turns] if fresh.turns else cached

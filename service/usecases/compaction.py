@@ -44,7 +44,7 @@ def input_tokens(
 ) -> int:
     """A turn's input in the provider's tokens (see the module's docstring)."""
     new = math.ceil(items_bytes(new_items) / BYTES_PER_TOKEN)
-    last = conversation.turns[-1] if conversation and conversation.turns else None
+    last = conversation.last if conversation else None
     one_call = last is not None and not last.tool_calls and not last.compacted
     if last is not None and one_call and last.usage is not None and last.replay_items:
         return last.usage.input_tokens + last.usage.output_tokens + new

@@ -21,7 +21,6 @@ from service.core.items import items_turn, listed_ids
 from service.core.model import (
     Append,
     Commit,
-    Conversation,
     ConversationInfo,
     PageRequest,
     Precondition,
@@ -32,9 +31,8 @@ from service.core.model import (
 from service.core.plans import check_precondition
 from service.core.sizes import SizeLimit, turn_bytes
 from service.store.ports import ConversationStore
+from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
-
-PAGE_TURNS = 4  # turns per read of a walk over a conversation's items
 
 
 class Conversations:
@@ -45,12 +43,6 @@ class Conversations:
         self._size = size_limit or SizeLimit()
 
     # --- reading ------------------------------------------------------------------------------
-
-    async def load(self, cid: uuid.UUID, owner: str) -> Conversation:
-        conversation = await self._store.load(cid, owner)
-        if conversation is None:
-            raise ConversationNotFound()
-        return conversation
 
     async def describe(self, cid: uuid.UUID, owner: str) -> ConversationInfo:
         info = await self.info(cid, owner)
@@ -67,21 +59,9 @@ class Conversations:
         """Its turns with their revisions, oldest or newest first, read a page at a time (what
         a reader of its items holds is a page, whatever its size; the Limits section).
         ConversationNotFound before the first."""
-        low, high = 1, (await self.describe(cid, owner)).revision
-        while low <= high:
-            page = await self._store.turns(
-                cid, owner, low, high, newest_first=newest_first, limit=PAGE_TURNS
-            )
-            if not page:
-                return
-            last = page[-1][0]
-            for numbered in page:
-                yield numbered
-            del page, numbered  # not held while the next page is read
-            if newest_first:
-                high = last - 1
-            else:
-                low = last + 1
+        high = (await self.describe(cid, owner)).revision
+        async for numbered in walk(self._store, cid, owner, 1, high, newest_first=newest_first):
+            yield numbered
 
     async def transcript(self, cid: uuid.UUID, owner: str, page: PageRequest) -> TranscriptPage:
         found = await self._store.transcript(cid, owner, page)
@@ -132,22 +112,14 @@ class Conversations:
             raise InvalidInput("items: at least one.", param="items")
         info = await self.describe(cid, owner)
         check_precondition(if_match, info.revision)
-        held = info.stored_bytes
-        if held is None and self._size.max_bytes is not None:
-            held = await self._held(cid, owner, info.revision)  # counted once, then kept
-        size = self._size.check(held or 0, turn_bytes(turn))
+        held = 0
+        if self._size.max_bytes is not None:
+            held = await held_bytes(
+                self._store, cid, owner, info.revision, info.stored_bytes, info.stored_revision
+            )
+        size = self._size.check(held, turn_bytes(turn))
         append = Append(cid, turn, info.revision, owner=owner, stored_bytes=size)
         return turn, await self._store.append(append)
-
-    async def _held(self, cid: uuid.UUID, owner: str, revision: int) -> int:
-        """What the conversation holds up to ``revision``, read a page at a time (a commit
-        past ``revision`` makes the append 409 anyway)."""
-        held = 0
-        async for number, turn in self.walk(cid, owner, newest_first=False):
-            if number > revision:
-                break
-            held += turn_bytes(turn)
-        return held
 
     async def _restored(self, owner: str, items: Sequence[Any] | None) -> Turn | None:
         """The turn that appends ``items``, those turnstore showed restored to their stored

@@ -226,8 +226,7 @@ class Responses:
         items: list[msgspec.Raw] = []
         if previous is not None:
             found, revision = await self._completed(owner, previous)
-            conversation = await self._conversations.load(found.conversation_id, owner)
-            items = self._turns.history(conversation, revision, asked.model)
+            items = await self._turns.history(found.conversation_id, owner, revision, asked.model)
         if input:
             listed = input if isinstance(input, list) else [{"role": "user", "content": input}]
             items += await self._restorer.restore(owner, listed)

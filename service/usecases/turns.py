@@ -40,7 +40,7 @@ from service.core.items import (
 )
 from service.core.model import Append, Committed, Conversation, Origin, ReplyStatus, RunCommit, Turn
 from service.core.plans import TurnPlan, check_precondition
-from service.core.sizes import SizeLimit, held_bytes, turn_bytes
+from service.core.sizes import SizeLimit, turn_bytes
 from service.core.strictjson import is_encodable
 from service.core.usage import Usage, added
 from service.core.window import Budget, SystemPrompt, Window, choose_window, instructions_for
@@ -51,6 +51,7 @@ from service.usecases import compaction
 from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling, advertised, tool_names
 from service.usecases.leases import Held, Leases
 from service.usecases.locks import settle
+from service.usecases.paging import held_bytes
 
 
 @dataclass(frozen=True)
@@ -217,9 +218,9 @@ class TurnService:
                 new_items = plan.input_items
                 if plan.items:  # a client's function outputs must answer its open calls
                     check_answers(new_items, conversation)
-                held_size = held_bytes(conversation.turns) if conversation else 0
+                held_size = await self._held(plan, conversation)
                 # Full before the provider is called, if the input alone passes the limit.
-                self._size.check(held_size, sum(map(len, new_items)))
+                self._size.check(held_size or 0, sum(map(len, new_items)))
                 window = self._window(conversation, [*new_items, *plan.client_tools], asked)
                 if not plan.truncate and window.start > 1:
                     raise ContextLengthExceeded(
@@ -242,22 +243,39 @@ class TurnService:
                 turn = self._accept(plan, window, new_items, answer, asked)
                 revision = None
                 if turn is not None:
-                    size = self._size.check(held_size, turn_bytes(turn))
+                    size = self._stored_with(held_size, turn)
                     revision = await self._commit(plan, conversation, held, turn, run, size)
             metrics.turn_ended(mode, committed=revision is not None)
         # Outside the outcome count: a client leaving now does not undo the commit.
         compacted_by = compaction_item(window.compacted) if window.compacted else None
         yield _done(plan, answer, revision, len(new_items), asked.origin.model, compacted_by)
 
-    def history(
-        self, conversation: Conversation, revision: int, model: str | None
+    async def history(
+        self, cid: uuid.UUID, owner: str, revision: int, model: str | None
     ) -> list[msgspec.Raw]:
         """What a turn after ``revision`` would send of the conversation's earlier turns (for
-        ``model``), as of that revision: its window, compacted context first."""
-        turns = conversation.turns[:revision]
-        start = turns[-1].context_from if turns else 1
+        ``model``), as of that revision: its window, compacted context first. Only the turns
+        of the window that turn ``revision`` was sent with (and that turn) are read."""
+        turns, start = await self._window_before(cid, owner, revision)
         origin = self.provider.origin.with_model(model)
         return choose_window(turns, start, origin, 0, self._budget).items
+
+    async def _window_before(
+        self, cid: uuid.UUID, owner: str, revision: int
+    ) -> tuple[list[Turn], int]:
+        """Turns ``start``..``revision`` of the conversation, where ``start`` is the window
+        start of turn ``revision`` (no later window starts before it), read by their range,
+        and ``start``. ConversationNotFound when there is no such turn of the owner's."""
+        if revision < 1:
+            return [], 1
+        last = await self.store.turn(cid, owner, revision)
+        if last is None:
+            raise ConversationNotFound()
+        start = min(last.context_from, revision)
+        earlier = await self.store.turns(
+            cid, owner, start, revision - 1, newest_first=False, limit=revision - start
+        )
+        return [*(turn for _, turn in earlier), last], start
 
     async def compact(self, plan: TurnPlan) -> tuple[int, Usage | None]:
         """A compaction committed on its own (core.plans.compaction_plan): the window as a
@@ -280,7 +298,7 @@ class TurnService:
                 prompt_version=asked.prompt.version if asked.prompt else None,
                 compacted=compacted.window.compacted,
             )  # fmt: skip
-            size = self._size.check(held_bytes(conversation.turns), turn_bytes(turn))
+            size = self._stored_with(await self._held(plan, conversation), turn)
             revision = await self._commit(plan, conversation, held, turn, None, size)
         return revision, compacted.usage
 
@@ -314,10 +332,32 @@ class TurnService:
     ) -> Window:
         """The earlier turns to send (service/core/window.py): never before the committed
         window start; only committed together with this turn."""
-        turns = conversation.turns if conversation else []
-        committed = conversation.context_start if conversation else 1
         fixed = asked.overhead + sum(map(len, new_items))
-        return choose_window(turns, committed, asked.origin, fixed, self._budget)
+        if conversation is None:  # a new one
+            return choose_window([], 1, asked.origin, fixed, self._budget)
+        return choose_window(
+            conversation.turns, conversation.context_start, asked.origin, fixed, self._budget
+        )
+
+    async def _held(self, plan: TurnPlan, conversation: Conversation | None) -> int | None:
+        """What the conversation holds before this turn (MAX_CONVERSATION_BYTES), from the
+        size its row stores as the lease read it (a fork's: its source's turns up to the fork
+        point); what that leaves uncounted is counted a page at a time (usecases/paging.py)
+        and kept by this turn's commit. None: not counted (there is no limit to check)."""
+        if conversation is None:
+            return 0
+        if self._size.max_bytes is None:
+            return None
+        point = plan.fork_of
+        cid = point.source if point is not None else plan.conversation_id
+        return await held_bytes(
+            self.store, cid, plan.owner, conversation.revision, conversation.stored_bytes,
+            conversation.stored_revision,
+        )  # fmt: skip
+
+    def _stored_with(self, held: int | None, turn: Turn) -> int | None:
+        """The conversation's size with ``turn`` (None: not counted), or ConversationFull."""
+        return None if held is None else self._size.check(held, turn_bytes(turn))
 
     def _exchange(
         self,
@@ -376,24 +416,26 @@ class TurnService:
         )
 
     async def _fork_basis(self, plan: TurnPlan) -> Conversation | None:
-        """A forked turn's history: the source's first turns, as the fork will hold them."""
+        """A forked turn's history as the fork will hold it: the window of the source's turn
+        at the fork point, read by its range (the source's earlier turns are not read)."""
         point = plan.fork_of
         if point is None:
             return None
-        source = await self.store.load(point.source, plan.owner)
+        source = await self.store.describe(point.source, plan.owner)
         if source is None:
             raise ConversationNotFound()
         if source.revision < point.revision:
             raise InvalidInput("The fork point is not a revision of the conversation.")
-        turns = source.turns[: point.revision]
-        return dataclasses.replace(
-            source, id=plan.conversation_id, revision=point.revision, turns=turns,
-            context_start=turns[-1].context_from if turns else 1,
+        turns, start = await self._window_before(point.source, plan.owner, point.revision)
+        return Conversation(
+            plan.conversation_id, point.revision, source.created_at, source.updated_at, turns,
+            context_start=start, owner=plan.owner, first=start,
+            stored_bytes=source.stored_bytes, stored_revision=source.stored_revision,
         )  # fmt: skip
 
     async def _commit(
         self, plan: TurnPlan, conversation: Conversation | None, held: Held, turn: Turn,
-        run: DurableRun | None, stored_bytes: int,
+        run: DurableRun | None, stored_bytes: int | None,
     ) -> int:  # fmt: skip
         ending = await run.prepare_commit(turn) if run else None
         append = self.store.append(
@@ -426,15 +468,11 @@ class TurnService:
         self, plan: TurnPlan, committed: Committed, stream: bool, run: DurableRun | None
     ) -> AsyncGenerator[TurnEvent, None]:
         """The committed result of an earlier attempt with the same Idempotency-Key."""
-        after = committed.revision - 1
-        conversation = await self.store.load(
-            committed.conversation_id, plan.owner, after_revision=after
-        )
-        if conversation is None or not conversation.turns:
+        turn = await self.store.turn(committed.conversation_id, plan.owner, committed.revision)
+        if turn is None:
             raise ConversationNotFound()  # deleted or expired since
         if run is not None:
-            await run.begin(after)
-        turn = conversation.turns[0]
+            await run.begin(committed.revision - 1)
         first = input_count(turn.replay_items)
         if stream:
             yield TextDelta(turn.assistant_message)
@@ -459,7 +497,8 @@ def check_answers(new_items: list[msgspec.Raw], conversation: Conversation | Non
     answered = {call.call_id for call in function_outputs(new_items)}
     if not answered:
         return
-    last = conversation.turns[-1].replay_items if conversation and conversation.turns else []
+    latest = conversation.last if conversation else None
+    last = latest.replay_items if latest else []
     if not answered <= open_calls(last) | calls_made(new_items):
         raise InvalidInput(
             "input: a function_call_output answers no open function call of this conversation.",

@@ -82,6 +82,7 @@ class Rows:
             compacted=_compacted(self._field(row, "compacted")),
             response_deleted=bool(row["response_deleted"]),
             turn_id=row["turn_id"],
+            number=row["seq"],
         )
 
     def transcript_turn(self, row: Row) -> TranscriptTurn:
@@ -149,6 +150,7 @@ class Rows:
             metadata=self.metadata(row),
             stored_response=row["expires_at"] is not None,
             stored_bytes=row["stored_bytes"],
+            stored_revision=row["stored_revision"],
         )
 
     def conversation(self, row: Row, turns: list[Turn]) -> Conversation:
@@ -162,6 +164,8 @@ class Rows:
             context_start=row["context_start"],
             owner=row["owner"],
             rewritten_at=row.get("rewritten_at", 0),
+            stored_bytes=row["stored_bytes"],
+            stored_revision=row["stored_revision"],
         )
 
     @property

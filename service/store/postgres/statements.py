@@ -44,11 +44,12 @@ TURN_VALUES = """
 INFO = """
     conversations.id, conversations.revision, conversations.created_at,
     conversations.updated_at, conversations.metadata, conversations.sealed_metadata,
-    conversations.expires_at, conversations.stored_bytes
+    conversations.expires_at, conversations.stored_bytes, conversations.stored_revision
 """
 HEAD = """
     conversations.revision, conversations.created_at, conversations.updated_at,
-    conversations.context_start, conversations.owner
+    conversations.context_start, conversations.owner, conversations.stored_bytes,
+    conversations.stored_revision
 """
 THE_CONVERSATION = f"conversations.id = :cid AND conversations.owner = :caller AND {LIVE}"
 
@@ -59,6 +60,16 @@ LOAD = f"""
     SELECT {HEAD}, conversations.rewritten_at, {TURN}
     FROM conversations LEFT JOIN turns
         ON turns.conversation_id = conversations.id AND turns.seq > :after
+    WHERE {THE_CONVERSATION}
+    ORDER BY turns.seq
+"""
+
+# The same for a turn (LEASE's turns, when a commit raced it): from its window start on.
+LOAD_WINDOW = f"""
+    SELECT {HEAD}, conversations.rewritten_at, {TURN}
+    FROM conversations LEFT JOIN turns
+        ON turns.conversation_id = conversations.id
+        AND turns.seq > greatest(:after, conversations.context_start - 1)
     WHERE {THE_CONVERSATION}
     ORDER BY turns.seq
 """
@@ -127,8 +138,10 @@ TAKEABLE = """(
 
 
 def leased(counted: bool) -> str:
-    """The lease and the turns after :after in one statement (one round trip). The turns are
-    read in the statement's snapshot; the conversation's fields come from the updated row,
+    """The lease and the turns a turn reads in one statement (one round trip): its window,
+    from the committed window start on (context_start, never before the latest compacting
+    turn), after :after (the revision a cache holds). The turns are read in the statement's
+    snapshot; the conversation's fields come from the updated row,
     which may be newer if a commit raced the statement: the caller then sees a revision ahead
     of the turns it got and reads again.
 
@@ -158,10 +171,12 @@ def leased(counted: bool) -> str:
             conversations.lease_holder = :holder AS acquired, conversations.lease_expires_at
     )
     SELECT attempt.revision, attempt.created_at, attempt.updated_at, attempt.context_start,
-        attempt.owner, attempt.rewritten_at, attempt.acquired, attempt.lease_expires_at,
+        attempt.owner, attempt.stored_bytes, attempt.stored_revision, attempt.rewritten_at,
+        attempt.acquired, attempt.lease_expires_at,
         {"(SELECT taken FROM slot)" if counted else "NULL::boolean"} AS counted,
         {NO_SYNC_WAIT} AS no_sync_wait, {TURN}
-    FROM attempt LEFT JOIN turns ON turns.conversation_id = :cid AND turns.seq > :after
+    FROM attempt LEFT JOIN turns ON turns.conversation_id = :cid
+        AND turns.seq > greatest(:after, attempt.context_start - 1)
     ORDER BY turns.seq
 """
 
@@ -246,10 +261,11 @@ LISTING = f"""
 NEW_CONVERSATION = f"""
     INSERT INTO conversations (
         id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
-        sealed_metadata, expires_at, stored_bytes
+        sealed_metadata, expires_at, stored_bytes, stored_revision
     ) VALUES (
         :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
-        :sealed_metadata, CAST(:expires_at AS timestamptz), CAST(:stored_bytes AS bigint)
+        :sealed_metadata, CAST(:expires_at AS timestamptz), CAST(:stored_bytes AS bigint),
+        CASE WHEN CAST(:stored_bytes AS bigint) IS NOT NULL THEN CAST(:revision AS integer) END
     )
     RETURNING {INFO}
 """
@@ -294,7 +310,7 @@ FORK = f"""
             :caller, false, metadata, expires_at
         FROM src
         RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata, expires_at,
-            stored_bytes
+            stored_bytes, stored_revision
     ), copied AS (
         INSERT INTO turns ({FORKED}, conversation_id)
         SELECT {FORKED}, :new FROM turns
@@ -360,7 +376,8 @@ REWRITTEN = f"""
         revision = conversations.revision + 1,
         rewritten_at = conversations.revision + 1,
         updated_at = now(),
-        stored_bytes = NULL
+        stored_bytes = NULL,
+        stored_revision = NULL
     WHERE conversations.id = :cid
     RETURNING {INFO}
 """
@@ -418,6 +435,7 @@ class Statements:
             return sql(template.replace(LIVE, live))
 
         self.load = compiled(LOAD)
+        self.load_window = compiled(LOAD_WINDOW)
         self.turn_of = compiled(TURN_OF)
         self.turns_of = {  # newest first?
             False: compiled(TURNS_OF.replace("{order}", "ASC")),

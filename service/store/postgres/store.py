@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -59,7 +60,9 @@ class PostgresStore(Edits, Housekeeping):
         params = {"cid": conversation_id, "caller": owner, "after": after_revision}
         async with driver(self._engine, write=False) as conn:
             rows = await self._sql.load.fetch(conn, params)
-        return await self._conversation(conversation_id, owner, rows) if rows else None
+        if not rows:
+            return None
+        return await self._conversation(conversation_id, owner, rows, after_revision + 1)
 
     async def turn(self, conversation_id: UUID, owner: str, revision: int) -> Turn | None:
         params = {"cid": conversation_id, "caller": owner, "seq": revision}
@@ -103,25 +106,39 @@ class PostgresStore(Edits, Housekeeping):
                 await self.release_lease(conversation_id, ask.holder)
         if first["counted"] is False:  # the owner runs OWNER_MAX_RUNNING_TURNS turns
             return LeaseAttempt(conversation=None, acquired=False, crowded=True)
-        newest = rows[-1]["seq"] if rows[-1]["seq"] is not None else after_revision
         busy_until = None if first["acquired"] else first["lease_expires_at"]
-        if first["revision"] > newest:
+        conversation = await self._conversation(
+            conversation_id, owner, rows, max(after_revision + 1, first["context_start"])
+        )
+        if not conversation.complete:
             # A commit raced the statement: its turn is not in the statement's snapshot (the
             # revision is the updated row's). Read again: callers (and the history cache)
             # must never get a revision ahead of its turns.
-            again = await self.load(conversation_id, owner, after_revision=after_revision)
+            again = await self._window(conversation_id, owner, after_revision)
             return LeaseAttempt(again, first["acquired"] and again is not None, busy_until)
-        conversation = await self._conversation(conversation_id, owner, rows)
         return LeaseAttempt(conversation, first["acquired"], busy_until)
 
+    async def _window(
+        self, conversation_id: UUID, owner: str, after_revision: int
+    ) -> Conversation | None:
+        """The conversation with the turns a turn reads (as ``lease``), without the lease."""
+        params = {"cid": conversation_id, "caller": owner, "after": after_revision}
+        async with driver(self._engine, write=False) as conn:
+            rows = await self._sql.load_window.fetch(conn, params)
+        if not rows:
+            return None
+        start = max(after_revision + 1, rows[0]["context_start"])
+        return await self._conversation(conversation_id, owner, rows, start)
+
     async def _conversation(
-        self, conversation_id: UUID, owner: str, rows: Sequence[asyncpg.Record]
+        self, conversation_id: UUID, owner: str, rows: Sequence[asyncpg.Record], first: int
     ) -> Conversation:
         """The conversation of rows read with statements.HEAD and TURN (a row without a turn:
-        the conversation alone)."""
+        the conversation alone), whose turns were asked from revision ``first`` on."""
         found = [row for row in rows if row["seq"] is not None]
         codec = await reading(self._keyring, owner, conversation_id, found)
-        return codec.conversation(rows[0], [codec.turn(row) for row in found])
+        conversation = codec.conversation(rows[0], [codec.turn(row) for row in found])
+        return replace(conversation, first=first)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
         async def release() -> bool:

@@ -1,0 +1,134 @@
+"""turnstore_commit(): a turn's commit as one function (migration 0017), and as 0018 makes it
+(it also records which revision ``stored_bytes`` counts, ``stored_revision``). Both write it
+from here, so the two versions differ only where they say.
+"""
+
+# The turn's columns as the function takes them, in order after the commit's own arguments.
+TURN = (
+    ("user_message", "text"),
+    ("assistant_message", "text"),
+    ("replay_items", "json"),
+    ("provider", "text"),
+    ("endpoint", "text"),
+    ("model", "text"),
+    ("context_from", "integer"),
+    ("prompt_version", "text"),
+    ("tool_calls", "json"),
+    ("status", "text"),
+    ("incomplete_reason", "text"),
+    ("turn_id", "uuid"),
+    ("sealed_user_message", "bytea"),
+    ("sealed_assistant_message", "bytea"),
+    ("sealed_replay_items", "bytea"),
+    ("sealed_tool_calls", "bytea"),
+    ("usage", "json"),
+    ("transcript", "json"),
+    ("sealed_transcript", "bytea"),
+    ("response", "json"),
+    ("sealed_response", "bytea"),
+    ("compacted", "json"),
+    ("sealed_compacted", "bytea"),
+)
+# Its arguments: the conversation (the distribution argument, first), the commit's condition,
+# the turn, the Idempotency-Key to complete (NULL: none).
+ARGUMENTS = (
+    ("cid", "uuid"),
+    ("expected", "integer"),
+    ("caller", "text"),
+    ("holder", "uuid"),
+    ("context_start", "integer"),
+    ("expires_at", "timestamptz"),
+    ("idle_s", "double precision"),
+    ("stored_bytes", "bigint"),  # the conversation's size with this turn (NULL: not counted)
+    *TURN,
+    ("idem_key", "text"),
+    ("ttl_s", "double precision"),
+)
+SIGNATURE = ", ".join(kind for _, kind in ARGUMENTS)
+COLUMNS = ", ".join(name for name, _ in TURN)
+VALUES = ", ".join(f"p_{name}" for name, _ in TURN)
+PARAMETERS = ", ".join(f"p_{name} {kind}" for name, kind in ARGUMENTS)
+
+# Live: not expired, not idle past the retention (p_idle_s NULL: kept however idle); free:
+# no other turn's lease is live.
+LIVE_AND_FREE = """
+    (c.expires_at IS NULL OR c.expires_at > v_now)
+    AND (v_cutoff IS NULL OR c.updated_at > v_cutoff)
+    AND (c.lease_holder IS NULL OR c.lease_expires_at <= v_now OR c.lease_holder = p_holder)
+"""
+
+
+STORED_NEW = "stored_bytes = excluded.stored_bytes"
+
+
+def definition(*, counts_revision: bool, replace: bool = False) -> str:
+    """The function's SQL; ``counts_revision``: 0018's, which also writes
+    ``stored_revision`` (the revision ``stored_bytes`` counts: NULL when that is NULL)."""
+    stored = stored_value = stored_new = stored_bump = ""
+    if counts_revision:
+        stored, stored_value = (
+            ", stored_revision",
+            ", CASE WHEN p_stored_bytes IS NOT NULL THEN 1 END",
+        )
+        stored_new = ",\n            stored_revision = excluded.stored_revision"
+        stored_bump = (
+            ",\n            stored_revision ="
+            " CASE WHEN p_stored_bytes IS NOT NULL THEN c.revision + 1 END"
+        )
+    create = "CREATE OR REPLACE FUNCTION" if replace else "CREATE FUNCTION"
+    return f"""
+{create} turnstore_commit({PARAMETERS},
+    OUT revision integer, OUT created_at timestamptz, OUT updated_at timestamptz,
+    OUT lease_wanted boolean)
+RETURNS SETOF record LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := now();
+    v_cutoff timestamptz := v_now - make_interval(secs => p_idle_s);
+    v_head record;
+BEGIN
+    IF p_expected = 0 THEN
+        INSERT INTO conversations AS c (
+            id, revision, created_at, updated_at, context_start, owner, lease_wanted,
+            expires_at, stored_bytes{stored}
+        ) VALUES (
+            p_cid, 1, v_now, v_now, p_context_start, p_caller, false, p_expires_at,
+            p_stored_bytes{stored_value}
+        )
+        ON CONFLICT (id) DO UPDATE SET
+            revision = 1, updated_at = v_now, context_start = excluded.context_start,
+            lease_holder = NULL, lease_expires_at = NULL, {STORED_NEW}{stored_new}
+        WHERE c.revision = 0 AND c.owner = p_caller AND {LIVE_AND_FREE}
+        RETURNING c.revision, c.created_at, c.updated_at, c.lease_wanted INTO v_head;
+    ELSE
+        UPDATE conversations AS c SET
+            revision = c.revision + 1,
+            updated_at = v_now,
+            context_start = greatest(c.context_start, p_context_start),
+            lease_holder = NULL,
+            lease_expires_at = NULL,
+            expires_at = CASE WHEN c.expires_at IS NOT NULL THEN p_expires_at END,
+            stored_bytes = p_stored_bytes{stored_bump}
+        WHERE c.id = p_cid AND c.revision = p_expected AND c.owner = p_caller
+            AND {LIVE_AND_FREE}
+        RETURNING c.revision, c.created_at, c.updated_at, c.lease_wanted INTO v_head;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO turns (conversation_id, seq, created_at, {COLUMNS})
+    VALUES (p_cid, v_head.revision, v_now, {VALUES});
+    IF p_idem_key IS NOT NULL THEN
+        UPDATE idempotency_keys AS k SET
+            state = 'done', conversation_id = p_cid, revision = v_head.revision,
+            expires_at = v_now + make_interval(secs => p_ttl_s)
+        WHERE k.owner = p_caller AND k.key = p_idem_key;
+    END IF;
+    revision := v_head.revision;
+    created_at := v_head.created_at;
+    updated_at := v_head.updated_at;
+    lease_wanted := v_head.lease_wanted;
+    RETURN NEXT;
+END
+$$
+"""

@@ -1,0 +1,54 @@
+"""Reading a conversation's turns a page at a time: what a reader holds is a page, whatever
+the conversation's size (the contract's Limits). The item listings walk its turns this way,
+and a conversation whose size is not stored is counted this way, once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+
+from service.core.model import Turn
+from service.core.sizes import turn_bytes
+from service.store.ports import ConversationStore
+
+PAGE_TURNS = 4  # turns per read of a walk over a conversation's turns
+
+
+async def walk(
+    store: ConversationStore, cid: uuid.UUID, owner: str, low: int, high: int, *,
+    newest_first: bool,
+) -> AsyncGenerator[tuple[int, Turn], None]:  # fmt: skip
+    """Turns ``low``..``high`` of ``owner``'s conversation with their revisions, oldest or
+    newest first, a page at a time (none for a conversation the store would not find)."""
+    while low <= high:
+        page = await store.turns(cid, owner, low, high, newest_first=newest_first, limit=PAGE_TURNS)
+        if not page:
+            return
+        last = page[-1][0]
+        for numbered in page:
+            yield numbered
+        del page, numbered  # not held while the next page is read
+        if newest_first:
+            high = last - 1
+        else:
+            low = last + 1
+
+
+async def held_bytes(
+    store: ConversationStore, cid: uuid.UUID, owner: str, revision: int,
+    stored_bytes: int | None, stored_revision: int | None,
+) -> int:  # fmt: skip
+    """What turns 1..``revision`` of the conversation hold (service/core/sizes.py): the size
+    its row stores, counted up to ``stored_revision``, plus the turns after it, read a page
+    at a time (those an older release committed since, which leave the count behind). Where
+    no size is stored (forked, an item removed), every turn is counted, once: the next commit
+    keeps the total."""
+    known = stored_bytes is not None and stored_revision is not None
+    if known and stored_revision is not None and stored_revision <= revision:
+        held, low = stored_bytes or 0, stored_revision + 1
+    else:
+        held, low = 0, 1
+    async for _, turn in walk(store, cid, owner, low, revision, newest_first=False):
+        held += turn_bytes(turn)
+    return held

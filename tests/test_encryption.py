@@ -502,6 +502,10 @@ async def test_a_shred_makes_a_backup_taken_before_it_unreadable_for_that_owner_
     async with served(data, **settings) as client:
         a = await say(client, "alice's secret", headers=alice)
         b = await say(client, "bob's note", headers=bob)
+        forked = await client.post(
+            f"/api/v1/conversations/{a}/fork", json={"at_revision": 1}, headers=alice
+        )  # counted against alice's forks of the minute: a row of hers too
+        assert forked.status_code in (200, 201), forked.text
     # The keyring is not in the data's database, so not in its backups.
     assert await scalar(data, "SELECT to_regclass('owner_keys')") is None
     major = int(str(await scalar(server_url, "SHOW server_version")).split(".")[0])
@@ -514,7 +518,10 @@ async def test_a_shred_makes_a_backup_taken_before_it_unreadable_for_that_owner_
     env = {"DATABASE_URL": data, "KEYRING_DATABASE_URL": keyring, "ENCRYPTION_KEYS_FILE": str(keys)}
     shred = ["owners", "shred", "alice", "--wait-s", "0"]  # (no replica runs meanwhile)
     shredded = await asyncio.to_thread(turnstore, *shred, **env)
-    assert "destroyed the data key and deleted 1 conversations" in shredded.stdout
+    assert "destroyed the data key and deleted 2 conversations" in shredded.stdout
+    for counts in ("owner_forks", "owner_turns"):
+        left = await scalar(data, f"SELECT count(*) FROM {counts} WHERE owner = 'alice'")
+        assert left == 0, counts
     await asyncio.to_thread(
         subprocess.run,
         [pg_tool("pg_restore", major), "--no-owner", "-d", asyncpg_dsn(restored), str(dump)],
@@ -566,6 +573,7 @@ async def test_a_turn_in_flight_during_a_shred_keeps_nothing_and_the_shred_check
     assert "found no data key and deleted 0 conversations" in shredded.stdout
     assert await scalar(data, "SELECT count(*) FROM conversations") == 0
     assert await scalar(data, "SELECT count(*) FROM turns") == 0
+    assert await scalar(data, "SELECT count(*) FROM owner_turns") == 0  # its place too
 
 
 async def wait_until(value: Any, expected: Any, timeout_s: float = 10.0) -> None:

@@ -15,11 +15,18 @@ from service.store.postgres.adapter import Adapter
 from service.store.postgres.sealed import writing_key
 from service.store.postgres.tx import driver, sql, written
 
-# What is left of an owner: their conversations, runs and Idempotency-Key records.
+# What is left of an owner: their conversations, runs and Idempotency-Key records, and the
+# rows that count their running turns and forks (OWNER_MAX_RUNNING_TURNS, ..._FORKS_...).
 _OWNER_LEFT = sql(
     "SELECT (SELECT count(*) FROM conversations WHERE owner = :owner)"
     " + (SELECT count(*) FROM turn_runs WHERE owner = :owner)"
     " + (SELECT count(*) FROM idempotency_keys WHERE owner = :owner)"
+    " + (SELECT count(*) FROM owner_turns WHERE owner = :owner)"
+    " + (SELECT count(*) FROM owner_forks WHERE owner = :owner)"
+)
+_OWNER_COUNTS = (
+    sql("DELETE FROM owner_turns WHERE owner = :owner"),
+    sql("DELETE FROM owner_forks WHERE owner = :owner"),
 )
 
 
@@ -90,13 +97,15 @@ class Housekeeping(Adapter):
             return bool(await self._sql.owner_sealed.fetchval(conn, {"owner": owner}))
 
     async def owner_rows(self, owner: str) -> int:
-        """How many rows of ``owner`` are left (conversations, runs, Idempotency-Keys)."""
+        """How many rows of ``owner`` are left (conversations, runs, Idempotency-Keys, the
+        counts of their running turns and forks)."""
         async with driver(self._engine, write=False) as conn:
             return int(await _OWNER_LEFT.fetchval(conn, {"owner": owner}) or 0)
 
     async def delete_owner(self, owner: str, batch: int = 500) -> int:
-        """Delete all of ``owner``'s conversations (with their turns, runs and events) and
-        Idempotency-Key records, a batch per transaction; the number of conversations."""
+        """Delete all of ``owner``'s conversations (with their turns, runs and events),
+        Idempotency-Key records and the rows counting their running turns and forks, a batch
+        per transaction; the number of conversations."""
         total, params = 0, {"owner": owner, "batch": batch}
         while True:
             async with driver(self._engine, write=True) as conn:
@@ -108,6 +117,8 @@ class Housekeeping(Adapter):
         async with driver(self._engine, write=True) as conn:
             await run_statements.DELETE_OWNED.execute(conn, params)
             await idem.DELETE_OWNED.execute(conn, params)
+            for counts in _OWNER_COUNTS:
+                await counts.execute(conn, {"owner": owner})
         return total
 
     async def readiness(self) -> Readiness:

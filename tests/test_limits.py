@@ -521,3 +521,18 @@ async def test_an_owner_past_their_forks_per_minute_gets_429_and_nothing_is_copi
                 " GROUP BY owner ORDER BY owner"
             )
             assert [tuple(r) for r in rows] == [("alice", 3), ("bob", 1)]
+
+
+async def test_the_openapi_document_names_the_owner_limits_429(
+    client: httpx.AsyncClient,
+) -> None:
+    """Every operation that starts a turn (or a fork) documents 429 too_many_requests."""
+    paths = (await client.get("/schema/openapi.json")).json()["paths"]
+    for path in (
+        CHAT,
+        f"{CHAT}/stream",
+        "/v1/responses",
+        "/api/v1/conversations/{conversation_id}/fork",
+    ):
+        described = paths[path]["post"]["responses"]["429"]["description"]
+        assert "too_many_requests" in described, (path, described)

@@ -31,6 +31,7 @@ from service.core.errors import (
     RateLimited,
     RequestInProgress,
     StorageError,
+    TooManyRequests,
     TurnstoreError,
     Unauthorized,
     UpstreamError,
@@ -67,7 +68,7 @@ def documented(
 TURN_ERRORS: tuple[type[TurnstoreError], ...] = (
     ContextLengthExceeded, ConversationNotFound, ConversationConflict, RequestInProgress,
     PreconditionFailed, ContentFiltered, IdempotencyKeyReused, ConversationFull, RateLimited,
-    UpstreamError, UpstreamTimeout,
+    TooManyRequests, UpstreamError, UpstreamTimeout,
 )  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """Part "citus": turnstore's store on a Citus coordinator with two workers (tests/citus.py, all
 on this machine) against one plain PostgreSQL server, the same workload through the same
-PostgresStore: plain turns (the lease, then the commit), 32 conversations x 10 turns at
+PostgresStore: plain turns (the lease, then the commit; each turn's place among its owner's
+running turns taken and given back as served), 32 conversations x 10 turns at
 concurrency 16, best of the rounds. Per turn: turns/s, round trips (every statement the
 store's connections sent, counted by asyncpg's query logger: checkout pings, BEGIN and COMMIT
 included), and two-phase commits (the coordinator's pg_dist_transaction, with 2PC recovery
@@ -26,6 +27,7 @@ import asyncpg
 import msgspec
 from sqlalchemy import event
 
+from bench.server import ONE_OWNER
 from service.core.model import Append, LeaseRequest, Turn
 from service.platform import migrate
 from service.platform.db import create_engine
@@ -86,7 +88,9 @@ def _turn(n: int) -> Turn:
 
 
 async def _conversation(store: PostgresStore, cid: uuid.UUID, turns: int) -> None:
-    await store.append(Append(cid, _turn(0), 0, owner=OWNER))
+    first = uuid.uuid4()  # a first turn takes its place among the owner's running turns
+    assert await store.take_turn(OWNER, first, 30), "the limit is far"
+    await store.append(Append(cid, _turn(0), 0, owner=OWNER, lease=first))
     for revision in range(1, turns):
         holder = uuid.uuid4()
         lease = LeaseRequest(cid, OWNER, holder, lease_s=30, queue=False, after_revision=revision)
@@ -113,7 +117,8 @@ async def _two_phase(url: str) -> int | None:
 async def measure(name: str, url: str, config: CitusConfig) -> CitusResult:
     result = CitusResult(name)
     engine, counter = _counted(url, config.concurrency)
-    store = PostgresStore(engine)
+    # Each turn counted among its owner's running turns, as served (OWNER_MAX_RUNNING_TURNS).
+    store = PostgresStore(engine, running_turns=int(ONE_OWNER["OWNER_MAX_RUNNING_TURNS"]))
     try:
         await _conversation(store, uuid.uuid4(), 3)  # warm-up: connections, statements
         for _ in range(config.rounds):

@@ -433,8 +433,8 @@ class MemoryStore:
 
     # --- runs ------------------------------------------------------------------------------
 
-    async def create_run(self, run: NewRun, heartbeat_s: float) -> bool:
-        if not await self.take_turn(run.owner, run.id, heartbeat_s):
+    async def create_run(self, run: NewRun, heartbeat_s: float, *, counted: bool = True) -> bool:
+        if counted and not await self.take_turn(run.owner, run.id, heartbeat_s):
             return False
         self._runs[run.id] = _Run(run, _now() + timedelta(seconds=heartbeat_s))
         return True

@@ -14,7 +14,9 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
+from service.core.sizes import held_bytes
 from service.platform import migrate
+from service.store.postgres import PostgresStore
 from tests.cluster import fake_api, provider_env, replica, turnstore_env, wait_ready
 from tests.conftest import ClientFactory
 from tests.database import fresh_database
@@ -135,9 +137,16 @@ async def test_an_owner_past_their_running_turns_gets_429_on_every_replica(
                 refused = await client.post(path, json=body, headers=alice)
                 assert_error(refused, 429, "too_many_requests")  # JSON, a stream's too
                 assert refused.headers["Retry-After"] == "1"
-            v1 = await client.post("/v1/responses", json={"input": "hi"}, headers=alice)
-            assert v1.status_code == 429, v1.text
-            assert v1.json()["error"]["code"] == "too_many_requests"
+            for path, body in (
+                ("/v1/responses", {"input": "hi"}),
+                ("/v1/responses", {"input": "hi", "store": False}),  # a provider call all the same
+                ("/v1/responses", {"input": "hi", "store": False, "stream": True}),
+                ("/v1/responses/compact", {"input": "hi", "model": "gpt-test"}),
+            ):
+                v1 = await client.post(path, json=body, headers=alice)
+                assert v1.status_code == 429, (body, v1.text)
+                assert v1.json()["error"]["code"] == "too_many_requests"
+                assert v1.headers["Retry-After"] == "1"
         assert len(api.requests) == calls  # the provider was not called
         kept = await one.get(f"/api/v1/conversations/{other}", headers=alice)
         assert kept.json()["revision"] == 1  # nothing kept
@@ -176,6 +185,66 @@ async def test_a_turn_that_ends_without_its_commit_gives_its_place_back(
         assert cancelled.json()["status"] == "cancelled", cancelled.text
         done = await client.post(CHAT, json=warm, headers=alice)
         assert done.status_code == 200, done.text  # not 429: every place came back
+
+
+async def test_stateless_calls_hold_a_place_while_they_run_and_give_it_back(
+    make_client: ClientFactory,
+) -> None:
+    """With room for one: a stateless call (plain, then streamed) and a relayed compaction
+    each hold the place while the provider works, and leave it when they end."""
+    api, gate = FakeResponsesAPI(), asyncio.Event()
+    held = Script(text="held", gate=gate)
+    api.then(held, Script(), Script())
+    alice = jwt_bearer("alice")
+    settings: dict[str, Any] = {"owner_max_running_turns": 1, **JWT_SETTINGS}
+    async with make_client(provider=api.provider(), **settings) as client:
+        stateless = {"input": "hi", "store": False}
+        running = asyncio.create_task(client.post("/v1/responses", json=stateless, headers=alice))
+        await started(held)
+        refused = await client.post(CHAT, json={"message": "meanwhile"}, headers=alice)
+        assert_error(refused, 429, "too_many_requests")
+        gate.set()
+        assert (await running).status_code == 200
+        streamed = await client.post(
+            "/v1/responses", json={**stateless, "stream": True}, headers=alice
+        )
+        assert streamed.status_code == 200 and "response.completed" in streamed.text
+        compacted = await client.post("/v1/responses/compact",
+                                      json={"input": "hi", "model": "gpt-test"},
+                                      headers=alice)  # fmt: skip
+        assert compacted.status_code == 200, compacted.text
+        after = await client.post(CHAT, json={"message": "after"}, headers=alice)
+        assert after.status_code == 200, after.text  # every place came back
+
+
+async def test_a_streamed_turn_queued_behind_another_is_not_counted_while_it_waits(
+    make_client: ClientFactory,
+) -> None:
+    """With room for two: a turn runs on a conversation and a background turn queues behind
+    it; meanwhile the owner can still start a turn elsewhere (the queued one gave its place
+    back while it waits), and the queued one runs when the first ends."""
+    api, gate = FakeResponsesAPI(), asyncio.Event()
+    first = Script(text="first", gate=gate)
+    api.then(Script(), first, Script(text="elsewhere"), Script(text="queued"))
+    alice = jwt_bearer("alice")
+    settings: dict[str, Any] = {"owner_max_running_turns": 2, **JWT_SETTINGS}
+    async with make_client(provider=api.provider(), **settings) as client:
+        made = await client.post(CHAT, json={"message": "made"}, headers=alice)
+        warm = {"message": "warm", "conversation_id": made.json()["conversation_id"]}
+        running = asyncio.create_task(client.post(CHAT, json=warm, headers=alice))
+        await started(first)
+        queued = await client.post(CHAT, json={**warm, "background": True}, headers=alice)
+        assert queued.status_code == 202, queued.text
+        turn_id = queued.json()["turn_id"]
+        deadline = time.monotonic() + 10
+        while (elsewhere := await client.post(CHAT, json={"message": "x"}, headers=alice)
+               ).status_code == 429:  # fmt: skip
+            assert time.monotonic() < deadline, "the queued turn kept its place"
+            await asyncio.sleep(0.02)  # until the queued turn has found the lease taken
+        assert elsewhere.status_code == 200, elsewhere.text
+        gate.set()
+        assert (await running).status_code == 200
+        assert (await until_finished(client, turn_id, alice))["status"] == "completed"
 
 
 async def until_finished(
@@ -438,6 +507,36 @@ async def test_a_size_an_older_release_left_behind_is_caught_up_from_the_turns_a
             )
         refused = await client.post(CHAT, json={"conversation_id": str(cid), "message": "y"})
         assert_error(refused, 422, "conversation_full")  # 3 x the first turn passes the limit
+
+
+async def test_a_size_counted_before_an_older_releases_item_removal_is_counted_again(
+    make_client: ClientFactory, engine: Any
+) -> None:
+    """The previous release removes the latest item by moving the latest turn, without it,
+    to the next revision (rewritten_at), leaving the size it does not know of behind: that
+    size counts the moved turn's items already, so it is counted again whole, not added to."""
+    async with make_client(max_conversation_bytes=FULL_AT) as client:
+        first = await client.post(CHAT, json={"message": "x" * 1000})
+        cid = uuid.UUID(first.json()["conversation_id"])
+        again = await client.post(CHAT, json={"conversation_id": str(cid), "message": "y" * 1000})
+        assert again.status_code == 200, again.text
+        async with engine.begin() as conn:  # as the previous release's pop_item does
+            await conn.exec_driver_sql(
+                "UPDATE turns SET seq = 3, replay_items = CAST(json_build_array("
+                "replay_items -> 0) AS json) WHERE conversation_id = $1 AND seq = 2",
+                (cid,),
+            )
+            await conn.exec_driver_sql(
+                "UPDATE conversations SET revision = 3, rewritten_at = 3 WHERE id = $1", (cid,)
+            )
+        last = await client.post(CHAT, json={"conversation_id": str(cid), "message": "z"})
+        assert last.status_code == 200, last.text
+        async with engine.connect() as conn:
+            stored = (await conn.exec_driver_sql(
+                "SELECT stored_bytes FROM conversations WHERE id = $1", (cid,)
+            )).scalar_one()  # fmt: skip
+    whole = await PostgresStore(engine).load(cid)
+    assert whole is not None and stored == held_bytes(whole.turns)
 
 
 async def test_item_appends_count_a_conversation_made_by_a_fork_once_then_keep_its_size(

@@ -369,6 +369,36 @@ async def test_a_lease_racing_a_commit_never_returns_a_revision_ahead_of_its_tur
     assert [t.user_message for t in attempt.conversation.turns] == [turn(1).user_message, "u2"]
 
 
+async def test_a_lease_given_back_while_the_lease_statement_waits_is_taken(
+    engine: AsyncEngine,
+) -> None:
+    """Another turn's lease is given back (its commit) while this lease statement waits for
+    the row: the statement's snapshot saw it taken, so it took no place among the running
+    turns; the lease is still this turn's, place and all (with TURN_CONCURRENCY=reject it was
+    refused as busy)."""
+    store, cid, other = PostgresStore(engine, running_turns=4), uuid.uuid4(), uuid.uuid4()
+    await store.append(Append(cid, turn(1), 0))
+    ask = LeaseRequest(cid, ANONYMOUS, other, lease_s=30, queue=False)
+    assert (await store.lease(ask)).acquired
+    async with engine.connect() as blocker:
+        blocker = await blocker.execution_options(isolation_level="READ COMMITTED")
+        await blocker.begin()
+        await blocker.execute(
+            text("UPDATE conversations SET lease_holder = NULL WHERE id = :cid"), {"cid": cid}
+        )
+        mine = uuid.uuid4()
+        leasing = asyncio.create_task(store.lease(replace(ask, holder=mine)))
+        await _wait_for_lock_waiters(engine, 1)  # its snapshot is taken: the lease is held
+        await blocker.commit()
+    attempt = await leasing
+    assert attempt.acquired and not attempt.crowded
+    async with engine.connect() as conn:
+        placed = await conn.execute(
+            text("SELECT count(*) FROM owner_turns WHERE holder = :h"), {"h": mine}
+        )
+        assert placed.scalar_one() == 1
+
+
 async def test_a_fork_holds_the_first_turns_as_they_are_and_goes_its_own_way(
     contract_store: AnyStore,
 ) -> None:

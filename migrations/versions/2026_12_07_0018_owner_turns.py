@@ -13,8 +13,8 @@ takes one; conversations.stored_revision: the revision ``stored_bytes`` counts
 - ``turnstore_take_turn(owner, holder, now, until, most)``: whether a place was free. A holder
   that has one already (a run, whose lease statement takes it again) renews it. The places
   are tried from a random one on, so turns that start together rarely try the same; rows that
-  ran out are deleted only when no place is free, never one a commit is deleting at that
-  moment (SKIP LOCKED: a take never waits for a commit, so the two cannot deadlock).
+  ran out are deleted only when no place is free. Neither that sweep nor a commit's delete of
+  its place waits for a row the other holds (SKIP LOCKED), so the two cannot deadlock.
 - ``conversations.stored_revision``: the revision up to which ``stored_bytes`` counts
   (MAX_CONVERSATION_BYTES), written with it by ``turnstore_commit()`` (replaced here, its
   signature as it was) and the other writes of it. A turn reads no more of its conversation

@@ -107,8 +107,10 @@ def closed_with_response(scope: Scope, events: AsyncGenerator[T, None]) -> Async
     return events
 
 
-def released_with_response(scope: Scope, release: Callable[[], None]) -> None:
-    """Have ``release`` called when the response ends, however it ends (a reader's slot)."""
+def released_with_response(scope: Scope, release: Callable[[], Awaitable[None] | None]) -> None:
+    """Have ``release`` called (and awaited, if it is a coroutine function) when the response
+    ends, however it ends (a reader's slot, a stateless stream's place among the running
+    turns)."""
     scope.setdefault("state", {}).setdefault(_RELEASES_KEY, []).append(release)
 
 
@@ -119,7 +121,9 @@ async def close_streams(scope: Scope) -> None:
             await events.aclose()
     finally:
         for release in state.pop(_RELEASES_KEY, []):
-            release()
+            released = release()
+            if released is not None:
+                await released
 
 
 E = TypeVar("E", contravariant=True)

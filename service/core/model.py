@@ -208,6 +208,7 @@ class ConversationInfo:
     # forked, edited or written by an older release).
     stored_bytes: int | None = None
     stored_revision: int | None = None  # the revision stored_bytes counts up to
+    rewritten_at: int = 0  # the revision at which earlier history last changed (a removal)
 
 
 @dataclass(frozen=True)

@@ -152,10 +152,11 @@ class RunStore(Protocol):
     """Durable turns (service/runs.py): a run's status and the events its client saw. The
     commit of a durable turn ends its run in the same transaction (``Append.run``)."""
 
-    async def create_run(self, run: NewRun, heartbeat_s: float) -> bool:
-        """Record a new run, queued, alive for ``heartbeat_s``, and its turn's place among
-        its owner's running turns (as ConversationStore.take_turn, held by the run's id);
-        False, and nothing recorded, when the owner runs OWNER_MAX_RUNNING_TURNS turns."""
+    async def create_run(self, run: NewRun, heartbeat_s: float, *, counted: bool = True) -> bool:
+        """Record a new run, queued, alive for ``heartbeat_s``, and (``counted``) its turn's
+        place among its owner's running turns (as ConversationStore.take_turn, held by the
+        run's id); False, and nothing recorded, when the owner runs OWNER_MAX_RUNNING_TURNS
+        turns."""
 
     async def begin_run(self, run_id: UUID, revision: int) -> None:
         """The run's turn holds its conversation at ``revision``: it is in progress."""

@@ -114,9 +114,7 @@ class Conversations:
         check_precondition(if_match, info.revision)
         held = 0
         if self._size.max_bytes is not None:
-            held = await held_bytes(
-                self._store, cid, owner, info.revision, info.stored_bytes, info.stored_revision
-            )
+            held = await held_bytes(self._store, cid, owner, info.revision, info)
         size = self._size.check(held, turn_bytes(turn))
         append = Append(cid, turn, info.revision, owner=owner, stored_bytes=size)
         return turn, await self._store.append(append)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -88,6 +89,23 @@ class Leases:
             raise TooManyRequests.running_turns()
         self._keeper.count(owner, holder)
 
+    async def place(self, owner: str) -> Callable[[], Awaitable[None]]:
+        """A place of its own for a provider call outside a turn (a stateless call, a relayed
+        compaction: the provider works on the operator's key all the same), taken now, or
+        TooManyRequests; what gives it back."""
+        holder = uuid.uuid4()
+        await self.take(owner, holder)
+        return functools.partial(self.free, owner, holder)
+
+    @asynccontextmanager
+    async def placed(self, owner: str) -> AsyncIterator[None]:
+        """``place`` for the time inside."""
+        give_back = await self.place(owner)
+        try:
+            yield
+        finally:
+            await give_back()
+
     def keep(self, owner: str, holder: uuid.UUID) -> None:
         """A place its caller took otherwise (a run, as it was made): renewed until ``free``."""
         self._keeper.count(owner, holder)
@@ -109,8 +127,12 @@ class Leases:
         holder, cid, started = run_id or uuid.uuid4(), plan.conversation_id, time.monotonic()
         deadline = started + (self.policy.queue_wait_s if self.policy.queue else 0)
         local = self._locks.hold(cid, wait_s=max(0.0, deadline - started))
+        placed = run_id is not None  # a run's place, taken when it was made
         try:
             if self._locks.taken(cid):  # another turn of this process has it: wait, counted
+                if placed:  # a turn that waits is not running: its place is given back
+                    await self.free(plan.owner, holder)
+                    placed = False
                 with metrics.TURNS_WAITING.track_inprogress():
                     await local.__aenter__()
             else:
@@ -120,11 +142,10 @@ class Leases:
         held = Held(None, holder)
         try:
             if plan.is_new:  # its id is new: no other turn can hold it (and it waited for none)
-                if run_id is None:
+                if not placed:
                     await self.take(plan.owner, holder)
                 yield held
                 return
-            self._keeper.count(plan.owner, holder)  # the lease statement takes the place
             async with self._leased(plan, held, started, deadline):
                 yield held
         finally:
@@ -169,7 +190,10 @@ class Leases:
         again at once (a release between the refusal and the subscription is not missed)."""
         attempt = await self._attempt(plan, holder)
         if attempt.acquired:
-            return _found(attempt)
+            return self._running(plan, holder, attempt)
+        # A turn that waits is not running: its place (a run's, taken when it was made) is
+        # given back meanwhile, and taken again with the lease.
+        await self.free(plan.owner, holder)
         if deadline <= time.monotonic():
             raise _busy()
         topic, poll = f"lease:{plan.conversation_id}", FIRST_POLL_S
@@ -178,7 +202,7 @@ class Leases:
                 released.clear()
                 attempt = await self._attempt(plan, holder)
                 if attempt.acquired:
-                    return _found(attempt)
+                    return self._running(plan, holder, attempt)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise _busy()
@@ -193,6 +217,11 @@ class Leases:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(wait, left)):
                         await released.wait()
+
+    def _running(self, plan: TurnPlan, holder: uuid.UUID, attempt: LeaseAttempt) -> Conversation:
+        """The lease is taken, and with it the turn's place: renewed from now on."""
+        self._keeper.count(plan.owner, holder)
+        return _found(attempt)
 
     async def _attempt(self, plan: TurnPlan, holder: uuid.UUID) -> LeaseAttempt:
         """One try; ConversationNotFound when there is no such conversation (of this owner)."""

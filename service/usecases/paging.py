@@ -7,12 +7,24 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator
+from typing import Protocol
 
 from service.core.model import Turn
 from service.core.sizes import turn_bytes
 from service.store.ports import ConversationStore
 
 PAGE_TURNS = 4  # turns per read of a walk over a conversation's turns
+
+
+class Stored(Protocol):
+    """What a conversation's row says of its size (Conversation, ConversationInfo)."""
+
+    @property
+    def stored_bytes(self) -> int | None: ...
+    @property
+    def stored_revision(self) -> int | None: ...
+    @property
+    def rewritten_at(self) -> int: ...
 
 
 async def walk(
@@ -36,17 +48,16 @@ async def walk(
 
 
 async def held_bytes(
-    store: ConversationStore, cid: uuid.UUID, owner: str, revision: int,
-    stored_bytes: int | None, stored_revision: int | None,
-) -> int:  # fmt: skip
+    store: ConversationStore, cid: uuid.UUID, owner: str, revision: int, stored: Stored
+) -> int:
     """What turns 1..``revision`` of the conversation hold (service/core/sizes.py): the size
     its row stores, counted up to ``stored_revision``, plus the turns after it, read a page
     at a time (those an older release committed since, which leave the count behind). Where
-    no size is stored (forked, an item removed), every turn is counted, once: the next commit
-    keeps the total."""
-    known = stored_bytes is not None and stored_revision is not None
-    if known and stored_revision is not None and stored_revision <= revision:
-        held, low = stored_bytes or 0, stored_revision + 1
+    no size is stored (forked, an item removed, here or by an older release since the count),
+    every turn is counted, once: the next commit keeps the total."""
+    counted, up_to = stored.stored_bytes, stored.stored_revision
+    if counted is not None and up_to is not None and stored.rewritten_at <= up_to <= revision:
+        held, low = counted, up_to + 1
     else:
         held, low = 0, 1
     async for _, turn in walk(store, cid, owner, low, revision, newest_first=False):

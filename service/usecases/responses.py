@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -203,8 +203,9 @@ class Responses:
     ) -> Reply:
         """A ``store: false`` call: relayed to the provider, nothing kept."""
         given = input if isinstance(input, list) else [{"role": "user", "content": input}]
-        resolved = await self._relay.resolve(owner, given)
-        reply = await self._relay.respond(resolved, client_tools(tools, set()), asked)
+        async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
+            resolved = await self._relay.resolve(owner, given)
+            reply = await self._relay.respond(resolved, client_tools(tools, set()), asked)
         if reply.incomplete_reason == "content_filter":
             raise ContentFiltered()
         return reply
@@ -212,7 +213,8 @@ class Responses:
     async def stateless_stream(
         self, owner: str, asked: Asked, input: str | list[Any], tools: Sequence[Any] | None
     ) -> AsyncGenerator[ProviderEvent, None]:
-        """A ``store: false`` call, streamed: the provider's events as they come."""
+        """A ``store: false`` call, streamed: the provider's events as they come. The caller
+        holds a place among the owner's running turns for it (``place``)."""
         given = input if isinstance(input, list) else [{"role": "user", "content": input}]
         resolved = await self._relay.resolve(owner, given)
         return self._relay.stream(list(resolved), client_tools(tools, set()), asked)
@@ -232,7 +234,13 @@ class Responses:
             items += await self._restorer.restore(owner, listed)
         if not items:
             raise InvalidInput("Send input or previous_response_id to compact.", param="input")
-        return await self._relay.compact(items, asked)
+        async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
+            return await self._relay.compact(items, asked)
+
+    async def place(self, owner: str) -> Callable[[], Awaitable[None]]:
+        """A place among ``owner``'s running turns for a provider call outside a turn (a
+        streamed stateless call), or TooManyRequests; what gives it back."""
+        return await self._turns.leases.place(owner)
 
     # --- a response's life after it ----------------------------------------------------------
 

@@ -124,13 +124,15 @@ class TurnRuns:
             return earlier.started
         if committed is not None and committed.turn_id is not None and plan.background:
             return Started(committed.turn_id, committed.conversation_id, "completed", None)
+        replay = committed is not None  # of an earlier commit: no provider call, no place
         try:
-            if not await self._store.create_run(new, self._heartbeat_s):
+            if not await self._store.create_run(new, self._heartbeat_s, counted=not replay):
                 raise TooManyRequests.running_turns()  # a JSON answer, before any stream
         except BaseException:
             await self._turns.release(plan)
             raise
-        self._turns.leases.keep(plan.owner, new.id)
+        if not replay:
+            self._turns.leases.keep(plan.owner, new.id)
         run = Run(new, plan, correlation_id, self._store)
         self._live[new.id] = run
         run.task = asyncio.get_running_loop().create_task(self._execute(run, committed))
@@ -160,9 +162,9 @@ class TurnRuns:
         finally:
             run.done()
             self._live.pop(run.id, None)
-            # Its commit gave its place back; a replayed earlier commit made none.
+            # Its commit gave its place back; a replayed earlier commit took none.
             ended = run.result is not None and run.result.revision is not None
-            await self._turns.leases.free(run.new.owner, run.id, committed=ended and not committed)
+            await self._turns.leases.free(run.new.owner, run.id, committed=ended or bool(committed))
 
     # --- what readers ask --------------------------------------------------------------------
 

@@ -350,10 +350,7 @@ class TurnService:
             return None
         point = plan.fork_of
         cid = point.source if point is not None else plan.conversation_id
-        return await held_bytes(
-            self.store, cid, plan.owner, conversation.revision, conversation.stored_bytes,
-            conversation.stored_revision,
-        )  # fmt: skip
+        return await held_bytes(self.store, cid, plan.owner, conversation.revision, conversation)
 
     def _stored_with(self, held: int | None, turn: Turn) -> int | None:
         """The conversation's size with ``turn`` (None: not counted), or ConversationFull."""
@@ -431,6 +428,7 @@ class TurnService:
             plan.conversation_id, point.revision, source.created_at, source.updated_at, turns,
             context_start=start, owner=plan.owner, first=start,
             stored_bytes=source.stored_bytes, stored_revision=source.stored_revision,
+            rewritten_at=source.rewritten_at,
         )  # fmt: skip
 
     async def _commit(

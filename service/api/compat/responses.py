@@ -345,6 +345,8 @@ async def stateless(
     """A ``store: false`` call: relayed, nothing kept; its id names nothing."""
     echo, rid = replace(echo, store=False), unstored_response_id()
     if asked.stream:
+        # Its place among the owner's running turns (or a JSON 429), held to the stream's end.
+        released_with_response(request.scope, await api.responses.place(api.owner))
         provider = await api.responses.stateless_stream(api.owner, ask, asked.input, asked.tools)
         rendering = Relayed(ResponseStream(rid, None, echo, started))
         cid = correlation_id(request.scope)

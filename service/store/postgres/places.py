@@ -1,14 +1,15 @@
 """OWNER_MAX_RUNNING_TURNS in PostgreSQL: each running turn holds a place among its owner's
 running turns (a row of ``owner_turns``, migration 0018), for every replica to count.
 
-A turn takes its place before the provider is called (``turnstore_take_turn()``: one owner's
-places are counted one at a time, under a transaction lock, each count in a snapshot taken
-after it, so two replicas never both take the last one) and gives it back when it ends; a
-replica that dies leaves places that stop counting at their ``until`` (renewed while their
-turns run). On plain PostgreSQL the place is taken and given back inside statements the turn
-makes anyway (its lease, its run's creation, its commit: ``folded``); on Citus the places
-live on the owner's worker and those statements run on the conversation's, so there the
-places have statements of their own (the store asks the server once which it is).
+There are as many places as the limit, numbered; a turn takes a free one before the provider
+is called (``turnstore_take_turn()``: the primary key (owner, place) lets no two turns hold
+one, so no more than the limit can run, and turns of one owner never queue for each other)
+and gives it back when it ends; a replica that dies leaves places that stop counting at their
+``until`` (renewed while their turns run). On plain PostgreSQL the place is taken and given
+back inside statements the turn makes anyway (its lease, its run's creation, its commit:
+``folded``); on Citus the places live on the owner's worker and those statements run on the
+conversation's, so there the places have statements of their own (the store asks the server
+once which it is).
 """
 
 from __future__ import annotations

@@ -151,6 +151,7 @@ class Rows:
             stored_response=row["expires_at"] is not None,
             stored_bytes=row["stored_bytes"],
             stored_revision=row["stored_revision"],
+            rewritten_at=row["rewritten_at"],
         )
 
     def conversation(self, row: Row, turns: list[Turn]) -> Conversation:

@@ -82,7 +82,7 @@ class PostgresRuns:
         """The run's id, and its conversation's if known (None: found by the id alone)."""
         return {"id": run_id, "cid": self._conversations.get(run_id)}
 
-    async def create_run(self, run: NewRun, heartbeat_s: float) -> bool:
+    async def create_run(self, run: NewRun, heartbeat_s: float, *, counted: bool = True) -> bool:
         key = await writing_key(self._keyring, run.owner) if run.response else None
         text = bytes(run.response).decode() if run.response else None
         clear, sealed = put(key, run_response_place(run.id), text)
@@ -91,14 +91,13 @@ class PostgresRuns:
             "background": run.background, "hb": heartbeat_s, "response": clear,
             "sealed_response": sealed,
         }  # fmt: skip
-        if await self._places.folded():
-            counted = {**params, **self._places.params(run.owner, run.id, heartbeat_s)}
-            if not (await self._rows(sql.CREATE_COUNTED, counted))[0]["taken"]:
+        if counted and await self._places.folded():
+            place = {**params, **self._places.params(run.owner, run.id, heartbeat_s)}
+            if not (await self._rows(sql.CREATE_COUNTED, place))[0]["taken"]:
                 return False
         else:  # Citus: the place first, on the owner's worker
-            if await self._places.apart() and not await self._places.take(
-                run.owner, run.id, heartbeat_s
-            ):
+            apart = counted and await self._places.apart()
+            if apart and not await self._places.take(run.owner, run.id, heartbeat_s):
                 return False
             await self._write(sql.CREATE, params)
         self._learn(run.id, run.conversation_id)

@@ -44,7 +44,8 @@ TURN_VALUES = """
 INFO = """
     conversations.id, conversations.revision, conversations.created_at,
     conversations.updated_at, conversations.metadata, conversations.sealed_metadata,
-    conversations.expires_at, conversations.stored_bytes, conversations.stored_revision
+    conversations.expires_at, conversations.stored_bytes, conversations.stored_revision,
+    conversations.rewritten_at
 """
 HEAD = """
     conversations.revision, conversations.created_at, conversations.updated_at,
@@ -97,7 +98,15 @@ TURNS_OF = f"""
 # the owner runs that many already. The commit (COMMIT_COUNTED) or FREE_TURN gives it back.
 TAKE_TURN_CALL = """turnstore_take_turn(:caller, :holder, CAST(:now AS timestamptz),
     CAST(:until AS timestamptz), CAST(:most AS integer))"""
-FREE_TURN = "DELETE FROM owner_turns WHERE owner = :caller AND holder = :holder"
+# A place being deleted by a take's sweep of expired ones is left to it (SKIP LOCKED: a
+# commit never waits for a take, so the two cannot deadlock; one the keeper is renewing at
+# that moment stays until it runs out).
+FREE_TURN = """
+    DELETE FROM owner_turns WHERE owner = :caller AND place IN (
+        SELECT place FROM owner_turns WHERE owner = :caller AND holder = :holder
+        FOR UPDATE SKIP LOCKED
+    )
+"""
 
 
 # A turn's commit: the conditional bump of its conversation (or the new conversation of its
@@ -310,7 +319,7 @@ FORK = f"""
             :caller, false, metadata, expires_at
         FROM src
         RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata, expires_at,
-            stored_bytes, stored_revision
+            stored_bytes, stored_revision, rewritten_at
     ), copied AS (
         INSERT INTO turns ({FORKED}, conversation_id)
         SELECT {FORKED}, :new FROM turns

@@ -97,6 +97,10 @@ class PostgresStore(Edits, Housekeeping):
                 return await self._sql.lease[folded].fetch(conn, params)
 
         rows = await written(take)
+        if rows and folded and rows[0]["acquired"] is None and rows[0]["counted"] is None:
+            # The lease was given back while the statement waited for its row: its snapshot
+            # saw it taken, so it took no place and left the lease free. Ask again at once.
+            rows = await written(take)
         if not rows:
             return LeaseAttempt(conversation=None, acquired=False)
         first = rows[0]

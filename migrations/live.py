@@ -9,6 +9,8 @@ Inside a migration (``op`` is Alembic's):
 - ``add_foreign_key_not_valid`` / ``add_check_not_valid`` then ``validate``: the constraint is
   enforced for new rows at once (a brief lock), and existing rows are checked later under a
   lock that lets reads and writes go on.
+- ``add_column_alone(op, "turns", "x", "integer")``: a column in a transaction of its own, for
+  a migration that changes more than one of the service's tables (see why there).
 - ``backfill(op, "UPDATE turns SET x = ... WHERE ctid = ANY(...)")``: in batches, each its own
   transaction, outside the schema change.
 - ``count(connection, "turns", "x IS NOT NULL")``: for a migration's ``losses``.
@@ -64,6 +66,19 @@ def create_index_concurrently(
 def drop_index_concurrently(op: Any, name: str) -> None:
     with op.get_context().autocommit_block():
         op.get_bind().execute(sa.text(f"DROP INDEX CONCURRENTLY IF EXISTS {name}"))
+
+
+def add_column_alone(op: Any, table: str, column: str, sql_type: str) -> None:
+    """``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` in a transaction of its own, for a migration
+    that adds columns to more than one of the service's tables: it then holds one table's lock
+    at a time. The service takes those locks in both orders (a cached lease statement locks
+    ``turns`` before ``conversations``, the commit function the other way), so a migration
+    holding one while it waits for the other can deadlock with a turn. Idempotent: a
+    migration retried after a lock wait ran out goes on where it stopped."""
+    with op.get_context().autocommit_block():
+        op.get_bind().execute(
+            sa.text(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
+        )
 
 
 def add_foreign_key_not_valid(

@@ -34,7 +34,6 @@ down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# In the service's lock order: conversations, then turns, then runs.
 COLUMNS = (
     ("conversations", "expires_at", sa.DateTime(timezone=True)),
     ("turns", "response_deleted", sa.Boolean),
@@ -46,8 +45,12 @@ COLUMNS = (
 
 
 def upgrade() -> None:
+    # Three of the service's tables: each column in a transaction of its own (a turn takes
+    # the locks of conversations and turns in either order; holding one while waiting for the
+    # other deadlocked with the previous release's lease statement in tests/test_rolling_upgrade).
+    dialect = op.get_bind().dialect
     for table, name, kind in COLUMNS:
-        op.add_column(table, sa.Column(name, kind))
+        live.add_column_alone(op, table, name, sa.types.to_instance(kind).compile(dialect=dialect))
 
 
 def downgrade() -> None:

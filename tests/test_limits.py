@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import AsyncExitStack, ExitStack
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -308,14 +308,14 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-async def test_reading_a_big_conversation_holds_a_page_not_the_conversation(
-    database: str, tmp_path: Path
-) -> None:
-    """One replica writes a ~60 MB conversation; another, fresh, serves every read of its
-    items: its peak memory grows by less than a page's bound (loading the whole conversation,
-    as every one of these reads did, grew a replica by ~500 MB for three times this size)."""
-    async with fake_api(FakeResponsesAPI()) as base_url:
-        env = turnstore_env(DATABASE_URL=database, **provider_env(base_url))
+@asynccontextmanager
+async def writer_and_reader(
+    database: str, tmp_path: Path, api: FakeResponsesAPI, **settings: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, int]]:
+    """Two replicas on ``database``: a client of the one that writes, a client of the fresh
+    one that reads, and the reader's pid (whose peak memory is measured)."""
+    async with fake_api(api) as base_url:
+        env = turnstore_env(DATABASE_URL=database, **provider_env(base_url), **settings)
         with ExitStack() as stack:
             writer = stack.enter_context(replica(env, tmp_path / "writer.log"))
             reader = stack.enter_context(replica(env, tmp_path / "reader.log"))
@@ -324,33 +324,48 @@ async def test_reading_a_big_conversation_holds_a_page_not_the_conversation(
                 httpx.AsyncClient(base_url=writer.url, timeout=60) as w,
                 httpx.AsyncClient(base_url=reader.url, timeout=60) as r,
             ):
-                conversation = (await w.post("/v1/conversations", json={})).json()["id"]
-                items = f"/v1/conversations/{conversation}/items"
-                text = "many words of a long appended history " * 1_250  # 47.5 KB
-                for n in range(60):
-                    batch = [{"role": "user", "content": f"{n}.{i} {text}"} for i in range(20)]
-                    added = await w.post(items, json={"items": batch})
-                    assert added.status_code == 200, added.text
-                first_id = added.json()["data"][0]["id"]
-                answer = await w.post("/v1/responses", json={"conversation": conversation,
-                                                             "input": "and now?"})  # fmt: skip
-                assert answer.status_code == 200, answer.text
-                response = answer.json()["id"]
-                before = peak_rss(reader.process.popen.pid)
-                reads = [
-                    ("GET", items, {"limit": 1}),
-                    ("GET", items, {"limit": 100, "order": "asc"}),
-                    ("GET", items, {"limit": 2, "after": first_id}),
-                    ("GET", f"{items}/msg_not_there", {}),
-                    ("DELETE", f"{items}/{first_id}", {}),
-                    ("GET", f"/v1/responses/{response}", {}),
-                    ("GET", f"/v1/responses/{response}/input_items", {}),
-                ]
-                statuses = [
-                    (await r.request(method, url, params=params)).status_code
-                    for method, url, params in reads
-                ]
-                grown = peak_rss(reader.process.popen.pid) - before
+                yield w, r, reader.process.popen.pid
+
+
+async def sixty_megabytes(w: httpx.AsyncClient) -> tuple[str, str]:
+    """A /v1 conversation of ~60 MB of appended items: its id and its first item's id."""
+    conversation = (await w.post("/v1/conversations", json={})).json()["id"]
+    text = "many words of a long appended history " * 1_250  # 47.5 KB
+    for n in range(60):
+        batch = [{"role": "user", "content": f"{n}.{i} {text}"} for i in range(20)]
+        added = await w.post(f"/v1/conversations/{conversation}/items", json={"items": batch})
+        assert added.status_code == 200, added.text
+    return conversation, added.json()["data"][0]["id"]
+
+
+async def test_reading_a_big_conversation_holds_a_page_not_the_conversation(
+    database: str, tmp_path: Path
+) -> None:
+    """One replica writes a ~60 MB conversation; another, fresh, serves every read of its
+    items: its peak memory grows by less than a page's bound (loading the whole conversation,
+    as every one of these reads did, grew a replica by ~500 MB for three times this size)."""
+    async with writer_and_reader(database, tmp_path, FakeResponsesAPI()) as (w, r, pid):
+        conversation, first_id = await sixty_megabytes(w)
+        items = f"/v1/conversations/{conversation}/items"
+        answer = await w.post("/v1/responses", json={"conversation": conversation,
+                                                     "input": "and now?"})  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        response = answer.json()["id"]
+        before = peak_rss(pid)
+        reads = [
+            ("GET", items, {"limit": 1}),
+            ("GET", items, {"limit": 100, "order": "asc"}),
+            ("GET", items, {"limit": 2, "after": first_id}),
+            ("GET", f"{items}/msg_not_there", {}),
+            ("DELETE", f"{items}/{first_id}", {}),
+            ("GET", f"/v1/responses/{response}", {}),
+            ("GET", f"/v1/responses/{response}/input_items", {}),
+        ]
+        statuses = [
+            (await r.request(method, url, params=params)).status_code
+            for method, url, params in reads
+        ]
+        grown = peak_rss(pid) - before
     assert statuses == [200, 200, 200, 404, 400, 200, 200]
     assert grown < PAGE_BOUND, f"the reader's peak memory grew by {grown / MIB:.0f} MiB"
 
@@ -372,30 +387,16 @@ async def test_a_turn_of_a_big_conversation_loads_its_window_not_the_history(
     it on a fresh replica (warmed up by a turn of a small conversation first) grows that
     replica's peak memory by less than TURN_BOUND, and its provider request is its window."""
     api = FakeResponsesAPI()
-    async with fake_api(api) as base_url:
-        env = turnstore_env(DATABASE_URL=database, CONTEXT_MAX_TURNS="2", **provider_env(base_url))
-        with ExitStack() as stack:
-            writer = stack.enter_context(replica(env, tmp_path / "writer.log"))
-            reader = stack.enter_context(replica(env, tmp_path / "reader.log"))
-            await asyncio.gather(wait_ready(writer), wait_ready(reader))
-            async with (
-                httpx.AsyncClient(base_url=writer.url, timeout=60) as w,
-                httpx.AsyncClient(base_url=reader.url, timeout=60) as r,
-            ):
-                conv = (await w.post("/v1/conversations", json={})).json()["id"]
-                cid = conv.removeprefix("conv_")
-                text = "many words of a long appended history " * 1_250  # 47.5 KB
-                for n in range(60):
-                    batch = [{"role": "user", "content": f"{n}.{i} {text}"} for i in range(20)]
-                    added = await w.post(f"/v1/conversations/{conv}/items", json={"items": batch})
-                    assert added.status_code == 200, added.text
-                moved = await w.post(CHAT, json={"conversation_id": cid, "message": "sum up"})
-                assert moved.status_code == 200, moved.text  # its window: the latest turns
-                warm = await r.post(CHAT, json={"message": "warm up"})
-                assert warm.status_code == 200, warm.text
-                before = peak_rss(reader.process.popen.pid)
-                turn = await r.post(CHAT, json={"conversation_id": cid, "message": "and now?"})
-                grown = peak_rss(reader.process.popen.pid) - before
+    async with writer_and_reader(database, tmp_path, api, CONTEXT_MAX_TURNS="2") as (w, r, pid):
+        conv, _ = await sixty_megabytes(w)
+        cid = conv.removeprefix("conv_")
+        moved = await w.post(CHAT, json={"conversation_id": cid, "message": "sum up"})
+        assert moved.status_code == 200, moved.text  # its window: the latest turns
+        warm = await r.post(CHAT, json={"message": "warm up"})
+        assert warm.status_code == 200, warm.text
+        before = peak_rss(pid)
+        turn = await r.post(CHAT, json={"conversation_id": cid, "message": "and now?"})
+        grown = peak_rss(pid) - before
     assert turn.status_code == 200, turn.text
     assert grown < TURN_BOUND, f"the replica's peak memory grew by {grown / MIB:.0f} MiB"
     sent = api.requests[-1]["input"]

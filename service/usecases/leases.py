@@ -13,6 +13,12 @@ it back. The conditional commit on the revision stays the final guard.
 Within a process, turns of one conversation first queue on an in-process lock (no database
 traffic for them), with the same outcomes: ``reject`` refuses at once, ``queue`` waits up to
 the same deadline.
+
+A running turn also holds a place among its owner's running turns (OWNER_MAX_RUNNING_TURNS,
+store/postgres/places.py): taken with the lease (a new conversation's turn, which has no
+lease, by ``take``), renewed with the leases, given back by the commit or on the way out. A
+turn that waits holds none; past the limit a turn is TooManyRequests before the provider is
+called. Provider calls outside a turn (a stateless call) hold one too (``place``).
 """
 
 from __future__ import annotations
@@ -191,11 +197,11 @@ class Leases:
         attempt = await self._attempt(plan, holder)
         if attempt.acquired:
             return self._running(plan, holder, attempt)
+        if deadline <= time.monotonic():
+            raise _busy()
         # A turn that waits is not running: its place (a run's, taken when it was made) is
         # given back meanwhile, and taken again with the lease.
         await self.free(plan.owner, holder)
-        if deadline <= time.monotonic():
-            raise _busy()
         topic, poll = f"lease:{plan.conversation_id}", FIRST_POLL_S
         async with self._notifications.subscribe(topic) as released:
             while True:

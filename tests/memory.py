@@ -52,7 +52,7 @@ from service.core.model import (
     since,
 )
 from service.core.plans import check_precondition
-from service.core.sizes import held_bytes
+from service.core.sizes import held_bytes, turn_bytes
 from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
@@ -240,6 +240,13 @@ class MemoryStore:
                 found.lease_expires_at = _now() + timedelta(seconds=lease_s)
                 renewed.add(conversation_id)
         return renewed
+
+    async def turn_sizes(
+        self, conversation_id: UUID, owner: str, low: int, high: int
+    ) -> list[tuple[int, int | None]]:
+        found = self._live(conversation_id, owner)
+        turns = [] if found is None else found.turns
+        return [(t.number or 0, turn_bytes(t)) for t in turns if low <= (t.number or 0) <= high]
 
     async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
         now, running = _now(), self._running.setdefault(owner, {})

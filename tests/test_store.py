@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import msgspec
 import pytest
@@ -28,13 +29,16 @@ from service.core.model import (
     Append,
     Committed,
     Conversation,
+    ConversationInfo,
     IdempotencyKey,
     LeaseRequest,
     Turn,
 )
+from service.core.sizes import turn_bytes
 from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine
 from service.store.postgres import Keyring, PostgresStore
+from service.usecases.paging import held_bytes
 from tests.memory import MemoryStore
 
 AnyStore = PostgresStore | MemoryStore
@@ -485,6 +489,39 @@ async def test_a_compacted_context_is_kept_with_its_turn_byte_for_byte(
     await store.pop_item(cid, "alice", frozenset({2}))
     popped = await store.load(cid, "alice")
     assert popped is not None and list(popped.turns[-1].compacted) == list(compacted)
+
+
+async def test_turn_sizes_are_what_each_turn_holds_measured_without_reading_it(
+    contract_store: AnyStore,
+) -> None:
+    """As service/core/sizes.py counts them (the items' bytes as sent, compacted context
+    included); a store that cannot measure a sealed turn says None (it is read instead)."""
+    store, cid = contract_store, uuid.uuid4()
+    compacting = replace(turn(2), compacted=[msgspec.Raw(b'{"type":"compaction" , "n":1}')])
+    empty = replace(turn(3), replay_items=[])
+    for n, each in enumerate((turn(1), compacting, empty)):
+        await store.append(Append(cid, each, n))
+    sizes = await store.turn_sizes(cid, ANONYMOUS, 1, 3)
+    assert [seq for seq, _ in sizes] == [1, 2, 3]
+    expected = [turn_bytes(t) for t in (turn(1), compacting, empty)]
+    sealed = isinstance(store, PostgresStore) and store.keyring is not None
+    assert [size for _, size in sizes] == ([None] * 3 if sealed else expected)
+    assert await store.turn_sizes(cid, "someone else", 1, 3) == []
+
+
+async def test_a_conversation_without_a_stored_size_is_counted_whole(
+    contract_store: AnyStore,
+) -> None:
+    """usecases/paging.held_bytes over every store: measured where the database can, read
+    where it cannot (sealed), the same total; from the stored count on where there is one."""
+    store, cid = contract_store, uuid.uuid4()
+    turns = [turn(1), turn(2), replace(turn(3), compacted=[msgspec.Raw(b'{"type":"c"}')])]
+    for n, each in enumerate(turns):
+        await store.append(Append(cid, each, n))
+    unknown = ConversationInfo(cid, 3, datetime.now(UTC), datetime.now(UTC), {})
+    assert await held_bytes(store, cid, ANONYMOUS, 3, unknown) == sum(map(turn_bytes, turns))
+    at_two = replace(unknown, stored_bytes=7, stored_revision=2)
+    assert await held_bytes(store, cid, ANONYMOUS, 3, at_two) == 7 + turn_bytes(turns[2])
 
 
 # --- OWNER_MAX_RUNNING_TURNS: an owner's places among the running turns ----------------------

@@ -121,6 +121,11 @@ class CachedStore:
     async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
         return await self._inner.renew_leases(leases, lease_s)
 
+    async def turn_sizes(
+        self, conversation_id: UUID, owner: str, low: int, high: int
+    ) -> list[tuple[int, int | None]]:
+        return await self._inner.turn_sizes(conversation_id, owner, low, high)
+
     async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
         return await self._inner.take_turn(owner, holder, lease_s)
 

@@ -62,6 +62,13 @@ class ConversationStore(Protocol):
         revision, oldest or newest first (a paged read: memory bounded by the page); none
         for a conversation ``load`` would not find. Raises StorageError."""
 
+    async def turn_sizes(
+        self, conversation_id: UUID, owner: str, low: int, high: int
+    ) -> list[tuple[int, int | None]]:
+        """What each of its turns ``low``..``high`` holds (service/core/sizes.py), with its
+        revision, oldest first, without reading their items into memory; None for a turn
+        the database cannot measure (sealed: read it to count it). Raises StorageError."""
+
     async def append(self, append: Append) -> Commit:
         """Commit the turn in one transaction (see ``Append``); a completed Idempotency-Key
         then names this commit. Raises ConversationConflict (nothing written) when another

@@ -1,6 +1,6 @@
 """Reading a conversation's turns a page at a time: what a reader holds is a page, whatever
-the conversation's size (the contract's Limits). The item listings walk its turns this way,
-and a conversation whose size is not stored is counted this way, once.
+the conversation's size (the contract's Limits). The item listings walk its turns this way.
+And what a conversation holds (MAX_CONVERSATION_BYTES) where its row does not say it all.
 """
 
 from __future__ import annotations
@@ -51,15 +51,21 @@ async def held_bytes(
     store: ConversationStore, cid: uuid.UUID, owner: str, revision: int, stored: Stored
 ) -> int:
     """What turns 1..``revision`` of the conversation hold (service/core/sizes.py): the size
-    its row stores, counted up to ``stored_revision``, plus the turns after it, read a page
-    at a time (those an older release committed since, which leave the count behind). Where
-    no size is stored (forked, an item removed, here or by an older release since the count),
-    every turn is counted, once: the next commit keeps the total."""
+    its row stores, counted up to ``stored_revision``, plus the turns after it (those an older
+    release committed since, which leave the count behind). Where no size is stored (forked,
+    an item removed, here or by an older release since the count), every turn is counted,
+    once: the next commit keeps the total. Turns are measured in the database, in one read;
+    the ones it cannot measure (sealed) are read one at a time."""
     counted, up_to = stored.stored_bytes, stored.stored_revision
     if counted is not None and up_to is not None and stored.rewritten_at <= up_to <= revision:
         held, low = counted, up_to + 1
     else:
         held, low = 0, 1
-    async for _, turn in walk(store, cid, owner, low, revision, newest_first=False):
-        held += turn_bytes(turn)
+    if low > revision:
+        return held
+    for seq, size in await store.turn_sizes(cid, owner, low, revision):
+        if size is None:
+            turn = await store.turn(cid, owner, seq)
+            size = turn_bytes(turn) if turn is not None else 0
+        held += size
     return held

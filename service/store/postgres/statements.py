@@ -109,6 +109,22 @@ FREE_TURN = """
 """
 
 
+# What each turn :low..:high holds (service/core/sizes.py: its items' bytes as sent), measured
+# where it lies: an items column is stored as "[" + the items joined by "," + "]" (msgspec
+# splices them), so its items are its length less the brackets and commas. A sealed turn is
+# NULL (the process reads it to count it).
+ITEMS_BYTES = """(octet_length(CAST({column} AS text)) - 2
+    - greatest(json_array_length({column}) - 1, 0))"""
+TURN_SIZES = f"""
+    SELECT turns.seq,
+        {ITEMS_BYTES.format(column="turns.replay_items")}
+        + coalesce({ITEMS_BYTES.format(column="turns.compacted")}, 0) AS size
+    FROM conversations JOIN turns
+        ON turns.conversation_id = conversations.id AND turns.seq BETWEEN :low AND :high
+    WHERE {THE_CONVERSATION}
+    ORDER BY turns.seq
+"""
+
 # A turn's commit: the conditional bump of its conversation (or the new conversation of its
 # first turn, :expected 0), its row at the new revision and its Idempotency-Key completed
 # (:idem_key NULL: none); none of it if the conversation moved on, is gone, or another turn's
@@ -450,6 +466,7 @@ class Statements:
             False: compiled(TURNS_OF.replace("{order}", "ASC")),
             True: compiled(TURNS_OF.replace("{order}", "DESC")),
         }
+        self.turn_sizes = compiled(TURN_SIZES)
         self.lease = {counted: compiled(leased(counted)) for counted in (False, True)}
         self.commit = {counted: compiled(COMMIT_COUNTED if counted else COMMIT)
                        for counted in (False, True)}  # fmt: skip

@@ -84,6 +84,14 @@ class PostgresStore(Edits, Housekeeping):
         codec = await reading(self._keyring, owner, conversation_id, rows)
         return [(row["seq"], codec.turn(row)) for row in rows]
 
+    async def turn_sizes(
+        self, conversation_id: UUID, owner: str, low: int, high: int
+    ) -> list[tuple[int, int | None]]:
+        params = {"cid": conversation_id, "caller": owner, "low": low, "high": high}
+        async with driver(self._engine, write=False) as conn:
+            rows = await self._sql.turn_sizes.fetch(conn, params)
+        return [(row["seq"], row["size"]) for row in rows]
+
     async def lease(self, ask: LeaseRequest) -> LeaseAttempt:
         conversation_id, owner, after_revision = ask.conversation_id, ask.owner, ask.after_revision
         params = {

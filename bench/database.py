@@ -34,7 +34,7 @@ def server() -> Iterator[str]:
     if embedded.started_here and not asyncio.run(_preloaded(embedded.url)):
         # pg_stat_statements counts the statements of a turn (bench/dbwork.py): it must be
         # loaded at start, so the bench's own server is restarted once with it.
-        asyncio.run(_admin(embedded.url, _PRELOAD))
+        asyncio.run(admin(embedded.url, _PRELOAD))
         embedded.stop()
         embedded = ensure_embedded_postgres(root)
     try:
@@ -63,7 +63,8 @@ def libpq_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(False)
 
 
-async def _admin(url: str, statement: str) -> None:
+async def admin(url: str, statement: str) -> None:
+    """One statement on its own connection (database and function definitions)."""
     conn = await asyncpg.connect(libpq_url(url))
     try:
         await conn.execute(statement)
@@ -75,15 +76,15 @@ async def _admin(url: str, statement: str) -> None:
 def fresh_database(server_url: str) -> Iterator[str]:
     """A new database migrated to turnstore's head, dropped afterwards."""
     name = f"turnstore_bench_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(server_url, f'CREATE DATABASE "{name}"'))
+    asyncio.run(admin(server_url, f'CREATE DATABASE "{name}"'))
     url = make_url(server_url).set(database=name).render_as_string(False)
     try:
         migrate.upgrade(sqlalchemy_url(url))
         with contextlib.suppress(asyncpg.PostgresError):  # counted where the server has it
-            asyncio.run(_admin(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+            asyncio.run(admin(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
         yield url
     finally:
-        asyncio.run(_admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        asyncio.run(admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 async def relation_bytes(url: str, tables: tuple[str, ...]) -> int:

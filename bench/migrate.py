@@ -33,7 +33,7 @@ import asyncpg
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
-from bench.database import libpq_url, sqlalchemy_url
+from bench.database import admin, libpq_url, sqlalchemy_url
 from migrations import runner
 from service.platform import migrate
 from tests.previous_release import prepare, previous_commit
@@ -76,23 +76,15 @@ class Result:
 @contextmanager
 def _database(server_url: str) -> Iterator[str]:
     name = f"turnstore_bench_migrate_{uuid.uuid4().hex[:8]}"
-    asyncio.run(_admin(server_url, f'CREATE DATABASE "{name}"'))
+    asyncio.run(admin(server_url, f'CREATE DATABASE "{name}"'))
     try:
         yield libpq_url(_with_database(server_url, name))
     finally:
-        asyncio.run(_admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        asyncio.run(admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def _with_database(url: str, name: str) -> str:
     return make_url(url).set(database=name).render_as_string(hide_password=False)
-
-
-async def _admin(url: str, statement: str) -> None:
-    conn = await asyncpg.connect(libpq_url(url))
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 _FILL = [

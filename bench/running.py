@@ -19,7 +19,7 @@ from pathlib import Path
 import asyncpg
 
 from bench import e2e
-from bench.database import libpq_url
+from bench.database import admin, libpq_url
 from bench.e2e import E2EResult
 from service.platform import migrate
 
@@ -50,26 +50,18 @@ async def _definition(url: str) -> str:
         await conn.close()
 
 
-async def _define(url: str, definition: str) -> None:
-    conn = await asyncpg.connect(libpq_url(url))
-    try:
-        await conn.execute(definition)
-    finally:
-        await conn.close()
-
-
 def run(url: str, log_dir: Path) -> RunningResult:
     migrate.upgrade(url)  # the function must exist to be read
     shipped = asyncio.run(_definition(url))
     counted, uncounted = [], []
     try:
         for n in range(ROUNDS):
-            asyncio.run(_define(url, shipped))
+            asyncio.run(admin(url, shipped))
             counted.append(e2e.run(url, log_dir, 0, name=f"running-counted-{n}"))
-            asyncio.run(_define(url, UNCOUNTED))
+            asyncio.run(admin(url, UNCOUNTED))
             uncounted.append(e2e.run(url, log_dir, 0, name=f"running-uncounted-{n}"))
     finally:
-        asyncio.run(_define(url, shipped))
+        asyncio.run(admin(url, shipped))
     return RunningResult(counted, uncounted)
 
 

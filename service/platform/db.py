@@ -91,11 +91,12 @@ def _skip_closed(connection: Any, record: Any, proxy: Any) -> None:
     its event loop has seen the close, and before that the socket is readable (an idle
     connection of the pool has nothing to read but the server's goodbye)."""
     driver = connection.driver_connection
-    if driver.is_closed() or _readable(driver):
+    if driver.is_closed() or readable(driver):
         raise DisconnectionError("the server closed this connection")
 
 
-def _readable(driver: Any) -> bool:
+def readable(driver: Any) -> bool:
+    """Whether an idle connection's socket has something to read: the server's goodbye."""
     transport = getattr(driver, "_transport", None)  # asyncpg's, not public
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None:

@@ -13,7 +13,7 @@ from service.store.postgres import idempotency as idem
 from service.store.postgres import run_statements
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.sealed import writing_key
-from service.store.postgres.tx import driver, sql, written
+from service.store.postgres.tx import driver, in_use, sql, written
 
 # What is left of an owner: their conversations, runs and Idempotency-Key records, and the
 # rows that count their running turns and forks (OWNER_MAX_RUNNING_TURNS, ..._FORKS_...).
@@ -133,7 +133,7 @@ class Housekeeping(Adapter):
         return Readiness(None if version is None else str(version), state["writable"], keyring)
 
     def pool_in_use(self) -> int:
-        return self._engine.sync_engine.pool.checkedout()  # type: ignore[attr-defined,no-any-return]
+        return in_use(self._engine)
 
     async def close(self) -> None:
         await self._engine.dispose()

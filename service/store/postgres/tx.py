@@ -5,6 +5,7 @@ with one failure mapping."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -18,7 +19,7 @@ from sqlalchemy.pool import QueuePool
 from sqlalchemy.util import greenlet_spawn
 
 from service.core.errors import StorageError
-from service.platform.db import POOL_TIMEOUT_S
+from service.platform.db import POOL_TIMEOUT_S, readable
 
 # What a database failure looks like, from SQLAlchemy or from the driver underneath it.
 _FAILURES = (
@@ -47,37 +48,25 @@ def sqlstate(exc: BaseException | None) -> str | None:
 
 @asynccontextmanager
 async def _checked_out(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
-    """The asyncpg connection of a pooled one, straight from the engine's pool (its checkout
-    check included, platform/db.py): one greenlet hop to check it out and one to give it back,
-    where ``engine.connect()`` built a Connection and an AsyncConnection and made three (a
-    plain turn's two statements spent 0.27 ms of server CPU more so, bench/README.md section
-    8). Any database failure becomes StorageError, and the connection it happened on is
-    discarded: after a failover or a restart the pool must not hand out a session that is
-    read-only or half-dead. A read-only refusal discards every idle session: one opened while
-    the database was read-only stays so after it is writable again."""
-    limit = _limit(engine)
+    """The asyncpg connection of a pooled one, lent to this event loop (``_Lent``). Any
+    database failure becomes StorageError, and the connection it happened on is discarded:
+    after a failover or a restart the pool must not hand out a session that is read-only or
+    half-dead. A read-only refusal discards every idle session: one opened while the database
+    was read-only stays so after it is writable again."""
+    lent = _Lent.of(engine)
     try:
-        if limit is not None and limit.locked():
-            async with asyncio.timeout(POOL_TIMEOUT_S):
-                await limit.acquire()
-        elif limit is not None:
-            await limit.acquire()  # free: taken without suspending
+        fairy = await lent.take()
         try:
-            fairy = await greenlet_spawn(engine.sync_engine.pool.connect)  # dispose() replaces it
-            try:
-                connection = fairy.driver_connection
-                assert connection is not None  # a checked-out connection always has one
-                yield connection
-            except _FAILURES as exc:
-                await greenlet_spawn(fairy.invalidate, exc)  # which gives it back
-                raise
-            except BaseException:
-                await asyncio.shield(greenlet_spawn(fairy.close))  # cancelled: given back anyway
-                raise
-            await greenlet_spawn(fairy.close)
-        finally:
-            if limit is not None:
-                limit.release()
+            connection = fairy.driver_connection
+            assert connection is not None  # a checked-out connection always has one
+            yield connection
+        except _FAILURES as exc:
+            await lent.discard(fairy, exc)
+            raise
+        except BaseException:
+            await asyncio.shield(lent.give_back(fairy))  # cancelled: given back anyway
+            raise
+        await lent.give_back(fairy)
     except _FAILURES as exc:
         state = sqlstate(exc)
         if state == READ_ONLY:
@@ -85,26 +74,128 @@ async def _checked_out(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]
         raise StorageError(sqlstate=state) from exc
 
 
-_limits: weakref.WeakKeyDictionary[sa.Engine, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]]
-_limits = weakref.WeakKeyDictionary()
+class _Lent:
+    """The engine's pooled connections as this event loop's statements use them.
+
+    A statement takes a connection that an earlier statement gave back here, without asking
+    SQLAlchemy's pool: a checkout and a check-in through the pool are a greenlet hop each
+    (the pool's code runs synchronously, and may have to connect), and a plain turn makes two
+    of each per statement: 0.2 ms of its server CPU (bench/README.md, section 8). Only when
+    none is idle here does a statement check one out of the pool. So connections stay
+    checked out of the pool while idle here; they are the pool's as before: no more of them
+    than its size (turns wait for one in asyncio, ``limit``), the pool's checkout check for
+    each one it hands out, and here the same check (``_closed``) before one is lent again.
+    ``engine.dispose()`` closes the idle ones too (the engine's ``engine_disposed`` event),
+    so a read-only refusal, a failover or shutdown leaves none behind; one in use then goes
+    back to the old pool, as it did. One per engine and event loop (asyncpg's connections
+    belong to the loop that made them)."""
+
+    def __init__(self, engine: AsyncEngine, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._engine = engine.sync_engine
+        self.idle: list[Any] = []  # _ConnectionFairy, checked out of the engine's pool
+        self.limit = _limit(self._engine.pool)
+
+    @classmethod
+    def of(cls, engine: AsyncEngine) -> _Lent:
+        sync, loop = engine.sync_engine, asyncio.get_running_loop()
+        lent = _lents.get(sync)
+        if lent is not None and lent.loop is loop:
+            return lent
+        if lent is None:
+            sa.event.listen(sync, "engine_disposed", _close_idle)
+        else:  # another event loop's (tests): its connections cannot be used from this one
+            lent.drop()
+        lent = _lents[sync] = cls(engine, loop)
+        return lent
+
+    async def take(self) -> Any:
+        """A connection for one statement (group), or a failure of the pool's."""
+        limit = self.limit
+        if limit is not None and limit.locked():
+            async with asyncio.timeout(POOL_TIMEOUT_S):
+                await limit.acquire()
+        elif limit is not None:
+            await limit.acquire()  # free: taken without suspending
+        try:
+            while self.idle:
+                fairy = self.idle.pop()
+                if fairy._pool is not self._engine.pool:  # disposed without closing
+                    await greenlet_spawn(fairy.close)
+                elif _closed(fairy.driver_connection):  # the server closed it meanwhile
+                    await greenlet_spawn(fairy.invalidate)
+                else:
+                    return fairy
+            return await greenlet_spawn(self._engine.pool.connect)  # dispose() replaces it
+        except BaseException:
+            if limit is not None:
+                limit.release()
+            raise
+
+    async def give_back(self, fairy: Any) -> None:
+        """A connection whose statements ended (in a transaction: it ended inside its block),
+        idle here again; one of a pool disposed meanwhile goes back to that pool."""
+        try:
+            if fairy._pool is self._engine.pool and fairy.is_valid:
+                self.idle.append(fairy)
+            else:
+                await greenlet_spawn(fairy.close)
+        finally:
+            if self.limit is not None:
+                self.limit.release()
+
+    async def discard(self, fairy: Any, exc: BaseException) -> None:
+        try:
+            await greenlet_spawn(fairy.invalidate, exc)  # which gives it back
+        finally:
+            if self.limit is not None:
+                self.limit.release()
+
+    def close_idle(self) -> None:
+        """In ``engine.dispose()``'s greenlet: each idle connection closed."""
+        idle, self.idle = self.idle, []
+        for fairy in idle:
+            fairy.invalidate()
+
+    def drop(self) -> None:
+        """Another event loop's: closed at once, without awaiting (it cannot be awaited)."""
+        idle, self.idle = self.idle, []
+        for fairy in idle:
+            with contextlib.suppress(Exception):
+                fairy.driver_connection.terminate()
+                fairy.invalidate()
 
 
-def _limit(engine: AsyncEngine) -> asyncio.Semaphore | None:
+_lents: weakref.WeakKeyDictionary[sa.Engine, _Lent] = weakref.WeakKeyDictionary()
+
+
+def _close_idle(engine: sa.Engine) -> None:
+    lent = _lents.get(engine)
+    if lent is not None:
+        lent.close_idle()
+
+
+def _closed(connection: Any) -> bool:
+    """The checkout check of platform/db.py, for a connection idle here."""
+    return bool(connection.is_closed() or readable(connection))
+
+
+def in_use(engine: AsyncEngine) -> int:
+    """The pool's connections running statements now (idle ones lent here not counted)."""
+    lent = _lents.get(engine.sync_engine)
+    idle = len(lent.idle) if lent is not None else 0
+    return engine.sync_engine.pool.checkedout() - idle  # type: ignore[attr-defined,no-any-return]
+
+
+def _limit(pool: sa.Pool) -> asyncio.Semaphore | None:
     """Turns wait for a connection here, in asyncio, rather than in the pool: a checkout then
     always finds a connection free, which SQLAlchemy's queue hands out without awaiting, where
     a wait in it is a greenlet switch, an ``asyncio.wait_for`` and a queue's futures (a plain
     turn at 32 turns in flight on a pool of 10 spent more on waiting there than on its two
-    statements). One per engine and event loop; none for a pool without a fixed size."""
-    sync, loop = engine.sync_engine, asyncio.get_running_loop()
-    known = _limits.get(sync)
-    if known is not None and known[0] is loop:
-        return known[1]
-    pool = sync.pool
+    statements). None for a pool without a fixed size."""
     if not isinstance(pool, QueuePool) or pool.size() <= 0 or pool._max_overflow < 0:
         return None  # no limit to wait for
-    limit = asyncio.Semaphore(pool.size() + pool._max_overflow)
-    _limits[sync] = (loop, limit)
-    return limit
+    return asyncio.Semaphore(pool.size() + pool._max_overflow)
 
 
 async def written(write: Callable[[], Awaitable[T]]) -> T:

@@ -39,7 +39,7 @@ from service.api.turns import TurnController
 from service.core.plans import PlanRules, claim_lease_s
 from service.core.sizes import SizeLimit
 from service.core.window import Budget, SystemPrompt
-from service.platform import tracing
+from service.platform import heap, tracing
 from service.platform.db import create_engine, resolve_database
 from service.platform.logs import configure as configure_logging
 from service.platform.settings import Settings, SettingsError
@@ -377,7 +377,9 @@ def _app_from_environment() -> Litestar:
         sys.stderr.write(f"turnstore: {exc}\n")
         raise SystemExit(2) from None
     configure_logging(settings.log_format, settings.log_level.upper())
-    return create_app(settings)
+    app = create_app(settings)
+    app.on_startup.append(heap.freeze_startup)  # served: after the lifespan's start
+    return app
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,13 @@ from litestar import Litestar, Request, Router
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
-from litestar.openapi.spec import Components, Schema
+from litestar.openapi.spec import (
+    Components,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    OpenAPIType,
+    Schema,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api import console
@@ -317,6 +323,7 @@ def create_app(
         debug=False,
     )
     _close_request_schemas(app)
+    _document_event_streams(app)
     # Every request and response passes the edge (service/api/edge.py), outside the router:
     # unmatched routes too. No Litestar middleware: each route's stack stays the handler's.
     app.asgi_handler = Edge(app.asgi_handler, _rules(settings))
@@ -330,6 +337,16 @@ def _close_request_schemas(app: Litestar) -> None:
         schema = schemas.get(struct.__name__)
         if isinstance(schema, Schema):
             schema.additional_properties = False
+
+
+def _document_event_streams(app: Litestar) -> None:
+    """``POST /v1/responses`` answers 200 with a Response, or with ``"stream": true`` its
+    event stream: both are documented (Litestar documents one media type per status)."""
+    operation = app.openapi_schema.paths["/v1/responses"].post  # type: ignore[index]
+    ok = operation.responses["200"] if operation and operation.responses else None
+    if isinstance(ok, OpenAPIResponse) and ok.content is not None:
+        stream = Schema(type=OpenAPIType.STRING, description="Server-Sent Events")
+        ok.content["text/event-stream"] = OpenAPIMediaType(schema=stream)
 
 
 def _openapi(components: Components) -> OpenAPIConfig:

@@ -138,3 +138,6 @@ async def test_health_readiness_and_openapi(client: httpx.AsyncClient) -> None:
         "/api/v1/chat/stream",
         "/api/v1/conversations/{conversation_id}",
     } <= set(schema["paths"])
+    # POST /v1/responses answers a Response, or (stream) its events: both documented.
+    answers = schema["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]
+    assert {"application/json", "text/event-stream"} <= set(answers)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 from typing import Literal
 from uuid import UUID
 
@@ -141,6 +142,12 @@ class Turn:
     # The revision it made, as read back (None: not committed yet). Revisions have gaps: the
     # removal of an item moves the latest turn to the next revision (``pop_item``).
     number: int | None = None
+
+    @cached_property
+    def replay_bytes(self) -> int:
+        """Its replay items' bytes, counted once per turn (a turn is read into memory once and
+        then sent with every turn of its window: its size is asked each time)."""
+        return sum(map(len, self.replay_items))
 
     def said(self) -> tuple[Said, ...]:
         if self.transcript is not None:

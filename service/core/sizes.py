@@ -16,7 +16,7 @@ from service.core.model import Turn
 
 def turn_bytes(turn: Turn) -> int:
     """What ``turn`` stores: its replay items and its compacted context."""
-    return sum(len(item) for item in turn.replay_items) + sum(len(i) for i in turn.compacted)
+    return turn.replay_bytes + sum(map(len, turn.compacted))
 
 
 def held_bytes(turns: Iterable[Turn]) -> int:

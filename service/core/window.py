@@ -104,15 +104,28 @@ def choose_window(
     left out."""
     numbered = [(turn.number or n, turn) for n, turn in enumerate(turns, 1)]
     compacting = max((n for n, turn in numbered if turn.compacted), default=0)
-    sendable = [_sendable(turn, origin, n == compacting) for n, turn in numbered]
     lower = max(committed_start, compacting)
     kept = next((i for i, (n, _) in enumerate(numbered, 1) if n >= lower), len(numbered) + 1)
-    place = window_start(list(map(items_bytes, sendable)), kept, fixed_bytes, budget)
+    sizes = [_sendable_bytes(turn, origin, n == compacting) for n, turn in numbered]
+    place = window_start(sizes, kept, fixed_bytes, budget)
     if place == kept:
         start = lower
     else:
         start = numbered[place - 1][0] if place <= len(numbered) else numbered[-1][0] + 1
-    return Window(start, [item for turn_items in sendable[place - 1 :] for item in turn_items])
+    items = [
+        item
+        for n, turn in numbered[place - 1 :]
+        for item in _sendable(turn, origin, n == compacting)
+    ]
+    return Window(start, items)
+
+
+def _sendable_bytes(turn: Turn, origin: Origin, with_compacted: bool) -> int:
+    """What ``_sendable`` of the turn adds to a request: most turns send their replay items
+    as they are, whose bytes the turn counted once."""
+    if with_compacted or (turn.origin is not None and turn.origin != origin):
+        return items_bytes(_sendable(turn, origin, with_compacted))
+    return turn.replay_bytes + len(turn.replay_items)
 
 
 def _sendable(turn: Turn, origin: Origin, with_compacted: bool) -> Sequence[msgspec.Raw]:

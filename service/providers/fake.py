@@ -146,13 +146,13 @@ class FakeProvider:
         return None
 
 
-_HEAD = msgspec.json.Decoder(_ItemHead)
+_HEADS = msgspec.json.Decoder(list[_ItemHead])
 
 
 def _checked(request: ProviderRequest, model: str) -> list[_ItemHead]:
     """The input's items, each opaque one checked: a reasoning or compaction item this fake
     did not seal for ``model`` fails like the real API (invalid_encrypted_content)."""
-    heads = [_HEAD.decode(item) for item in request.input_items]
+    heads = _HEADS.decode(b"[" + b",".join(request.input_items) + b"]")  # in one call
     for head in heads:
         if head.type in ("reasoning", "compaction") and (
             head.id is None or head.encrypted_content != _seal(model, head.id)

@@ -58,8 +58,7 @@ class _Entry:
 
 def turn_size(turn: Turn) -> int:
     """What a turn costs in memory, roughly: its replay items' bytes plus its two messages."""
-    items = sum(len(item) for item in turn.replay_items)
-    return items + len(turn.user_message) + len(turn.assistant_message)
+    return turn.replay_bytes + len(turn.user_message) + len(turn.assistant_message)
 
 
 class CachedStore:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -61,7 +62,7 @@ class Rows:
 
     def turn(self, row: Row) -> Turn:
         """A turn read with statements.TURN."""
-        check_row(row, TURN_FIELDS, _REQUIRED, self._place(row, "*"))
+        check_row(row, TURN_FIELDS, _REQUIRED, partial(self._place, row, "*"))
         calls = self._field(row, "tool_calls")
         return Turn(
             user_message=self._field(row, "user_message"),
@@ -87,7 +88,7 @@ class Rows:
 
     def transcript_turn(self, row: Row) -> TranscriptTurn:
         """A turn as people read it, from statements.PAGE_ROWS."""
-        check_row(row, _TRANSCRIPT, _REQUIRED[:2], self._place(row, "*"))
+        check_row(row, _TRANSCRIPT, _REQUIRED[:2], partial(self._place, row, "*"))
         calls = self._field(row, "tool_calls")
         return TranscriptTurn(
             number=row["seq"],
@@ -182,7 +183,10 @@ class Rows:
 
     def _field(self, row: Row, name: str) -> Any:
         """A turn's field from its clear and sealed columns."""
-        return get(self.key, self._place(row, name), row[name], row[f"sealed_{name}"])
+        sealed = row[f"sealed_{name}"]
+        if sealed is None:  # in clear (no place to open it for)
+            return row[name]
+        return get(self.key, self._place(row, name), row[name], sealed)
 
 
 @dataclass(frozen=True, slots=True)

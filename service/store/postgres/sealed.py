@@ -10,7 +10,7 @@ batch, and the field.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from uuid import UUID
 
@@ -64,15 +64,18 @@ def get(key: DataKey | None, where: bytes, clear: Any, sealed: bytes | None) -> 
     return key.open(where, sealed).decode()
 
 
-def check_row(row: Any, names: Iterable[str], required: Iterable[str], where: bytes) -> None:
+def check_row(
+    row: Any, names: Iterable[str], required: Iterable[str], where: Callable[[], bytes]
+) -> None:
     """A row is written all in clear or all sealed, with its required fields: anything else
-    was altered outside turnstore (a sealed value swapped for clear text, or one removed)."""
+    was altered outside turnstore (a sealed value swapped for clear text, or one removed).
+    ``where`` names the row for the log, if it must."""
     names = tuple(names)
     clear = any(row[name] is not None for name in names)
     sealed = any(row[f"sealed_{name}"] is not None for name in names)
     missing = any(row[name] is None and row[f"sealed_{name}"] is None for name in required)
     if (clear and sealed) or missing:
-        log.error("a stored row mixes clear and sealed fields or lacks one: %s", where)
+        log.error("a stored row mixes clear and sealed fields or lacks one: %s", where())
         raise StorageError(UNREADABLE)
 
 
@@ -81,6 +84,10 @@ def sealed_turn_columns(
 ) -> dict[str, Any]:
     """The clear and sealed columns of a turn's encrypted fields."""
     columns: dict[str, Any] = {}
+    if key is None:  # in clear: no place to seal for (each is a str of the id)
+        for name in TURN_FIELDS:
+            columns[name], columns[f"sealed_{name}"] = values[name], None
+        return columns
     for name in TURN_FIELDS:
         clear, sealed = put(key, turn_place(conversation_id, seq, name), values[name])
         columns[name], columns[f"sealed_{name}"] = clear, sealed

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar, cast
 
 import asyncpg
 import sqlalchemy as sa
+from asyncpg.transaction import Transaction
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
@@ -44,34 +44,6 @@ def sqlstate(exc: BaseException | None) -> str | None:
     """The SQLSTATE of asyncpg's own error, or of SQLAlchemy's wrapper of it."""
     state = getattr(exc, "sqlstate", None) or getattr(getattr(exc, "orig", None), "sqlstate", None)
     return state if isinstance(state, str) else None
-
-
-@asynccontextmanager
-async def _checked_out(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
-    """The asyncpg connection of a pooled one, lent to this event loop (``_Lent``). Any
-    database failure becomes StorageError, and the connection it happened on is discarded:
-    after a failover or a restart the pool must not hand out a session that is read-only or
-    half-dead. A read-only refusal discards every idle session: one opened while the database
-    was read-only stays so after it is writable again."""
-    lent = _Lent.of(engine)
-    try:
-        fairy = await lent.take()
-        try:
-            connection = fairy.driver_connection
-            assert connection is not None  # a checked-out connection always has one
-            yield connection
-        except _FAILURES as exc:
-            await lent.discard(fairy, exc)
-            raise
-        except BaseException:
-            await asyncio.shield(lent.give_back(fairy))  # cancelled: given back anyway
-            raise
-        await lent.give_back(fairy)
-    except _FAILURES as exc:
-        state = sqlstate(exc)
-        if state == READ_ONLY:
-            await engine.dispose()
-        raise StorageError(sqlstate=state) from exc
 
 
 class _Lent:
@@ -210,18 +182,80 @@ async def written(write: Callable[[], Awaitable[T]]) -> T:
     return await write()
 
 
-@asynccontextmanager
-async def driver(engine: AsyncEngine, *, write: bool) -> AsyncIterator[asyncpg.Connection]:
-    """The asyncpg connection under a pooled SQLAlchemy one: the pool's checkout check and the
-    failure mapping, without SQLAlchemy's per-execution work. Without ``write`` each statement
-    commits by itself (the engine autocommits, see platform/db.py: one statement is one round
-    trip and sees one snapshot); ``write`` runs them in one READ COMMITTED transaction."""
-    async with _checked_out(engine) as connection:
-        if not write:
-            yield connection
-            return
-        async with connection.transaction(isolation="read_committed"):
-            yield connection
+def driver(engine: AsyncEngine, *, write: bool) -> _Borrowed:
+    """``async with driver(engine, write=...) as conn``: the asyncpg connection of a pooled
+    one, lent to this event loop (``_Lent``), without SQLAlchemy's per-execution work. Without
+    ``write`` each statement commits by itself (the engine autocommits, see platform/db.py: one
+    statement is one round trip and sees one snapshot); ``write`` runs them in one READ
+    COMMITTED transaction. Any database failure becomes StorageError, and the connection it
+    happened on is discarded: after a failover or a restart the pool must not hand out a
+    session that is read-only or half-dead. A read-only refusal discards every idle session:
+    one opened while the database was read-only stays so after it is writable again."""
+    return _Borrowed(engine, write)
+
+
+class _Borrowed:
+    """``driver``'s connection for the time inside (a class, not two nested generators: every
+    statement takes one, a streamed turn nine)."""
+
+    __slots__ = ("_engine", "_fairy", "_lent", "_tx", "_write")
+
+    def __init__(self, engine: AsyncEngine, write: bool) -> None:
+        self._engine, self._write = engine, write
+        self._lent: _Lent | None = None
+        self._fairy: Any = None
+        self._tx: Transaction | None = None
+
+    async def __aenter__(self) -> asyncpg.Connection:
+        lent = self._lent = _Lent.of(self._engine)
+        try:
+            self._fairy = await lent.take()
+        except _FAILURES as exc:
+            raise await _failure(self._engine, exc) from exc
+        connection: asyncpg.Connection = self._fairy.driver_connection
+        if self._write:
+            transaction = connection.transaction(isolation="read_committed")
+            try:
+                await transaction.start()
+            except BaseException as exc:
+                await self._given_back(exc)
+                raise
+            self._tx = transaction
+        return connection
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if self._tx is not None:
+            try:
+                if exc is None:
+                    await self._tx.commit()
+                else:
+                    await self._tx.rollback()
+            except BaseException as ended:  # the end failed (or was cancelled): that counts
+                await self._given_back(ended)
+                raise
+        await self._given_back(exc)
+
+    async def _given_back(self, exc: BaseException | None) -> None:
+        """The connection given back (discarded after a database failure, which is raised as
+        StorageError; any other exception is the caller's to raise)."""
+        lent, fairy = self._lent, self._fairy
+        assert lent is not None  # entered
+        if exc is None:
+            await lent.give_back(fairy)
+        elif isinstance(exc, _FAILURES):
+            await lent.discard(fairy, exc)
+            raise await _failure(self._engine, exc) from exc
+        else:
+            await asyncio.shield(lent.give_back(fairy))  # cancelled: given back anyway
+
+
+async def _failure(engine: AsyncEngine, exc: BaseException) -> StorageError:
+    """What a database failure is to the caller; after a read-only refusal the engine's idle
+    sessions are closed."""
+    state = sqlstate(exc)
+    if state == READ_ONLY:
+        await engine.dispose()
+    return StorageError(sqlstate=state)
 
 
 class Compiled:

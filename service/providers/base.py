@@ -94,7 +94,8 @@ def encode_compaction(model: str, request: ProviderRequest) -> bytes:
 def request_overhead(model: str, request: ProviderRequest, *, stream: bool) -> int:
     """Bytes of ``request`` serialised with an empty ``input`` list (every provider sends the
     Responses API's shape; the fake is sized like it, so budgets behave as in production)."""
-    return len(encode_request(model, replace(request, input_items=[]), stream=stream))
+    empty = replace(request, input_items=[]) if request.input_items else request
+    return len(encode_request(model, empty, stream=stream))
 
 
 class Provider(Protocol):

@@ -112,7 +112,7 @@ class CachedStore:
             merged = self._merged(cid, None, attempt.conversation, _window_start(attempt))
         if merged is False:  # (read from its window start: as it is, not kept)
             return attempt
-        return replace(attempt, conversation=merged)
+        return LeaseAttempt(merged, attempt.acquired, attempt.busy_until, attempt.crowded)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
         await self._inner.release_lease(conversation_id, holder)

@@ -239,7 +239,8 @@ class TurnService:
                         else:
                             yield event
                 assert answer is not None  # an exchange ends with its Answer or raises
-                answer = dataclasses.replace(answer, usage=added(spent, answer.usage))
+                if spent is not None:  # a compaction ran first: its cost is the turn's too
+                    answer = dataclasses.replace(answer, usage=added(spent, answer.usage))
                 turn = self._accept(plan, window, new_items, answer, asked)
                 revision = None
                 if turn is not None:

@@ -155,8 +155,9 @@ class Rows:
             rewritten_at=row["rewritten_at"],
         )
 
-    def conversation(self, row: Row, turns: list[Turn]) -> Conversation:
-        """The conversation of a row read with statements.HEAD (and maybe its rewritten_at)."""
+    def conversation(self, row: Row, turns: list[Turn], first: int = 1) -> Conversation:
+        """The conversation of a row read with statements.HEAD (and maybe its rewritten_at),
+        holding ``turns``: its turns from revision ``first`` on."""
         return Conversation(
             id=self.conversation_id,
             revision=row["revision"],
@@ -168,6 +169,7 @@ class Rows:
             rewritten_at=row.get("rewritten_at", 0),
             stored_bytes=row["stored_bytes"],
             stored_revision=row["stored_revision"],
+            first=first,
         )
 
     @property

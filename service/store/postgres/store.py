@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -149,8 +148,7 @@ class PostgresStore(Edits, Housekeeping):
         the conversation alone), whose turns were asked from revision ``first`` on."""
         found = [row for row in rows if row["seq"] is not None]
         codec = await reading(self._keyring, owner, conversation_id, found)
-        conversation = codec.conversation(rows[0], [codec.turn(row) for row in found])
-        return replace(conversation, first=first)
+        return codec.conversation(rows[0], [codec.turn(row) for row in found], first)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
         async def release() -> bool:

@@ -166,7 +166,7 @@ class Leases:
         """The conversation's lease taken for ``held`` (the conversation as loaded then),
         renewed while inside and given back on the way out unless the commit did."""
         cid, holder = plan.conversation_id, held.holder
-        with metrics.TURNS_WAITING.track_inprogress(), tracing.span("turn.lease") as span:
+        with tracing.span("turn.lease") as span:
             held.conversation = await self._acquire(plan, holder, deadline)
             span.set_attribute("turnstore.waited_s", time.monotonic() - started)
             span.set_attribute("turnstore.revision", held.conversation.revision)
@@ -203,26 +203,27 @@ class Leases:
         # given back meanwhile, and taken again with the lease.
         await self.free(plan.owner, holder)
         topic, poll = f"lease:{plan.conversation_id}", FIRST_POLL_S
-        async with self._notifications.subscribe(topic) as released:
-            while True:
-                released.clear()
-                attempt = await self._attempt(plan, holder)
-                if attempt.acquired:
-                    return self._running(plan, holder, attempt)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise _busy()
-                # Look again when woken, when the holder's lease runs out, or after a while.
-                if self._notifications.healthy:
-                    wait = SAFETY_POLL_S
-                else:
-                    wait, poll = poll, min(poll * 2, LAST_POLL_S)
-                if attempt.busy_until is not None:
-                    expiry = attempt.busy_until.timestamp() - time.time() + 0.01
-                    wait = min(wait, max(expiry, 0.01))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(wait, left)):
-                        await released.wait()
+        with metrics.TURNS_WAITING.track_inprogress():  # refused once: it waits now
+            async with self._notifications.subscribe(topic) as released:
+                while True:
+                    released.clear()
+                    attempt = await self._attempt(plan, holder)
+                    if attempt.acquired:
+                        return self._running(plan, holder, attempt)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise _busy()
+                    # Look again when woken, when the holder's lease runs out, or after a while.
+                    if self._notifications.healthy:
+                        wait = SAFETY_POLL_S
+                    else:
+                        wait, poll = poll, min(poll * 2, LAST_POLL_S)
+                    if attempt.busy_until is not None:
+                        expiry = attempt.busy_until.timestamp() - time.time() + 0.01
+                        wait = min(wait, max(expiry, 0.01))
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(min(wait, left)):
+                            await released.wait()
 
     def _running(self, plan: TurnPlan, holder: uuid.UUID, attempt: LeaseAttempt) -> Conversation:
         """The lease is taken, and with it the turn's place: renewed from now on."""

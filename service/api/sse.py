@@ -230,37 +230,70 @@ async def with_keepalive(
     """Items of ``source``, with None whenever it stays silent for ``interval_s``; raises
     Stopped (after closing ``source``) as soon as ``stop()`` completes.
 
-    The pending ``__anext__`` runs as a task that a timeout does not cancel, so a slow
-    source is never interrupted by a keep-alive. An item that is ready wins over ``stop``.
-    """
-    pending: asyncio.Future[T] | None = None
+    ``source`` is read by one task of its own, one item ahead at most, so a keep-alive never
+    interrupts a slow source; the keep-alives come from one timer, re-armed only when it
+    fires (an item costs no timer and no task: a streamed turn sends several). An item that
+    is ready wins over ``stop``."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(maxsize=1)
+    last = loop.time()  # when the consumer last got something
+    timer: asyncio.TimerHandle | None = None
+
+    async def pump() -> None:
+        try:
+            async for item in source:
+                await ready.put((_ITEM, item))
+            await ready.put((_END, None))
+        except Exception as exc:  # the consumer raises it
+            await ready.put((_FAILED, exc))
+
+    def tick() -> None:
+        nonlocal timer
+        now, due = loop.time(), last + interval_s
+        if now >= due:
+            if ready.empty():  # else something is there to take already
+                ready.put_nowait((_SILENT, None))
+            due = now + interval_s
+        timer = loop.call_at(due, tick)
+
+    def stopped(_: object) -> None:
+        if ready.empty():  # else it is seen once the item is taken
+            ready.put_nowait((_STOP, None))
+
+    def pumped(task: asyncio.Future[None]) -> None:
+        if task.cancelled() and ready.empty():  # not by us: the consumer must not wait on
+            ready.put_nowait((_FAILED, asyncio.CancelledError()))
+
+    pumping = asyncio.ensure_future(pump())
+    pumping.add_done_callback(pumped)
+    timer = loop.call_at(last + interval_s, tick)
     stopping = asyncio.ensure_future(stop()) if stop is not None else None
+    if stopping is not None:
+        stopping.add_done_callback(stopped)
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(source))
-            waiting: set[asyncio.Future[Any]] = (
-                {pending} if stopping is None else {pending, stopping}
-            )
-            done, _ = await asyncio.wait(
-                waiting, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
+            kind, value = await ready.get()
+            last = loop.time()
+            if kind == _ITEM:
+                yield value
+            elif kind == _SILENT:
                 yield None
-                continue
-            if pending not in done:
-                raise Stopped()
-            finished, pending = pending, None
-            try:
-                item = finished.result()
-            except StopAsyncIteration:
+            elif kind == _END:
                 return
-            yield item
+            elif kind == _FAILED:
+                raise value
+            if stopping is not None and stopping.done():
+                raise Stopped()
     finally:
+        if timer is not None:
+            timer.cancel()
         with anyio.CancelScope(shield=True):
-            for task in (stopping, pending):
+            for task in (stopping, pumping):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
             await source.aclose()
+
+
+_ITEM, _SILENT, _END, _FAILED, _STOP = range(5)  # what the pump or the timers put in

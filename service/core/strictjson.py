@@ -52,12 +52,23 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+# Built once (``json.loads`` with hooks builds a decoder and its scanner on every call).
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite
+)
+
+
 def loads(raw: str | bytes) -> Any:
-    """Parse ``raw`` or raise StrictJSONError with a message safe to show a client."""
+    """Parse ``raw`` or raise StrictJSONError with a message safe to show a client. Bytes and
+    a byte order mark are taken as ``json.loads`` takes them."""
     try:
-        value = json.loads(
-            raw, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite
-        )
+        if isinstance(raw, str):
+            if raw.startswith("\ufeff"):
+                raise ValueError("a byte order mark")
+            text = raw
+        else:
+            text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        value = _DECODER.decode(text)
     except StrictJSONError:
         raise
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError

@@ -223,6 +223,8 @@ ANCESTOR = (
             "_checked_out",
             "driver (service/store/tx.py",
             "driver (service/store/postgres/tx.py",
+            "_Borrowed.",  # since issue 31's second round: driver, and the connections
+            "_Lent.",  # lent to the event loop (service/store/postgres/tx.py)
             "greenlet",
         ),
     ),
@@ -246,6 +248,7 @@ ANCESTOR = (
             "wrapped_send",
             "add_correlation_header",
             "edge_send",
+            "_Sends.",
         ),
     ),
     (

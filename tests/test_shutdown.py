@@ -68,6 +68,10 @@ async def _refuses_connections(url: str) -> bool:
             await client.get(f"{url}/healthz")
     except httpx.ConnectError:
         return True
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        # Accepted by the kernel just before the server closed its socket, then closed
+        # unanswered by the shutdown: not served, and not refused yet either. Ask again.
+        return False
     return False
 
 

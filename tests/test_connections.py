@@ -7,7 +7,9 @@ PostgreSQL, real connections."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -111,3 +113,13 @@ async def test_no_more_connections_than_the_pool_holds(
 
     await asyncio.gather(*(statement() for _ in range(20)))
     assert most == 2 and len(seen) == 2
+
+
+async def test_an_engine_that_lent_connections_is_collected_once_dropped(database_url: str) -> None:
+    engine = create_engine(database_url, pool_size=1)
+    await _backend(engine)
+    await engine.dispose()
+    collected = weakref.ref(engine.sync_engine)
+    del engine
+    gc.collect()
+    assert collected() is None  # what this loop was lent does not keep it alive

@@ -64,9 +64,17 @@ class _Lent:
 
     def __init__(self, engine: AsyncEngine, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._engine = engine.sync_engine
+        # Not the engine itself: ``_lents`` holds this as long as the engine lives.
+        self._engine = weakref.ref(engine.sync_engine)
         self.idle: list[Any] = []  # _ConnectionFairy, checked out of the engine's pool
-        self.limit = _limit(self._engine.pool)
+        self.limit = _limit(engine.sync_engine.pool)
+
+    @property
+    def _pool(self) -> sa.Pool:
+        """The engine's pool now (``dispose()`` replaces it)."""
+        engine = self._engine()
+        assert engine is not None  # a statement of it is running
+        return engine.pool
 
     @classmethod
     def of(cls, engine: AsyncEngine) -> _Lent:
@@ -92,13 +100,13 @@ class _Lent:
         try:
             while self.idle:
                 fairy = self.idle.pop()
-                if fairy._pool is not self._engine.pool:  # disposed without closing
+                if fairy._pool is not self._pool:  # disposed without closing
                     await greenlet_spawn(fairy.close)
                 elif _closed(fairy.driver_connection):  # the server closed it meanwhile
                     await greenlet_spawn(fairy.invalidate)
                 else:
                     return fairy
-            return await greenlet_spawn(self._engine.pool.connect)  # dispose() replaces it
+            return await greenlet_spawn(self._pool.connect)
         except BaseException:
             if limit is not None:
                 limit.release()
@@ -108,7 +116,7 @@ class _Lent:
         """A connection whose statements ended (in a transaction: it ended inside its block),
         idle here again; one of a pool disposed meanwhile goes back to that pool."""
         try:
-            if fairy._pool is self._engine.pool and fairy.is_valid:
+            if fairy._pool is self._pool and fairy.is_valid:
                 self.idle.append(fairy)
             else:
                 await greenlet_spawn(fairy.close)
@@ -124,18 +132,26 @@ class _Lent:
                 self.limit.release()
 
     def close_idle(self) -> None:
-        """In ``engine.dispose()``'s greenlet: each idle connection closed."""
+        """In ``engine.dispose()``'s greenlet: each idle connection closed (at once, if the
+        engine is disposed from another event loop than the one they belong to)."""
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self.loop:
+            self.drop()
+            return
         idle, self.idle = self.idle, []
         for fairy in idle:
-            fairy.invalidate()
+            with contextlib.suppress(Exception):  # a close that fails closes the rest still
+                fairy.invalidate()
 
     def drop(self) -> None:
         """Another event loop's: closed at once, without awaiting (it cannot be awaited)."""
         idle, self.idle = self.idle, []
         for fairy in idle:
             with contextlib.suppress(Exception):
-                fairy.driver_connection.terminate()
-                fairy.invalidate()
+                fairy.invalidate()  # terminated, not closed: nothing awaited
 
 
 _lents: weakref.WeakKeyDictionary[sa.Engine, _Lent] = weakref.WeakKeyDictionary()

@@ -137,6 +137,7 @@ class _Sends:
             if not self._overdue or self._sender is None:
                 raise
             self._sender.uncancel()  # the cancel was this timer's, not the task's owner's
+            self._overdue = False  # a later cancel of a later send is someone else's
             raise ClientStoppedReading() from None
         finally:
             self._since = None

@@ -20,7 +20,7 @@ import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
 from contextlib import aclosing
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import msgspec
@@ -228,52 +228,12 @@ async def with_keepalive(
     stop: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncGenerator[T | None, None]:
     """Items of ``source``, with None whenever it stays silent for ``interval_s``; raises
-    Stopped (after closing ``source``) as soon as ``stop()`` completes.
-
-    ``source`` is read by one task of its own, one item ahead at most, so a keep-alive never
-    interrupts a slow source; the keep-alives come from one timer, re-armed only when it
-    fires (an item costs no timer and no task: a streamed turn sends several). An item that
-    is ready wins over ``stop``."""
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(maxsize=1)
-    last = loop.time()  # when the consumer last got something
-    timer: asyncio.TimerHandle | None = None
-
-    async def pump() -> None:
-        try:
-            async for item in source:
-                await ready.put((_ITEM, item))
-            await ready.put((_END, None))
-        except Exception as exc:  # the consumer raises it
-            await ready.put((_FAILED, exc))
-
-    def tick() -> None:
-        nonlocal timer
-        now, due = loop.time(), last + interval_s
-        if now >= due:
-            if ready.empty():  # else something is there to take already
-                ready.put_nowait((_SILENT, None))
-            due = now + interval_s
-        timer = loop.call_at(due, tick)
-
-    def stopped(_: object) -> None:
-        if ready.empty():  # else it is seen once the item is taken
-            ready.put_nowait((_STOP, None))
-
-    def pumped(task: asyncio.Future[None]) -> None:
-        if task.cancelled() and ready.empty():  # not by us: the consumer must not wait on
-            ready.put_nowait((_FAILED, asyncio.CancelledError()))
-
-    pumping = asyncio.ensure_future(pump())
-    pumping.add_done_callback(pumped)
-    timer = loop.call_at(last + interval_s, tick)
-    stopping = asyncio.ensure_future(stop()) if stop is not None else None
-    if stopping is not None:
-        stopping.add_done_callback(stopped)
+    Stopped (after closing ``source``) as soon as ``stop()`` completes. An item that is ready
+    wins over ``stop``."""
+    feed = _Feed(source, interval_s, stop)
     try:
         while True:
-            kind, value = await ready.get()
-            last = loop.time()
+            kind, value = await feed.next()
             if kind == _ITEM:
                 yield value
             elif kind == _SILENT:
@@ -282,18 +242,77 @@ async def with_keepalive(
                 return
             elif kind == _FAILED:
                 raise value
-            if stopping is not None and stopping.done():
+            if feed.stopped:
                 raise Stopped()
     finally:
-        if timer is not None:
-            timer.cancel()
+        await feed.close()
+
+
+_ITEM, _SILENT, _END, _FAILED, _STOP = range(5)  # what the pump or the timers put in
+
+
+class _Feed(Generic[T]):
+    """What ``with_keepalive`` takes its items from: ``source`` is read by one task of its
+    own, one item ahead at most, so a keep-alive never interrupts a slow source; keep-alives
+    come from one timer, re-armed only when it fires. An item costs no timer and no task
+    (each had a task and an ``asyncio.wait`` of its own: a streamed turn sends several)."""
+
+    def __init__(
+        self,
+        source: AsyncGenerator[T, None],
+        interval_s: float,
+        stop: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        self._source, self._interval_s = source, interval_s
+        self._loop = asyncio.get_running_loop()
+        self._ready: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(maxsize=1)
+        self._last = self._loop.time()  # when the consumer last got something
+        self._pumping = asyncio.ensure_future(self._pump())
+        self._pumping.add_done_callback(self._pumped)
+        self._timer = self._loop.call_at(self._last + interval_s, self._tick)
+        self._stopping = asyncio.ensure_future(stop()) if stop is not None else None
+        if self._stopping is not None:
+            self._stopping.add_done_callback(self._stop)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopping is not None and self._stopping.done()
+
+    async def next(self) -> tuple[int, Any]:
+        got = await self._ready.get()
+        self._last = self._loop.time()
+        return got
+
+    async def close(self) -> None:
+        self._timer.cancel()
         with anyio.CancelScope(shield=True):
-            for task in (stopping, pumping):
+            for task in (self._stopping, self._pumping):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
-            await source.aclose()
+            await self._source.aclose()
 
+    async def _pump(self) -> None:
+        try:
+            async for item in self._source:
+                await self._ready.put((_ITEM, item))
+            await self._ready.put((_END, None))
+        except Exception as exc:  # the consumer raises it
+            await self._ready.put((_FAILED, exc))
 
-_ITEM, _SILENT, _END, _FAILED, _STOP = range(5)  # what the pump or the timers put in
+    def _tick(self) -> None:
+        now, due = self._loop.time(), self._last + self._interval_s
+        if now >= due:
+            if self._ready.empty():  # else something is there to take already
+                self._ready.put_nowait((_SILENT, None))
+            due = now + self._interval_s
+        self._timer = self._loop.call_at(due, self._tick)
+
+    def _stop(self, _: object) -> None:
+        if self._ready.empty():  # else it is seen once the item is taken
+            self._ready.put_nowait((_STOP, None))
+
+    def _pumped(self, task: asyncio.Future[None]) -> None:
+        if task.cancelled() and self._ready.empty():  # not by close(): do not wait on
+            self._ready.put_nowait((_FAILED, asyncio.CancelledError()))

@@ -112,7 +112,7 @@ class CachedStore:
             merged = self._merged(cid, None, attempt.conversation, _window_start(attempt))
         if merged is False:  # (read from its window start: as it is, not kept)
             return attempt
-        return LeaseAttempt(merged, attempt.acquired, attempt.busy_until, attempt.crowded)
+        return replace(attempt, conversation=merged)  # (a copy field by field would drop a new one)
 
     async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
         await self._inner.release_lease(conversation_id, holder)

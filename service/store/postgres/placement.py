@@ -113,6 +113,9 @@ PLACEMENT: dict[str, Placement] = {
     "owner_turns": Distributed(
         "owner", colocate_with="idempotency_keys", primary_key=("owner", "place")
     ),
+    # Read by a commit on the worker of its conversation (turnstore_commit), written rarely.
+    "turnstore_secrets": Reference(),
+    "owner_tombstones": Reference(),
     "api_keys": Coordinator("read per request by key hash; a reference table adds nothing"),
     "owner_keys": Coordinator("the keyring: in production a database of its own"),
     "alembic_version": Coordinator("migrations run on the coordinator"),

@@ -1,7 +1,39 @@
-"""turnstore_commit(): a turn's commit as one function (migration 0017), and as 0018 makes it
-(it also records which revision ``stored_bytes`` counts, ``stored_revision``). Both write it
-from here, so the two versions differ only where they say.
+"""turnstore_commit(): a turn's commit as one function (migration 0017), as 0018 makes it
+(it also records which revision ``stored_bytes`` counts, ``stored_revision``) and as 0019
+makes it (a shredded owner's commit writes nothing). Each writes it from here, so the
+versions differ only where they say.
+
+``shredded(owner)`` is the one test of a shred's tombstone (migration 0019) in SQL: the commit
+function, and the statements that make a conversation or a running turn's place, ask it.
 """
+
+# A tombstone names its owner by sha256(the deployment's "owners" secret || the owner's name)
+# (store/postgres/secrets.py computes the same): never in clear.
+DIGEST = """sha256((SELECT secret FROM turnstore_secrets WHERE name = 'owners')
+    || convert_to({owner}, 'UTF8'))"""
+SHREDDED = "EXISTS (SELECT 1 FROM owner_tombstones WHERE owner_tombstones.digest = " + DIGEST + ")"
+# What a write of a shredded owner raises (a SQLSTATE of turnstore's own): it wrote nothing.
+SHREDDED_STATE = "TSSHR"
+
+
+def shredded(owner: str) -> str:
+    """Whether the owner named by the SQL expression ``owner`` was shredded."""
+    return SHREDDED.format(owner=owner)
+
+
+def digest(owner: str) -> str:
+    """What a tombstone names the owner of the SQL expression ``owner`` by."""
+    return DIGEST.format(owner=owner)
+
+
+def refuse_shredded(owner: str) -> str:
+    """A PL/pgSQL statement that raises SHREDDED_STATE for a shredded owner."""
+    return (
+        f"IF {shredded(owner)} THEN\n"
+        f"        RAISE EXCEPTION 'the owner was shredded' USING ERRCODE = '{SHREDDED_STATE}';\n"
+        "    END IF;"
+    )
+
 
 # The turn's columns as the function takes them, in order after the commit's own arguments.
 TURN = (
@@ -61,9 +93,13 @@ LIVE_AND_FREE = """
 STORED_NEW = "stored_bytes = excluded.stored_bytes"
 
 
-def definition(*, counts_revision: bool, replace: bool = False) -> str:
+def definition(
+    *, counts_revision: bool, replace: bool = False, refuses_shredded: bool = False
+) -> str:
     """The function's SQL; ``counts_revision``: 0018's, which also writes
-    ``stored_revision`` (the revision ``stored_bytes`` counts: NULL when that is NULL)."""
+    ``stored_revision`` (the revision ``stored_bytes`` counts: NULL when that is NULL);
+    ``refuses_shredded``: 0019's, which writes nothing for an owner a shred's tombstone names
+    (it raises SHREDDED_STATE)."""
     stored = stored_value = stored_new = stored_bump = ""
     if counts_revision:
         stored, stored_value = (
@@ -76,6 +112,7 @@ def definition(*, counts_revision: bool, replace: bool = False) -> str:
             " CASE WHEN p_stored_bytes IS NOT NULL THEN c.revision + 1 END"
         )
     create = "CREATE OR REPLACE FUNCTION" if replace else "CREATE FUNCTION"
+    refusal = refuse_shredded("p_caller") if refuses_shredded else ""
     return f"""
 {create} turnstore_commit({PARAMETERS},
     OUT revision integer, OUT created_at timestamptz, OUT updated_at timestamptz,
@@ -87,6 +124,7 @@ DECLARE
     v_cutoff timestamptz := v_now - make_interval(secs => p_idle_s);
     v_head record;
 BEGIN
+    {refusal}
     IF p_expected = 0 THEN
         INSERT INTO conversations AS c (
             id, revision, created_at, updated_at, context_start, owner, lease_wanted,

@@ -42,7 +42,7 @@ from service.api.limits import RequestRules, allowed_hosts
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
 from service.api.turns import TurnController
-from service.core.plans import PlanRules, claim_lease_s
+from service.core.plans import PlanRules
 from service.core.sizes import SizeLimit
 from service.core.window import Budget, SystemPrompt
 from service.platform import heap, tracing
@@ -67,12 +67,15 @@ from service.store.postgres import (
     PostgresNotifications,
     PostgresRuns,
     PostgresStore,
+    owner_digests,
 )
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
 from service.usecases.conversations import Conversations
 from service.usecases.exchange import Tooling
+from service.usecases.gate import WriteGate
 from service.usecases.leases import LeasePolicy, Leases
+from service.usecases.limits import WriteBudget
 from service.usecases.relay import Relay
 from service.usecases.responses import Responses
 from service.usecases.restore import Restorer
@@ -128,9 +131,7 @@ def postgres_store(
         engine,
         retention_days=settings.retention_days,
         idempotency_ttl_s=settings.idempotency_ttl_s,
-        idempotency_lease_s=claim_lease_s(
-            settings.upstream_read_timeout_s, settings.tool_max_rounds
-        ),
+        idempotency_lease_s=settings.turn_lease_s,  # renewed while a write runs (gate.py)
         events_ttl_s=settings.turn_events_ttl_s,
         stored_response_ttl_s=settings.stored_response_ttl_days * 86_400,
         keyring=keyring,
@@ -145,10 +146,11 @@ def build_keyring(settings: Settings, engine: AsyncEngine, closers: list[Closer]
     masters = settings.master_keys()
     if masters is None:
         return None
+    digest = owner_digests(engine)  # by the data's secrets, wherever the keyring lives
     if settings.keyring_database_url:
         engine = create_engine(settings.keyring_database_url, pool_size=2)
         closers.append(engine.dispose)
-    return Keyring(engine, masters)
+    return Keyring(engine, masters, digest)
 
 
 def run_with_api_keys(url: str, action: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
@@ -226,6 +228,12 @@ def build_services(
         closers.append(_async(tooling.executor.shutdown))
     leases = Leases(backend.store, backend.notifications, _lease_policy(settings))
     closers.append(leases.close)
+    gate = WriteGate(
+        backend.idempotency,
+        lease_s=settings.turn_lease_s,
+        budget=WriteBudget(settings.owner_max_write_bytes_per_minute),
+    )
+    closers.append(gate.close)
     prompt = settings.system_prompt_file
     turns = TurnService(
         backend.store,
@@ -234,7 +242,7 @@ def build_services(
         system_prompt=SystemPrompt.from_file(prompt) if prompt else None,
         budget=Budget(settings.context_max_turns, settings.context_max_request_bytes),
         tooling=tooling,
-        idempotency=backend.idempotency,
+        gate=gate,
         size_limit=SizeLimit(settings.max_conversation_bytes),
     )
     runs = TurnRuns(
@@ -253,11 +261,11 @@ def build_services(
     )
     restorer = Restorer(backend.store)
     conversations = Conversations(
-        backend.store, restorer, SizeLimit(settings.max_conversation_bytes)
+        backend.store, restorer, SizeLimit(settings.max_conversation_bytes), gate
     )
     relay = Relay(restorer, provider, turns.prompt, rules)
     responses = Responses(turns, runs, relay, restorer, conversations, rules)
-    cases = UseCases(turns, runs, conversations, responses, rules, settings.sse_keepalive_s)
+    cases = UseCases(turns, runs, conversations, responses, rules, settings.sse_keepalive_s, gate)
     return Services(backend.store, backend.ops, cases, backend.api_keys, closers)
 
 
@@ -266,6 +274,7 @@ def _lease_policy(settings: Settings) -> LeasePolicy:
         queue=settings.turn_concurrency == "queue",
         queue_wait_s=settings.turn_queue_wait_s,
         lease_s=settings.turn_lease_s,
+        max_queued=settings.owner_max_queued_turns,
     )
 
 

@@ -32,10 +32,15 @@ from service.store.postgres import (
     Keyring,
     destroy_key,
     live_keys,
+    owner_digests,
 )
 from service.store.postgres.placement import DEFAULT_SHARD_COUNT, distribute
 
 T = TypeVar("T")
+
+SHRED_WRITERS_WAIT_S = 30.0  # how long a shred waits for transactions older than its tombstone
+SHRED_PASSES = 3  # deletions of an owner's rows, while a request of theirs leaves some behind
+SHRED_PASS_WAIT_S = 1.0
 
 CURL_EXAMPLE = """\
 turnstore is serving on http://{host}:{port} (provider: {provider}). Try:
@@ -174,33 +179,51 @@ def _master_keys(settings: Settings, command: str) -> MasterKeys:
 
 
 def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
-    """Stop the owner first: their API keys are revoked and their data key is replaced by a
-    tombstone, so no replica makes them a new one (with encryption at rest, a write of theirs
-    fails from then on): their rows, here and in every backup taken before, cannot be
-    decrypted. Then, once no replica can still hold the old key in memory and their turns in
-    flight have ended, the rows themselves; and a check that nothing of theirs is left."""
+    """Stop the owner first: their tombstone (named by a keyed digest, never their name) makes
+    every write of theirs fail inside its own statement, on every replica; their API keys are
+    revoked, and their data key is replaced by the keyring's tombstone, so no replica makes
+    them a new one (with encryption at rest, their rows here and in every backup taken before
+    cannot be decrypted). Then, once no replica can still hold the old key in memory and every
+    write of theirs that began before the tombstone has ended, their rows; and a check that
+    nothing of theirs is left (a straggler's row is deleted again, a few times at most)."""
 
     async def shred(url: str) -> tuple[bool, int, int]:
         async with _engines(settings, url) as (engine, keyring_engine):
             store = postgres_store(engine, settings)
             sealed = await store.owner_has_sealed_rows(args.owner)
+            made = await store.tombstone(args.owner)
             await ApiKeyStore(engine).revoke(owner=args.owner)
-            had_key = await destroy_key(keyring_engine, args.owner)
+            digest = await owner_digests(engine)(args.owner)
+            had_key = await destroy_key(keyring_engine, args.owner, digest)
             if sealed and not had_key:
                 _fail(
                     "owners shred",
                     f"{args.owner!r} has encrypted rows but no data key in this keyring: is "
-                    "KEYRING_DATABASE_URL the service's? Nothing was deleted.",
+                    "KEYRING_DATABASE_URL the service's? They can write nothing more; nothing "
+                    "was deleted.",
                 )
             if args.wait_s > 0:
                 sys.stderr.write(
-                    f"Revoked the API keys of {args.owner!r} and destroyed their data key; "
-                    f"deleting their data in {args.wait_s:g} s, once no replica holds the key "
-                    "and their turns in flight have ended.\n"
+                    f"Stopped {args.owner!r} (they can commit nothing more), revoked their API "
+                    f"keys and destroyed their data key; deleting their data in {args.wait_s:g}"
+                    " s, once no replica holds the key.\n"
                 )
                 await asyncio.sleep(args.wait_s)
-            deleted = await store.delete_owner(args.owner)
-            left = await store.owner_rows(args.owner) + await live_keys(keyring_engine, args.owner)
+            if writing := await store.writers_before(made, SHRED_WRITERS_WAIT_S):
+                _fail(
+                    "owners shred",
+                    f"{args.owner!r} can commit nothing more, but {writing} transactions that "
+                    "began before the shred are still open: run it again.",
+                )
+            deleted, left = 0, 1
+            for attempt in range(SHRED_PASSES):
+                if attempt:
+                    await asyncio.sleep(SHRED_PASS_WAIT_S)  # a request of theirs still ending
+                deleted += await store.delete_owner(args.owner)
+                left = await store.owner_rows(args.owner)
+                left += await live_keys(keyring_engine, args.owner)
+                if not left:
+                    break
             return had_key, deleted, left
 
     with _database(settings, migrate_embedded=True) as url:
@@ -210,9 +233,12 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
         _fail(
             "owners shred",
             f"{args.owner!r}: {key} and deleted {deleted} conversations, but {left} of their "
-            "rows or keys are still there (a turn committed meanwhile?): run it again.",
+            "rows or keys are still there: run it again.",
         )
-    print(f"{args.owner!r}: revoked their API keys, {key} and deleted {deleted} conversations")
+    print(
+        f"{args.owner!r}: stopped (nothing of theirs can commit), revoked their API keys, {key}"
+        f" and deleted {deleted} conversations"
+    )
 
 
 def _fail(command: str, message: str) -> NoReturn:

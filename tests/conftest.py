@@ -81,7 +81,9 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     engine = create_engine(database_url, pool_size=5)
     async with engine.begin() as conn:
         await conn.execute(
-            text("TRUNCATE conversations, idempotency_keys, turn_runs, owner_keys CASCADE")
+            text(
+                "TRUNCATE conversations, idempotency_keys, turn_runs, owner_keys, owner_tombstones CASCADE"
+            )
         )
     yield engine
     await engine.dispose()

@@ -162,7 +162,7 @@ class MemoryStore:
         self._running_turns = running_turns
         self._running: dict[str, dict[UUID, datetime]] = {}  # owner -> holder -> until
         self._forks_per_minute = forks_per_minute
-        self._forks: dict[str, list[datetime]] = {}  # each owner's forks of the last minute
+        self._forks: dict[str, list[tuple[datetime, UUID]]] = {}  # each owner's forks of the minute
         self._conversations: dict[UUID, _Conversation] = {}
         self._runs: dict[UUID, _Run] = {}
         self._events_ttl = timedelta(seconds=events_ttl_s)
@@ -312,7 +312,9 @@ class MemoryStore:
             await self.free_turn(owner, append.lease)
         if append.fork_of is not None:
             point = append.fork_of
-            await self.fork(point.source, owner, point.revision, new_id=conversation_id)
+            await self.fork(
+                point.source, owner, point.revision, new_id=conversation_id, counted=False
+            )
         existing = self._conversations.get(conversation_id)
         if expected_revision == 0 and existing is not None:  # made empty on /v1: revision 0
             usable = self._live(conversation_id, owner) is existing and existing.row.revision == 0
@@ -352,10 +354,7 @@ class MemoryStore:
         found.turns.append(replace(turn, created_at=now, number=found.row.revision))
         self._released(found)
         revision = found.row.revision
-        if idempotency is not None:
-            key = self._keys[idempotency.owner, idempotency.key]
-            key.committed = Committed(conversation_id, revision, key.turn_id)
-            key.expires_at = now + self._ttl
+        self._completed(idempotency, conversation_id, revision)
         if append.run is not None and run is not None:
             done = append.run.done.event(append.run.done_seq, revision)
             self._end(run, append.run.status, None, None, [done])
@@ -363,7 +362,11 @@ class MemoryStore:
         return Commit(revision, found.row.created_at, found.row.updated_at)
 
     async def create_conversation(
-        self, owner: str, metadata: dict[str, str], turn: Turn | None = None
+        self,
+        owner: str,
+        metadata: dict[str, str],
+        turn: Turn | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
         now = _now()
         revision = 0 if turn is None else 1
@@ -371,10 +374,18 @@ class MemoryStore:
         found = self._conversations[row.id] = _Conversation(row, metadata=dict(metadata))
         if turn is not None:
             found.turns.append(replace(turn, created_at=now, number=1))
+        self._completed(idempotency, row.id, revision)
         return found.info()
 
     async def fork(
-        self, conversation_id: UUID, owner: str, at_revision: int, *, new_id: UUID | None = None
+        self,
+        conversation_id: UUID,
+        owner: str,
+        at_revision: int,
+        idempotency: IdempotencyKey | None = None,
+        *,
+        new_id: UUID | None = None,
+        counted: bool = True,
     ) -> ConversationInfo:
         found = self._live(conversation_id, owner)
         if found is None:
@@ -382,12 +393,8 @@ class MemoryStore:
         if not 1 <= at_revision <= found.row.revision:
             raise InvalidInput("at_revision must be a revision of the conversation.")
         now = _now()
-        if self._forks_per_minute is not None:
-            recent = [t for t in self._forks.get(owner, []) if t > now - timedelta(minutes=1)]
-            if len(recent) >= self._forks_per_minute:
-                wait = recent[0] + timedelta(minutes=1) - now
-                raise TooManyRequests(retry_after=str(max(1, math.ceil(wait.total_seconds()))))
-            self._forks[owner] = [*recent, now]
+        if counted:
+            await self.take_fork(owner, new_id or uuid4())
         turns = [turn for turn in found.turns if (turn.number or 0) <= at_revision]
         start = turns[-1].context_from if turns else 1
         row = Conversation(
@@ -396,10 +403,28 @@ class MemoryStore:
         fork = self._conversations[row.id] = _Conversation(
             row, list(turns), metadata=dict(found.metadata), expires_at=found.expires_at
         )
+        self._completed(idempotency, row.id, at_revision)
         return fork.info()
 
+    async def take_fork(self, owner: str, conversation_id: UUID) -> None:
+        if self._forks_per_minute is None:
+            return
+        now = _now()
+        recent = [(t, c) for t, c in self._forks.get(owner, []) if t > now - timedelta(minutes=1)]
+        if len(recent) >= self._forks_per_minute:
+            wait = recent[0][0] + timedelta(minutes=1) - now
+            raise TooManyRequests(retry_after=str(max(1, math.ceil(wait.total_seconds()))))
+        self._forks[owner] = [*recent, (now, conversation_id)]
+
+    async def free_fork(self, owner: str, conversation_id: UUID) -> None:
+        self._forks[owner] = [(t, c) for t, c in self._forks.get(owner, []) if c != conversation_id]
+
     async def pop_item(
-        self, conversation_id: UUID, owner: str, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         found = self._live(conversation_id, owner)
         if found is None:
@@ -414,11 +439,19 @@ class MemoryStore:
         revision = found.row.revision + 1  # the turn moves to it, as in PostgreSQL
         found.turns[-1] = replace(without_last_item(last), number=revision)
         found.row = replace(found.row, revision=revision, updated_at=now, rewritten_at=revision)
+        self._completed(idempotency, conversation_id, revision)
         return found.info(), last.replay_items[-1]
 
-    async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
+    async def delete_response(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        revision: int,
+        idempotency: IdempotencyKey | None = None,
+    ) -> bool:
         found = self._live(conversation_id, owner)
         at = found.at(revision) if found else None
+        self._completed(idempotency, conversation_id, revision)
         if found is None or at is None or found.turns[at].response_deleted:
             return False
         found.turns[at] = replace(found.turns[at], response_deleted=True)
@@ -429,13 +462,19 @@ class MemoryStore:
         return None if found is None else found.info()
 
     async def update_metadata(
-        self, conversation_id: UUID, owner: str, metadata: Metadata, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str,
+        metadata: Metadata,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
         check_precondition(if_match, found.row.revision)
         found.metadata = dict(metadata)
+        self._completed(idempotency, conversation_id, found.row.revision)
         return found.info()
 
     # --- runs ------------------------------------------------------------------------------
@@ -557,13 +596,18 @@ class MemoryStore:
         self.notifications.notify(f"events:{run.new.id}")
 
     async def delete(
-        self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str = ANONYMOUS,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> None:
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
         check_precondition(if_match, found.row.revision)
         self._forget(conversation_id)
+        self._completed(idempotency, None, None)
 
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None
@@ -601,6 +645,24 @@ class MemoryStore:
         for name, found in list(self._keys.items()):
             if name[0] == owner and found.turn_id == turn_id and found.committed is None:
                 del self._keys[name]
+
+    async def renew(self, keys: Sequence[IdempotencyKey], lease_s: float) -> None:
+        until = _now() + timedelta(seconds=lease_s)
+        for key in keys:
+            found = self._keys.get((key.owner, key.key))
+            if found is not None and found.committed is None:
+                found.expires_at = until
+
+    def _completed(
+        self, key: IdempotencyKey | None, cid: UUID | None, revision: int | None
+    ) -> None:
+        """A write's key names what it did (as the store's transaction completes it)."""
+        if key is None:
+            return
+        found = self._keys.get((key.owner, key.key))
+        if found is not None:
+            found.committed = Committed(cid, revision, found.turn_id)
+            found.expires_at = _now() + self._ttl
 
     async def purge(self, batch: int = 500) -> int:
         now = _now()

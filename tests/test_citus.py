@@ -52,7 +52,7 @@ from tests.test_run_store import *  # noqa: F403
 from tests.test_run_store import Stores
 from tests.test_store import *  # noqa: F403
 
-TABLES = "conversations, idempotency_keys, turn_runs, owner_keys, api_keys"
+TABLES = "conversations, idempotency_keys, turn_runs, owner_keys, api_keys, owner_tombstones"
 
 # Not run here: a time bound set for one server (a cancel reaches the running turn within a
 # second), which a cancel from a replica that never read the turn misses on Citus: it is found

@@ -39,8 +39,8 @@ from service.platform.crypto import KeyFileError, read_master_keys
 from service.platform.settings import Settings
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
-from service.store.postgres import ClearRows, Keyring, PostgresRuns, destroy_key
-from service.store.postgres.keyring import CACHE_S
+from service.store.postgres import ClearRows, Keyring, PostgresRuns, destroy_key, owner_digests
+from service.store.postgres.keyring import CACHE_S, tombstone_name
 from tests.conftest import ClientFactory
 from tests.database import REPO, asyncpg_dsn, fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script, output_items, response_object
@@ -450,13 +450,21 @@ async def test_a_replica_forgets_a_shredded_data_key_within_its_cache_time(
     keyring = Keyring(engine, masters, clock=lambda: now[0])
     made = await keyring.for_write("alice")
     assert await keyring.for_read("alice") is made  # cached: no keyring read per turn
-    assert await destroy_key(engine, "alice")
-    assert not await destroy_key(engine, "alice")  # (a tombstone is no key)
+    digest = await owner_digests(engine)("alice")
+    assert await destroy_key(engine, "alice", digest)
+    assert not await destroy_key(engine, "alice", digest)  # (a tombstone is no key)
+    names = await _keyring_names(engine)
+    assert "alice" not in names and tombstone_name(digest) in names  # named by a digest only
     now[0] += CACHE_S
     assert await keyring.for_read("alice") is None
     with pytest.raises(ConversationNotFound):  # no replica makes a shredded owner a new key
         await keyring.for_write("alice")
     assert (await keyring.for_write("bob")).seal(b"p", b"x")
+
+
+async def _keyring_names(engine: AsyncEngine) -> list[str]:
+    async with engine.connect() as conn:
+        return list((await conn.execute(text("SELECT owner FROM owner_keys"))).scalars())
 
 
 # -- shred ----------------------------------------------------------------------------------

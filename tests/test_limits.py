@@ -327,6 +327,11 @@ async def writer_and_reader(
                 yield w, r, reader.process.popen.pid
 
 
+# What the ~60 MB conversations below hold: their items, and each message's text again in its
+# transcript (every byte stored counts against MAX_CONVERSATION_BYTES).
+HOLDS = str(160 * MIB)
+
+
 async def sixty_megabytes(w: httpx.AsyncClient) -> tuple[str, str]:
     """A /v1 conversation of ~60 MB of appended items: its id and its first item's id."""
     conversation = (await w.post("/v1/conversations", json={})).json()["id"]
@@ -344,7 +349,9 @@ async def test_reading_a_big_conversation_holds_a_page_not_the_conversation(
     """One replica writes a ~60 MB conversation; another, fresh, serves every read of its
     items: its peak memory grows by less than a page's bound (loading the whole conversation,
     as every one of these reads did, grew a replica by ~500 MB for three times this size)."""
-    async with writer_and_reader(database, tmp_path, FakeResponsesAPI()) as (w, r, pid):
+    async with writer_and_reader(
+        database, tmp_path, FakeResponsesAPI(), MAX_CONVERSATION_BYTES=HOLDS
+    ) as (w, r, pid):
         conversation, first_id = await sixty_megabytes(w)
         items = f"/v1/conversations/{conversation}/items"
         answer = await w.post("/v1/responses", json={"conversation": conversation,
@@ -387,7 +394,9 @@ async def test_a_turn_of_a_big_conversation_loads_its_window_not_the_history(
     it on a fresh replica (warmed up by a turn of a small conversation first) grows that
     replica's peak memory by less than TURN_BOUND, and its provider request is its window."""
     api = FakeResponsesAPI()
-    async with writer_and_reader(database, tmp_path, api, CONTEXT_MAX_TURNS="2") as (w, r, pid):
+    async with writer_and_reader(
+        database, tmp_path, api, CONTEXT_MAX_TURNS="2", MAX_CONVERSATION_BYTES=HOLDS
+    ) as (w, r, pid):
         conv, _ = await sixty_megabytes(w)
         cid = conv.removeprefix("conv_")
         moved = await w.post(CHAT, json={"conversation_id": cid, "message": "sum up"})

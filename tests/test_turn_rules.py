@@ -35,6 +35,7 @@ from service.providers.fake import FakeProvider
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
 from service.usecases.exchange import Tooling
+from service.usecases.gate import WriteGate
 from service.usecases.leases import LeasePolicy, Leases
 from service.usecases.turns import TurnDone, TurnService
 from tests.memory import MemoryStore
@@ -209,7 +210,7 @@ async def test_a_tool_turn_commits_calls_and_outputs_in_order() -> None:
 async def test_an_idempotent_retry_replays_the_commit_without_the_provider() -> None:
     store = MemoryStore()
     provider = Scripted(reply("once"))
-    turns = service(provider, store, idempotency=store)
+    turns = service(provider, store, gate=WriteGate(store))
     first = await turn(turns, "pay", idempotency_key="k1")
     again = await turn(turns, "pay", idempotency_key="k1")
     assert again == first and len(provider.requests) == 1

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from litestar import Controller, Response, delete, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.bodies import strict
 from service.api.deps import Caller
 from service.api.errors import documented
-from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
+from service.api.headers import (
+    CORRELATION_ID,
+    DELETE_CONVERSATION,
+    ETAG,
+    IdempotencyKey,
+    IfMatch,
+    etag,
+    parse_if_match,
+)
 from service.api.schemas import (
     Compaction,
     CompactRequest,
@@ -115,10 +123,16 @@ class ConversationController(Controller):
         ),
     )
     async def fork(
-        self, conversation_id: FromPath[str], data: JSONBody[ForkRequest], api: Caller
+        self,
+        request: Request[Any, Any, Any],
+        conversation_id: FromPath[str],
+        data: JSONBody[ForkRequest],
+        api: Caller,
+        idempotency_key: IdempotencyKey = None,
     ) -> Response[Forked]:
         source = parse_conversation_id(conversation_id)
-        info = await api.conversations.fork(source, api.owner, data.at_revision)
+        key = api.key(idempotency_key, "fork", str(source), await request.body())
+        info = await api.conversations.fork(source, api.owner, data.at_revision, key)
         return Response(
             Forked.of(info, source, data.at_revision), headers={"ETag": etag(info.revision)}
         )
@@ -139,13 +153,16 @@ class ConversationController(Controller):
     )  # fmt: skip
     async def compact(
         self,
+        request: Request[Any, Any, Any],
         conversation_id: FromPath[str],
         data: JSONBody[CompactRequest],
         api: Caller,
         if_match: IfMatch = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> Response[Compaction]:
         cid = parse_conversation_id(conversation_id)
-        plan = compaction_plan(cid, api.owner, parse_if_match(if_match))
+        key = api.key(idempotency_key, "compact", str(cid), await request.body())
+        plan = compaction_plan(cid, api.owner, parse_if_match(if_match), key)
         revision, usage = await api.turns.compact(plan)
         body = Compaction(str(cid), revision, UsageView.of(usage))
         return Response(body, headers={"ETag": etag(revision)})
@@ -157,7 +174,12 @@ class ConversationController(Controller):
         responses=documented(Unauthorized, ConversationNotFound, PreconditionFailed, StorageError),
     )
     async def remove(
-        self, conversation_id: FromPath[str], api: Caller, if_match: IfMatch = None
+        self,
+        conversation_id: FromPath[str],
+        api: Caller,
+        if_match: IfMatch = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> None:
         cid = parse_conversation_id(conversation_id)
-        await api.conversations.delete(cid, api.owner, parse_if_match(if_match))
+        key = api.key(idempotency_key, DELETE_CONVERSATION, str(cid))
+        await api.conversations.delete(cid, api.owner, parse_if_match(if_match), key)

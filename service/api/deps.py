@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
+from service.core.model import IdempotencyKey
 from service.core.plans import PlanRules
 from service.store.ports import Operations
 from service.usecases.conversations import Conversations
+from service.usecases.gate import WriteGate
 from service.usecases.responses import Responses
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService
@@ -28,6 +30,7 @@ class UseCases:
     responses: Responses
     rules: PlanRules  # what a request may ask
     sse_keepalive_s: float  # SSE_KEEPALIVE_S
+    gate: WriteGate  # what every write passes through
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ class Api:
     @property
     def sse_keepalive_s(self) -> float:
         return self.cases.sse_keepalive_s
+
+    def key(self, header: str | None, route: str, *subject: str | bytes) -> IdempotencyKey | None:
+        """The Idempotency-Key a write came with (None: none), bound to its ``route`` and what a
+        retry must repeat (its path's ids, its body)."""
+        return self.cases.gate.key(self.owner, header, route, *subject)
 
 
 Caller = NamedDependency[SkipValidation[Api]]

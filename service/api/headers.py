@@ -18,12 +18,15 @@ IdempotencyKey = Annotated[
         min_length=1,
         max_length=255,
         pattern=r"^[\x21-\x7e]+$",
-        description="A client-chosen key (1-255 visible ASCII characters). A retry with the same "
-        "key and body returns the original committed result without calling the model; the "
-        "same key with another body is 422 idempotency_key_reused; while the first request "
-        "runs, 409 request_in_progress. Turns that fail do not use the key up.",
+        description="A client-chosen key (1-255 visible ASCII characters), on every call that "
+        "writes. A retry with the same key and request returns the original committed result "
+        "without writing again or calling the model, on any replica; the same key with another "
+        "request is 422 idempotency_key_reused; while the first request runs, 409 "
+        "request_in_progress. Requests that fail do not use the key up.",
     ),
 ]
+# What deleting a conversation asks, on either surface (a retry may switch surfaces).
+DELETE_CONVERSATION = "conversation.delete"
 
 IfMatch = Annotated[
     str | None,

@@ -105,6 +105,13 @@ class ConversationNotFound(TurnstoreError):
     code, status, default_message = "conversation_not_found", 404, "Conversation not found."
 
 
+class OwnerShredded(ConversationNotFound):
+    """The owner was shredded (``turnstore owners shred``): nothing more is kept for them, and
+    what they had is gone, as a conversation that does not exist."""
+
+    default_message = "The conversation's owner was shredded; nothing was kept."
+
+
 class TurnNotFound(TurnstoreError):
     code, status = "turn_not_found", 404
     default_message = "Turn not found (unknown, another owner's, or its events have expired)."

@@ -280,6 +280,16 @@ class IdempotencyKey:
     key: str
     request_hash: str  # of what the request asked, so a reused key with another body is caught
 
+    @classmethod
+    def of(cls, owner: str, key: str, *subject: str | bytes) -> IdempotencyKey:
+        """``owner``'s ``key`` for a request that asks ``subject`` (its route, then what a
+        retry must repeat exactly: its path's ids, its body)."""
+        digest = hashlib.sha256()
+        for part in subject:
+            data = part.encode() if isinstance(part, str) else part
+            digest.update(len(data).to_bytes(8, "big") + data)
+        return cls(owner, key, digest.hexdigest())
+
 
 @dataclass(frozen=True)
 class Append:
@@ -288,7 +298,8 @@ class Append:
     ``idempotency``, claimed before, is completed in the same transaction; ``lease``, the
     holder's id, is released by it. With ``fork_of``, the conversation is first made as that
     fork (at ``expected_revision``), in the same transaction: a turn that fails leaves no
-    fork behind."""
+    fork behind (its place among its owner's forks was taken before its provider call:
+    ConversationStore.take_fork)."""
 
     conversation_id: UUID
     turn: Turn
@@ -423,8 +434,15 @@ class Commit:
 @dataclass(frozen=True)
 class Committed:
     """Where an earlier attempt with the same Idempotency-Key committed its turn (and its
-    run, for a background turn)."""
+    run, for a background turn), or its other write: the conversation it made or changed, at
+    the revision it left (a deletion names none: the conversation is gone)."""
 
-    conversation_id: UUID
-    revision: int
+    conversation_id: UUID | None
+    revision: int | None
     turn_id: UUID | None = None
+
+    @property
+    def turn(self) -> tuple[UUID, int]:
+        """The conversation and revision of a committed turn (a write that made one)."""
+        assert self.conversation_id is not None and self.revision is not None
+        return self.conversation_id, self.revision

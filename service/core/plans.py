@@ -182,10 +182,18 @@ def make_plan(
     )
 
 
-def compaction_plan(conversation_id: uuid.UUID, owner: str, if_match: Precondition) -> TurnPlan:
+def compaction_plan(
+    conversation_id: uuid.UUID,
+    owner: str,
+    if_match: Precondition,
+    idempotency: IdempotencyKey | None = None,
+) -> TurnPlan:
     """The plan of a compaction committed on its own (no message, no reply): a commit under
-    the same lease and If-Match as a turn."""
-    return TurnPlan(conversation_id, is_new=False, message="", if_match=if_match, owner=owner)
+    the same lease, If-Match and Idempotency-Key as a turn."""
+    return TurnPlan(
+        conversation_id, is_new=False, message="", if_match=if_match, owner=owner,
+        idempotency=idempotency,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -222,10 +230,3 @@ def check_precondition(if_match: Precondition, revision: int) -> None:
     """The If-Match rule: ``if_match`` (None: no precondition) must list ``revision``."""
     if if_match is not None and revision not in if_match:
         raise PreconditionFailed()
-
-
-def claim_lease_s(read_timeout_s: float, max_rounds: int) -> float:
-    """How long an Idempotency-Key claim is held for its first attempt: a claim whose replica
-    died is taken over once the longest turn is surely over (every provider round at its read
-    timeout, plus a minute)."""
-    return read_timeout_s * max_rounds + 60

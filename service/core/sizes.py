@@ -1,8 +1,9 @@
 """How much a conversation holds, counted against MAX_CONVERSATION_BYTES (the contract's
-Limits): the items its turns store, as the client and the provider sent them (their JSON
-bytes, uncompressed, never PostgreSQL's compressed size). Every message, reply and tool call
-is one of those items; the texts and the transcript stored beside them are read from them,
-so they are not counted twice (a conversation of 60 MB of appended items holds 60 MB).
+Limits): every byte a turn stores, as it is stored (its JSON or UTF-8 bytes, uncompressed,
+never PostgreSQL's compressed size). That is its replay items and compacted context, its two
+texts and its transcript, its tool calls, and the request fields its /v1 Response echoes. The
+database measures the same columns the same way where a row does not say its size
+(store/postgres/statements.py, TURN_SIZES), and the history cache counts its entries with it.
 """
 
 from __future__ import annotations
@@ -10,17 +11,33 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import msgspec
+
 from service.core.errors import ConversationFull
 from service.core.model import Turn
 
+_JSON = msgspec.json.Encoder()
+
 
 def turn_bytes(turn: Turn) -> int:
-    """What ``turn`` stores: its replay items and its compacted context."""
-    return turn.replay_bytes + sum(map(len, turn.compacted))
+    """What ``turn`` stores (and what holding it in memory costs, roughly)."""
+    size = turn.replay_bytes + sum(map(len, turn.compacted))
+    size += _utf8(turn.user_message) + _utf8(turn.assistant_message)
+    if turn.transcript is not None:
+        size += len(_JSON.encode(turn.transcript))
+    if turn.tool_calls:
+        size += len(_JSON.encode(turn.tool_calls))
+    if turn.response is not None:
+        size += len(turn.response)
+    return size
 
 
 def held_bytes(turns: Iterable[Turn]) -> int:
     return sum(map(turn_bytes, turns))
+
+
+def _utf8(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
 
 
 @dataclass(frozen=True)

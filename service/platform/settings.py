@@ -185,10 +185,12 @@ class Settings:
     max_conversation_bytes: int = _setting(
         "MAX_CONVERSATION_BYTES",
         64 * _MIB,
-        "the items (JSON bytes, as sent) one conversation may hold; a turn or item append past "
-        "it is `422 conversation_full`. A turn reads only its context window, so this bounds "
-        "the disk and WAL one conversation takes, not a replica's memory; 64 MiB is far past any"
-        " model's context (~1 MB) and leaves room for long tool transcripts",
+        "what one conversation may hold: every byte stored for it (items as sent, texts, "
+        "transcript, tool calls, compacted items, the request fields a `/v1` Response echoes); "
+        "a turn, item append or fork past it is `422 conversation_full`. A turn reads only its "
+        "context window, so this bounds the disk and WAL one conversation takes, not a "
+        "replica's memory; 64 MiB is far past any model's context (~1 MB) and leaves room for "
+        "long tool transcripts",
         low=1024,
         high=1024 * _MIB,
     )
@@ -199,6 +201,25 @@ class Settings:
         " forks); past it `429 too_many_requests`. A fork copies its source inside the database "
         "(WAL as large as the copied turns): 30 a minute is a person exploring branches, not a "
         "loop filling the disk",
+        low=1,
+        high=1_000_000,
+    )
+    owner_max_write_bytes_per_minute: int = _setting(
+        "OWNER_MAX_WRITE_BYTES_PER_MINUTE",
+        256 * _MIB,
+        "what one owner's writes may store in a minute through one replica (turns, item "
+        "appends, new conversations, forks: a fork's copy counts), a bucket refilled at this "
+        "rate; past it `429 too_many_requests` before any provider call, nothing kept. In any "
+        "minute one owner writes at most twice this and one request more per replica (README, "
+        "Limits). With `AUTH_MODE=none` every client is one owner",
+        low=1024,
+        high=1024 * 1024 * _MIB,
+    )
+    owner_max_queued_turns: int = _setting(
+        "OWNER_MAX_QUEUED_TURNS",
+        64,
+        "turns of one owner that may wait in conversations' queues at once on one replica "
+        "(`TURN_CONCURRENCY=queue`); past it `429 too_many_requests`, the provider not called",
         low=1,
         high=1_000_000,
     )

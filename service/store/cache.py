@@ -30,6 +30,7 @@ from service.core.model import (
     Commit,
     Conversation,
     ConversationInfo,
+    IdempotencyKey,
     LeaseAttempt,
     LeaseRequest,
     Metadata,
@@ -40,6 +41,7 @@ from service.core.model import (
     Turn,
     since,
 )
+from service.core.sizes import turn_bytes
 from service.store.ports import ConversationStore
 
 
@@ -57,8 +59,9 @@ class _Entry:
 
 
 def turn_size(turn: Turn) -> int:
-    """What a turn costs in memory, roughly: its replay items' bytes plus its two messages."""
-    return turn.replay_bytes + len(turn.user_message) + len(turn.assistant_message)
+    """What a turn costs in memory, roughly: what it stores (service/core/sizes.py), every
+    field of it this cache keeps counted."""
+    return turn_bytes(turn)
 
 
 class CachedStore:
@@ -166,8 +169,9 @@ class CachedStore:
             self._evict(conversation_id)
             raise
         # The commit made revision expected + 1 out of exactly the cached turns plus this one.
-        # The commit's now() and revision, as stored.
-        turn = replace(turn, created_at=commit.updated_at, number=commit.revision)
+        # The commit's now() and revision, as stored; without the echo of its /v1 request,
+        # which no turn reads of its window (statements.WINDOW_TURN).
+        turn = replace(turn, created_at=commit.updated_at, number=commit.revision, response=None)
         entry = self._entries.get(conversation_id)
         if commit.revision != expected_revision + 1:
             self._evict(conversation_id)
@@ -192,10 +196,14 @@ class CachedStore:
         return await self._inner.transcript(conversation_id, owner, page)  # a page: not cached
 
     async def delete(
-        self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str = ANONYMOUS,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> None:
         try:
-            await self._inner.delete(conversation_id, owner, if_match)
+            await self._inner.delete(conversation_id, owner, if_match, idempotency)
         finally:
             # Also after a failed delete: a load racing with it may have cached what is gone.
             self._evict(conversation_id)
@@ -211,10 +219,16 @@ class CachedStore:
             conversation_id, owner, low, high, newest_first=newest_first, limit=limit
         )
 
-    async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
+    async def delete_response(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        revision: int,
+        idempotency: IdempotencyKey | None = None,
+    ) -> bool:
         # Cached turns may keep saying their response is there: nothing reads that from here
         # (a response is read with after_revision, which this cache passes through).
-        return await self._inner.delete_response(conversation_id, owner, revision)
+        return await self._inner.delete_response(conversation_id, owner, revision, idempotency)
 
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None
@@ -222,19 +236,39 @@ class CachedStore:
         return await self._inner.list_conversations(owner, limit, after)
 
     async def create_conversation(
-        self, owner: str, metadata: dict[str, str], turn: Turn | None = None
+        self,
+        owner: str,
+        metadata: dict[str, str],
+        turn: Turn | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
-        return await self._inner.create_conversation(owner, metadata, turn)
+        return await self._inner.create_conversation(owner, metadata, turn, idempotency)
 
-    async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
-        return await self._inner.fork(conversation_id, owner, at_revision)
+    async def fork(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        at_revision: int,
+        idempotency: IdempotencyKey | None = None,
+    ) -> ConversationInfo:
+        return await self._inner.fork(conversation_id, owner, at_revision, idempotency)
+
+    async def take_fork(self, owner: str, conversation_id: UUID) -> None:
+        await self._inner.take_fork(owner, conversation_id)
+
+    async def free_fork(self, owner: str, conversation_id: UUID) -> None:
+        await self._inner.free_fork(owner, conversation_id)
 
     async def pop_item(
-        self, conversation_id: UUID, owner: str, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         self._evict(conversation_id)
         try:
-            return await self._inner.pop_item(conversation_id, owner, if_match)
+            return await self._inner.pop_item(conversation_id, owner, if_match, idempotency)
         finally:
             self._evict(conversation_id)
 
@@ -242,9 +276,16 @@ class CachedStore:
         return await self._inner.describe(conversation_id, owner)
 
     async def update_metadata(
-        self, conversation_id: UUID, owner: str, metadata: Metadata, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str,
+        metadata: Metadata,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
-        return await self._inner.update_metadata(conversation_id, owner, metadata, if_match)
+        return await self._inner.update_metadata(
+            conversation_id, owner, metadata, if_match, idempotency
+        )
 
     async def close(self) -> None:
         self._entries.clear()

@@ -43,6 +43,9 @@ from service.core.model import (
 
 
 class ConversationStore(Protocol):
+    """A write that came with an Idempotency-Key (``idempotency``, ``Append.idempotency``)
+    completes its claim in its own transaction (IdempotencyStore)."""
+
     async def load(
         self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
     ) -> Conversation | None:
@@ -107,11 +110,15 @@ class ConversationStore(Protocol):
         (nor any replay item); None as for ``load``. Raises StorageError."""
 
     async def delete(
-        self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str = ANONYMOUS,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> None:
         """Remove the owner's conversation and everything of it (its Idempotency-Key records
-        too), if its revision is in ``if_match``. Raises ConversationNotFound,
-        PreconditionFailed, StorageError."""
+        too), if its revision is in ``if_match``; ``idempotency`` then names the deletion.
+        Raises ConversationNotFound, PreconditionFailed, StorageError."""
 
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None
@@ -120,18 +127,42 @@ class ConversationStore(Protocol):
         Raises InvalidInput for a cursor this store did not make."""
 
     async def create_conversation(
-        self, owner: str, metadata: dict[str, str], turn: Turn | None = None
+        self,
+        owner: str,
+        metadata: dict[str, str],
+        turn: Turn | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
         """A new conversation of ``owner``'s: with ``turn`` (items appended without the
-        model) as its first commit, else empty at revision 0. Raises StorageError."""
+        model) as its first commit, else empty at revision 0. Raises OwnerShredded,
+        StorageError."""
 
-    async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
+    async def fork(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        at_revision: int,
+        idempotency: IdempotencyKey | None = None,
+    ) -> ConversationInfo:
         """A new conversation of ``owner``'s holding turns 1..``at_revision`` of this one, as
         they are (replay bytes, origins, window starts); this one is untouched. Raises
         ConversationNotFound, InvalidInput (no such revision), StorageError."""
 
+    async def take_fork(self, owner: str, conversation_id: UUID) -> None:
+        """A place for the fork ``conversation_id`` among ``owner``'s forks of the last minute
+        (OWNER_MAX_FORKS_PER_MINUTE, fleet-wide), taken before a turn that makes it calls the
+        provider (its commit makes the fork, ``Append.fork_of``); ``fork`` takes its own.
+        Raises TooManyRequests, StorageError."""
+
+    async def free_fork(self, owner: str, conversation_id: UUID) -> None:
+        """Give the place back: the turn that was to make the fork did not commit."""
+
     async def pop_item(
-        self, conversation_id: UUID, owner: str, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         """Remove the conversation's latest item: its last turn, without it
         (core.items.without_last_item), becomes the next revision (a commit; ``rewritten_at`` tells
@@ -139,7 +170,13 @@ class ConversationStore(Protocol):
         ConversationNotFound, PreconditionFailed, ConversationConflict (a turn is running),
         InvalidInput (nothing to remove), StorageError."""
 
-    async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
+    async def delete_response(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        revision: int,
+        idempotency: IdempotencyKey | None = None,
+    ) -> bool:
         """Forget the response the turn of ``revision`` made (it stays a turn, with its
         items); whether there was such a response not deleted before."""
 
@@ -147,7 +184,12 @@ class ConversationStore(Protocol):
         """The conversation without its turns; None as for ``load``. Raises StorageError."""
 
     async def update_metadata(
-        self, conversation_id: UUID, owner: str, metadata: Metadata, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str,
+        metadata: Metadata,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
         """Replace its metadata (no commit: the revision stays), if its revision is in
         ``if_match``. Raises ConversationNotFound, PreconditionFailed, StorageError."""
@@ -214,10 +256,15 @@ class RunStore(Protocol):
 
 
 class IdempotencyStore(Protocol):
+    """Idempotency-Key claims (service/usecases/gate.py). A write that claimed one completes it
+    in its own transaction: ``Append.idempotency``, and the ``idempotency`` of every other
+    write of ConversationStore."""
+
     async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
-        """Claim ``key`` for a new attempt (None), or say where the first attempt committed.
-        Raises RequestInProgress while that attempt runs (with its ``turn_id``, the run of a
-        background turn), IdempotencyKeyReused when the key came with another request."""
+        """Claim ``key`` for a new attempt (None), held for a lease (see ``renew``), or say
+        where the first attempt committed. Raises RequestInProgress while that attempt runs
+        (with its ``turn_id``, the run of a background turn), IdempotencyKeyReused when the
+        key came with another request."""
 
     async def check(self, key: IdempotencyKey) -> None:
         """Raise now what ``claim`` would raise, without claiming (a stream reports these as
@@ -229,6 +276,10 @@ class IdempotencyStore(Protocol):
     async def release_run(self, turn_id: UUID, owner: str) -> None:
         """The key a run claimed, if it still says 'running': the run ended without a commit
         (its replica vanished), so a retry may run the turn again at once."""
+
+    async def renew(self, keys: Sequence[IdempotencyKey], lease_s: float) -> None:
+        """Keep these claims (still running) for ``lease_s`` from now: a claim that is not
+        renewed is taken over once its lease runs out (its replica died)."""
 
 
 @dataclass(frozen=True)

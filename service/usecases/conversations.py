@@ -1,6 +1,8 @@
 """What both surfaces do to a conversation besides a turn: read it, list, fork, delete, and the
 item edits of the OpenAI surface (items appended without the model, the latest one removed),
-each a commit under the same rules as a turn's (If-Match, the revision, the lease).
+each a commit under the same rules as a turn's (If-Match, the revision, the lease), and each
+write through the write gate (service/usecases/gate.py: its Idempotency-Key, the owner's
+write budget) with its bytes counted as a turn's are (core/sizes.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from service.core.errors import (
 from service.core.items import items_turn, listed_ids
 from service.core.model import (
     Append,
-    Commit,
+    Committed,
     ConversationInfo,
+    IdempotencyKey,
     PageRequest,
     Precondition,
     Summary,
@@ -31,16 +34,22 @@ from service.core.model import (
 from service.core.plans import check_precondition
 from service.core.sizes import SizeLimit, turn_bytes
 from service.store.ports import ConversationStore
+from service.usecases.gate import WriteGate
 from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
 
 
 class Conversations:
     def __init__(
-        self, store: ConversationStore, restorer: Restorer, size_limit: SizeLimit | None = None
+        self,
+        store: ConversationStore,
+        restorer: Restorer,
+        size_limit: SizeLimit | None = None,
+        gate: WriteGate | None = None,
     ) -> None:
         self._store, self._restorer = store, restorer
         self._size = size_limit or SizeLimit()
+        self._gate = gate or WriteGate(None)
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -78,46 +87,121 @@ class Conversations:
         """The turn that made ``revision`` (None: no such turn of the owner's), read alone."""
         return await self._store.turn(cid, owner, revision)
 
-    # --- writing ------------------------------------------------------------------------------
+    # --- writing: each through the write gate (service/usecases/gate.py) ------------------------
 
     async def create(
-        self, owner: str, metadata: dict[str, str], items: Sequence[object] | None
+        self,
+        owner: str,
+        metadata: dict[str, str],
+        items: Sequence[object] | None,
+        key: IdempotencyKey | None = None,
     ) -> ConversationInfo:
-        turn = await self._restored(owner, items)
-        if turn is not None:
-            self._size.check(0, turn_bytes(turn))
-        return await self._store.create_conversation(owner, metadata, turn)
+        async def write() -> ConversationInfo:
+            turn = await self._restored(owner, items)
+            size = self._size.check(0, turn_bytes(turn)) if turn is not None else 0
+            self._gate.budget.admit(owner, size)
+            info = await self._store.create_conversation(owner, metadata, turn, key)
+            self._gate.budget.charge(owner, size)
+            return info
+
+        return await self._gate.once(key, write, lambda done: self._now(done, owner))
 
     async def update_metadata(
-        self, cid: uuid.UUID, owner: str, metadata: dict[str, str], if_match: Precondition
+        self,
+        cid: uuid.UUID,
+        owner: str,
+        metadata: dict[str, str],
+        if_match: Precondition,
+        key: IdempotencyKey | None = None,
     ) -> ConversationInfo:
-        return await self._store.update_metadata(cid, owner, metadata, if_match)
+        async def write() -> ConversationInfo:
+            return await self._store.update_metadata(cid, owner, metadata, if_match, key)
 
-    async def delete_response(self, cid: uuid.UUID, owner: str, revision: int) -> bool:
-        return await self._store.delete_response(cid, owner, revision)
+        return await self._gate.once(key, write, lambda done: self._now(done, owner))
 
-    async def delete(self, cid: uuid.UUID, owner: str, if_match: Precondition) -> None:
-        await self._store.delete(cid, owner, if_match)
+    async def delete_response(
+        self, cid: uuid.UUID, owner: str, revision: int, key: IdempotencyKey | None = None
+    ) -> bool:
+        return await self._store.delete_response(cid, owner, revision, key)
 
-    async def fork(self, cid: uuid.UUID, owner: str, at_revision: int) -> ConversationInfo:
-        return await self._store.fork(cid, owner, at_revision)
+    async def delete(
+        self,
+        cid: uuid.UUID,
+        owner: str,
+        if_match: Precondition,
+        key: IdempotencyKey | None = None,
+    ) -> None:
+        async def write() -> None:
+            await self._store.delete(cid, owner, if_match, key)
+
+        async def deleted(_: Committed) -> None:
+            return None
+
+        await self._gate.once(key, write, deleted)
+
+    async def fork(
+        self, cid: uuid.UUID, owner: str, at_revision: int, key: IdempotencyKey | None = None
+    ) -> ConversationInfo:
+        """A new conversation holding turns 1..``at_revision`` of this one: what it copies is
+        counted against MAX_CONVERSATION_BYTES and the owner's write budget first."""
+
+        async def write() -> ConversationInfo:
+            source = await self.describe(cid, owner)
+            if not 1 <= at_revision <= source.revision:
+                raise InvalidInput("at_revision must be a revision of the conversation.")
+            size = await held_bytes(self._store, cid, owner, at_revision, source)
+            self._size.check(size, 0)
+            self._gate.budget.admit(owner, size)
+            info = await self._store.fork(cid, owner, at_revision, key)
+            self._gate.budget.charge(owner, size)
+            return info
+
+        return await self._gate.once(key, write, lambda done: self._now(done, owner))
 
     async def append_items(
-        self, cid: uuid.UUID, owner: str, items: Sequence[object], if_match: Precondition
-    ) -> tuple[Turn, Commit]:
+        self,
+        cid: uuid.UUID,
+        owner: str,
+        items: Sequence[object],
+        if_match: Precondition,
+        key: IdempotencyKey | None = None,
+    ) -> tuple[Turn, int]:
         """Commit ``items`` (appended without the model) on top of the conversation's current
-        revision: 409 conversation_conflict if another turn commits or runs meanwhile."""
-        turn = await self._restored(owner, items)
-        if turn is None:
-            raise InvalidInput("items: at least one.", param="items")
-        info = await self.describe(cid, owner)
-        check_precondition(if_match, info.revision)
-        held = 0
-        if self._size.max_bytes is not None:
-            held = await held_bytes(self._store, cid, owner, info.revision, info)
-        size = self._size.check(held, turn_bytes(turn))
-        append = Append(cid, turn, info.revision, owner=owner, stored_bytes=size)
-        return turn, await self._store.append(append)
+        revision: 409 conversation_conflict if another turn commits or runs meanwhile. The
+        turn, and the revision it made."""
+
+        async def write() -> tuple[Turn, int]:
+            turn = await self._restored(owner, items)
+            if turn is None:
+                raise InvalidInput("items: at least one.", param="items")
+            info = await self.describe(cid, owner)
+            check_precondition(if_match, info.revision)
+            held = 0
+            if self._size.max_bytes is not None:
+                held = await held_bytes(self._store, cid, owner, info.revision, info)
+            adding = turn_bytes(turn)
+            size = self._size.check(held, adding)
+            self._gate.budget.admit(owner, adding)
+            append = Append(
+                cid, turn, info.revision, owner=owner, stored_bytes=size, idempotency=key
+            )
+            commit = await self._store.append(append)
+            self._gate.budget.charge(owner, adding)
+            return turn, commit.revision
+
+        async def appended(done: Committed) -> tuple[Turn, int]:
+            cid, revision = done.turn
+            turn = await self.turn_at(cid, owner, revision)
+            if turn is None:
+                raise ConversationNotFound()  # deleted or expired since
+            return turn, revision
+
+        return await self._gate.once(key, write, appended)
+
+    async def _now(self, done: Committed, owner: str) -> ConversationInfo:
+        """The conversation an earlier attempt with the same key made or changed, as it is
+        now (a retry's answer)."""
+        return await self.describe(done.turn[0], owner)
 
     async def _restored(self, owner: str, items: Sequence[Any] | None) -> Turn | None:
         """The turn that appends ``items``, those turnstore showed restored to their stored
@@ -129,22 +213,31 @@ class Conversations:
         return replace(turn, replay_items=replay_items)
 
     async def pop_item(
-        self, cid: uuid.UUID, owner: str, item_id: str, if_match: Precondition
+        self,
+        cid: uuid.UUID,
+        owner: str,
+        item_id: str,
+        if_match: Precondition,
+        key: IdempotencyKey | None = None,
     ) -> ConversationInfo:
         """Remove ``item_id`` if it is the conversation's latest item (the Agents SDK's
         pop_item); any other item is 400, an unknown one 404. A commit between the look and
         the removal makes it 409, with nothing removed."""
-        revision = (await self.describe(cid, owner)).revision
-        check_precondition(if_match, revision)
-        last = await self._store.turn(cid, owner, revision) if revision else None
-        latest = listed_ids(cid, revision, last) if last is not None else []
-        if not latest or latest[-1] != item_id:
-            async for number, turn in self.walk(cid, owner, newest_first=True):
-                if item_id in listed_ids(cid, number, turn):
-                    raise InvalidInput("Only the latest item can be removed.", param="item_id")
-            raise ItemNotFound()
-        try:
-            info, _ = await self._store.pop_item(cid, owner, frozenset({revision}))
-        except PreconditionFailed:
-            raise ConversationConflict() from None
-        return info
+
+        async def write() -> ConversationInfo:
+            revision = (await self.describe(cid, owner)).revision
+            check_precondition(if_match, revision)
+            last = await self._store.turn(cid, owner, revision) if revision else None
+            latest = listed_ids(cid, revision, last) if last is not None else []
+            if not latest or latest[-1] != item_id:
+                async for number, turn in self.walk(cid, owner, newest_first=True):
+                    if item_id in listed_ids(cid, number, turn):
+                        raise InvalidInput("Only the latest item can be removed.", param="item_id")
+                raise ItemNotFound()
+            try:
+                info, _ = await self._store.pop_item(cid, owner, frozenset({revision}), key)
+            except PreconditionFailed:
+                raise ConversationConflict() from None
+            return info
+
+        return await self._gate.once(key, write, lambda done: self._now(done, owner))

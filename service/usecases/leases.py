@@ -29,7 +29,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -44,6 +44,7 @@ from service.core.plans import TurnPlan
 from service.platform import metrics, tracing
 from service.store.ports import ConversationStore, Notifications
 from service.usecases.heartbeat import Heartbeat
+from service.usecases.limits import OwnerLimit
 from service.usecases.locks import KeyedLocks, settle
 
 log = logging.getLogger("turnstore.leases")
@@ -61,6 +62,7 @@ class LeasePolicy:
     queue: bool = True  # TURN_CONCURRENCY=queue (False: reject)
     queue_wait_s: float = 30.0  # TURN_QUEUE_WAIT_S
     lease_s: float = 30.0  # TURN_LEASE_S
+    max_queued: int | None = None  # OWNER_MAX_QUEUED_TURNS: one owner's waiting turns here
 
 
 @dataclass
@@ -86,6 +88,8 @@ class Leases:
         self.policy = policy or LeasePolicy()
         self._locks = locks or KeyedLocks()
         self._keeper = _Keeper(store, self.policy.lease_s)
+        most = self.policy.max_queued
+        self._queued = OwnerLimit(most, "turns waiting for their conversations") if most else None
 
     async def take(self, owner: str, holder: uuid.UUID) -> None:
         """A place for ``holder`` among ``owner``'s running turns, kept (renewed) until
@@ -136,11 +140,12 @@ class Leases:
         placed = run_id is not None  # a run's place, taken when it was made
         try:
             if self._locks.taken(cid):  # another turn of this process has it: wait, counted
-                if placed:  # a turn that waits is not running: its place is given back
-                    await self.free(plan.owner, holder)
-                    placed = False
-                with metrics.TURNS_WAITING.track_inprogress():
-                    await local.__aenter__()
+                with self._waiting(plan.owner):
+                    if placed:  # a turn that waits is not running: its place is given back
+                        await self.free(plan.owner, holder)
+                        placed = False
+                    with metrics.TURNS_WAITING.track_inprogress():
+                        await local.__aenter__()
             else:
                 await local.__aenter__()
         except TimeoutError:
@@ -203,7 +208,7 @@ class Leases:
         # given back meanwhile, and taken again with the lease.
         await self.free(plan.owner, holder)
         topic, poll = f"lease:{plan.conversation_id}", FIRST_POLL_S
-        with metrics.TURNS_WAITING.track_inprogress():  # refused once: it waits now
+        with self._waiting(plan.owner), metrics.TURNS_WAITING.track_inprogress():
             async with self._notifications.subscribe(topic) as released:
                 while True:
                     released.clear()
@@ -224,6 +229,19 @@ class Leases:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(min(wait, left)):
                             await released.wait()
+
+    @contextlib.contextmanager
+    def _waiting(self, owner: str) -> Iterator[None]:
+        """A turn of ``owner`` waits for its conversation (OWNER_MAX_QUEUED_TURNS on this
+        replica: past it, TooManyRequests before it waits)."""
+        if self._queued is None:
+            yield
+            return
+        leave = self._queued.take(owner)
+        try:
+            yield
+        finally:
+            leave()
 
     def _running(self, plan: TurnPlan, holder: uuid.UUID, attempt: LeaseAttempt) -> Conversation:
         """The lease is taken, and with it the turn's place: renewed from now on."""

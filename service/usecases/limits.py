@@ -1,15 +1,20 @@
-"""What one owner may hold open at once on this replica (the contract's Limits): e.g. event
-readers (OWNER_MAX_EVENT_READERS). Past the limit a new one is TooManyRequests (429 with
-Retry-After), before anything starts. Limits counted across the fleet live in PostgreSQL."""
+"""What one owner may do on this replica (the contract's Limits): hold open at once, e.g. event
+readers (OWNER_MAX_EVENT_READERS) and turns queued for a conversation
+(OWNER_MAX_QUEUED_TURNS), and write a minute (OWNER_MAX_WRITE_BYTES_PER_MINUTE). Past a limit
+a new one is TooManyRequests (429 with Retry-After), before anything starts. Limits counted
+across the fleet live in PostgreSQL."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections import Counter
 from collections.abc import Callable
 
 from service.core.errors import TooManyRequests
 
 RETRY_AFTER_S = "1"  # a reader's slot frees when one of the owner's streams ends
+MAX_TRACKED = 10_000  # owners with a bucket not full, before those refilled are dropped
 
 
 class OwnerLimit:
@@ -40,3 +45,54 @@ class OwnerLimit:
 
     def open(self, owner: str) -> int:
         return self._open[owner]
+
+
+class WriteBudget:
+    """OWNER_MAX_WRITE_BYTES_PER_MINUTE on this replica: what one owner's writes may store, a
+    bucket of ``per_minute`` bytes refilled at ``per_minute`` a minute. A write is admitted
+    (before any provider call) while the bucket holds what it brings, or is full; once it
+    commits, what it stored is charged, which may leave the bucket in debt until it refills.
+    So in any minute one owner's writes through one replica store at most twice the budget
+    and one write more (a full bucket, a minute's refill, and the write that emptied it).
+    None: no budget."""
+
+    def __init__(self, per_minute: int | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self._clock = clock
+        self._level: dict[str, tuple[float, float]] = {}  # owner -> (bytes left, when)
+
+    def admit(self, owner: str, adding: int) -> None:
+        """TooManyRequests unless ``owner`` may write ``adding`` bytes now."""
+        if self.per_minute is None:
+            return
+        left = self._left(owner)
+        wanted = min(adding, self.per_minute)
+        if left >= wanted:
+            return
+        wait_s = (wanted - left) * 60 / self.per_minute
+        raise TooManyRequests(
+            f"This owner's writes passed {self.per_minute} bytes a minute on this server "
+            "(OWNER_MAX_WRITE_BYTES_PER_MINUTE); nothing was kept. Retry after a while.",
+            retry_after=str(max(1, math.ceil(wait_s))),
+        )
+
+    def charge(self, owner: str, stored: int) -> None:
+        """``owner``'s write stored ``stored`` bytes."""
+        if self.per_minute is None or stored <= 0:
+            return
+        self._level[owner] = (self._left(owner) - stored, self._clock())
+        if len(self._level) > MAX_TRACKED:
+            self._forget_full()
+
+    def _left(self, owner: str) -> float:
+        assert self.per_minute is not None
+        level = self._level.get(owner)
+        if level is None:
+            return float(self.per_minute)
+        left, when = level
+        return min(float(self.per_minute), left + (self._clock() - when) * self.per_minute / 60)
+
+    def _forget_full(self) -> None:
+        """Owners whose buckets have refilled need no entry."""
+        assert self.per_minute is not None
+        self._level = {o: v for o, v in self._level.items() if self._left(o) < self.per_minute}

@@ -34,7 +34,7 @@ from service.core.errors import (
 from service.core.events import RunEvent
 from service.core.ids import ResponseRef, parse_response_id, response_id, run_response_id
 from service.core.items import check_history, client_tools, turn_input
-from service.core.model import ForkPoint, Precondition, RunView, Turn
+from service.core.model import Committed, ForkPoint, IdempotencyKey, Precondition, RunView, Turn
 from service.core.plans import Asked, PlanRules, TurnPlan, make_plan
 from service.providers.base import Compacted, ProviderEvent, Reply
 from service.usecases.conversations import Conversations
@@ -289,14 +289,25 @@ class Responses:
             return await self.find(owner, raw_id)
         return found
 
-    async def delete(self, owner: str, raw_id: str) -> None:
+    async def delete(self, owner: str, raw_id: str, key: IdempotencyKey | None = None) -> None:
         """Forget the response: unknown from now on; its turn and items stay in its
-        conversation (as on OpenAI). One still running is cancelled first."""
-        found = await self.cancel(owner, raw_id)
-        if found.revision is not None:
-            await self._conversations.delete_response(found.conversation_id, owner, found.revision)
-        if found.run is not None:
-            await self._runs.forget(found.run.id, owner)
+        conversation (as on OpenAI). One still running is cancelled first. Through the write
+        gate: a retry with the same Idempotency-Key is answered as the first attempt was."""
+
+        async def write() -> None:
+            found = await self.cancel(owner, raw_id)
+            if found.revision is not None:
+                cid, revision = found.conversation_id, found.revision
+                await self._conversations.delete_response(cid, owner, revision, key)
+            elif key is not None:  # nothing committed to forget: the key names the response
+                await self._turns.gate.release(key)
+            if found.run is not None:
+                await self._runs.forget(found.run.id, owner)
+
+        async def deleted(_: Committed) -> None:
+            return None
+
+        await self._turns.gate.once(key, write, deleted)
 
     async def replay(self, owner: str, raw_id: str) -> tuple[Found, AsyncGenerator[RunEvent, None]]:
         """A streamed response's events from the first, then live to its end (any replica,

@@ -10,7 +10,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable
 
 from service.core import events
-from service.core.errors import Cancelled, StorageError, TurnstoreError
+from service.core.errors import Cancelled, TurnstoreError
 from service.core.events import RunEvent
 from service.core.model import NewRun, RunCommit, RunEnd, RunStatus, Turn
 from service.core.plans import TurnPlan
@@ -78,8 +78,12 @@ class Run:
                 error.message,
                 lambda seq: events.failure(seq, error, self.correlation_id),
             )
-        except StorageError:
-            log.warning("turn %s: could not log its end; readers will find it stalled", self.id)
+        except TurnstoreError as exc:  # the database failed, or the owner was shredded
+            log.warning(
+                "turn %s: could not log its end (%s); readers will find it stalled",
+                self.id,
+                exc.code,
+            )
 
     def watched(self) -> None:
         """Someone follows the run from elsewhere: log what it has now, and soon from now on."""
@@ -136,15 +140,18 @@ class Run:
         after the others, logged with the end. Should the run have ended meanwhile
         (committed, interrupted elsewhere), what the log says is published here instead."""
         self._cancel_timer()
+        if self.events and self.events[-1].terminal:
+            return  # its client has had its one terminal event (an end that failed to log)
         last = terminal(len(self.events) + 1)
         async with self._flush_lock:
             batch = [*self.events[self._logged :], last]
             end = RunEnd(status, code, message, batch, revision)
             try:
                 ended = await self._store.end_run(self.id, self.new.owner, end)
-            except StorageError:
-                # Its client here still gets its terminal event; readers elsewhere will find
-                # the run stalled once its heartbeat runs out, and end it as interrupted.
+            except TurnstoreError:
+                # Its client here still gets its terminal event (the database failed, or its
+                # owner was shredded and nothing more is written for them); readers elsewhere
+                # will find the run stalled once its heartbeat runs out, or gone.
                 self._add(last)
                 raise
             if ended:
@@ -213,7 +220,7 @@ class Run:
     async def _flush_logged(self) -> None:
         try:
             await self.flush()
-        except StorageError:
+        except TurnstoreError:
             log.warning(
                 "turn %s: could not log its events (they are kept for the next try)", self.id
             )

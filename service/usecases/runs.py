@@ -123,7 +123,7 @@ class TurnRuns:
         except _Earlier as earlier:
             return earlier.started
         if committed is not None and committed.turn_id is not None and plan.background:
-            return Started(committed.turn_id, committed.conversation_id, "completed", None)
+            return Started(committed.turn_id, committed.turn[0], "completed", None)
         replay = committed is not None  # of an earlier commit: no provider call, no place
         try:
             if not await self._store.create_run(new, self._heartbeat_s, counted=not replay):

@@ -5,8 +5,9 @@ the reply -> conditional commit (releasing the lease). Nothing is written before
 accepted, and the commit is one transaction conditional on the revision read with the lease,
 so a stale writer in another replica gets ConversationConflict and writes nothing.
 
-An Idempotency-Key is claimed once, by whoever starts the turn (``claim``: ``run`` for a plain
-turn, service/usecases/runs.py for a run), and freed here when the turn does not commit.
+An Idempotency-Key is claimed once, through the write gate (service/usecases/gate.py), by
+whoever starts the turn (``claim``: ``run`` for a plain turn, service/usecases/runs.py for a
+run), completed by the commit and freed here when the turn does not commit.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from service.core.errors import (
     ContextLengthExceeded,
     ConversationNotFound,
     InvalidInput,
-    RequestInProgress,
     StorageError,
     TurnstoreError,
     UpstreamError,
@@ -46,9 +46,10 @@ from service.core.usage import Usage, added
 from service.core.window import Budget, SystemPrompt, Window, choose_window, instructions_for
 from service.platform import metrics, tracing
 from service.providers.base import Provider, ProviderRequest, TextDelta, request_overhead
-from service.store.ports import ConversationStore, IdempotencyStore
+from service.store.ports import ConversationStore
 from service.usecases import compaction
 from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling, advertised, tool_names
+from service.usecases.gate import WriteGate
 from service.usecases.leases import Held, Leases
 from service.usecases.locks import settle
 from service.usecases.paging import held_bytes
@@ -105,7 +106,7 @@ class TurnService:
         system_prompt: SystemPrompt | None = None,
         budget: Budget | None = None,
         tooling: Tooling | None = None,
-        idempotency: IdempotencyStore | None = None,
+        gate: WriteGate | None = None,
         size_limit: SizeLimit | None = None,
     ) -> None:
         self.store = store
@@ -114,7 +115,7 @@ class TurnService:
         self._prompt = system_prompt
         self._budget = budget or Budget()
         self._tooling = tooling
-        self._idempotency = idempotency
+        self.gate = gate or WriteGate(None)
         self._size = size_limit or SizeLimit()
 
     @property
@@ -128,27 +129,22 @@ class TurnService:
 
     async def check(self, plan: TurnPlan) -> None:
         """Fail early (before a stream starts) when the turn cannot succeed: an unknown
-        conversation, a failed If-Match, an Idempotency-Key used with another request. The
-        turn checks them again (under its lease, and in its claim)."""
+        conversation, a failed If-Match, an Idempotency-Key used with another request, the
+        owner's write budget spent. The turn checks them again (under its lease, in its claim,
+        before its provider call)."""
+        self.gate.budget.admit(plan.owner, sum(map(len, plan.input_items)))
         if not plan.is_new:
             info = await self.store.describe(plan.conversation_id, plan.owner)
             if info is None:
                 raise ConversationNotFound()
             check_precondition(plan.if_match, info.revision)
-        if plan.idempotency is not None and self._idempotency is not None:
-            try:
-                await self._idempotency.check(plan.idempotency)
-            except RequestInProgress as running:
-                if running.turn_id is None:  # a run's retry follows it (runs.py): not refused
-                    raise
+        await self.gate.check(plan.idempotency)  # a run's retry follows it (runs.py)
 
     async def claim(self, plan: TurnPlan, turn_id: uuid.UUID | None = None) -> Committed | None:
         """Claim the plan's Idempotency-Key for this attempt (``turn_id``: its run); where an
         earlier attempt committed, if one did. Raises RequestInProgress while an earlier
         attempt runs, IdempotencyKeyReused when the key came with another request."""
-        if plan.idempotency is None or self._idempotency is None:
-            return None
-        return await self._idempotency.claim(plan.idempotency, turn_id)
+        return await self.gate.claim(plan.idempotency, turn_id)
 
     async def run(self, plan: TurnPlan) -> TurnDone:
         """A non-streaming turn: the committed result, or a domain error."""
@@ -189,21 +185,21 @@ class TurnService:
                     committing = isinstance(event, TurnDone) and event.revision is not None
                     yield event
         finally:
-            if not committing:
+            if committing:
+                self.gate.settled(plan.idempotency)
+            else:
                 await self.release(plan)
+                if plan.fork_of is not None:  # it made no fork: its place is given back
+                    with contextlib.suppress(StorageError):  # it leaves the minute anyway
+                        await settle(self.store.free_fork(plan.owner, plan.conversation_id))
 
     async def release_run(self, turn_id: uuid.UUID, owner: str) -> None:
         """A run that ended without its commit (its replica vanished) frees its key."""
-        if self._idempotency is not None:
-            with contextlib.suppress(StorageError):  # the claim's lease runs out anyway
-                await settle(self._idempotency.release_run(turn_id, owner))
+        await self.gate.release_run(turn_id, owner)
 
     async def release(self, plan: TurnPlan) -> None:
         """A turn that did not commit does not use its Idempotency-Key up."""
-        key, keys = plan.idempotency, self._idempotency
-        if key is not None and keys is not None:
-            with contextlib.suppress(StorageError):  # the claim's lease runs out anyway
-                await settle(keys.release(key))
+        await self.gate.release(plan.idempotency)
 
     async def _turn(
         self, plan: TurnPlan, stream: bool, run: DurableRun | None
@@ -219,8 +215,14 @@ class TurnService:
                 if plan.items:  # a client's function outputs must answer its open calls
                     check_answers(new_items, conversation)
                 held_size = await self._held(plan, conversation)
-                # Full before the provider is called, if the input alone passes the limit.
-                self._size.check(held_size or 0, sum(map(len, new_items)))
+                # Full before the provider is called, if the input alone passes the limit; and
+                # the owner's write budget admits the input (and what a fork copies) first.
+                adding = sum(map(len, new_items))
+                self._size.check(held_size or 0, adding)
+                copied = (held_size or 0) if plan.fork_of is not None else 0
+                self.gate.budget.admit(plan.owner, copied + adding)
+                if plan.fork_of is not None:  # its place among the owner's forks, taken now
+                    await self.store.take_fork(plan.owner, plan.conversation_id)
                 window = self._window(conversation, [*new_items, *plan.client_tools], asked)
                 if not plan.truncate and window.start > 1:
                     raise ContextLengthExceeded(
@@ -246,6 +248,7 @@ class TurnService:
                 if turn is not None:
                     size = self._stored_with(held_size, turn)
                     revision = await self._commit(plan, conversation, held, turn, run, size)
+                    self.gate.budget.charge(plan.owner, copied + turn_bytes(turn))
             metrics.turn_ended(mode, committed=revision is not None)
         # Outside the outcome count: a client leaving now does not undo the commit.
         compacted_by = compaction_item(window.compacted) if window.compacted else None
@@ -281,7 +284,18 @@ class TurnService:
     async def compact(self, plan: TurnPlan) -> tuple[int, Usage | None]:
         """A compaction committed on its own (core.plans.compaction_plan): the window as a
         turn would send it, compacted, as a turn without messages at the next revision. The
-        revision it made, and what it cost."""
+        revision it made, and what it cost (an Idempotency-Key retry: the first attempt's)."""
+
+        async def compacted(done: Committed) -> tuple[int, Usage | None]:
+            cid, revision = done.turn
+            turn = await self.store.turn(cid, plan.owner, revision)
+            if turn is None:
+                raise ConversationNotFound()  # deleted or expired since
+            return revision, turn.usage
+
+        return await self.gate.once(plan.idempotency, lambda: self._compact(plan), compacted)
+
+    async def _compact(self, plan: TurnPlan) -> tuple[int, Usage | None]:
         asked = self._request(plan, stream=False)
         async with self.leases.hold(plan) as held:
             conversation = held.conversation
@@ -291,6 +305,7 @@ class TurnService:
             window = self._window(conversation, [], asked)
             if not window.items:
                 raise InvalidInput("The conversation has nothing to compact.")
+            self.gate.budget.admit(plan.owner, 0)  # unless in debt: before the provider
             making = conversation.revision + 1
             compacted = await compaction.compact(self.provider, window, asked.template, making)
             turn = Turn(
@@ -301,6 +316,7 @@ class TurnService:
             )  # fmt: skip
             size = self._stored_with(await self._held(plan, conversation), turn)
             revision = await self._commit(plan, conversation, held, turn, None, size)
+            self.gate.budget.charge(plan.owner, turn_bytes(turn))
         return revision, compacted.usage
 
     async def _compacted(
@@ -347,8 +363,10 @@ class TurnService:
         and kept by this turn's commit. None: not counted (there is no limit to check)."""
         if conversation is None:
             return 0
-        if self._size.max_bytes is None:
-            return None
+        if self._size.max_bytes is None and (
+            plan.fork_of is None or self.gate.budget.per_minute is None
+        ):
+            return None  # no limit asks (a fork's copy counts against the write budget)
         point = plan.fork_of
         cid = point.source if point is not None else plan.conversation_id
         return await held_bytes(self.store, cid, plan.owner, conversation.revision, conversation)
@@ -467,20 +485,21 @@ class TurnService:
         self, plan: TurnPlan, committed: Committed, stream: bool, run: DurableRun | None
     ) -> AsyncGenerator[TurnEvent, None]:
         """The committed result of an earlier attempt with the same Idempotency-Key."""
-        turn = await self.store.turn(committed.conversation_id, plan.owner, committed.revision)
+        cid, revision = committed.turn
+        turn = await self.store.turn(cid, plan.owner, revision)
         if turn is None:
             raise ConversationNotFound()  # deleted or expired since
         if run is not None:
-            await run.begin(committed.revision - 1)
+            await run.begin(revision - 1)
         first = input_count(turn.replay_items)
         if stream:
             yield TextDelta(turn.assistant_message)
         yield TurnDone(
-            conversation_id=committed.conversation_id,
+            conversation_id=cid,
             message=turn.assistant_message,
             status=turn.status,
             incomplete_reason=turn.incomplete_reason,
-            revision=committed.revision,
+            revision=revision,
             items=turn.replay_items[first:],
             inputs=first,
             usage=turn.usage,

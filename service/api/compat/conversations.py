@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
-from litestar import Controller, Response, delete, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.bodies import strict
@@ -24,7 +24,15 @@ from service.api.compat.schemas import (
 )
 from service.api.deps import Caller
 from service.api.errors import openai_documented
-from service.api.headers import CORRELATION_ID, ETAG, IfMatch, etag, parse_if_match
+from service.api.headers import (
+    CORRELATION_ID,
+    DELETE_CONVERSATION,
+    ETAG,
+    IdempotencyKey,
+    IfMatch,
+    etag,
+    parse_if_match,
+)
 from service.core.errors import (
     ConversationConflict,
     ConversationNotFound,
@@ -58,10 +66,15 @@ class OpenAIConversations(Controller):
         responses=openai_documented(),
     )  # fmt: skip
     async def create(
-        self, data: JSONBody[ConversationCreate], api: Caller
+        self,
+        request: Request[Any, Any, Any],
+        data: JSONBody[ConversationCreate],
+        api: Caller,
+        idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]]:
         metadata = check_metadata(data.metadata)
-        info = await api.conversations.create(api.owner, metadata, data.items)
+        key = api.key(idempotency_key, "v1.conversations.create", await request.body())
+        info = await api.conversations.create(api.owner, metadata, data.items, key)
         return with_etag(conversation_object(info), info.revision)
 
     @get(
@@ -81,15 +94,18 @@ class OpenAIConversations(Controller):
     )  # fmt: skip
     async def update(
         self,
+        request: Request[Any, Any, Any],
         data: JSONBody[ConversationUpdate],
         conversation_id: FromPath[str],
         api: Caller,
         if_match: IfMatch = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]]:
         metadata = check_metadata(data.metadata)
         cid = parse_conversation_id(conversation_id)
+        key = api.key(idempotency_key, "v1.conversations.update", str(cid), await request.body())
         info = await api.conversations.update_metadata(
-            cid, api.owner, metadata, parse_if_match(if_match)
+            cid, api.owner, metadata, parse_if_match(if_match), key
         )
         return with_etag(conversation_object(info), info.revision)
 
@@ -99,10 +115,15 @@ class OpenAIConversations(Controller):
         responses=openai_documented(ConversationNotFound, PreconditionFailed),
     )  # fmt: skip
     async def remove(
-        self, conversation_id: FromPath[str], api: Caller, if_match: IfMatch = None
+        self,
+        conversation_id: FromPath[str],
+        api: Caller,
+        if_match: IfMatch = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
         cid = parse_conversation_id(conversation_id)
-        await api.conversations.delete(cid, api.owner, parse_if_match(if_match))
+        key = api.key(idempotency_key, DELETE_CONVERSATION, str(cid))
+        await api.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
         return deleted_object(cid)
 
     @get(
@@ -139,18 +160,21 @@ class OpenAIConversations(Controller):
     )  # fmt: skip
     async def append(
         self,
+        request: Request[Any, Any, Any],
         data: JSONBody[ItemsCreate],
         conversation_id: FromPath[str],
         api: Caller,
         if_match: IfMatch = None,
         include: Include = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]]:
         cid, encrypted = parse_conversation_id(conversation_id), views.includes(include)
-        turn, commit = await api.conversations.append_items(
-            cid, api.owner, data.items, parse_if_match(if_match)
+        key = api.key(idempotency_key, "v1.items.append", str(cid), await request.body())
+        turn, revision = await api.conversations.append_items(
+            cid, api.owner, data.items, parse_if_match(if_match), key
         )
-        added = views.turn_items(cid, commit.revision, turn, encrypted=encrypted)
-        return with_etag(views.ItemPage(added, has_more=False).body(), commit.revision)
+        added = views.turn_items(cid, revision, turn, encrypted=encrypted)
+        return with_etag(views.ItemPage(added, has_more=False).body(), revision)
 
     @delete(
         "/{conversation_id:str}/items/{item_id:str}", status_code=200,
@@ -166,9 +190,13 @@ class OpenAIConversations(Controller):
         item_id: FromPath[str],
         api: Caller,
         if_match: IfMatch = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]]:
         cid = parse_conversation_id(conversation_id)
-        info = await api.conversations.pop_item(cid, api.owner, item_id, parse_if_match(if_match))
+        key = api.key(idempotency_key, "v1.items.delete", str(cid), item_id)
+        info = await api.conversations.pop_item(
+            cid, api.owner, item_id, parse_if_match(if_match), key
+        )
         return with_etag(conversation_object(info), info.revision)
 
     @get(

@@ -198,8 +198,11 @@ class OpenAIResponses(Controller):
         "/{response_id:str}", status_code=200, summary="Forget a response (its turn stays).",
         response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
     )  # fmt: skip
-    async def remove(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
-        await api.responses.delete(api.owner, response_id)
+    async def remove(
+        self, response_id: FromPath[str], api: Caller, idempotency_key: IdempotencyKey = None
+    ) -> dict[str, Any]:
+        key = api.key(idempotency_key, "v1.responses.delete", response_id)
+        await api.responses.delete(api.owner, response_id, key)
         return {"id": response_id, "object": "response", "deleted": True}
 
     @get(

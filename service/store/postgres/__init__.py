@@ -10,7 +10,7 @@ keyring.py, sealed.py, encrypting.py   encryption at rest; keys.py  API keys
 
 from service.store.postgres.encrypting import ClearRows
 from service.store.postgres.keyring import CACHE_S as KEY_CACHE_S
-from service.store.postgres.keyring import Keyring, destroy_key, live_keys
+from service.store.postgres.keyring import Keyring, destroy_key, live_keys, owner_digests
 from service.store.postgres.keys import ApiKeyStore
 from service.store.postgres.listener import PostgresNotifications
 from service.store.postgres.run_store import PostgresRuns
@@ -26,4 +26,5 @@ __all__ = [
     "PostgresStore",
     "destroy_key",
     "live_keys",
+    "owner_digests",
 ]

@@ -3,10 +3,13 @@ retention, the keyring and the time limits it was made with."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.model import ConversationInfo
+from service.core.model import ConversationInfo, IdempotencyKey
+from service.store.postgres import idempotency as idem
 from service.store.postgres.keyring import Keyring
 from service.store.postgres.places import Places
 from service.store.postgres.rows import reading
@@ -51,6 +54,13 @@ class Adapter:
     @property
     def keyring(self) -> Keyring | None:
         return self._keyring
+
+    async def _completed(
+        self, conn: asyncpg.Connection, key: IdempotencyKey | None, cid: Any, revision: int | None
+    ) -> None:
+        """In a write's transaction: its Idempotency-Key, if it came with one, names what it
+        did (the conversation it made or changed, the revision it left; a deletion: none)."""
+        await idem.complete(conn, key, cid, revision, self._idempotency_ttl_s)
 
     async def _info_of(self, row: asyncpg.Record, owner: str) -> ConversationInfo:
         """A conversation read back (statements.INFO), its metadata opened if sealed."""

@@ -16,11 +16,12 @@ from service.core.errors import (
     ConversationConflict,
     ConversationNotFound,
     InvalidInput,
+    OwnerShredded,
     StorageError,
     TooManyRequests,
 )
 from service.core.items import without_last_item
-from service.core.model import ConversationInfo, Metadata, Precondition, Turn
+from service.core.model import ConversationInfo, IdempotencyKey, Metadata, Precondition, Turn
 from service.core.plans import check_precondition
 from service.core.sizes import held_bytes, turn_bytes
 from service.platform.crypto import DataKey
@@ -35,27 +36,48 @@ FORK_WINDOW = timedelta(minutes=1)  # OWNER_MAX_FORKS_PER_MINUTE's
 
 class Edits(Adapter):
     async def create_conversation(
-        self, owner: str, metadata: dict[str, str], turn: Turn | None = None
+        self,
+        owner: str,
+        metadata: dict[str, str],
+        turn: Turn | None = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
         key = await writing_key(self._keyring, owner)
-        return await written(lambda: self._create_conversation(owner, metadata, turn, key))
+        return await written(
+            lambda: self._create_conversation(owner, metadata, turn, key, idempotency)
+        )
 
     async def _create_conversation(
-        self, owner: str, metadata: dict[str, str], turn: Turn | None, key: DataKey | None
+        self,
+        owner: str,
+        metadata: dict[str, str],
+        turn: Turn | None,
+        key: DataKey | None,
+        idempotency: IdempotencyKey | None,
     ) -> ConversationInfo:
         codec = Rows(key, uuid.uuid4())
+        revision = 0 if turn is None else 1
         params = {
-            "cid": codec.conversation_id, "caller": owner, "revision": 0 if turn is None else 1,
+            "cid": codec.conversation_id, "caller": owner, "revision": revision,
             "context_start": 1, "expires_at": None, **codec.metadata_columns(metadata),
             "stored_bytes": turn_bytes(turn) if turn is not None else 0,
         }  # fmt: skip
         async with driver(self._engine, write=True) as conn:
             row = await self._sql.new_conversation.fetchrow(conn, params)
+            if row is None:
+                raise OwnerShredded()
             if turn is not None:
                 await self._sql.turn_insert.execute(conn, codec.turn_columns(1, turn, None))
+            await self._completed(conn, idempotency, codec.conversation_id, revision)
         return codec.info(row)
 
-    async def fork(self, conversation_id: UUID, owner: str, at_revision: int) -> ConversationInfo:
+    async def fork(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        at_revision: int,
+        idempotency: IdempotencyKey | None = None,
+    ) -> ConversationInfo:
         params: Params = {
             "src": conversation_id, "caller": owner, "at": at_revision, "new": uuid.uuid4()
         }  # fmt: skip
@@ -66,18 +88,37 @@ class Edits(Adapter):
                 row = await self._copy(conn, params, key)
                 if row is None:
                     raise await self._why_no_fork(conn, params)
+                await self._completed(conn, idempotency, params["new"], at_revision)
                 return Rows(key, params["new"]).info(row)
 
         return await written(fork)
 
+    async def take_fork(self, owner: str, conversation_id: UUID) -> None:
+        if self._forks_per_minute is None:
+            return
+        fork = {"caller": owner, "new": conversation_id}
+
+        async def take() -> None:
+            async with driver(self._engine, write=True) as conn:
+                await self._fork_slot(conn, fork, self._forks_per_minute or 0)
+
+        await written(take)
+
+    async def free_fork(self, owner: str, conversation_id: UUID) -> None:
+        if self._forks_per_minute is None:
+            return
+        async with driver(self._engine, write=False) as conn:
+            await self._sql.free_fork.execute(conn, {"caller": owner, "new": conversation_id})
+
     async def _copy(
-        self, conn: asyncpg.Connection, fork: Params, key: DataKey | None
+        self, conn: asyncpg.Connection, fork: Params, key: DataKey | None, *, counted: bool = True
     ) -> asyncpg.Record | None:
         """Make conversation :new as :src up to revision :at; its new row, or None if :src is
         gone or not that far. In clear, one statement copies it inside the database; sealed,
         each value is opened and sealed again for its new place. TooManyRequests past
-        OWNER_MAX_FORKS_PER_MINUTE."""
-        if self._forks_per_minute is not None:
+        OWNER_MAX_FORKS_PER_MINUTE (``counted``: the fork's place among them is taken here;
+        a turn's fork took it before its provider call, ``take_fork``)."""
+        if self._forks_per_minute is not None and counted:
             await self._fork_slot(conn, fork, self._forks_per_minute)
         if key is None:
             return await self._sql.fork.fetchrow(conn, fork)
@@ -119,19 +160,27 @@ class Edits(Adapter):
     async def _why_no_fork(self, conn: asyncpg.Connection, fork: Params) -> Exception:
         if await self._sql.describe.fetchrow(conn, {"cid": fork["src"], **fork}) is None:
             return ConversationNotFound()
+        if await self._sql.shredded.fetchval(conn, fork):
+            return OwnerShredded()
         if self._keyring is None and await self._sql.sealed_source.fetchval(conn, fork):
             log.error("a fork of an encrypted conversation needs ENCRYPTION_KEYS_FILE")
             return StorageError("The conversation is encrypted and the keys are not available.")
         return InvalidInput("at_revision must be a revision of the conversation.")
 
     async def pop_item(
-        self, conversation_id: UUID, owner: str, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         codec = Rows(await writing_key(self._keyring, owner), conversation_id)
 
         async def pop() -> tuple[ConversationInfo, msgspec.Raw]:
             async with driver(self._engine, write=True) as conn:
-                return await self._pop(conn, codec, owner, if_match)
+                info, item = await self._pop(conn, codec, owner, if_match)
+                await self._completed(conn, idempotency, info.id, info.revision)
+                return info, item
 
         return await written(pop)
 
@@ -164,7 +213,12 @@ class Edits(Adapter):
         return codec.info(done), last_turn.replay_items[-1]
 
     async def update_metadata(
-        self, conversation_id: UUID, owner: str, metadata: Metadata, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str,
+        metadata: Metadata,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
         codec = Rows(await writing_key(self._keyring, owner), conversation_id)
         params = {"cid": conversation_id, "caller": owner, **codec.metadata_columns(metadata)}
@@ -175,15 +229,26 @@ class Edits(Adapter):
                 if row is None:
                     raise ConversationNotFound()
                 check_precondition(if_match, row["revision"])  # else the update is rolled back
+                revision = row["revision"]
+                await self._completed(conn, idempotency, conversation_id, revision)
                 return codec.info(row)
 
         return await written(update)
 
-    async def delete_response(self, conversation_id: UUID, owner: str, revision: int) -> bool:
+    async def delete_response(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        revision: int,
+        idempotency: IdempotencyKey | None = None,
+    ) -> bool:
         params = {"cid": conversation_id, "caller": owner, "seq": revision}
 
         async def delete() -> bool:
-            async with driver(self._engine, write=False) as conn:
-                return await self._sql.delete_response.fetchrow(conn, params) is not None
+            # One statement, autocommitted; with a key, in one transaction with its completion.
+            async with driver(self._engine, write=idempotency is not None) as conn:
+                found = await self._sql.delete_response.fetchrow(conn, params) is not None
+                await self._completed(conn, idempotency, conversation_id, revision)
+                return found
 
         return await written(delete)

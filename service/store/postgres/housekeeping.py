@@ -3,9 +3,12 @@ purge, an owner's deletion, readiness and the pool."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
+from migrations.commit_function import digest
 from service.core.model import Committed, IdempotencyKey
 from service.platform.crypto import DataKey
 from service.store.ports import Readiness
@@ -28,6 +31,25 @@ _OWNER_COUNTS = (
     sql("DELETE FROM owner_turns WHERE owner = :owner"),
     sql("DELETE FROM owner_forks WHERE owner = :owner"),
 )
+# The shred's tombstone (migration 0019): from its commit on, no write of the owner commits
+# (the statements ask commit_function.shredded). When it was made, by the database's clock.
+_TOMBSTONE = sql(f"""
+    WITH made AS (
+        INSERT INTO owner_tombstones (digest, shredded_at)
+        VALUES ({digest(":owner")}, clock_timestamp())
+        ON CONFLICT (digest) DO NOTHING
+        RETURNING shredded_at
+    )
+    SELECT coalesce((SELECT shredded_at FROM made), clock_timestamp())
+""")
+# Transactions of this database that began before a moment and are still open: a write of
+# the owner that began before its tombstone may still commit until it ends.
+_OLDER_WRITERS = sql("""
+    SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+        AND xact_start < CAST(:before AS timestamptz) AND state <> 'idle'
+""")
+WRITERS_POLL_S = 0.05
 
 
 class Housekeeping(Adapter):
@@ -47,6 +69,15 @@ class Housekeeping(Adapter):
                 return None
             row = await idem.EXISTING.fetchrow(conn, params)  # locked by the claim: there
         return idem.answer(row, key, data_key)
+
+    async def renew(self, keys: Sequence[IdempotencyKey], lease_s: float) -> None:
+        until = datetime.now(UTC) + timedelta(seconds=lease_s)
+        params = {
+            "owners": [key.owner for key in keys], "keys": [key.key for key in keys],
+            "until": until,
+        }  # fmt: skip
+        async with driver(self._engine, write=False) as conn:  # one statement: autocommit
+            await idem.RENEW.execute(conn, params)
 
     async def check(self, key: IdempotencyKey) -> None:
         async with driver(self._engine, write=False) as conn:
@@ -91,6 +122,24 @@ class Housekeeping(Adapter):
             if len(picked) < batch:
                 break
         return total
+
+    async def tombstone(self, owner: str) -> datetime:
+        """Stop ``owner`` from committing anything, on every replica, from now on: their
+        tombstone, named by a keyed digest. When it was made."""
+        async with driver(self._engine, write=False) as conn:
+            made: datetime = await _TOMBSTONE.fetchval(conn, {"owner": owner})
+        return made
+
+    async def writers_before(self, moment: datetime, wait_s: float) -> int:
+        """Wait up to ``wait_s`` until no transaction that began before ``moment`` is open;
+        how many still are."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            async with driver(self._engine, write=False) as conn:
+                left = int(await _OLDER_WRITERS.fetchval(conn, {"before": moment}) or 0)
+            if not left or asyncio.get_running_loop().time() >= deadline:
+                return left
+            await asyncio.sleep(WRITERS_POLL_S)
 
     async def owner_has_sealed_rows(self, owner: str) -> bool:
         async with driver(self._engine, write=False) as conn:

@@ -1,9 +1,11 @@
 """Idempotency keys in PostgreSQL, so a retry on any replica finds the first attempt.
 
-A key is claimed as 'running' with a lease; the turn's commit statement marks it 'done'
-(statements.COMMIT), naming the commit (conversation and revision), and a failed attempt
-releases it. A claim whose lease or TTL ran out is taken over, so a crashed replica never
-blocks a key for good. A done key goes with its conversation (foreign key, ON DELETE CASCADE)
+A key is claimed as 'running' with a lease (TURN_LEASE_S, renewed while its write runs:
+service/usecases/gate.py); the turn's commit statement marks it 'done' (statements.COMMIT),
+naming the commit (conversation and revision), as every other write does in its own
+transaction (``complete``), and a failed attempt releases it. A claim whose lease or TTL ran
+out is taken over, so a crashed replica blocks a key for a lease at most. A done key goes
+with its conversation (foreign key, ON DELETE CASCADE)
 and with its TTL (``turnstore purge``). These are the statements and what a record means;
 ``PostgresStore`` runs them.
 """
@@ -44,6 +46,21 @@ LIVE = sql(RECORD + " AND expires_at >= now()")
 RELEASE = sql("""
     DELETE FROM idempotency_keys WHERE owner = :caller AND key = :idem_key AND state = 'running'
 """)
+# A write other than a turn's commit completes its key in its own transaction, naming the
+# conversation it made or changed and the revision it left (a deletion: none).
+COMPLETE = sql("""
+    UPDATE idempotency_keys SET
+        state = 'done', conversation_id = :done_cid, revision = :done_revision,
+        expires_at = now() + make_interval(secs => :ttl_s)
+    WHERE owner = :caller AND key = :idem_key
+""")
+# The claims a replica's writes hold, kept alive while they run (TURN_LEASE_S each).
+RENEW = sql("""
+    UPDATE idempotency_keys SET expires_at = CAST(:until AS timestamptz)
+    FROM unnest(CAST(:owners AS text[]), CAST(:keys AS text[])) AS held (owner, key)
+    WHERE idempotency_keys.owner = held.owner AND idempotency_keys.key = held.key
+        AND idempotency_keys.state = 'running'
+""")
 RELEASE_RUN = sql("""
     DELETE FROM idempotency_keys WHERE owner = :owner AND turn_id = :turn_id AND state = 'running'
 """)
@@ -70,3 +87,15 @@ def answer(row: Any, key: IdempotencyKey, data_key: DataKey | None = None) -> Co
     if row["state"] != "done":
         raise RequestInProgress(turn_id=row["turn_id"])
     return Committed(row["conversation_id"], row["revision"], row["turn_id"])
+
+
+async def complete(
+    conn: Any, key: IdempotencyKey | None, cid: Any, revision: int | None, ttl_s: float
+) -> None:
+    """In a write's transaction: its key (if any) names what it did (``cid`` None: a
+    deletion)."""
+    if key is not None:
+        await COMPLETE.execute(conn, {
+            "caller": key.owner, "idem_key": key.key, "done_cid": cid,
+            "done_revision": revision, "ttl_s": ttl_s,
+        })  # fmt: skip

@@ -13,6 +13,7 @@ setting and are compiled where they are written.
 
 from __future__ import annotations
 
+from migrations.commit_function import shredded
 from service.platform.crypto import OVERHEAD
 from service.store.postgres.tx import Compiled, sql
 
@@ -34,6 +35,12 @@ TURN = """
     turns.transcript, turns.sealed_transcript, turns.response, turns.sealed_response,
     turns.response_deleted, turns.turn_id, turns.compacted, turns.sealed_compacted
 """
+# The same without what its /v1 Response echoes (read only when the response is retrieved):
+# what a turn reads of its window, and a history cache keeps, holds no echo of any request.
+WINDOW_TURN = TURN.replace(
+    "turns.response, turns.sealed_response",
+    "NULL::json AS response, NULL::bytea AS sealed_response",
+)
 # A turn as written: the conversation_id, seq and created_at, then these.
 TURN_VALUES = """
     user_message, assistant_message, replay_items, provider, endpoint, model, context_from,
@@ -53,12 +60,14 @@ HEAD = """
     conversations.stored_revision
 """
 THE_CONVERSATION = f"conversations.id = :cid AND conversations.owner = :caller AND {LIVE}"
+# The caller was shredded (migration 0019): what would be made for them is not.
+SHREDDED = shredded(":caller")
 
 # Only the turns after :after (0: all); the conversation row comes back even when none is
 # newer, so a cache can revalidate with one query. The owner is checked before any turn is
 # read: another owner's id costs as little as an unknown one.
 LOAD = f"""
-    SELECT {HEAD}, conversations.rewritten_at, {TURN}
+    SELECT {HEAD}, conversations.rewritten_at, {WINDOW_TURN}
     FROM conversations LEFT JOIN turns
         ON turns.conversation_id = conversations.id AND turns.seq > :after
     WHERE {THE_CONVERSATION}
@@ -67,7 +76,7 @@ LOAD = f"""
 
 # The same for a turn (LEASE's turns, when a commit raced it): from its window start on.
 LOAD_WINDOW = f"""
-    SELECT {HEAD}, conversations.rewritten_at, {TURN}
+    SELECT {HEAD}, conversations.rewritten_at, {WINDOW_TURN}
     FROM conversations LEFT JOIN turns
         ON turns.conversation_id = conversations.id
         AND turns.seq > greatest(:after, conversations.context_start - 1)
@@ -109,16 +118,20 @@ FREE_TURN = """
 """
 
 
-# What each turn :low..:high holds (service/core/sizes.py: its items' bytes as sent), measured
-# where it lies: an items column is stored as "[" + the items joined by "," + "]" (msgspec
-# splices them), so its items are its length less the brackets and commas. A sealed turn is
-# NULL (the process reads it to count it).
+# What each turn :low..:high holds (service/core/sizes.py: every column it stores, as stored),
+# measured where it lies: an items column is stored as "[" + the items joined by "," + "]"
+# (msgspec splices them), so its items are its length less the brackets and commas. A sealed
+# turn is NULL (the process reads it to count it). octet_length reads no TOASTed value.
 ITEMS_BYTES = """(octet_length(CAST({column} AS text)) - 2
     - greatest(json_array_length({column}) - 1, 0))"""
 TURN_SIZES = f"""
     SELECT turns.seq,
         {ITEMS_BYTES.format(column="turns.replay_items")}
-        + coalesce({ITEMS_BYTES.format(column="turns.compacted")}, 0) AS size
+        + coalesce({ITEMS_BYTES.format(column="turns.compacted")}, 0)
+        + octet_length(turns.user_message) + octet_length(turns.assistant_message)
+        + coalesce(octet_length(CAST(turns.transcript AS text)), 0)
+        + coalesce(octet_length(CAST(turns.tool_calls AS text)), 0)
+        + coalesce(octet_length(CAST(turns.response AS text)), 0) AS size
     FROM conversations JOIN turns
         ON turns.conversation_id = conversations.id AND turns.seq BETWEEN :low AND :high
     WHERE {THE_CONVERSATION}
@@ -199,7 +212,7 @@ def leased(counted: bool) -> str:
         attempt.owner, attempt.stored_bytes, attempt.stored_revision, attempt.rewritten_at,
         attempt.acquired, attempt.lease_expires_at,
         {"(SELECT taken FROM slot)" if counted else "NULL::boolean"} AS counted,
-        {NO_SYNC_WAIT} AS no_sync_wait, {TURN}
+        {NO_SYNC_WAIT} AS no_sync_wait, {WINDOW_TURN}
     FROM attempt LEFT JOIN turns ON turns.conversation_id = :cid
         AND turns.seq > greatest(:after, attempt.context_start - 1)
     ORDER BY turns.seq
@@ -266,7 +279,7 @@ DELETE_RESPONSE = f"""
 """
 SET_METADATA = f"""
     UPDATE conversations SET metadata = :metadata, sealed_metadata = :sealed_metadata
-    WHERE {THE_CONVERSATION}
+    WHERE {THE_CONVERSATION} AND NOT {SHREDDED}
     RETURNING {INFO}
 """
 DELETE = f"DELETE FROM conversations WHERE {THE_CONVERSATION} RETURNING conversations.revision"
@@ -283,15 +296,16 @@ LISTING = f"""
 
 # A conversation made without a turn (or with one written after it, see TURN_INSERT), and a
 # fork's copy made in the process (sealed, each value sealed again for its new place).
+# Nothing is made for a shredded owner (no row: see SHREDDED).
 NEW_CONVERSATION = f"""
     INSERT INTO conversations (
         id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
         sealed_metadata, expires_at, stored_bytes, stored_revision
-    ) VALUES (
+    ) SELECT
         :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
         :sealed_metadata, CAST(:expires_at AS timestamptz), CAST(:stored_bytes AS bigint),
         CASE WHEN CAST(:stored_bytes AS bigint) IS NOT NULL THEN CAST(:revision AS integer) END
-    )
+    WHERE NOT {SHREDDED}
     RETURNING {INFO}
 """
 TURN_INSERT = f"""
@@ -320,7 +334,7 @@ FORK = f"""
     WITH src AS (
         SELECT id, metadata, expires_at FROM conversations
         WHERE id = :src AND owner = :caller AND revision >= :at AND {LIVE}
-            AND sealed_metadata IS NULL AND NOT EXISTS (
+            AND NOT {SHREDDED} AND sealed_metadata IS NULL AND NOT EXISTS (
                 SELECT 1 FROM turns
                 WHERE conversation_id = :src AND seq <= :at AND sealed_replay_items IS NOT NULL
             )
@@ -360,6 +374,9 @@ FORK_SLOT = """
     )
     SELECT recent.oldest, EXISTS (SELECT 1 FROM made) AS made FROM recent
 """
+# A fork's place among its owner's forks of the minute, given back (the turn that was to make
+# it failed: it made none).
+FREE_FORK = "DELETE FROM owner_forks WHERE owner = :caller AND conversation_id = :new"
 # A fork made in the process: the source's row (kept from changing meanwhile) and its turns.
 FORK_SOURCE = f"""
     SELECT conversations.metadata, conversations.sealed_metadata, conversations.expires_at,
@@ -388,7 +405,7 @@ LOCK_HEAD = f"""
         conversations.lease_holder IS NOT NULL
             AND conversations.lease_expires_at > now() AS leased
     FROM conversations
-    WHERE {THE_CONVERSATION}
+    WHERE {THE_CONVERSATION} AND NOT {SHREDDED}
     FOR UPDATE
 """
 TURN_AT = f"""
@@ -491,9 +508,11 @@ class Statements:
         self.fork = compiled(FORK)
         self.fork_turnstile = compiled(FORK_TURNSTILE)
         self.fork_slot = compiled(FORK_SLOT)
+        self.free_fork = compiled(FREE_FORK)
         self.fork_source = compiled(FORK_SOURCE)
         self.fork_turns = compiled(FORK_TURNS)
         self.sealed_source = compiled(SEALED_SOURCE)
+        self.shredded = compiled(f"SELECT {SHREDDED}")
         self.lock_head = compiled(LOCK_HEAD)
         self.turn_at = compiled(TURN_AT)
         self.delete_turn = compiled(DELETE_TURN)

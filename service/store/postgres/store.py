@@ -28,6 +28,7 @@ from service.core.model import (
     Commit,
     Conversation,
     ConversationInfo,
+    IdempotencyKey,
     LeaseAttempt,
     LeaseRequest,
     PageRequest,
@@ -224,7 +225,7 @@ class PostgresStore(Edits, Housekeeping):
             if append.fork_of is not None:
                 fork = {"src": append.fork_of.source, "at": append.fork_of.revision,
                         "caller": append.owner, "new": cid}  # fmt: skip
-                if await self._copy(conn, fork, codec.key) is None:
+                if await self._copy(conn, fork, codec.key, counted=False) is None:
                     raise await self._why_no_fork(conn, fork)  # the source went meanwhile
             row = await self._sql.commit[folded].fetchrow(conn, params)
             if row is None:
@@ -283,11 +284,21 @@ class PostgresStore(Edits, Housekeeping):
         return ConversationConflict() if exists else ConversationNotFound()
 
     async def delete(
-        self, conversation_id: UUID, owner: str = ANONYMOUS, if_match: Precondition = None
+        self,
+        conversation_id: UUID,
+        owner: str = ANONYMOUS,
+        if_match: Precondition = None,
+        idempotency: IdempotencyKey | None = None,
     ) -> None:
-        await written(lambda: self._delete(conversation_id, owner, if_match))
+        await written(lambda: self._delete(conversation_id, owner, if_match, idempotency))
 
-    async def _delete(self, conversation_id: UUID, owner: str, if_match: Precondition) -> None:
+    async def _delete(
+        self,
+        conversation_id: UUID,
+        owner: str,
+        if_match: Precondition,
+        idempotency: IdempotencyKey | None,
+    ) -> None:
         async with driver(self._engine, write=True) as conn:
             params = {"cid": conversation_id, "caller": owner}
             revision = await self._sql.delete.fetchval(conn, params)
@@ -297,6 +308,7 @@ class PostgresStore(Edits, Housekeeping):
             cids = {"cids": [conversation_id]}
             await run_statements.DELETE_OF.execute(conn, cids)  # and their events
             await idem.DELETE_OF.execute(conn, params)
+            await self._completed(conn, idempotency, None, None)
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         async with driver(self._engine, write=False) as conn:

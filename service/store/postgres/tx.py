@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
 from sqlalchemy.util import greenlet_spawn
 
-from service.core.errors import StorageError
+from migrations.commit_function import SHREDDED_STATE
+from service.core.errors import OwnerShredded, StorageError, TurnstoreError
 from service.platform.db import POOL_TIMEOUT_S, readable
 
 # What a database failure looks like, from SQLAlchemy or from the driver underneath it.
@@ -265,10 +266,13 @@ class _Borrowed:
             await asyncio.shield(lent.give_back(fairy))  # cancelled: given back anyway
 
 
-async def _failure(engine: AsyncEngine, exc: BaseException) -> StorageError:
+async def _failure(engine: AsyncEngine, exc: BaseException) -> TurnstoreError:
     """What a database failure is to the caller; after a read-only refusal the engine's idle
-    sessions are closed."""
+    sessions are closed. A write refused because its owner was shredded (a statement raised
+    SHREDDED_STATE, migrations/commit_function.py) is no failure: it wrote nothing."""
     state = sqlstate(exc)
+    if state == SHREDDED_STATE:
+        return OwnerShredded()
     if state == READ_ONLY:
         await engine.dispose()
     return StorageError(sqlstate=state)

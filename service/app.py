@@ -38,7 +38,7 @@ from service.api.conversations import ConversationController
 from service.api.deps import Api, UseCases
 from service.api.edge import Edge
 from service.api.errors import error_response
-from service.api.limits import RequestRules, allowed_hosts
+from service.api.limits import RequestRules, allowed_hosts, route_pattern
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
 from service.api.turns import TurnController
@@ -275,6 +275,7 @@ def _lease_policy(settings: Settings) -> LeasePolicy:
         queue_wait_s=settings.turn_queue_wait_s,
         lease_s=settings.turn_lease_s,
         max_queued=settings.owner_max_queued_turns,
+        window_bytes=settings.context_max_request_bytes,
     )
 
 
@@ -335,7 +336,7 @@ def create_app(
     _document_event_streams(app)
     # Every request and response passes the edge (service/api/edge.py), outside the router:
     # unmatched routes too. No Litestar middleware: each route's stack stays the handler's.
-    app.asgi_handler = Edge(app.asgi_handler, _rules(settings))
+    app.asgi_handler = Edge(app.asgi_handler, _rules(settings, app))
     return app
 
 
@@ -368,9 +369,13 @@ def _openapi(components: Components) -> OpenAPIConfig:
     )  # fmt: skip
 
 
-def _rules(settings: Settings) -> RequestRules:
+def _rules(settings: Settings, app: Litestar) -> RequestRules:
     hosts = allowed_hosts(settings.auth_mode, settings.allowed_hosts)
-    return RequestRules(allowed_hosts=hosts, send_timeout_s=settings.client_send_timeout_s)
+    return RequestRules(
+        allowed_hosts=hosts,
+        send_timeout_s=settings.client_send_timeout_s,
+        routes=route_pattern(route.path for route in app.routes),
+    )
 
 
 def _api(

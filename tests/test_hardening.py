@@ -55,6 +55,19 @@ async def test_a_body_that_is_not_declared_json_is_refused(
         assert response.status_code == 200, response.text
 
 
+async def test_a_body_sent_to_no_route_is_not_found_whatever_its_type(
+    client: httpx.AsyncClient,
+) -> None:
+    """The content-type check is for what a route serves: a path that none serves is 404
+    (it was 415, the check running before routing)."""
+    for path in ("/api/v1/no-such-route", "/v1/no/such/route", "/nothing"):
+        response = await client.post(path, content=b"x=1", headers={"Content-Type": "text/plain"})
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "not_found"
+    served = await client.post(CHAT, content=b"x=1", headers={"Content-Type": "text/plain"})
+    assert_error(served, 415, "unsupported_media_type")
+
+
 async def _key(database_url: str) -> str:
     from service.app import run_with_api_keys
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -327,9 +328,10 @@ async def writer_and_reader(
                 yield w, r, reader.process.popen.pid
 
 
-# What the ~60 MB conversations below hold: their items, and each message's text again in its
-# transcript (every byte stored counts against MAX_CONVERSATION_BYTES).
-HOLDS = str(160 * MIB)
+# What the conversations of ~60 MB of items below hold: their items, and each message's text
+# twice more (the turn's user text and its transcript): every byte stored counts against
+# MAX_CONVERSATION_BYTES.
+HOLDS = str(256 * MIB)
 
 
 async def sixty_megabytes(w: httpx.AsyncClient) -> tuple[str, str]:
@@ -411,6 +413,70 @@ async def test_a_turn_of_a_big_conversation_loads_its_window_not_the_history(
     sent = api.requests[-1]["input"]
     assert len(sent) < 2 * 20 + 3  # at most the two latest turns and the new message
     assert sent[-1]["content"] == [{"type": "input_text", "text": "and now?"}]
+
+
+async def test_a_turn_after_many_appended_items_reads_what_it_can_send_not_all_of_them(
+    database: str, tmp_path: Path
+) -> None:
+    """~60 MB of items appended after the conversation's last turn (its window start has not
+    moved since): the next turn, on a fresh replica, reads its items only as far back as a
+    request can carry them (CONTEXT_MAX_REQUEST_BYTES), so its peak memory grows by less than
+    TURN_BOUND (it read every appended item before: +156 MiB for 40 MB)."""
+    api = FakeResponsesAPI()
+    async with writer_and_reader(database, tmp_path, api, MAX_CONVERSATION_BYTES=HOLDS) as (
+        w,
+        r,
+        pid,
+    ):
+        conv, _ = await sixty_megabytes(w)
+        warm = await r.post(CHAT, json={"message": "warm up"})
+        assert warm.status_code == 200, warm.text
+        before = peak_rss(pid)
+        turn = await r.post(CHAT, json={"conversation_id": conv, "message": "and now?"})
+        grown = peak_rss(pid) - before
+        assert turn.status_code == 200, turn.text
+        window = await r.get(f"/api/v1/conversations/{conv}", params={"before": 2**31 - 1})
+    assert grown < TURN_BOUND, f"the replica's peak memory grew by {grown / MIB:.0f} MiB"
+    sent = api.requests[-1]["input"]
+    assert 1 < len(sent) <= 2 * 20 + 1  # the latest appended items that fit, and the message
+    assert sum(len(json.dumps(item)) for item in sent) < 1024 * 1024
+    assert window.json()["context_start"] > 1  # the window start moved with the turn
+
+
+async def test_what_a_v1_response_echoes_is_counted_and_not_read_by_later_turns(
+    database: str, tmp_path: Path
+) -> None:
+    """Each /v1 turn stores what its Response echoes (here 440 KB of tool descriptions): it
+    counts against MAX_CONVERSATION_BYTES, and a later turn on a fresh replica reads none of
+    it (one turn of such a conversation took a replica from 115 to 652 MB with 20 of them)."""
+    tool = {"type": "function", "name": "lookup", "description": "d" * 440_000,
+            "parameters": {"type": "object", "properties": {}}}  # fmt: skip
+    api = FakeResponsesAPI()
+    async with writer_and_reader(database, tmp_path, api, MAX_CONVERSATION_BYTES=str(8 * MIB)) as (
+        w,
+        r,
+        pid,
+    ):
+        conv = (await w.post("/v1/conversations", json={})).json()["id"]
+        answers = []
+        for n in range(20):
+            ask = {"conversation": conv, "input": f"turn {n}", "tools": [tool]}
+            answers.append(await w.post("/v1/responses", json=ask))
+        statuses = [answer.status_code for answer in answers]
+        full = statuses.index(422)  # the echo filled it: 8 MiB of 440 KB each
+        assert 15 <= full <= 19 and set(statuses[:full]) == {200}, statuses
+        assert_error_code(answers[full], "conversation_full")
+        warm = await r.post(CHAT, json={"message": "warm up"})
+        assert warm.status_code == 200, warm.text
+        before = peak_rss(pid)
+        turn = await r.post("/v1/responses", json={"conversation": conv, "input": "more?"})
+        grown = peak_rss(pid) - before
+    assert turn.status_code == 200, turn.text
+    assert grown < TURN_BOUND, f"the replica's peak memory grew by {grown / MIB:.0f} MiB"
+
+
+def assert_error_code(response: httpx.Response, code: str) -> None:
+    assert response.json()["error"]["code"] == code, response.text
 
 
 async def test_a_stateless_call_restores_from_at_most_20_conversations(

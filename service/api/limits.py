@@ -4,9 +4,10 @@ applied by the edge, service/api/edge.py).
 - The request head (target plus headers) has a hard size limit, whatever the ASGI server:
   uvicorn's h11 ``max_incomplete_event_size`` bounds what it buffers of a head still arriving,
   but a head that arrives in one read (up to 256 KiB on loopback) is parsed whatever its size.
-- A request with a body must say it is JSON (``Content-Type: application/json``): a web page
-  can post ``text/plain`` to any address without asking first, but not JSON (that needs a
-  CORS preflight, which turnstore never grants).
+- A request with a body to a path some route serves must say it is JSON (``Content-Type:
+  application/json``): a web page can post ``text/plain`` to any address without asking
+  first, but not JSON (that needs a CORS preflight, which turnstore never grants). A path no
+  route serves is the router's 404, whatever the body.
 - With AUTH_MODE=none, only loopback names (and ALLOWED_HOSTS) are accepted in ``Host``: a
   page that rebinds its own DNS name to 127.0.0.1 still sends its own name.
 - A response whose client stops reading fails after ``send_timeout_s`` (the stream then ends
@@ -17,6 +18,8 @@ Each refusal is answered in the contract's envelope by the app's exception handl
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from litestar.types import Scope
@@ -33,6 +36,27 @@ PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 class RequestRules:
     allowed_hosts: frozenset[str] | None  # None: any Host (authentication is on, or "*")
     send_timeout_s: float
+    # The paths some route serves (``served``): a body sent to another is answered 404 by the
+    # router, whatever its content type. None: every path is taken as served.
+    routes: re.Pattern[str] | None = None
+
+    def served(self, path: str) -> bool:
+        return self.routes is None or self.routes.fullmatch(path) is not None
+
+
+def route_pattern(paths: Iterable[str]) -> re.Pattern[str]:
+    """One pattern for Litestar route paths (``/v1/x/{name:str}``, ``{rest:path}``)."""
+
+    def one(path: str) -> str:
+        parts = re.split(r"(\{[^}]*\})", path)
+        return "".join(
+            (".+" if part.endswith(":path}") else "[^/]+")
+            if part.startswith("{")
+            else re.escape(part)
+            for part in parts
+        )
+
+    return re.compile("|".join(f"(?:{one(path)})" for path in sorted(set(paths))))
 
 
 class ClientStoppedReading(Exception):
@@ -58,7 +82,7 @@ def check(scope: Scope, rules: RequestRules) -> None:
     if allowed is not None and host is not None and scope["path"] not in PROBES:
         _check_host(host.decode("latin-1"), allowed)
     has_body = headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers
-    if has_body and not _is_json(headers.get(b"content-type", b"")):
+    if has_body and not _is_json(headers.get(b"content-type", b"")) and rules.served(scope["path"]):
         raise UnsupportedMediaType()
 
 

@@ -400,7 +400,11 @@ class LeaseRequest:
     another holder's lease is live (or the live one is ``replaces``: a turn of the caller's
     that could not give it back). ``queue``: a refused caller will wait, so the holder's
     release must wake it. The conversation comes back as ``load`` reads it after
-    ``after_revision``."""
+    ``after_revision``, with the turns of its window: from its window start on, but not
+    further back than ``window_bytes`` of replay items reach from its latest turn (the turn
+    that crosses that is read too; None: no bound), so that what one turn reads stays within
+    what it could send (CONTEXT_MAX_REQUEST_BYTES), whatever was appended since the last
+    turn moved the window start."""
 
     conversation_id: UUID
     owner: str
@@ -409,6 +413,7 @@ class LeaseRequest:
     queue: bool
     after_revision: int = 0
     replaces: UUID | None = None
+    window_bytes: int | None = None
 
 
 @dataclass(frozen=True)

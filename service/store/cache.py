@@ -107,12 +107,13 @@ class CachedStore:
         )
         if attempt.crowded:  # nothing was read
             return attempt
-        merged = self._merged(cid, entry, attempt.conversation, _window_start(attempt))
+        after = entry.revision if entry else 0
+        merged = self._merged(cid, entry, attempt.conversation, _window_start(attempt, after))
         if merged is False:
             # The cached turns do not continue these: the same try again, its window whole
             # (the same holder: its place among the running turns is not taken twice).
             attempt = await self._inner.lease(replace(ask, after_revision=0))
-            merged = self._merged(cid, None, attempt.conversation, _window_start(attempt))
+            merged = self._merged(cid, None, attempt.conversation, _window_start(attempt, 0))
         if merged is False:  # (read from its window start: as it is, not kept)
             return attempt
         return replace(attempt, conversation=merged)  # (a copy field by field would drop a new one)
@@ -313,8 +314,15 @@ class CachedStore:
             self._bytes -= entry.size
 
 
-def _window_start(attempt: LeaseAttempt) -> int:
-    return attempt.conversation.context_start if attempt.conversation else 1
+def _window_start(attempt: LeaseAttempt, after: int) -> int:
+    """The first revision of the turns a turn's read holds (those of its window): from the
+    window start, or from where the read stopped going back (LeaseRequest.window_bytes), when
+    it did stop before what the cache holds."""
+    conversation = attempt.conversation
+    if conversation is None:
+        return 1
+    cut = conversation.first if conversation.first > after + 1 else 0
+    return max(conversation.context_start, cut)
 
 
 def _joined(entry: _Entry | None, fresh: Conversation, since: int) -> list[Turn] | None:

@@ -63,6 +63,7 @@ class LeasePolicy:
     queue_wait_s: float = 30.0  # TURN_QUEUE_WAIT_S
     lease_s: float = 30.0  # TURN_LEASE_S
     max_queued: int | None = None  # OWNER_MAX_QUEUED_TURNS: one owner's waiting turns here
+    window_bytes: int | None = None  # CONTEXT_MAX_REQUEST_BYTES: how far back a turn reads
 
 
 @dataclass
@@ -255,6 +256,7 @@ class Leases:
                 plan.conversation_id, plan.owner, holder, lease_s=self.policy.lease_s,
                 queue=self.policy.queue,
                 replaces=self._keeper.abandoned_in(plan.conversation_id),
+                window_bytes=self.policy.window_bytes,
             ))  # fmt: skip
         except StorageError:
             # It may have taken the lease before its answer was lost: give it back.

@@ -352,9 +352,10 @@ class TurnService:
         fixed = asked.overhead + sum(map(len, new_items))
         if conversation is None:  # a new one
             return choose_window([], 1, asked.origin, fixed, self._budget)
-        return choose_window(
-            conversation.turns, conversation.context_start, asked.origin, fixed, self._budget
-        )
+        # Never before the first turn held: a read that stopped going back (the bytes a
+        # request can carry) holds no turn before it.
+        start = max(conversation.context_start, conversation.first)
+        return choose_window(conversation.turns, start, asked.origin, fixed, self._budget)
 
     async def _held(self, plan: TurnPlan, conversation: Conversation | None) -> int | None:
         """What the conversation holds before this turn (MAX_CONVERSATION_BYTES), from the

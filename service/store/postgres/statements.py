@@ -74,12 +74,35 @@ LOAD = f"""
     ORDER BY turns.seq
 """
 
+
+# What a turn reads of its window: the turns after {low}, but none before the turn whose
+# later turns' items already reach :window_bytes (the bytes a turn may send,
+# CONTEXT_MAX_REQUEST_BYTES; NULL: no bound). A turn's items are measured as a request carries
+# them (its items column less its brackets, never more than what core/window.py counts; sealed,
+# less the cipher's overhead), without reading TOASTed values. Items appended since the last
+# turn moved the window start are then read only as far as a request could carry them.
+def window_cut(low: str) -> str:
+    size = f"""(coalesce(
+        octet_length(CAST(turns.replay_items AS text)) - 2,
+        octet_length(turns.sealed_replay_items) - {OVERHEAD} - 2, 0)
+        + coalesce(octet_length(CAST(turns.compacted AS text)) - 2,
+                   octet_length(turns.sealed_compacted) - {OVERHEAD} - 2, 0))"""
+    return f"""coalesce((
+        SELECT min(sized.seq) FROM (
+            SELECT turns.seq, sum({size}) OVER (ORDER BY turns.seq DESC) - {size} AS later
+            FROM turns WHERE turns.conversation_id = :cid AND turns.seq > {low}
+        ) AS sized
+        WHERE sized.later < CAST(:window_bytes AS bigint)
+    ), 0)"""
+
+
 # The same for a turn (LEASE's turns, when a commit raced it): from its window start on.
+WINDOW_LOW = "greatest(:after, conversations.context_start - 1)"
 LOAD_WINDOW = f"""
     SELECT {HEAD}, conversations.rewritten_at, {WINDOW_TURN}
     FROM conversations LEFT JOIN turns
-        ON turns.conversation_id = conversations.id
-        AND turns.seq > greatest(:after, conversations.context_start - 1)
+        ON turns.conversation_id = conversations.id AND turns.seq > {WINDOW_LOW}
+        AND turns.seq >= {window_cut(WINDOW_LOW)}
     WHERE {THE_CONVERSATION}
     ORDER BY turns.seq
 """
@@ -215,6 +238,7 @@ def leased(counted: bool) -> str:
         {NO_SYNC_WAIT} AS no_sync_wait, {WINDOW_TURN}
     FROM attempt LEFT JOIN turns ON turns.conversation_id = :cid
         AND turns.seq > greatest(:after, attempt.context_start - 1)
+        AND turns.seq >= {window_cut("greatest(:after, attempt.context_start - 1)")}
     ORDER BY turns.seq
 """
 

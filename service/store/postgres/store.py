@@ -96,7 +96,8 @@ class PostgresStore(Edits, Housekeeping):
         conversation_id, owner, after_revision = ask.conversation_id, ask.owner, ask.after_revision
         params = {
             "cid": conversation_id, "replaces": ask.replaces, "queue": ask.queue,
-            "after": after_revision, **self._places.params(owner, ask.holder, ask.lease_s),
+            "after": after_revision, "window_bytes": ask.window_bytes,
+            **self._places.params(owner, ask.holder, ask.lease_s),
         }  # fmt: skip
         folded = await self._places.folded()
 
@@ -120,27 +121,31 @@ class PostgresStore(Edits, Housekeeping):
             return LeaseAttempt(conversation=None, acquired=False, crowded=True)
         busy_until = None if first["acquired"] else first["lease_expires_at"]
         conversation = await self._conversation(
-            conversation_id, owner, rows, max(after_revision + 1, first["context_start"])
+            conversation_id, owner, rows, _window_first(rows, after_revision)
         )
         if not conversation.complete:
             # A commit raced the statement: its turn is not in the statement's snapshot (the
             # revision is the updated row's). Read again: callers (and the history cache)
             # must never get a revision ahead of its turns.
-            again = await self._window(conversation_id, owner, after_revision)
+            again = await self._window(conversation_id, owner, after_revision, ask.window_bytes)
             return LeaseAttempt(again, first["acquired"] and again is not None, busy_until)
         return LeaseAttempt(conversation, first["acquired"], busy_until)
 
     async def _window(
-        self, conversation_id: UUID, owner: str, after_revision: int
+        self, conversation_id: UUID, owner: str, after_revision: int, window_bytes: int | None
     ) -> Conversation | None:
         """The conversation with the turns a turn reads (as ``lease``), without the lease."""
-        params = {"cid": conversation_id, "caller": owner, "after": after_revision}
+        params = {
+            "cid": conversation_id, "caller": owner, "after": after_revision,
+            "window_bytes": window_bytes,
+        }  # fmt: skip
         async with driver(self._engine, write=False) as conn:
             rows = await self._sql.load_window.fetch(conn, params)
         if not rows:
             return None
-        start = max(after_revision + 1, rows[0]["context_start"])
-        return await self._conversation(conversation_id, owner, rows, start)
+        return await self._conversation(
+            conversation_id, owner, rows, _window_first(rows, after_revision)
+        )
 
     async def _conversation(
         self, conversation_id: UUID, owner: str, rows: Sequence[asyncpg.Record], first: int
@@ -327,3 +332,10 @@ class PostgresStore(Edits, Housekeeping):
         page = [Summary(r["id"], r["revision"], r["created_at"], r["updated_at"]) for r in rows]
         cursor = encode_cursor(page[-1]) if len(page) == limit else None
         return page, cursor
+
+
+def _window_first(rows: Sequence[asyncpg.Record], after_revision: int) -> int:
+    """The first revision a turn's window read holds: after what the caller holds, from the
+    window start on, or from where the read stopped going back (statements.window_cut)."""
+    read = [row["seq"] for row in rows if row["seq"] is not None]
+    return max(after_revision + 1, int(rows[0]["context_start"]), min(read, default=0))

@@ -170,6 +170,27 @@ async def test_the_builtin_fake_proves_compaction_and_a_restart_keeps_the_window
     assert [m["content"] for m in read["messages"][::2]] == ["one", "two", "three", "four", "five"]
 
 
+async def test_a_window_whose_user_messages_pass_the_reply_limit_still_compacts(
+    make_client: Any,
+) -> None:
+    """A compaction answers the user messages it keeps: with ~380 KB of them, more than a
+    reply may hold (UPSTREAM_MAX_BODY_BYTES, 256 KiB), it still compacts and the turn runs on
+    it (it was 502 on every later turn, the conversation stuck for good)."""
+    api = FakeResponsesAPI()
+    settings = {"context_strategy": "compact", "compact_threshold_tokens": 1_000}
+    async with make_client(provider=api.provider(), **settings) as client:
+        cid = None
+        for n in range(5):
+            body: dict[str, Any] = {"message": f"{n} " + "words " * 16_000}
+            answer = await client.post(CHAT, json=body | {"conversation_id": cid})
+            assert answer.status_code == 200, answer.text
+            cid = answer.json()["conversation_id"]
+    assert compacts(api), api.urls
+    compacted = api.requests[compacts(api)[-1]]  # answered with its user messages
+    assert sum(len(text) for text in said(compacted)) > 256 * 1024
+    assert kinds(api.requests[-1])[-2:] == ["compaction", "message"]  # the turn ran on it
+
+
 async def test_a_model_switch_leaves_the_compaction_item_out(
     database_url: str, engine: AsyncEngine
 ) -> None:

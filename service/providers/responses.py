@@ -227,7 +227,9 @@ class ResponsesProvider:
         with _translate():
             async with self._call(f"{self.endpoint.url}/compact", content) as response:
                 body = msgspec.json.decode(await self._read(response), type=_Compaction)
-        self._check_reply(body.output, 0)
+        # Its output repeats the user messages it keeps, which may be most of the input: a
+        # compaction may answer what it was sent, and a reply's worth more.
+        self._check_reply(body.output, 0, sent=len(content))
         if compaction_item(body.output) is None:
             raise UpstreamError("The provider's compaction holds no compaction item.")
         return Compacted(list(body.output), body.usage.value() if body.usage else None)
@@ -273,9 +275,10 @@ class ResponsesProvider:
             raise UpstreamError("The provider's response was too large.")
         return size
 
-    def _check_reply(self, items: list[msgspec.Raw], text_bytes: int) -> None:
-        """Refuse a reply whose output items or streamed text outgrew the limit."""
-        if max(sum(map(len, items)), text_bytes) > self._max_body_bytes:
+    def _check_reply(self, items: list[msgspec.Raw], text_bytes: int, sent: int = 0) -> None:
+        """Refuse a reply whose output items or streamed text outgrew the limit (and ``sent``
+        bytes more, for what a reply may repeat of its request)."""
+        if max(sum(map(len, items)), text_bytes) > self._max_body_bytes + sent:
             raise UpstreamError("The provider's reply was too large.")
 
     async def _status_error(self, response: httpx.Response) -> TurnstoreError:

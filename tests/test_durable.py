@@ -6,6 +6,7 @@ apps on the test database for what one replica decides (owners, expiry, deletion
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -259,6 +260,48 @@ async def test_a_background_turn_whose_replica_stops_ends_interrupted_for_every_
                 assert retried.json()["conversation_id"] == cid
                 done = await status_becomes(b, retried.json()["turn_id"], "completed")
                 assert done["revision"] == 2  # nothing of the interrupted turn was kept
+
+
+async def test_a_plain_turns_key_is_free_again_soon_after_its_replica_dies(
+    database: str, tmp_path: Path
+) -> None:
+    """A plain turn with an Idempotency-Key waits for the provider when its replica is killed:
+    its claim is no longer renewed, and a retry on another replica runs the turn within
+    TURN_LEASE_S and a little (it was held for read timeout x rounds + 60 s, 420 s)."""
+    lease_s = 2.0
+    api = FakeResponsesAPI()
+    async with fake_api(api) as base_url:
+        env = turnstore_env(
+            DATABASE_URL=database, TURN_LEASE_S=str(lease_s), **provider_env(base_url)
+        )
+        with ExitStack() as stack:
+            doomed = stack.enter_context(replica(env, tmp_path / "doomed.log"))
+            survivor = stack.enter_context(replica(env, tmp_path / "survivor.log"))
+            await asyncio.gather(wait_ready(doomed), wait_ready(survivor))
+            async with (
+                httpx.AsyncClient(base_url=doomed.url, timeout=60) as a,
+                httpx.AsyncClient(base_url=survivor.url, timeout=60) as b,
+            ):
+                cid = await start(a)
+                held = Script(text="never answered", gate=asyncio.Event())
+                api.then(held)
+                key, asked = {"Idempotency-Key": "plain"}, {"message": "x", "conversation_id": cid}
+                lost = asyncio.ensure_future(a.post(CHAT, json=asked, headers=key))
+                await held.started.wait()
+                doomed.process.signal(signal.SIGKILL)
+                killed = time.monotonic()
+                with contextlib.suppress(httpx.HTTPError):
+                    await lost
+                busy = await b.post(CHAT, json=asked, headers=key)
+                assert busy.status_code == 409 and busy.json()["error"]["code"] == (
+                    "request_in_progress"
+                )
+                while (retried := await b.post(CHAT, json=asked, headers=key)).status_code == 409:
+                    assert time.monotonic() - killed < lease_s + 5, "the key stayed claimed"
+                    await asyncio.sleep(0.1)
+                took = time.monotonic() - killed
+                assert retried.status_code == 200, retried.text
+                assert took < lease_s + 5, took
 
 
 async def test_on_sigterm_a_background_turn_may_finish_within_the_grace_period(

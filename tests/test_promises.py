@@ -32,7 +32,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.api.errors import WRITE_ERRORS
 from service.app import create_app
+from service.core.errors import ConversationFull
 from service.platform.settings import Settings
 from service.providers.base import Compacted, ProviderEvent, ProviderRequest
 from service.providers.fake import FakeProvider
@@ -241,6 +243,18 @@ def test_every_route_that_commits_takes_an_idempotency_key(
     operation = getattr(schema.paths[key[1]], key[0])
     headers = {p.name for p in operation.parameters or [] if p.param_in == "header"}
     assert "Idempotency-Key" in headers
+
+
+@pytest.mark.parametrize(("key", "route"), COMMITS)
+def test_every_route_that_commits_documents_what_the_gate_may_answer(
+    database_url: str, key: tuple[str, str], route: Route
+) -> None:
+    schema = create_app(Settings(database_url=database_url)).openapi_schema
+    operation = getattr(schema.paths[key[1]], key[0])
+    documented = {int(status) for status in operation.responses or {}}
+    assert {error.status for error in WRITE_ERRORS} <= documented
+    if route.effect == "adds":
+        assert ConversationFull.status in documented
 
 
 # --- the app, a context, what is stored -----------------------------------------------------

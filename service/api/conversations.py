@@ -9,7 +9,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.bodies import strict
 from service.api.deps import Caller
-from service.api.errors import documented
+from service.api.errors import WRITE_ERRORS, documented
 from service.api.headers import (
     CORRELATION_ID,
     DELETE_CONVERSATION,
@@ -31,11 +31,11 @@ from service.api.schemas import (
 from service.core.errors import (
     ConversationBusy,
     ConversationConflict,
+    ConversationFull,
     ConversationNotFound,
     InvalidInput,
     PreconditionFailed,
     StorageError,
-    TooManyRequests,
     Unauthorized,
     UpstreamError,
     UpstreamTimeout,
@@ -118,9 +118,7 @@ class ConversationController(Controller):
         "untouched, and each conversation goes on (and is deleted or expires) on its own.",
         before_request=strict(ForkRequest),
         response_headers=[ETAG, CORRELATION_ID],
-        responses=documented(
-            InvalidInput, Unauthorized, ConversationNotFound, TooManyRequests, StorageError
-        ),
+        responses=documented(InvalidInput, Unauthorized, ConversationFull, *WRITE_ERRORS),
     )
     async def fork(
         self,
@@ -147,8 +145,8 @@ class ConversationController(Controller):
         before_request=strict(CompactRequest),
         response_headers=[ETAG, CORRELATION_ID],
         responses=documented(
-            InvalidInput, Unauthorized, ConversationNotFound, PreconditionFailed,
-            ConversationConflict, ConversationBusy, UpstreamError, UpstreamTimeout, StorageError,
+            InvalidInput, Unauthorized, PreconditionFailed, ConversationConflict,
+            ConversationBusy, ConversationFull, UpstreamError, UpstreamTimeout, *WRITE_ERRORS,
         ),
     )  # fmt: skip
     async def compact(
@@ -171,7 +169,7 @@ class ConversationController(Controller):
         "/{conversation_id:str}",
         summary="Delete the conversation: transcript and replay items.",
         response_headers=[CORRELATION_ID],
-        responses=documented(Unauthorized, ConversationNotFound, PreconditionFailed, StorageError),
+        responses=documented(Unauthorized, PreconditionFailed, *WRITE_ERRORS),
     )
     async def remove(
         self,

@@ -72,6 +72,15 @@ TURN_ERRORS: tuple[type[TurnstoreError], ...] = (
 )  # fmt: skip
 
 
+# What any call that writes may answer besides its own errors (service/usecases/gate.py): its
+# Idempotency-Key malformed, in use or reused, the owner's write budget, an owner shredded
+# meanwhile, the database.
+WRITE_ERRORS: tuple[type[TurnstoreError], ...] = (
+    InvalidInput, RequestInProgress, IdempotencyKeyReused, TooManyRequests, ConversationNotFound,
+    StorageError,
+)  # fmt: skip
+
+
 def openai_documented(*more: type[TurnstoreError]) -> dict[int, ResponseSpec]:
     """As ``documented``, for an operation of the OpenAI surface (its error shape)."""
     return documented(InvalidInput, Unauthorized, StorageError, *more, shape=OpenAIError)

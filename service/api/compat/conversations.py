@@ -23,7 +23,7 @@ from service.api.compat.schemas import (
     deleted_object,
 )
 from service.api.deps import Caller
-from service.api.errors import openai_documented
+from service.api.errors import WRITE_ERRORS, openai_documented
 from service.api.headers import (
     CORRELATION_ID,
     DELETE_CONVERSATION,
@@ -35,6 +35,7 @@ from service.api.headers import (
 )
 from service.core.errors import (
     ConversationConflict,
+    ConversationFull,
     ConversationNotFound,
     ItemNotFound,
     PreconditionFailed,
@@ -63,7 +64,7 @@ class OpenAIConversations(Controller):
     @post(
         "/", status_code=200, summary="Create a conversation (metadata, up to 20 items).",
         before_request=strict(ConversationCreate), response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(),
+        responses=openai_documented(ConversationFull, *WRITE_ERRORS),
     )  # fmt: skip
     async def create(
         self,
@@ -90,7 +91,7 @@ class OpenAIConversations(Controller):
     @post(
         "/{conversation_id:str}", status_code=200, summary="Replace its metadata (no commit).",
         before_request=strict(ConversationUpdate), response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(ConversationNotFound, PreconditionFailed),
+        responses=openai_documented(PreconditionFailed, *WRITE_ERRORS),
     )  # fmt: skip
     async def update(
         self,
@@ -112,7 +113,7 @@ class OpenAIConversations(Controller):
     @delete(
         "/{conversation_id:str}", status_code=200, summary="Delete it and all its turns.",
         response_headers=[CORRELATION_ID],
-        responses=openai_documented(ConversationNotFound, PreconditionFailed),
+        responses=openai_documented(PreconditionFailed, *WRITE_ERRORS),
     )  # fmt: skip
     async def remove(
         self,
@@ -156,7 +157,9 @@ class OpenAIConversations(Controller):
         "/{conversation_id:str}/items", status_code=200,
         summary="Append up to 20 items without calling the model: one commit.",
         before_request=strict(ItemsCreate), response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(ConversationNotFound, ConversationConflict, PreconditionFailed),
+        responses=openai_documented(
+            ConversationConflict, PreconditionFailed, ConversationFull, *WRITE_ERRORS
+        ),
     )  # fmt: skip
     async def append(
         self,
@@ -181,7 +184,7 @@ class OpenAIConversations(Controller):
         summary="Remove the latest item (a commit); any other item: 400.",
         response_headers=[ETAG, CORRELATION_ID],
         responses=openai_documented(
-            ConversationNotFound, ItemNotFound, ConversationConflict, PreconditionFailed
+            ItemNotFound, ConversationConflict, PreconditionFailed, *WRITE_ERRORS
         ),
     )  # fmt: skip
     async def pop(

@@ -30,7 +30,7 @@ from service.api.compat.schemas import (
 from service.api.compat.stream import Output, Relayed, ResponseStream, Source
 from service.api.correlation import correlation_id
 from service.api.deps import Api, Caller
-from service.api.errors import TURN_ERRORS, openai_documented
+from service.api.errors import TURN_ERRORS, WRITE_ERRORS, openai_documented
 from service.api.headers import (
     CORRELATION_ID,
     RETRY_AFTER,
@@ -196,7 +196,8 @@ class OpenAIResponses(Controller):
 
     @delete(
         "/{response_id:str}", status_code=200, summary="Forget a response (its turn stays).",
-        response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(ResponseNotFound, *WRITE_ERRORS),
     )  # fmt: skip
     async def remove(
         self, response_id: FromPath[str], api: Caller, idempotency_key: IdempotencyKey = None

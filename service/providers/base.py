@@ -1,7 +1,8 @@
 """The provider port.
 
 A provider turns a request (replay items + the new user input item) into a stream of
-events: zero or more ``TextDelta`` and exactly one final ``Reply`` (the last event). With
+events: zero or more ``ItemDone`` (an output item finished before the text: reasoning) and
+``TextDelta``, and exactly one final ``Reply`` (the last event, with every output item). With
 ``stream=False`` an adapter may make a non-streaming call and yield the ``Reply`` alone.
 Failures are raised as domain errors (RateLimited, ContextLengthExceeded, ContentFiltered,
 UpstreamError, UpstreamTimeout); an adapter never retries on its own.
@@ -39,6 +40,14 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ItemDone:
+    """A reasoning item the provider finished while it streams, as it sent it (the Reply
+    holds it too): a stream announces it before the message that follows it."""
+
+    item: msgspec.Raw
+
+
+@dataclass(frozen=True)
 class Reply:
     """The provider's final answer: its text and its output items, verbatim."""
 
@@ -49,7 +58,7 @@ class Reply:
     usage: Usage | None = None  # as the provider reported it
 
 
-ProviderEvent = TextDelta | Reply
+ProviderEvent = ItemDone | TextDelta | Reply
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from service.core.model import Origin, ReplyStatus
 from service.core.usage import Usage
 from service.providers.base import (
     Compacted,
+    ItemDone,
     ProviderEvent,
     ProviderRequest,
     Reply,
@@ -340,7 +341,10 @@ class _EventStream:
             self.text_bytes += len(event.delta.encode())
             return TextDelta(event.delta, event.item_id) if event.delta else None
         if kind == "response.output_item.done":
-            self.items.append(msgspec.json.decode(data, type=_ItemDone).item)
+            item = msgspec.json.decode(data, type=_ItemDone).item
+            self.items.append(item)
+            if msgspec.json.decode(item, type=_Item).type == "reasoning":
+                return ItemDone(item)  # a stream announces it before the message after it
         elif kind in ("response.completed", "response.incomplete"):
             final = msgspec.json.decode(data, type=_Finished).response
             self.finished = True

@@ -136,11 +136,14 @@ class Conversations:
         the removal makes it 409, with nothing removed."""
         revision = (await self.describe(cid, owner)).revision
         check_precondition(if_match, revision)
+        ids = await self._restorer.ids.get()
         last = await self._store.turn(cid, owner, revision) if revision else None
-        latest = listed_ids(cid, revision, last) if last is not None else []
+        latest = listed_ids(ids, cid, revision, last) if last is not None else []
         if not latest or latest[-1] != item_id:
-            async for number, turn in self.walk(cid, owner, newest_first=True):
-                if item_id in listed_ids(cid, number, turn):
+            ref = ids.parse_item(item_id)  # names the one turn that holds it
+            if ref is not None and ref.conversation_id == cid and ref.revision < revision:
+                earlier = await self._store.turn(cid, owner, ref.revision)
+                if earlier is not None and item_id in listed_ids(ids, cid, ref.revision, earlier):
                     raise InvalidInput("Only the latest item can be removed.", param="item_id")
             raise ItemNotFound()
         try:

@@ -45,7 +45,13 @@ from service.core.strictjson import is_encodable
 from service.core.usage import Usage, added
 from service.core.window import Budget, SystemPrompt, Window, choose_window, instructions_for
 from service.platform import metrics, tracing
-from service.providers.base import Provider, ProviderRequest, TextDelta, request_overhead
+from service.providers.base import (
+    ItemDone,
+    Provider,
+    ProviderRequest,
+    TextDelta,
+    request_overhead,
+)
 from service.store.ports import ConversationStore, IdempotencyStore
 from service.usecases import compaction
 from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling, advertised, tool_names
@@ -69,7 +75,7 @@ class TurnDone:
     compaction: msgspec.Raw | None = None  # the compaction item the turn ran on, if it made one
 
 
-TurnEvent = TextDelta | ToolCalled | TurnDone
+TurnEvent = ItemDone | TextDelta | ToolCalled | TurnDone
 
 
 @dataclass(frozen=True)
@@ -364,7 +370,7 @@ class TurnService:
         plan: TurnPlan,
         asked: _Request,
         stream: bool,
-    ) -> AsyncGenerator[TextDelta | ToolCalled | Answer, None]:
+    ) -> AsyncGenerator[ItemDone | TextDelta | ToolCalled | Answer, None]:
         exchange = Exchange(
             self.provider,
             window,

@@ -200,7 +200,10 @@ class Ids:
     def _open(self, token: str, kind: bytes) -> bytes | None:
         padded = token.upper() + "=" * (-len(token) % 8)
         try:
-            return self._siv.decrypt(base64.b32decode(padded), [kind])
+            sealed = base64.b32decode(padded)
+            if base64.b32encode(sealed).decode() != padded:
+                return None  # one id per thing: its unused last bits must be zero
+            return self._siv.decrypt(sealed, [kind])
         except (InvalidTag, ValueError):
             return None
 

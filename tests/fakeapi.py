@@ -106,6 +106,11 @@ class FakeResponsesAPI:
                 }
             }
             return httpx.Response(script.http_status, json=error, headers=script.headers)
+        if request.url.path.endswith("/responses/input_tokens"):  # 10 tokens an input item
+            counted = 10 * len(json.loads(body)["input"])
+            return httpx.Response(
+                200, json={"object": "response.input_tokens", "input_tokens": counted}
+            )
         if request.url.path.endswith("/responses/compact"):
             return httpx.Response(200, json=compaction(number, json.loads(body)))
         text = f"reply {number}" if script.text is None else script.text

@@ -100,6 +100,18 @@ def encode_compaction(model: str, request: ProviderRequest) -> bytes:
     return msgspec.json.encode(body)
 
 
+def encode_count(model: str, request: ProviderRequest) -> bytes:
+    """A ``POST /responses/input_tokens`` request: what a create would send, less what only a
+    create takes (``store``, ``stream``, ``include``)."""
+    body: dict[str, object] = {"model": request.model or model, "input": request.input_items}
+    if request.instructions is not None:
+        body["instructions"] = request.instructions
+    if request.tools is not None:
+        body["tools"] = request.tools
+    body.update(request.fields)
+    return msgspec.json.encode(body)
+
+
 def request_overhead(model: str, request: ProviderRequest, *, stream: bool) -> int:
     """Bytes of ``request`` serialised with an empty ``input`` list (every provider sends the
     Responses API's shape; the fake is sized like it, so budgets behave as in production)."""
@@ -118,6 +130,10 @@ class Provider(Protocol):
     async def compact(self, request: ProviderRequest) -> Compacted:
         """The provider's compaction of ``request.input_items`` (its model and instructions
         too; no other field). Raises the same domain errors as ``respond``."""
+
+    async def count_tokens(self, request: ProviderRequest) -> int:
+        """How many input tokens ``request`` would cost, counted by the provider (its own
+        counting endpoint). Raises the same domain errors as ``respond``."""
 
     async def close(self) -> None: ...
 

@@ -155,6 +155,12 @@ class FakeProvider:
         usage_in = _tokens(sum(map(len, request.input_items)) + len(request.instructions or ""))
         return Compacted([*kept, item], _usage(usage_in, _tokens(len(item)), reasoning=0))
 
+    async def count_tokens(self, request: ProviderRequest) -> int:
+        """What ``respond`` would report as the request's input tokens."""
+        _check_fields(request.fields)
+        _checked(request, request.model or MODEL)
+        return _tokens(sum(map(len, request.input_items)) + len(request.instructions or ""))
+
     async def close(self) -> None:
         return None
 

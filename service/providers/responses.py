@@ -57,6 +57,7 @@ from service.providers.base import (
     Reply,
     TextDelta,
     encode_compaction,
+    encode_count,
     encode_request,
 )
 
@@ -113,6 +114,10 @@ class _InputDetails(msgspec.Struct):
 
 class _OutputDetails(msgspec.Struct):
     reasoning_tokens: int = 0
+
+
+class _Counted(msgspec.Struct):
+    input_tokens: int
 
 
 class _Usage(msgspec.Struct):
@@ -232,6 +237,13 @@ class ResponsesProvider:
         if compaction_item(body.output) is None:
             raise UpstreamError("The provider's compaction holds no compaction item.")
         return Compacted(list(body.output), body.usage.value() if body.usage else None)
+
+    async def count_tokens(self, request: ProviderRequest) -> int:
+        """``POST {base}/responses/input_tokens``: the provider's count of the request."""
+        content = encode_count(self.endpoint.model, request)
+        with _translate():
+            async with self._call(f"{self.endpoint.url}/input_tokens", content) as response:
+                return msgspec.json.decode(await self._read(response), type=_Counted).input_tokens
 
     @asynccontextmanager
     async def _call(self, url: str, content: bytes) -> AsyncIterator[httpx.Response]:

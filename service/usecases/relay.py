@@ -75,6 +75,24 @@ class Relay:
         sealing = _Sealing(await self._restorer.ids.get(), self.origin(asked.model))
         return dataclasses.replace(compacted, items=sealing.items(compacted.items))
 
+    async def count(
+        self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...], asked: Asked
+    ) -> int:
+        """The provider's count of the input tokens a call on ``items`` would cost (``POST
+        /v1/responses/input_tokens``): nothing is kept. A refusal is the client's (400)."""
+        prompt = instructions_for(
+            self._prompt, asked.instructions,
+            server_first=self._rules.server_prompt_first(asked.instructions),
+        )  # fmt: skip
+        request = ProviderRequest(
+            items, prompt.text if prompt else None, advertised(None, tools), asked.model,
+            asked.fields,
+        )  # fmt: skip
+        try:
+            return await self._provider.count_tokens(request)
+        except ProviderRefused as refused:
+            raise refused.client_error() from refused
+
     async def respond(
         self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...], asked: Asked
     ) -> Reply:

@@ -33,8 +33,8 @@ from service.core.errors import (
     ResponseNotFound,
 )
 from service.core.events import RunEvent
-from service.core.ids import Ids, ResponseRef
-from service.core.items import check_history, client_tools, turn_input
+from service.core.ids import Ids, ResponseRef, parse_conversation_id
+from service.core.items import check_history, client_tools, turn_input, user_input_item
 from service.core.model import ForkPoint, Precondition, RunView, Turn
 from service.core.plans import Asked, PlanRules, TurnPlan, make_plan
 from service.providers.base import Compacted, ProviderEvent, Reply
@@ -262,6 +262,45 @@ class Responses:
             raise InvalidInput("Send input or previous_response_id to compact.", param="input")
         async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
             return await self._relay.compact(items, asked)
+
+    async def count_tokens(
+        self,
+        owner: str,
+        asked: Asked,
+        input: str | list[Any] | None,
+        tools: Sequence[Any] | None,
+        *,
+        conversation: str | None,
+        previous: str | None,
+    ) -> int:
+        """``POST /v1/responses/input_tokens``: the input tokens the create with this body
+        would send (the history of ``conversation`` or ``previous`` as its window holds it for
+        the model, then ``input``, restored), counted by the provider; nothing is kept."""
+        if conversation is not None and previous is not None:
+            raise InvalidInput(
+                "Send conversation or previous_response_id, not both.",
+                param="previous_response_id",
+            )
+        history: list[msgspec.Raw] = []
+        if previous is not None:
+            found, revision = await self._completed(owner, previous)
+            history = await self._turns.history(found.conversation_id, owner, revision, asked.model)
+        elif conversation is not None:
+            cid = parse_conversation_id(conversation)
+            latest = (await self._conversations.describe(cid, owner)).revision
+            if latest:
+                history = await self._turns.history(cid, owner, latest, asked.model)
+        given: list[msgspec.Raw] = []
+        if isinstance(input, str):
+            given = [user_input_item(input)]
+        elif input is not None:
+            turn_input(input)  # each item checked, as a create's
+            origin = self._relay.origin(asked.model)
+            given = await self._restorer.restore(owner, input, origin=origin)
+        if not history and not given:
+            raise InvalidInput("Send input, conversation or previous_response_id.", param="input")
+        async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
+            return await self._relay.count([*history, *given], client_tools(tools, set()), asked)
 
     async def place(self, owner: str) -> Callable[[], Awaitable[None]]:
         """A place among ``owner``'s running turns for a provider call outside a turn (a

@@ -19,9 +19,11 @@ from service.api.bodies import strict
 from service.api.compat import items as views
 from service.api.compat.items import ENCRYPTED
 from service.api.compat.schemas import (
+    NOT_COUNTED,
     CompactCreate,
     Echo,
     ResponseCreate,
+    TokensCount,
     compaction_object,
     passed_through,
     response_error,
@@ -169,6 +171,30 @@ class OpenAIResponses(Controller):
         asked = Asked(data.model, data.instructions)
         compacted = await responses.compact(api.owner, asked, data.input, data.previous_response_id)
         return compaction_object(compacted.items, compacted.usage)
+
+    @post(
+        "/input_tokens", status_code=200,
+        summary="How many input tokens a create with this body would send.",
+        description="Counted by the provider's own endpoint, stored items restored and the "
+        "window applied; nothing is kept.",
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(
+            PreviousResponseNotFound, RateLimited, UpstreamError, UpstreamTimeout
+        ),
+    )  # fmt: skip
+    async def input_tokens(
+        self, request: Request[Any, Any, Any], data: JSONBody[TokensCount], api: Caller
+    ) -> dict[str, Any]:
+        responses = api.responses
+        fields = passed_through(await request.body())
+        fields = {name: value for name, value in fields.items() if name not in NOT_COUNTED}
+        asked = Asked(data.model, data.instructions, fields)
+        responses.check(asked)
+        counted = await responses.count_tokens(
+            api.owner, asked, data.input, data.tools, conversation=data.conversation_id,
+            previous=data.previous_response_id,
+        )  # fmt: skip
+        return {"object": "response.input_tokens", "input_tokens": counted}
 
     @get(
         "/{response_id:str}", summary="A response as it is now, or (stream) its events.",

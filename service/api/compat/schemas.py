@@ -59,6 +59,28 @@ class CompactCreate(msgspec.Struct, forbid_unknown_fields=True):
     instructions: str | None = None
 
 
+class TokensCount(msgspec.Struct):
+    """``POST /v1/responses/input_tokens``: the body of a create (any field turnstore does not
+    interpret is the provider's, as for a create)."""
+
+    input: str | list[dict[str, Any]] | None = None
+    model: str | None = None
+    conversation: str | ConversationRef | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+
+    @property
+    def conversation_id(self) -> str | None:
+        ref = self.conversation
+        return ref.id if isinstance(ref, ConversationRef) else ref
+
+
+# What only a create takes: never sent to the provider's counting endpoint.
+NOT_COUNTED = frozenset({"stream", "store", "background", "include", "context_management"})
+
+
 def compaction_object(items: Sequence[msgspec.Raw], usage: Usage | None) -> dict[str, Any]:
     """OpenAI's ``response.compaction``: the provider's output as it came (its user messages
     and its compaction item), and what the call cost."""

@@ -34,6 +34,12 @@ from service.store.ports import ConversationStore
 from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
 
+# An append loses to a turn that runs (its lease) as well as to one that committed first.
+ITEMS_CONFLICT = (
+    "A turn of this conversation is running or was committed meanwhile; the items were not "
+    "appended. Retry once it is done."
+)
+
 
 class Conversations:
     def __init__(
@@ -117,7 +123,10 @@ class Conversations:
             held = await held_bytes(self._store, cid, owner, info.revision, info)
         size = self._size.check(held, turn_bytes(turn))
         append = Append(cid, turn, info.revision, owner=owner, stored_bytes=size)
-        return turn, await self._store.append(append)
+        try:
+            return turn, await self._store.append(append)
+        except ConversationConflict:
+            raise ConversationConflict(ITEMS_CONFLICT) from None
 
     async def _restored(self, owner: str, items: Sequence[Any] | None) -> Turn | None:
         """The turn that appends ``items``, those turnstore showed restored to their stored

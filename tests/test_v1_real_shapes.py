@@ -267,6 +267,16 @@ async def test_a_compacting_turns_compaction_item_is_listed_with_its_conversatio
             items[4].id, conversation_id=conversation.id
         )
         assert one.type == "compaction"
+        # Streamed, the compaction item is announced first, at its place in the output.
+        async with client.responses.stream(
+            conversation=conversation.id, input="three", model="fake-llm",
+            extra_body={"context_management": compact},
+        ) as stream:  # fmt: skip
+            added = [(e.output_index, e.item.type, e.item.id) async for e in stream
+                     if e.type == "response.output_item.added"]  # type: ignore[union-attr]  # fmt: skip
+            final = await stream.get_final_response()
+        assert [o.type for o in final.output] == ["compaction", "reasoning", "message"]
+        assert added == [(n, o.type, o.id) for n, o in enumerate(final.output)]
 
 
 async def test_an_item_append_during_a_running_turn_says_so(

@@ -4,8 +4,8 @@ sends them, ``/v1`` renders them as a Response stream).
 
     message.delta  {"delta": "<text>"}
     tool.call      {"name": "<tool>", "status": "<status>"}
-    item.done      {"item": <a reasoning item, without its encrypted_content>} (/v1 turns only:
-                   its stream announces the item before the message that follows it)
+    item.done      {"item": <a reasoning or compaction item, without its encrypted_content>}
+                   (/v1 turns only: its stream announces it before the message after it)
     message.done   {"status", "incomplete_reason", "conversation_id", "revision", "turn_id",
                     "usage"}
     error          {"error": {"code", "message", "correlation_id"}}
@@ -65,7 +65,7 @@ def tool_call(seq: int, name: str, status: str) -> RunEvent:
 
 
 def item_done(seq: int, item: dict[str, Any]) -> RunEvent:
-    """A reasoning item the provider finished, as its client sees it: never its sealed
+    """An output item finished before the text, as its client sees it: never its sealed
     content (events hold what a client saw)."""
     return _event(
         seq, ITEM_DONE, {"item": {k: v for k, v in item.items() if k != "encrypted_content"}}

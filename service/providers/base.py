@@ -41,8 +41,9 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ItemDone:
-    """A reasoning item the provider finished while it streams, as it sent it (the Reply
-    holds it too): a stream announces it before the message that follows it."""
+    """An output item finished before the text (reasoning, a compaction item), as the
+    provider sent it (the Reply holds it too, or the turn's compacted context): a stream
+    announces it before the message that follows it."""
 
     item: msgspec.Raw
 

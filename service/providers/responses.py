@@ -116,6 +116,11 @@ class _OutputDetails(msgspec.Struct):
     reasoning_tokens: int = 0
 
 
+# The output items a stream announces as the provider finishes them (the message is announced
+# as its text starts; function calls, whole, at the end).
+_ANNOUNCED = frozenset({"reasoning", "compaction"})
+
+
 class _Counted(msgspec.Struct):
     input_tokens: int
 
@@ -355,7 +360,7 @@ class _EventStream:
         if kind == "response.output_item.done":
             item = msgspec.json.decode(data, type=_ItemDone).item
             self.items.append(item)
-            if msgspec.json.decode(item, type=_Item).type == "reasoning":
+            if msgspec.json.decode(item, type=_Item).type in _ANNOUNCED:
                 return ItemDone(item)  # a stream announces it before the message after it
         elif kind in ("response.completed", "response.incomplete"):
             final = msgspec.json.decode(data, type=_Finished).response

@@ -236,6 +236,8 @@ class TurnService:
                 if run is not None:
                     await run.begin(conversation.revision if conversation else 0)
                 window, spent = await self._compacted(plan, conversation, window, new_items, asked)
+                if stream and (made := compaction_item(window.compacted)) is not None:
+                    yield ItemDone(made)  # its Response's first output item, announced first
                 answer: Answer | None = None
                 exchange_of = self._exchange(window, new_items, plan, asked, stream)
                 async with aclosing(exchange_of) as exchange:

@@ -309,8 +309,9 @@ def source_of(api: Api, cid: uuid.UUID, run: Run | None, run_id: uuid.UUID) -> S
 
     async def revision() -> int | None:
         """The revision its turn makes: one past the one it holds its conversation at."""
-        if run is not None and run.held.done() and not run.held.exception():
-            return run.held.result() + 1
+        held = run.held if run is not None else None
+        if held is not None and held.done() and not held.cancelled() and not held.exception():
+            return held.result() + 1
         view = await api.runs.view(run_id, api.owner)
         return (
             view.base_revision + 1 if view is not None and view.base_revision is not None else None

@@ -191,7 +191,11 @@ class ResponseStream:
         """An item the provider finished before the text: announced whole, at its place."""
         index, self.index = self.index, self.index + 1
         self.announced.add(item["id"])
-        added = {key: value for key, value in item.items() if key != "encrypted_content"}
+        if item.get("type") == "compaction":  # its sealed content is the final output's only
+            item = {**item, "encrypted_content": item.get("encrypted_content", "")}
+            added = item
+        else:
+            added = {key: value for key, value in item.items() if key != "encrypted_content"}
         if added.get("type") == "reasoning":
             added["summary"] = []  # as OpenAI's .added copy: its summary comes with .done
         return [

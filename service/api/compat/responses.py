@@ -48,6 +48,7 @@ from service.api.sse import (
     sse_events,
 )
 from service.core.errors import (
+    ConversationNotFound,
     InvalidInput,
     PreviousResponseNotFound,
     RateLimited,
@@ -179,7 +180,8 @@ class OpenAIResponses(Controller):
         "window applied; nothing is kept.",
         response_headers=[CORRELATION_ID],
         responses=openai_documented(
-            PreviousResponseNotFound, RateLimited, UpstreamError, UpstreamTimeout
+            PreviousResponseNotFound, ConversationNotFound, RateLimited, UpstreamError,
+            UpstreamTimeout,
         ),
     )  # fmt: skip
     async def input_tokens(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from typing import Any
 
 import openai
@@ -21,6 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.ids import Ids
+from service.usecases.restore import _runs
 from tests.fakeapi import FakeResponsesAPI, Script, openai_id
 from tests.helpers import sdk, snapshot
 
@@ -300,3 +302,26 @@ async def test_an_item_append_during_a_running_turn_says_so(
     assert appended.status_code == 409, appended.text
     message = appended.json()["error"]["message"]
     assert "running" in message and "committed first" not in message
+
+
+@pytest.mark.fast
+def test_the_turns_named_are_read_in_runs_of_consecutive_revisions() -> None:
+    a, b = uuid.UUID(int=1), uuid.UUID(int=2)
+    named = sorted([(a, n) for n in (*range(1, 21), 30)] + [(b, 5)])
+    assert _runs(named) == [(a, 1, 16), (a, 17, 20), (a, 30, 30), (b, 5, 5)]
+
+
+async def test_a_long_history_listed_by_turnstore_is_restored_whole(database_url: str) -> None:
+    """A client sends back a 12-turn conversation's items as listed (reasoning without its
+    sealed content, turnstore's ids) to a stateless call: each comes back as stored."""
+    async with sdk(database_url) as (client, _, _plain):
+        conversation = await client.conversations.create()
+        for n in range(12):
+            await client.responses.create(
+                conversation=conversation.id, input=f"m{n}", model="fake-llm"
+            )
+        listed = [i async for i in client.conversations.items.list(conversation.id, order="asc")]
+        history = [*dumped(listed), {"role": "user", "content": "next"}]
+        assert all("encrypted_content" not in item for item in history)
+        answer = await client.responses.create(model="fake-llm", input=history, store=False)
+    assert answer.output_text == "[fake-llm] next (history=24)"  # the fake checked every seal

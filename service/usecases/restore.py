@@ -8,9 +8,10 @@ Wherever such items enter (a stateless or stored response's ``input``, items app
 conversation) they are restored:
 
 - an item under one of turnstore's ids is replaced by the stored copy, byte for byte; the id
-  names the turn that holds it, so each such turn is read once, by its primary key (at most
-  MAX_CONVERSATIONS conversations a request: what a lookup costs never grows with the
-  owner's data). An id found nowhere, or another owner's, is 400 (``param``);
+  names the turn that holds it, so each such turn is read once, by its primary key, runs of
+  consecutive turns together (at most MAX_CONVERSATIONS conversations and MAX_TURNS turns a
+  request: what a lookup costs never grows with the owner's data). An id found nowhere, or
+  another owner's, is 400 (``param``);
 - an item under any other id (a provider's: OpenAI's are a prefix and 48 hex digits) is sent
   on as it came, its sealed content opened; one that needs what only a stored copy holds
   (reasoning without ``encrypted_content``, an ``item_reference``) is 400;
@@ -34,6 +35,8 @@ from service.core.model import Origin
 from service.store.ports import ConversationStore
 
 MAX_CONVERSATIONS = 20  # a request may name items of at most this many conversations
+MAX_TURNS = 1000  # and of at most this many turns (a request body holds no more, mostly)
+PAGE_TURNS = 16  # turns read at once
 Stored = tuple[msgspec.Raw, Origin | None]  # an item's stored bytes and its turn's origin
 
 
@@ -68,29 +71,48 @@ class Restorer:
         return restored
 
     async def _stored(self, owner: str, refs: list[ItemRef], param: str) -> dict[ItemRef, Stored]:
-        """The stored items ``refs`` name: each turn they name read once."""
+        """The stored items ``refs`` name: the turns they name, read by their primary keys, a
+        run of consecutive turns (up to PAGE_TURNS) in one read."""
         if len({ref.conversation_id for ref in refs}) > MAX_CONVERSATIONS:
             raise InvalidInput(
                 f"{param}: items of at most {MAX_CONVERSATIONS} conversations in one request.",
                 param=param,
             )
-        turns: dict[tuple[UUID, int], list[ItemRef]] = {}
+        wanted: dict[tuple[UUID, int], list[ItemRef]] = {}
         for ref in refs:
-            turns.setdefault((ref.conversation_id, ref.revision), []).append(ref)
+            wanted.setdefault((ref.conversation_id, ref.revision), []).append(ref)
+        if len(wanted) > MAX_TURNS:
+            raise InvalidInput(
+                f"{param}: items of at most {MAX_TURNS} turns in one request.", param=param
+            )
         found: dict[ItemRef, Stored] = {}
-        for (cid, revision), wanted in turns.items():
-            turn = await self._store.turn(cid, owner, revision)
-            if turn is None:
-                continue
-            # Its items, and its compaction item (shown in its Response; the kept messages of
-            # a compacted context are never shown).
-            placed = [*enumerate(turn.replay_items), *((None, raw) for raw in turn.compacted)]
-            for index, raw in placed:
-                own, _ = item_head(raw)
-                for ref in wanted:
-                    if ref.names(-1 if index is None else index, own):
-                        found[ref] = (raw, turn.origin)
+        for cid, low, high in _runs(sorted(wanted)):
+            page = await self._store.turns(
+                cid, owner, low, high, newest_first=False, limit=high - low + 1
+            )
+            for revision, turn in page:
+                # Its items, and its compaction item (shown in its Response; the kept messages
+                # of a compacted context are never shown).
+                placed = [*enumerate(turn.replay_items), *((-1, raw) for raw in turn.compacted)]
+                for index, raw in placed:
+                    own, _ = item_head(raw)
+                    for ref in wanted.get((cid, revision), ()):
+                        if ref.names(index, own):
+                            found[ref] = (raw, turn.origin)
         return found
+
+
+def _runs(turns: list[tuple[UUID, int]]) -> list[tuple[UUID, int, int]]:
+    """``turns`` (sorted) as runs of consecutive revisions of one conversation, each of at most
+    PAGE_TURNS: (conversation, first revision, last revision)."""
+    runs: list[tuple[UUID, int, int]] = []
+    for cid, revision in turns:
+        last = runs[-1] if runs else None
+        if last and last[0] == cid and last[2] == revision - 1 and revision - last[1] < PAGE_TURNS:
+            runs[-1] = (cid, last[1], revision)
+        else:
+            runs.append((cid, revision, revision))
+    return runs
 
 
 def _ref(ids: Ids, item: dict[str, Any], param: str) -> ItemRef | None:

@@ -131,6 +131,7 @@ class ResponseStream:
         self.announced: set[str] = set()  # the ids of the items announced so far
         self.message_id: str | None = None
         self.message_index = 0
+        self.revision: int | None = None  # the one its turn makes, once known
         self.text: list[str] = []
 
     def started(self) -> list[ServerSentEventMessage]:
@@ -278,10 +279,10 @@ class ResponseStream:
         turn will list it by."""
         if provider_id is None or self.cid is None or self.source is None:
             return provider_id
-        revision = await self.source.revision()
-        if revision is None:
+        self.revision = self.revision or await self.source.revision()  # read once
+        if self.revision is None:
             return None
-        return self.ids.item(self.cid, revision, 0, provider_id, kind)
+        return self.ids.item(self.cid, self.revision, 0, provider_id, kind)
 
     def _at(self) -> dict[str, Any]:
         return {"item_id": self.message_id, "output_index": self.message_index, "content_index": 0}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -72,13 +73,14 @@ class Output:
     own_calls: Collection[str]  # turnstore's own tools' calls among them (not shown)
     usage: Usage | None
     compaction: msgspec.Raw | None = None
+    committed_at: datetime | None = None  # (None: just now)
 
     @classmethod
     def of_turn(cls, turn: Turn) -> Output:
         first = input_count(turn.replay_items)
         own = {call.call_id for call in turn.tool_calls}
         compaction = compaction_item(turn.compacted)
-        return cls(turn.replay_items[first:], first, own, turn.usage, compaction)
+        return cls(turn.replay_items[first:], first, own, turn.usage, compaction, turn.created_at)
 
     @classmethod
     def of_done(cls, done: TurnDone) -> Output:
@@ -245,7 +247,10 @@ class ResponseStream:
                     self._event("response.output_item.added", output_index=index, item=item),
                     self._event("response.output_item.done", output_index=index, item=item),
                 ]
-        final = self._response(status, output=shown, incomplete_reason=reason, usage=output.usage)
+        final = self._response(
+            status, output=shown, incomplete_reason=reason, usage=output.usage,
+            completed_at=output.committed_at,
+        )  # fmt: skip
         return [*out, self._event(f"response.{status}", response=final)]
 
     def _error(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -42,6 +43,7 @@ from service.api.limits import RequestRules, allowed_hosts, route_pattern
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
 from service.api.turns import TurnController
+from service.core.ids import IdsSource
 from service.core.plans import PlanRules
 from service.core.sizes import SizeLimit
 from service.core.window import Budget, SystemPrompt
@@ -69,6 +71,7 @@ from service.store.postgres import (
     PostgresStore,
     owner_digests,
 )
+from service.store.postgres.secrets import SecretsReader
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
 from service.usecases.conversations import Conversations
@@ -196,7 +199,15 @@ def postgres_backend(settings: Settings, *, store: PostgresStore | None = None) 
         store.engine, events_ttl_s=settings.turn_events_ttl_s, keyring=store.keyring,
         places=store.places,
     )  # fmt: skip
-    return Backend(conversations, runs, listener, store, store, ApiKeyStore(store.engine), closers)
+    secrets = SecretsReader(store.engine)
+
+    async def ids_secret() -> bytes:
+        return (await secrets.get()).ids
+
+    return Backend(
+        conversations, runs, listener, store, store, ApiKeyStore(store.engine), closers,
+        ids_secret,
+    )  # fmt: skip
 
 
 @dataclass
@@ -259,13 +270,16 @@ def build_services(
         compact_threshold=settings.compact_threshold(),
         compact_default=settings.compact_threshold_tokens,
     )
-    restorer = Restorer(backend.store)
+    ids = IdsSource(backend.ids_secret) if backend.ids_secret else IdsSource(os.urandom(32))
+    restorer = Restorer(backend.store, ids)
     conversations = Conversations(
         backend.store, restorer, SizeLimit(settings.max_conversation_bytes), gate
     )
     relay = Relay(restorer, provider, turns.prompt, rules)
     responses = Responses(turns, runs, relay, restorer, conversations, rules)
-    cases = UseCases(turns, runs, conversations, responses, rules, settings.sse_keepalive_s, gate)
+    cases = UseCases(
+        turns, runs, conversations, responses, rules, settings.sse_keepalive_s, gate, ids
+    )
     return Services(backend.store, backend.ops, cases, backend.api_keys, closers)
 
 
@@ -384,7 +398,7 @@ def _api(
     """The handlers' one dependency: who is asking (the guard's result) and the use cases."""
 
     async def api(request: Request[Any, Any, Any]) -> Api:
-        return Api(await owner(request), cases)
+        return Api(await owner(request), cases, await cases.ids.get())
 
     return api
 

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app
+from service.core.ids import Ids
 from service.platform import migrate
 from service.platform.db import create_engine
 from service.platform.settings import Settings
@@ -19,6 +20,7 @@ from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
 from service.store.postgres.placement import distribute
+from service.store.postgres.secrets import SecretsReader
 from tests.citus import CitusCluster, citus_cluster, citus_database, require_citus
 from tests.database import fresh_database, postgres_server
 from tests.helpers import serve
@@ -112,6 +114,12 @@ def make_client(database_url: str, engine: AsyncEngine) -> ClientFactory:
             yield client
 
     return factory
+
+
+@pytest.fixture
+async def ids(engine: AsyncEngine) -> Ids:
+    """The test database's own ids (its ``ids`` secret, as every app on it reads it)."""
+    return Ids((await SecretsReader(engine).get()).ids)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ against the ``openai`` SDK's models. Like the real API, a response echoes ``stor
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import time
@@ -105,6 +106,11 @@ class FakeResponsesAPI:
                 }
             }
             return httpx.Response(script.http_status, json=error, headers=script.headers)
+        if request.url.path.endswith("/responses/input_tokens"):  # 10 tokens an input item
+            counted = 10 * len(json.loads(body)["input"])
+            return httpx.Response(
+                200, json={"object": "response.input_tokens", "input_tokens": counted}
+            )
         if request.url.path.endswith("/responses/compact"):
             return httpx.Response(200, json=compaction(number, json.loads(body)))
         text = f"reply {number}" if script.text is None else script.text
@@ -123,6 +129,13 @@ class FakeResponsesAPI:
         return httpx.Response(200, json=response, headers=script.headers)
 
 
+def openai_id(prefix: str, *parts: object) -> str:
+    """An id shaped as the Responses API's: a prefix and 48 hex digits (``rs_6820f3...``), one
+    per ``parts``."""
+    seed = ":".join(map(str, (prefix, *parts))).encode()
+    return f"{prefix}_{hashlib.sha256(seed).hexdigest()[:48]}"
+
+
 def output_items(
     number: int, text: str, *, reasoning: bool, status: str = "completed"
 ) -> list[dict[str, Any]]:
@@ -130,7 +143,7 @@ def output_items(
     if reasoning:
         items.append(
             {
-                "id": f"rs_{number}",
+                "id": openai_id("rs", number),
                 "type": "reasoning",
                 "summary": [],
                 "encrypted_content": f"gAAA-sealed-{number}==",
@@ -139,7 +152,7 @@ def output_items(
     if text:
         # The message of an incomplete response (cut off by max_output_tokens) is incomplete too.
         items.append({
-            "id": f"msg_{number}", "type": "message", "role": "assistant",
+            "id": openai_id("msg", number), "type": "message", "role": "assistant",
             "status": "incomplete" if status == "incomplete" else "completed",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
         })  # fmt: skip
@@ -148,7 +161,7 @@ def output_items(
 
 def function_call(number: int, index: int, name: str, arguments: str) -> dict[str, Any]:
     return {
-        "id": f"fc_{number}_{index}", "type": "function_call", "status": "completed",
+        "id": openai_id("fc", number, index), "type": "function_call", "status": "completed",
         "call_id": f"call_{number}_{index}", "name": name, "arguments": arguments,
     }  # fmt: skip
 
@@ -157,12 +170,12 @@ def compaction(number: int, request: dict[str, Any]) -> dict[str, Any]:
     """``POST /responses/compact``: the input's user messages, then one compaction item."""
     kept = [item for item in request["input"] if item.get("role") == "user"]
     item = {
-        "type": "compaction", "id": f"cmp_{number}",
+        "type": "compaction", "id": openai_id("cmp", number),
         "encrypted_content": f"gAAA-compacted-{number}==",
     }  # fmt: skip
     usage = response_object(number, Script(), [])["usage"]
     return {
-        "id": f"resp_{number}", "object": "response.compaction", "created_at": 1764460000,
+        "id": openai_id("resp", number), "object": "response.compaction", "created_at": 1764460000,
         "output": [*kept, item], "usage": usage,
     }  # fmt: skip
 
@@ -171,7 +184,7 @@ def response_object(number: int, script: Script, items: list[dict[str, Any]]) ->
     incomplete = {"reason": script.incomplete_reason} if script.incomplete_reason else None
     error = {"code": "server_error", "message": "boom"} if script.status == "failed" else None
     return {
-        "id": f"resp_{number}", "object": "response", "created_at": 1764460000, "model": "gpt-test",
+        "id": openai_id("resp", number), "object": "response", "created_at": 1764460000, "model": "gpt-test",
         "status": script.status, "incomplete_details": incomplete, "error": error,
         "output": items, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
         "store": False, "instructions": None, "metadata": {}, "temperature": 1.0, "top_p": 1.0,

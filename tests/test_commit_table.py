@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import ClientFactory
-from tests.fakeapi import FakeResponsesAPI, Script
+from tests.fakeapi import FakeResponsesAPI, Script, openai_id
 from tests.helpers import CHAT, assert_error, snapshot
 
 FAILURES = {
@@ -96,7 +96,12 @@ async def test_second_turn_resends_first_turn_verbatim(make_client: ClientFactor
     assert sent_first["store"] is False
     assert sent_first["include"] == ["reasoning.encrypted_content"]
     first_output = [
-        {"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": "gAAA-sealed-1=="},
+        {
+            "id": openai_id("rs", 1),
+            "type": "reasoning",
+            "summary": [],
+            "encrypted_content": "gAAA-sealed-1==",
+        },
     ]
     assert sent_second["input"][: len(sent_first["input"])] == sent_first["input"]
     replayed = sent_second["input"][len(sent_first["input"]) : -1]

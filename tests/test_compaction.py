@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.platform import migrate
 from tests.cluster import replicas
 from tests.database import fresh_database
-from tests.fakeapi import FakeResponsesAPI, Script
+from tests.fakeapi import FakeResponsesAPI, Script, openai_id
 from tests.helpers import CHAT, assert_error, sdk, snapshot
 
 COMPACT_AT_ONCE = [{"type": "compaction", "compact_threshold": 1}]
@@ -83,12 +83,12 @@ async def test_a_turn_over_its_threshold_compacts_first_and_later_turns_start_th
         transcript = (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()
         # The compaction item, sent back as the Response showed it, is restored to its bytes.
         shown = second.output[0].model_dump(exclude_none=True)
-        assert shown["id"] != "cmp_2"  # shown by an id that names its conversation
+        assert shown["id"] != openai_id("cmp", 2)  # shown by an id of turnstore's
         await client.responses.create(
             input=[shown, {"role": "user", "content": "four"}], model="gpt-test", store=False
         )
         assert api.requests[-1]["input"][0] == {
-            "type": "compaction", "id": "cmp_2", "encrypted_content": "gAAA-compacted-2=="
+            "type": "compaction", "id": openai_id("cmp", 2), "encrypted_content": "gAAA-compacted-2=="
         }  # fmt: skip
     assert [m["content"] for m in transcript["messages"]] == [
         "one", "reply 1", "two", "reply 3", "three", "reply 4"
@@ -101,9 +101,9 @@ def first_output(api: FakeResponsesAPI, call: int) -> list[Any]:
     """What the provider answered call ``call`` (the fake numbers its items from 1)."""
     number = call + 1
     return [
-        {"id": f"rs_{number}", "type": "reasoning", "summary": [],
+        {"id": openai_id("rs", number), "type": "reasoning", "summary": [],
          "encrypted_content": f"gAAA-sealed-{number}=="},
-        {"id": f"msg_{number}", "type": "message", "role": "assistant", "status": "completed",
+        {"id": openai_id("msg", number), "type": "message", "role": "assistant", "status": "completed",
          "content": [{"type": "output_text", "text": f"reply {number}", "annotations": [],
                       "logprobs": []}]},
     ]  # fmt: skip

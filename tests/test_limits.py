@@ -15,6 +15,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
+from service.core.ids import Ids
 from service.core.sizes import held_bytes
 from service.platform import migrate
 from service.store.postgres import PostgresStore
@@ -480,11 +481,11 @@ def assert_error_code(response: httpx.Response, code: str) -> None:
 
 
 async def test_a_stateless_call_restores_from_at_most_20_conversations(
-    make_client: ClientFactory,
+    make_client: ClientFactory, ids: Ids
 ) -> None:
     def named(n: int) -> dict[str, Any]:  # an item shown as one of another conversation's
         return {"type": "message", "role": "assistant", "content": "x",
-                "id": f"msg_{uuid.uuid4().hex}{1:08x}{n:04x}"}  # fmt: skip
+                "id": ids.item(uuid.uuid4(), 1, n, None, "message")}  # fmt: skip
 
     async with make_client() as client:
         for count, says in ((21, "at most 20 conversations"), (20, "no stored item")):

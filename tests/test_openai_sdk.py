@@ -359,12 +359,31 @@ async def test_the_request_id_is_the_correlation_id(database_url: str, engine: A
 async def test_unsupported_fields_are_refused_with_their_param(
     database_url: str, engine: AsyncEngine, fields: dict[str, Any], param: str
 ) -> None:
-    async with sdk(database_url) as (client, _, plain):
+    # MODELS named: with the built-in fake and MODELS unset, every model name is served.
+    async with sdk(database_url, models="fake-other") as (client, _, plain):
         conversation = await client.conversations.create()
         with pytest.raises(openai.BadRequestError) as refused:
             await client.responses.create(conversation=conversation.id, input="x", **fields)
         assert refused.value.param == param
         assert (await plain.get(f"/api/v1/conversations/{conversation.id}")).json()["revision"] == 0
+
+
+async def test_the_fake_serves_any_model_and_a_refusal_names_the_served_ones(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """Out of the box (the built-in fake, MODELS unset) a client's default model works; where
+    MODELS is set, a model outside it is refused with a message that says what to do."""
+    async with sdk(database_url) as (client, _, _plain):
+        answered = await client.responses.create(model="gpt-5.2", input="hi", store=False)
+        assert answered.model == "gpt-5.2" and answered.output_text
+    async with sdk(database_url, models="fake-large") as (client, _, _plain):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(model="gpt-5.2", input="hi", store=False)
+        message = refused.value.message
+        assert refused.value.code == "model_not_found" and refused.value.param == "model"
+        assert all(
+            part in message for part in ("'fake-llm'", "'fake-large'", "MODELS", "/v1/models")
+        )
 
 
 @pytest.mark.parametrize(

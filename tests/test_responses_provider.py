@@ -28,9 +28,16 @@ from service.core.errors import (
 )
 from service.core.model import Origin
 from service.platform.settings import Settings
-from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
+from service.providers.base import ItemDone, ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.responses import Endpoint, ResponsesProvider
-from tests.fakeapi import FakeResponsesAPI, Script, output_items, response_object, stream_events
+from tests.fakeapi import (
+    FakeResponsesAPI,
+    Script,
+    openai_id,
+    output_items,
+    response_object,
+    stream_events,
+)
 
 pytestmark = pytest.mark.fast  # `make test-fast`: no database, seconds
 
@@ -275,13 +282,16 @@ async def test_reply_text_status_and_items(stream: bool) -> None:
     assert items(reply) == output_items(1, "Hello there, world!", reasoning=True)
     reasoning = items(reply)[0]
     assert reasoning == {
-        "id": "rs_1",
+        "id": openai_id("rs", 1),
         "type": "reasoning",
         "summary": [],
         "encrypted_content": "gAAA-sealed-1==",
     }  # whole: from response.output_item.done when streaming, not the .added copy
     deltas = events[:-1]
     if stream:
+        # The reasoning item first, whole, as the API finishes it: before the message's text.
+        announced, *deltas = deltas
+        assert isinstance(announced, ItemDone) and json.loads(bytes(announced.item)) == reasoning
         assert all(isinstance(event, TextDelta) for event in deltas)
         assert len(deltas) == 4
         assert "".join(event.text for event in deltas if isinstance(event, TextDelta)) == reply.text
@@ -735,7 +745,8 @@ async def test_a_stream_that_breaks_off_after_a_delta(
     feed = Feed(dying_stream(exception))
     provider = feeding(feed)
     received = await until_failure(provider, expected)
-    assert received and all(isinstance(event, TextDelta) for event in received)
+    assert any(isinstance(event, TextDelta) for event in received)
+    assert all(isinstance(event, ItemDone | TextDelta) for event in received)
     assert feed.closed
 
 
@@ -748,7 +759,7 @@ async def test_closing_the_events_early_closes_the_upstream_stream() -> None:
     events = provider.respond(REQUEST, stream=True)
     try:
         first = await anext(events)
-        assert isinstance(first, TextDelta)
+        assert isinstance(first, ItemDone)  # the reasoning item, announced before the text
         assert not script.closed.is_set()
         await events.aclose()
         assert script.closed.is_set()
@@ -766,13 +777,15 @@ async def test_cancelling_a_stalled_call_closes_the_upstream_stream() -> None:
     async def consume() -> None:
         async for event in provider.respond(REQUEST, stream=True):
             received.append(event)
-            first_delta.set()
+            if isinstance(event, TextDelta):
+                first_delta.set()
 
     task = asyncio.create_task(consume())
     try:
         await asyncio.wait_for(first_delta.wait(), timeout=5)
         await asyncio.sleep(0.01)  # the provider is now waiting for the stalled upstream
-        assert [e.text for e in received] == ["one t"] and not script.closed.is_set()
+        texts = [e.text for e in received if isinstance(e, TextDelta)]
+        assert texts == ["one t"] and not script.closed.is_set()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

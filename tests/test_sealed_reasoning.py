@@ -9,14 +9,14 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import ClientFactory
-from tests.fakeapi import FakeResponsesAPI, Script
+from tests.fakeapi import FakeResponsesAPI, Script, openai_id
 from tests.helpers import CHAT, assert_error, snapshot
 
 
 def first_output() -> dict[str, Any]:
-    """The message item the fake answered to its second call (its id is msg_2)."""
+    """The message item the fake answered to its second call."""
     return {
-        "id": "msg_2", "type": "message", "status": "completed", "role": "assistant",
+        "id": openai_id("msg", 2), "type": "message", "status": "completed", "role": "assistant",
         "content": [{"type": "output_text", "text": "reply 2", "annotations": [], "logprobs": []}],
     }  # fmt: skip
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import openai
 import pydantic
+import pytest
+from agent_framework_openai import OpenAIChatClient
 from agents import (
     Agent,
     ModelSettings,
@@ -32,6 +34,9 @@ from agents.memory import OpenAIConversationsSession
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 from openai.types.shared import Reasoning
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.models.openai import OpenAIResponsesModel
+from pydantic_ai.providers.openai import OpenAIProvider as PydanticOpenAI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.fakeapi import FakeResponsesAPI, Script
@@ -233,6 +238,33 @@ async def test_a_streamed_agent_run_over_a_conversations_session(
     assert streamed.final_output == "[fake-llm] one"
 
 
+@pytest.mark.parametrize("store", [False, None], ids=["store=False", "stored responses"])
+async def test_a_handoff_between_agents_on_two_models(
+    database_url: str, engine: AsyncEngine, store: bool | None
+) -> None:
+    """The first agent's answer (its reasoning, sealed for its model) is in the history the
+    second agent's model gets: turnstore leaves it out, as in a conversation (the built-in
+    fake refuses another model's seal, as the API does)."""
+    async with agents_on(database_url, models="*") as (_client, run_config):
+        specialist = Agent(
+            name="specialist", instructions="Answer.", model="model-b",
+            model_settings=ModelSettings(store=store),
+        )  # fmt: skip
+        triage = Agent(
+            name="triage", instructions="Hand off.", model="model-a", handoffs=[specialist],
+            model_settings=ModelSettings(store=store, tool_choice="transfer_to_specialist"),
+        )  # fmt: skip
+        result = await Runner.run(triage, "a question", run_config=run_config)
+        assert result.last_agent is specialist
+        assert str(result.final_output).startswith("[fake-llm] a question")
+        # And back: the specialist's own history goes on with its own model.
+        again = await Runner.run(
+            specialist, [*result.to_input_list(), {"role": "user", "content": "more"}],
+            run_config=run_config,
+        )  # fmt: skip
+        assert str(again.final_output).startswith("[fake-llm] more")
+
+
 # LangChain --------------------------------------------------------------------------------
 
 
@@ -359,6 +391,32 @@ async def test_langchain_tools_without_a_conversation(
     assert answered.text == '[fake-llm] call weather {"city": "Lima"} [tool: sunny in Lima]'
 
 
+@pytest.mark.parametrize("store", [True, False])
+async def test_langchain_streams_the_reasoning_item(
+    database_url: str, engine: AsyncEngine, store: bool
+) -> None:
+    """The stream announces the reasoning item (OpenAI's order: before the message), so the
+    streamed message holds its reasoning block, and a stateless history sent back with it
+    goes on."""
+    async with served(database_url) as (url, _client):
+        llm = chat_model(
+            url, model="fake-llm", store=store, include=["reasoning.encrypted_content"]
+        )
+
+        def stream(messages: list[Any]) -> Any:
+            chunks = list(llm.stream(messages))
+            whole = chunks[0]
+            for chunk in chunks[1:]:
+                whole += chunk
+            return whole
+
+        first = await asyncio.to_thread(stream, [HumanMessage("one")])
+        assert [block["type"] for block in first.content_blocks] == ["reasoning", "text"]
+        history = [HumanMessage("one"), first, HumanMessage("two")]
+        second = await asyncio.to_thread(stream, history)
+    assert second.text == "[fake-llm] two (history=2)"
+
+
 class City(pydantic.BaseModel):
     name: str
     population: int
@@ -377,3 +435,60 @@ async def test_langchain_structured_output(database_url: str, engine: AsyncEngin
         )
     assert isinstance(city, City) and city.name.startswith("[fake-llm] Paris")
     assert isinstance(stateless, City) and stateless.name.startswith("[fake-llm] Rome")
+
+
+# Pydantic AI and the Microsoft Agent Framework (their OpenAI Responses clients) -----------------
+
+
+async def test_pydantic_ai_runs_a_tool_keeps_its_history_and_streams(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with served(database_url) as (url, _client):
+        model = OpenAIResponsesModel(
+            "gpt-5.2", provider=PydanticOpenAI(base_url=f"{url}/v1", api_key="x")
+        )
+        agent: PydanticAgent[None, str] = PydanticAgent(model, instructions="Be terse.")
+        called: list[str] = []
+
+        @agent.tool_plain
+        def get_weather(city: str) -> str:
+            """Weather in a city."""
+            called.append(city)
+            return f"sunny in {city}"
+
+        first = await agent.run("hello")
+        assert first.output == "[fake-llm] hello"
+        second = await agent.run(
+            'call get_weather {"city": "Oslo"}', message_history=first.all_messages()
+        )
+        assert called == ["Oslo"]
+        assert (
+            second.output
+            == '[fake-llm] call get_weather {"city": "Oslo"} (history=2) [tool: sunny in Oslo]'
+        )
+        async with agent.run_stream("streamed") as streamed:
+            text = "".join([delta async for delta in streamed.stream_text(delta=True)])
+        assert text == "[fake-llm] streamed"
+
+
+async def test_the_agent_frameworks_responses_client_runs_a_tool_and_streams(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    called: list[str] = []
+
+    def forecast(city: str) -> str:
+        """Weather in a city."""
+        called.append(city)
+        return f"sunny in {city}"
+
+    async with served(database_url) as (url, _client):
+        client = OpenAIChatClient(model="gpt-5.2", base_url=f"{url}/v1", api_key="x")
+        agent = client.as_agent(instructions="Be terse.", tools=[forecast])
+        assert (await agent.run("hello")).text == "[fake-llm] hello"
+        answered = await agent.run('call forecast {"city": "Lima"}')
+        assert called == ["Lima"]
+        assert answered.text == '[fake-llm] call forecast {"city": "Lima"} [tool: sunny in Lima]'
+        updates = [update async for update in agent.run("streamed", stream=True)]
+        deltas = [u.text for u in updates if u.text]
+        assert "".join(deltas[:-1]) == "[fake-llm] streamed"  # the deltas, then the whole text
+        assert deltas[-1] == "[fake-llm] streamed"

@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from service.core.ids import parse_response_id
+from service.core.ids import Ids
 from service.platform import migrate
 from service.store.postgres import PostgresStore
 from tests.cluster import fake_api, provider_env, replica, turnstore_env, wait_ready
@@ -38,8 +38,8 @@ def database(server_url: str) -> Iterator[str]:
         yield url
 
 
-def conversation_of(response_id: str) -> uuid.UUID:
-    return parse_response_id(response_id).conversation_id
+def conversation_of(ids: Ids, response_id: str) -> uuid.UUID:
+    return ids.parse_response(response_id).conversation_id
 
 
 async def rows(engine: AsyncEngine) -> tuple[int, int, int]:
@@ -56,7 +56,7 @@ async def rows(engine: AsyncEngine) -> tuple[int, int, int]:
 
 
 async def test_a_response_without_a_conversation_is_stored_and_chained(
-    database_url: str, engine: AsyncEngine
+    database_url: str, engine: AsyncEngine, ids: Ids
 ) -> None:
     api = FakeResponsesAPI()
     async with sdk(database_url, api.provider()) as (client, _, _plain):
@@ -73,9 +73,11 @@ async def test_a_response_without_a_conversation_is_stored_and_chained(
         assert api.requests[1]["input"][:-1] == [*api.requests[0]["input"], *first_output(api)]
         assert "instructions" not in api.requests[1]
         assert second.previous_response_id == first.id
-        assert conversation_of(second.id) == conversation_of(first.id)
+        assert conversation_of(ids, second.id) == conversation_of(ids, first.id)
         third = await client.responses.create(previous_response_id=first.id, input="edited")
-        assert conversation_of(third.id) != conversation_of(first.id)  # an earlier one: a fork
+        assert conversation_of(ids, third.id) != conversation_of(
+            ids, first.id
+        )  # an earlier one: a fork
 
 
 def first_output(api: FakeResponsesAPI) -> list[Any]:
@@ -109,7 +111,7 @@ async def test_store_false_keeps_nothing_and_its_id_is_unknown_everywhere(
 
 
 async def test_every_kind_of_call_streams_with_the_sdk_helper(
-    database_url: str, engine: AsyncEngine
+    database_url: str, engine: AsyncEngine, ids: Ids
 ) -> None:
     async with sdk(database_url) as (client, _, _plain):
         conversation = await client.conversations.create()
@@ -132,7 +134,7 @@ async def test_every_kind_of_call_streams_with_the_sdk_helper(
             previous_response_id=chained, input="on", model="fake-llm"
         ) as stream:
             final = await stream.get_final_response()
-        assert conversation_of(final.id) == conversation_of(chained)
+        assert conversation_of(ids, final.id) == conversation_of(ids, chained)
         for kind in ("stored", "in a conversation"):  # kept: retrieved as streamed
             kept = await client.responses.retrieve(finals[kind].id)
             assert kept.output_text == finals[kind].output_text
@@ -188,7 +190,7 @@ async def test_input_items_page_like_openais(database_url: str, engine: AsyncEng
 
 
 async def test_stored_responses_expire_and_are_purged(
-    database_url: str, engine: AsyncEngine
+    database_url: str, engine: AsyncEngine, ids: Ids
 ) -> None:
     async with sdk(database_url, stored_response_ttl_days=1) as (client, _, _plain):
         conversation = await client.conversations.create()
@@ -198,12 +200,12 @@ async def test_stored_responses_expire_and_are_purged(
         chained = await client.responses.create(previous_response_id=fresh.id, input="again")
         async with engine.begin() as conn:
             expiry = text("SELECT expires_at - now() FROM conversations WHERE id = :id")
-            left = await conn.scalar(expiry, {"id": conversation_of(chained.id)})
+            left = await conn.scalar(expiry, {"id": conversation_of(ids, chained.id)})
             assert 86_000 < left.total_seconds() <= 86_400  # moved on by its last turn
             assert await conn.scalar(expiry, {"id": conversation.id[5:]}) is None
             await conn.execute(
                 text("UPDATE conversations SET expires_at = now() WHERE id = :id"),
-                {"id": conversation_of(old.id)},
+                {"id": conversation_of(ids, old.id)},
             )
         with pytest.raises(openai.NotFoundError):
             await client.responses.retrieve(old.id)  # gone at once
@@ -214,9 +216,9 @@ async def test_stored_responses_expire_and_are_purged(
         assert await store.purge() == 1
         assert await store.purge() == 0
         async with engine.connect() as conn:
-            ids = set((await conn.scalars(text("SELECT id FROM conversations"))).all())
-        assert conversation_of(old.id) not in ids
-        assert {conversation_of(fresh.id), uuid.UUID(conversation.id[5:])} <= ids
+            stored = set((await conn.scalars(text("SELECT id FROM conversations"))).all())
+        assert conversation_of(ids, old.id) not in stored
+        assert {conversation_of(ids, fresh.id), uuid.UUID(conversation.id[5:])} <= stored
         assert (await client.responses.retrieve(kept.id)).output_text == kept.output_text
 
 

@@ -66,6 +66,8 @@ def decode(body: bytes, into: type[S]) -> S:
         found = _UNKNOWN.search(text) or _MISSING.search(text) or _AT.search(text)
         param = found.group(1) if found else None
         raise InvalidInput(f"The request body is invalid: {text}.", param=param) from None
+    except UnicodeDecodeError:  # msgspec before 0.23 lets it through to the key check
+        raise InvalidInput("The request body is invalid: Invalid UTF-8.") from None
     except (msgspec.DecodeError, StrictJSONError, RecursionError) as exc:
         raise InvalidInput(f"The request body is invalid: {exc}.") from None
     return value

@@ -106,7 +106,7 @@ class ConversationController(Controller):
         page = PageRequest(after, before, limit, MAX_PAGE_BYTES)
         cid = parse_conversation_id(conversation_id)
         found = await api.conversations.transcript(cid, api.owner, page)
-        view = ConversationView.of(found)
+        view = ConversationView.of(found, api.ids)
         return Response(view, headers={"ETag": etag(view.revision)})
 
     @post(

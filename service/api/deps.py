@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
+from service.core.ids import Ids, IdsSource
 from service.core.model import IdempotencyKey
 from service.core.plans import PlanRules
 from service.store.ports import Operations
@@ -31,12 +32,14 @@ class UseCases:
     rules: PlanRules  # what a request may ask
     sse_keepalive_s: float  # SSE_KEEPALIVE_S
     gate: WriteGate  # what every write passes through
+    ids: IdsSource  # the deployment's own ids (service/core/ids.py)
 
 
 @dataclass(frozen=True)
 class Api:
     owner: str  # who is asking: from authentication (service/api/auth.py)
     cases: UseCases
+    ids: Ids  # the ids this deployment shows and reads back
 
     @property
     def turns(self) -> TurnService:

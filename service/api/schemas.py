@@ -8,6 +8,7 @@ from uuid import UUID
 
 import msgspec
 
+from service.core.ids import Ids
 from service.core.model import (
     ConversationInfo,
     ReplyStatus,
@@ -175,6 +176,13 @@ class TurnRecord(msgspec.Struct):
     tool_calls: list[ToolCallView]
     usage: UsageView | None
     model: Annotated[str | None, msgspec.Meta(description="The model that made its reply.")]
+    response_id: Annotated[
+        str,
+        msgspec.Meta(
+            description="The /v1 Response this turn is (GET /v1/responses/{id}: its output; "
+            ".../input_items: its input)."
+        ),
+    ] = ""
 
 
 class ConversationView(msgspec.Struct):
@@ -197,7 +205,7 @@ class ConversationView(msgspec.Struct):
     ]
 
     @classmethod
-    def of(cls, page: TranscriptPage) -> ConversationView:
+    def of(cls, page: TranscriptPage, ids: Ids) -> ConversationView:
         conversation = page.conversation
         messages: list[TranscriptMessage] = []
         for turn in page.turns:
@@ -224,6 +232,7 @@ class ConversationView(msgspec.Struct):
                     ],
                     UsageView.of(turn.usage),
                     turn.model,
+                    ids.response(conversation.id, turn.number),
                 )
                 for turn in page.turns
             ],

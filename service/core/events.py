@@ -4,6 +4,8 @@ sends them, ``/v1`` renders them as a Response stream).
 
     message.delta  {"delta": "<text>"}
     tool.call      {"name": "<tool>", "status": "<status>"}
+    item.done      {"item": <a reasoning or compaction item, without its encrypted_content>}
+                   (/v1 turns only: its stream announces it before the message after it)
     message.done   {"status", "incomplete_reason", "conversation_id", "revision", "turn_id",
                     "usage"}
     error          {"error": {"code", "message", "correlation_id"}}
@@ -24,6 +26,7 @@ from service.core.usage import Usage
 
 DELTA = "message.delta"
 TOOL_CALL = "tool.call"
+ITEM_DONE = "item.done"
 DONE = "message.done"
 ERROR = "error"
 TERMINAL = frozenset({DONE, ERROR})
@@ -59,6 +62,14 @@ def delta(seq: int, text: str) -> RunEvent:
 
 def tool_call(seq: int, name: str, status: str) -> RunEvent:
     return _event(seq, TOOL_CALL, {"name": name, "status": status})
+
+
+def item_done(seq: int, item: dict[str, Any]) -> RunEvent:
+    """An output item finished before the text, as its client sees it: never its sealed
+    content (events hold what a client saw)."""
+    return _event(
+        seq, ITEM_DONE, {"item": {k: v for k, v in item.items() if k != "encrypted_content"}}
+    )
 
 
 def error(seq: int, code: str, message: str, correlation_id: str) -> RunEvent:

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.ids import shown_item_id, view_item_id
+from service.core.ids import Ids, prefix_of, unstored_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
 
@@ -115,9 +115,11 @@ def compaction_item(items: Sequence[msgspec.Raw]) -> msgspec.Raw | None:
 class _Listed(msgspec.Struct):
     id: str | None = None
     call_id: str | None = None
+    type: str | None = None
 
 
 def listed(
+    ids: Ids,
     cid: uuid.UUID | None,
     revision: int,
     items: Sequence[msgspec.Raw],
@@ -125,29 +127,37 @@ def listed(
     own_calls: Collection[str] = (),
 ) -> list[tuple[str, msgspec.Raw]]:
     """The items of the turn that made ``revision`` that the OpenAI surface lists, with the id
-    each is known by (one naming its conversation, see service/core/ids.py; ``cid`` None:
-    items kept nowhere, shown by their own ids; ``first``: the index of the first of
-    ``items`` in its turn). The calls of turnstore's own tools that ran inside the
-    turn (``own_calls``, the call ids its tool records name) are not listed: a client shown
-    them would try to run them itself. Every other item is, whoever made it."""
+    each is known by (one naming its turn, see service/core/ids.py; ``cid`` None: items kept
+    nowhere, shown by their own ids; ``first``: the index of the first of ``items`` in its
+    turn). The calls of turnstore's own tools that ran inside the turn (``own_calls``, the
+    call ids its tool records name) are not listed: a client shown them would try to run them
+    itself. Every other item is, whoever made it."""
     shown = []
     for index, raw in enumerate(items, start=first):
         head = msgspec.json.decode(raw, type=_Listed)
         if head.call_id is None or head.call_id not in own_calls:
-            shown.append((shown_id(cid, revision, index, head.id), raw))
+            shown.append((shown_id(ids, cid, revision, index, head.id, head.type), raw))
     return shown
 
 
-def shown_id(cid: uuid.UUID | None, revision: int, index: int, own: str | None) -> str:
+def shown_id(
+    ids: Ids, cid: uuid.UUID | None, revision: int, index: int, own: str | None, kind: str | None
+) -> str:
     """The id an item shows (``own``: the one stored with it; see service/core/ids.py)."""
     if cid is None:
-        return own or view_item_id(uuid.UUID(int=0), revision, index)
-    return shown_item_id(cid, own) if own else view_item_id(cid, revision, index)
+        return own or unstored_id(prefix_of(kind))
+    return ids.item(cid, revision, index, own, kind)
 
 
-def listed_ids(cid: uuid.UUID, revision: int, turn: Turn) -> list[str]:
+def item_head(raw: msgspec.Raw) -> tuple[str | None, str | None]:
+    """An item's own id and its type."""
+    head = msgspec.json.decode(raw, type=_Listed)
+    return head.id, head.type
+
+
+def listed_ids(ids: Ids, cid: uuid.UUID, revision: int, turn: Turn) -> list[str]:
     own = {call.call_id for call in turn.tool_calls}
-    return [item_id for item_id, _ in listed(cid, revision, turn.replay_items, 0, own)]
+    return [item_id for item_id, _ in listed(ids, cid, revision, turn.replay_items, 0, own)]
 
 
 def user_input_item(text: str) -> msgspec.Raw:

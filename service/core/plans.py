@@ -45,7 +45,12 @@ class PlanRules:
         """A model a request may name: the configured one, one of MODELS, or any with ``*``."""
         if model is None or model == configured or self.models is None or model in self.models:
             return
-        raise ModelNotFound(f"The model {model!r} does not exist or you do not have access to it.")
+        served = ", ".join(repr(name) for name in [configured, *sorted(self.models - {configured})])
+        raise ModelNotFound(
+            f"The model {model!r} does not exist or you do not have access to it. This server "
+            f"serves {served} (GET /v1/models); its MODELS setting adds others (comma-separated, "
+            "or * for any)."
+        )
 
     def server_prompt_first(self, instructions: str | None) -> bool:
         """Whether the server's prompt is sent (before a client's instructions): not when

@@ -145,7 +145,7 @@ class Settings:
         None,
         "the models a `/v1` request may name besides the configured one (comma-separated; `*`: "
         "any); `GET /v1/models` lists them",
-        shown="the configured model",
+        shown="the configured model (with the built-in `fake`: any)",
     )
     context_max_turns: int | None = _setting(
         "CONTEXT_MAX_TURNS",
@@ -433,7 +433,10 @@ class Settings:
         return self.compact_threshold_tokens if self.context_strategy == "compact" else None
 
     def served_models(self) -> frozenset[str] | None:
-        """MODELS as a set (None: any model, `*`)."""
+        """MODELS as a set (None: any model, `*`, or unset with the built-in fake, which
+        answers for any model: a client's default model name works on `make run`)."""
+        if self.models is None and self.llm_provider == "fake":
+            return None
         names = {name.strip() for name in (self.models or "").split(",") if name.strip()}
         return None if "*" in names else frozenset(names)
 

@@ -1,7 +1,8 @@
 """The provider port.
 
 A provider turns a request (replay items + the new user input item) into a stream of
-events: zero or more ``TextDelta`` and exactly one final ``Reply`` (the last event). With
+events: zero or more ``ItemDone`` (an output item finished before the text: reasoning) and
+``TextDelta``, and exactly one final ``Reply`` (the last event, with every output item). With
 ``stream=False`` an adapter may make a non-streaming call and yield the ``Reply`` alone.
 Failures are raised as domain errors (RateLimited, ContextLengthExceeded, ContentFiltered,
 UpstreamError, UpstreamTimeout); an adapter never retries on its own.
@@ -39,6 +40,15 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ItemDone:
+    """An output item finished before the text (reasoning, a compaction item), as the
+    provider sent it (the Reply holds it too, or the turn's compacted context): a stream
+    announces it before the message that follows it."""
+
+    item: msgspec.Raw
+
+
+@dataclass(frozen=True)
 class Reply:
     """The provider's final answer: its text and its output items, verbatim."""
 
@@ -49,7 +59,7 @@ class Reply:
     usage: Usage | None = None  # as the provider reported it
 
 
-ProviderEvent = TextDelta | Reply
+ProviderEvent = ItemDone | TextDelta | Reply
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,18 @@ def encode_compaction(model: str, request: ProviderRequest) -> bytes:
     return msgspec.json.encode(body)
 
 
+def encode_count(model: str, request: ProviderRequest) -> bytes:
+    """A ``POST /responses/input_tokens`` request: what a create would send, less what only a
+    create takes (``store``, ``stream``, ``include``)."""
+    body: dict[str, object] = {"model": request.model or model, "input": request.input_items}
+    if request.instructions is not None:
+        body["instructions"] = request.instructions
+    if request.tools is not None:
+        body["tools"] = request.tools
+    body.update(request.fields)
+    return msgspec.json.encode(body)
+
+
 def request_overhead(model: str, request: ProviderRequest, *, stream: bool) -> int:
     """Bytes of ``request`` serialised with an empty ``input`` list (every provider sends the
     Responses API's shape; the fake is sized like it, so budgets behave as in production)."""
@@ -109,6 +131,10 @@ class Provider(Protocol):
     async def compact(self, request: ProviderRequest) -> Compacted:
         """The provider's compaction of ``request.input_items`` (its model and instructions
         too; no other field). Raises the same domain errors as ``respond``."""
+
+    async def count_tokens(self, request: ProviderRequest) -> int:
+        """How many input tokens ``request`` would cost, counted by the provider (its own
+        counting endpoint). Raises the same domain errors as ``respond``."""
 
     async def close(self) -> None: ...
 

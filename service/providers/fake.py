@@ -14,7 +14,9 @@ It behaves like the real Responses API where turnstore or a client can tell:
   instructions), or four characters of the reply;
 - ``compact`` keeps the input's user messages and adds one ``compaction`` item sealed for the
   model, whose id says how many items it stands for; when one comes back it is checked like
-  sealed reasoning, and the reply says ``(history=N, compacted=M)``.
+  sealed reasoning, and the reply says ``(history=N, compacted=M)``;
+- its ids have the API's shape: a prefix and 48 hex digits; a stream announces the reasoning
+  item (``ItemDone``) before the text, as the API does.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ import msgspec
 from service.core.errors import InvalidEncryptedContent, ProviderRefused, UpstreamError
 from service.core.model import Origin
 from service.core.usage import Usage
-from service.providers.base import Compacted, ProviderEvent, ProviderRequest, Reply, TextDelta
+from service.providers.base import (
+    Compacted,
+    ItemDone,
+    ProviderEvent,
+    ProviderRequest,
+    Reply,
+    TextDelta,
+)
 from service.providers.fake_schema import instance
 
 _SEAL_KEY = b"turnstore-fake-provider"
@@ -110,6 +119,8 @@ class FakeProvider:
         if call is not None:
             name, arguments = call
             items = _call_items(model, name, arguments, history)
+            if stream:  # its reasoning first, as the Responses API streams it
+                yield ItemDone(items[0])
             yield Reply("", "completed", None, items, _usage(usage_in, 0))
             return
         text = _answer(request, message, history, tool_outputs, compacted)
@@ -118,11 +129,13 @@ class FakeProvider:
         if limit is not None and _tokens(len(text)) > limit:
             text, status, reason = text[: 4 * limit], "incomplete", "max_output_tokens"
         key = _key(f"{history}:{text}", model)
+        items = _output_items(model, text, key)
         if stream:
+            yield ItemDone(items[0])  # its reasoning first, as the Responses API streams it
             for chunk in _split(text, self._deltas):
                 yield TextDelta(chunk, f"msg_{key}")
         usage = _usage(usage_in, _tokens(len(text)))
-        yield Reply(text, status, reason, _output_items(model, text, key), usage)  # type: ignore[arg-type]
+        yield Reply(text, status, reason, items, usage)  # type: ignore[arg-type]
 
     async def compact(self, request: ProviderRequest) -> Compacted:
         """The user messages of the input, then one compaction item sealed for the model
@@ -132,7 +145,7 @@ class FakeProvider:
         kept = [raw for raw, h in zip(request.input_items, heads, strict=True) if h.role == "user"]
         stands_for = len(request.input_items)
         key = _key(hashlib.sha256(b"".join(request.input_items)).hexdigest(), model)
-        compaction_id = f"cmp_{key}_{stands_for}"
+        compaction_id = f"cmp_{key[:40]}{stands_for:08x}"  # 48 hex, the count in the last 8
         compaction = {
             "type": "compaction",
             "id": compaction_id,
@@ -141,6 +154,12 @@ class FakeProvider:
         item = msgspec.Raw(msgspec.json.encode(compaction))
         usage_in = _tokens(sum(map(len, request.input_items)) + len(request.instructions or ""))
         return Compacted([*kept, item], _usage(usage_in, _tokens(len(item)), reasoning=0))
+
+    async def count_tokens(self, request: ProviderRequest) -> int:
+        """What ``respond`` would report as the request's input tokens."""
+        _check_fields(request.fields)
+        _checked(request, request.model or MODEL)
+        return _tokens(sum(map(len, request.input_items)) + len(request.instructions or ""))
 
     async def close(self) -> None:
         return None
@@ -164,7 +183,10 @@ def _checked(request: ProviderRequest, model: str) -> list[_ItemHead]:
 def _compacted(heads: list[_ItemHead]) -> int | None:
     """How many items the input's (latest) compaction item stands for, if it holds one."""
     found = [h for h in heads if h.type == "compaction" and h.id]
-    return int(found[-1].id.rsplit("_", 1)[1]) if found and found[-1].id else None
+    if not found or not found[-1].id:
+        return None
+    tail = found[-1].id.removeprefix("cmp_")  # (earlier releases: cmp_<key>_<count>)
+    return int(tail.rsplit("_", 1)[1]) if "_" in tail else int(tail[-8:], 16)
 
 
 def _check_fields(fields: Mapping[str, msgspec.Raw]) -> None:
@@ -292,8 +314,10 @@ def _split(text: str, parts: int) -> list[str]:
 
 
 def _key(seed: str, model: str = MODEL) -> str:
+    """48 hex digits, as the Responses API's ids have after their prefix (``rs_``, ``msg_``,
+    ``fc_``...): derived from what the reply says, so a fake conversation replays alike."""
     bound = "" if model == MODEL else f"{model}:"
-    return hashlib.sha256((bound + seed).encode()).hexdigest()[:24]
+    return hashlib.sha256((bound + seed).encode()).hexdigest()[:48]
 
 
 def _output_items(model: str, text: str, key: str) -> list[msgspec.Raw]:

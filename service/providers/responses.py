@@ -51,11 +51,13 @@ from service.core.model import Origin, ReplyStatus
 from service.core.usage import Usage
 from service.providers.base import (
     Compacted,
+    ItemDone,
     ProviderEvent,
     ProviderRequest,
     Reply,
     TextDelta,
     encode_compaction,
+    encode_count,
     encode_request,
 )
 
@@ -112,6 +114,15 @@ class _InputDetails(msgspec.Struct):
 
 class _OutputDetails(msgspec.Struct):
     reasoning_tokens: int = 0
+
+
+# The output items a stream announces as the provider finishes them (the message is announced
+# as its text starts; function calls, whole, at the end).
+_ANNOUNCED = frozenset({"reasoning", "compaction"})
+
+
+class _Counted(msgspec.Struct):
+    input_tokens: int
 
 
 class _Usage(msgspec.Struct):
@@ -234,6 +245,13 @@ class ResponsesProvider:
             raise UpstreamError("The provider's compaction holds no compaction item.")
         return Compacted(list(body.output), body.usage.value() if body.usage else None)
 
+    async def count_tokens(self, request: ProviderRequest) -> int:
+        """``POST {base}/responses/input_tokens``: the provider's count of the request."""
+        content = encode_count(self.endpoint.model, request)
+        with _translate():
+            async with self._call(f"{self.endpoint.url}/input_tokens", content) as response:
+                return msgspec.json.decode(await self._read(response), type=_Counted).input_tokens
+
     @asynccontextmanager
     async def _call(self, url: str, content: bytes) -> AsyncIterator[httpx.Response]:
         """One POST to the provider, its answer open while the block runs (a non-2xx answer
@@ -343,7 +361,10 @@ class _EventStream:
             self.text_bytes += len(event.delta.encode())
             return TextDelta(event.delta, event.item_id) if event.delta else None
         if kind == "response.output_item.done":
-            self.items.append(msgspec.json.decode(data, type=_ItemDone).item)
+            item = msgspec.json.decode(data, type=_ItemDone).item
+            self.items.append(item)
+            if msgspec.json.decode(item, type=_Item).type in _ANNOUNCED:
+                return ItemDone(item)  # a stream announces it before the message after it
         elif kind in ("response.completed", "response.incomplete"):
             final = msgspec.json.decode(data, type=_Finished).response
             self.finished = True

@@ -336,3 +336,6 @@ class Backend:
     idempotency: IdempotencyStore | None = None
     api_keys: ApiKeys | None = None
     closers: list[Closer] = field(default_factory=list)
+    # Reads the deployment's ``ids`` secret (the same on every replica: service/core/ids.py);
+    # None: a random one for this process alone (a backend only this process reads).
+    ids_secret: Callable[[], Awaitable[bytes]] | None = None

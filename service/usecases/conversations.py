@@ -38,6 +38,12 @@ from service.usecases.gate import WriteGate
 from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
 
+# An append loses to a turn that runs (its lease) as well as to one that committed first.
+ITEMS_CONFLICT = (
+    "A turn of this conversation is running or was committed meanwhile; the items were not "
+    "appended. Retry once it is done."
+)
+
 
 class Conversations:
     def __init__(
@@ -131,13 +137,17 @@ class Conversations:
         if_match: Precondition,
         key: IdempotencyKey | None = None,
     ) -> None:
-        async def write() -> None:
-            await self._store.delete(cid, owner, if_match, key)
-
         async def deleted(_: Committed) -> None:
             return None
 
-        await self._gate.once(key, write, deleted)
+        await self._gate.once(key, lambda: self.remove(cid, owner, if_match, key), deleted)
+
+    async def remove(
+        self, cid: uuid.UUID, owner: str, if_match: Precondition, key: IdempotencyKey | None
+    ) -> None:
+        """``delete`` for a caller that passed the write gate already (its ``key``, completed
+        by the deletion's transaction)."""
+        await self._store.delete(cid, owner, if_match, key)
 
     async def fork(
         self, cid: uuid.UUID, owner: str, at_revision: int, key: IdempotencyKey | None = None
@@ -185,7 +195,10 @@ class Conversations:
             append = Append(
                 cid, turn, info.revision, owner=owner, stored_bytes=size, idempotency=key
             )
-            commit = await self._store.append(append)
+            try:
+                commit = await self._store.append(append)
+            except ConversationConflict:
+                raise ConversationConflict(ITEMS_CONFLICT) from None
             self._gate.budget.charge(owner, adding)
             return turn, commit.revision
 
@@ -227,11 +240,16 @@ class Conversations:
         async def write() -> ConversationInfo:
             revision = (await self.describe(cid, owner)).revision
             check_precondition(if_match, revision)
+            ids = await self._restorer.ids.get()
             last = await self._store.turn(cid, owner, revision) if revision else None
-            latest = listed_ids(cid, revision, last) if last is not None else []
+            latest = listed_ids(ids, cid, revision, last) if last is not None else []
             if not latest or latest[-1] != item_id:
-                async for number, turn in self.walk(cid, owner, newest_first=True):
-                    if item_id in listed_ids(cid, number, turn):
+                ref = ids.parse_item(item_id)  # names the one turn that holds it
+                if ref is not None and ref.conversation_id == cid and ref.revision < revision:
+                    earlier = await self._store.turn(cid, owner, ref.revision)
+                    if earlier is not None and item_id in listed_ids(
+                        ids, cid, ref.revision, earlier
+                    ):
                         raise InvalidInput("Only the latest item can be removed.", param="item_id")
                 raise ItemNotFound()
             try:

@@ -24,7 +24,14 @@ from service.core.model import ToolCallRecord
 from service.core.usage import Usage
 from service.core.window import Window, request_bytes
 from service.platform import metrics, tracing
-from service.providers.base import Provider, ProviderRequest, Reply, TextDelta, replied
+from service.providers.base import (
+    ItemDone,
+    Provider,
+    ProviderRequest,
+    Reply,
+    TextDelta,
+    replied,
+)
 from service.tools.executor import ToolExecutor
 from service.tools.gate import ToolGate
 from service.tools.registry import ToolRegistry
@@ -61,7 +68,7 @@ class Answer:
     usage: Usage | None = None  # of every provider call of the turn, added up
 
 
-ExchangeEvent = TextDelta | ToolCalled | Answer
+ExchangeEvent = ItemDone | TextDelta | ToolCalled | Answer
 
 
 class Exchange:
@@ -105,10 +112,10 @@ class Exchange:
             reply: Reply | None = None
             async with aclosing(self._round(items)) as round_events:
                 async for event in round_events:
-                    if isinstance(event, TextDelta):
-                        yield event
-                    else:
+                    if isinstance(event, Reply):
                         reply = event
+                    else:
+                        yield event
             assert reply is not None  # a round ends with its reply or raises (``replied``)
             if reply.usage is not None:
                 self._usage = reply.usage if self._usage is None else self._usage + reply.usage
@@ -144,7 +151,7 @@ class Exchange:
 
     async def _round(
         self, turn_items: list[msgspec.Raw]
-    ) -> AsyncGenerator[TextDelta | Reply, None]:
+    ) -> AsyncGenerator[ItemDone | TextDelta | Reply, None]:
         """One provider call, with the one retry without sealed reasoning."""
         while True:
             window = self._window
@@ -165,7 +172,7 @@ class Exchange:
                         replied(self._provider.respond(request, stream=self._stream))
                     ) as events:
                         async for event in events:
-                            self._streamed = self._streamed or isinstance(event, TextDelta)
+                            self._streamed = self._streamed or not isinstance(event, Reply)
                             yield event
                 return
             except ProviderRefused as refused:

@@ -1,10 +1,14 @@
 """The stateless call (``POST /v1/responses`` with ``store: false``): a client that keeps its
 own history uses turnstore as its model endpoint, and nothing is committed. The history it
-sends back is restored first (service/usecases/restore.py).
+sends back is restored first (service/usecases/restore.py), for the model the call goes to;
+the opaque content of what the provider answers is sealed with that model
+(service/core/ids.py ``Ids.seal``) before the client sees it, so that when it comes back
+turnstore knows which model made it (another model's is left out).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -12,12 +16,15 @@ from typing import Any
 import msgspec
 
 from service.core.errors import ProviderRefused
-from service.core.items import check_history
+from service.core.ids import Ids
+from service.core.items import check_history, is_opaque
+from service.core.model import Origin
 from service.core.plans import Asked, PlanRules
 from service.core.window import SystemPrompt, instructions_for
 from service.platform import metrics
 from service.providers.base import (
     Compacted,
+    ItemDone,
     Provider,
     ProviderEvent,
     ProviderRequest,
@@ -39,11 +46,17 @@ class Relay:
         self._restorer, self._provider = restorer, provider
         self._prompt, self._rules = prompt, rules
 
-    async def resolve(self, owner: str, items: Sequence[dict[str, Any]]) -> list[msgspec.Raw]:
-        """The input to send: a history with a user message, restored
+    def origin(self, model: str | None) -> Origin:
+        """Who answers a call for ``model``."""
+        return self._provider.origin.with_model(model)
+
+    async def resolve(
+        self, owner: str, items: Sequence[dict[str, Any]], model: str | None
+    ) -> list[msgspec.Raw]:
+        """The input to send to ``model``: a history with a user message, restored
         (service/usecases/restore.py)."""
         check_history(items)
-        return await self._restorer.restore(owner, items)
+        return await self._restorer.restore(owner, items, origin=self.origin(model))
 
     async def compact(self, items: list[msgspec.Raw], asked: Asked) -> Compacted:
         """The provider's compaction of ``items`` (``POST /v1/responses/compact``): nothing is
@@ -59,7 +72,26 @@ class Relay:
             raise refused.client_error() from refused
         if compacted.usage is not None:
             metrics.tokens_used(asked.model or self._provider.origin.model, compacted.usage)
-        return compacted
+        sealing = _Sealing(await self._restorer.ids.get(), self.origin(asked.model))
+        return dataclasses.replace(compacted, items=sealing.items(compacted.items))
+
+    async def count(
+        self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...], asked: Asked
+    ) -> int:
+        """The provider's count of the input tokens a call on ``items`` would cost (``POST
+        /v1/responses/input_tokens``): nothing is kept. A refusal is the client's (400)."""
+        prompt = instructions_for(
+            self._prompt, asked.instructions,
+            server_first=self._rules.server_prompt_first(asked.instructions),
+        )  # fmt: skip
+        request = ProviderRequest(
+            items, prompt.text if prompt else None, advertised(None, tools), asked.model,
+            asked.fields,
+        )  # fmt: skip
+        try:
+            return await self._provider.count_tokens(request)
+        except ProviderRefused as refused:
+            raise refused.client_error() from refused
 
     async def respond(
         self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...], asked: Asked
@@ -91,12 +123,38 @@ class Relay:
             items, prompt.text if prompt else None, advertised(None, tools), asked.model,
             asked.fields, asked.include,
         )  # fmt: skip
+        sealing = _Sealing(await self._restorer.ids.get(), self.origin(asked.model))
         try:
             async with aclosing(replied(self._provider.respond(request, stream=stream))) as got:
                 async for event in got:
                     if isinstance(event, Reply) and event.usage is not None:
                         model = asked.model or self._provider.origin.model
                         metrics.tokens_used(model, event.usage)
-                    yield event
+                    yield sealing.event(event)
         except ProviderRefused as refused:
             raise refused.client_error() from refused
+
+
+class _Sealing:
+    """What a client that keeps its history is shown of opaque items: their content sealed
+    with the model that made them (service/core/ids.py)."""
+
+    def __init__(self, ids: Ids, origin: Origin) -> None:
+        self._ids, self._origin = ids, origin
+
+    def event(self, event: ProviderEvent) -> ProviderEvent:
+        if isinstance(event, ItemDone):
+            return ItemDone(self.item(event.item))
+        if isinstance(event, Reply):
+            return dataclasses.replace(event, output_items=self.items(event.output_items))
+        return event
+
+    def items(self, items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
+        return [self.item(item) for item in items]
+
+    def item(self, raw: msgspec.Raw) -> msgspec.Raw:
+        if not is_opaque(raw):
+            return raw
+        item = msgspec.json.decode(raw)
+        sealed = self._ids.seal(self._origin, item["encrypted_content"])
+        return msgspec.Raw(msgspec.json.encode({**item, "encrypted_content": sealed}))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,8 +33,8 @@ from service.core.errors import (
     ResponseNotFound,
 )
 from service.core.events import RunEvent
-from service.core.ids import ResponseRef, parse_response_id, response_id, run_response_id
-from service.core.items import check_history, client_tools, turn_input
+from service.core.ids import Ids, ResponseRef, parse_conversation_id
+from service.core.items import check_history, client_tools, turn_input, user_input_item
 from service.core.model import Committed, ForkPoint, IdempotencyKey, Precondition, RunView, Turn
 from service.core.plans import Asked, PlanRules, TurnPlan, make_plan
 from service.providers.base import Compacted, ProviderEvent, Reply
@@ -142,7 +143,8 @@ class Responses:
         if isinstance(input, list):  # items shown by turnstore come back as they are stored
             if conversation is None:  # a new stored response's history has a user message
                 check_history(input)
-            items = tuple(await self._restorer.restore(owner, input))
+            origin = self._relay.origin(asked.model)
+            items = tuple(await self._restorer.restore(owner, input, origin=origin))
         return make_plan(
             self._rules, given.message, conversation, if_match, owner=owner,
             idempotency_key=idempotency_key, key_subject=request,  # a retry asks exactly this
@@ -199,25 +201,48 @@ class Responses:
         return started
 
     async def stateless(
-        self, owner: str, asked: Asked, input: str | list[Any], tools: Sequence[Any] | None
+        self,
+        owner: str,
+        asked: Asked,
+        input: str | list[Any],
+        tools: Sequence[Any] | None,
+        previous: str | None = None,
     ) -> Reply:
-        """A ``store: false`` call: relayed to the provider, nothing kept."""
-        given = input if isinstance(input, list) else [{"role": "user", "content": input}]
+        """A ``store: false`` call: relayed to the provider, nothing kept (after ``previous``:
+        its stored history, read, then ``input``)."""
         async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
-            resolved = await self._relay.resolve(owner, given)
+            resolved = await self._relayed_input(owner, asked, input, previous)
             reply = await self._relay.respond(resolved, client_tools(tools, set()), asked)
         if reply.incomplete_reason == "content_filter":
             raise ContentFiltered()
         return reply
 
     async def stateless_stream(
-        self, owner: str, asked: Asked, input: str | list[Any], tools: Sequence[Any] | None
+        self,
+        owner: str,
+        asked: Asked,
+        input: str | list[Any],
+        tools: Sequence[Any] | None,
+        previous: str | None = None,
     ) -> AsyncGenerator[ProviderEvent, None]:
         """A ``store: false`` call, streamed: the provider's events as they come. The caller
         holds a place among the owner's running turns for it (``place``)."""
-        given = input if isinstance(input, list) else [{"role": "user", "content": input}]
-        resolved = await self._relay.resolve(owner, given)
+        resolved = await self._relayed_input(owner, asked, input, previous)
         return self._relay.stream(list(resolved), client_tools(tools, set()), asked)
+
+    async def _relayed_input(
+        self, owner: str, asked: Asked, input: str | list[Any], previous: str | None
+    ) -> list[msgspec.Raw]:
+        """What a ``store: false`` call sends: its history (``previous``'s window as a turn
+        after it would send it, read and never written), then its input, restored."""
+        given = input if isinstance(input, list) else [{"role": "user", "content": input}]
+        if previous is None:
+            return await self._relay.resolve(owner, given, asked.model)
+        found, revision = await self._completed(owner, previous)
+        history = await self._turns.history(found.conversation_id, owner, revision, asked.model)
+        turn_input(given)  # each item checked, as a chained turn's
+        origin = self._relay.origin(asked.model)
+        return [*history, *await self._restorer.restore(owner, given, origin=origin)]
 
     async def compact(
         self, owner: str, asked: Asked, input: str | list[Any] | None, previous: str | None
@@ -231,11 +256,51 @@ class Responses:
             items = await self._turns.history(found.conversation_id, owner, revision, asked.model)
         if input:
             listed = input if isinstance(input, list) else [{"role": "user", "content": input}]
-            items += await self._restorer.restore(owner, listed)
+            origin = self._relay.origin(asked.model)
+            items += await self._restorer.restore(owner, listed, origin=origin)
         if not items:
             raise InvalidInput("Send input or previous_response_id to compact.", param="input")
         async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
             return await self._relay.compact(items, asked)
+
+    async def count_tokens(
+        self,
+        owner: str,
+        asked: Asked,
+        input: str | list[Any] | None,
+        tools: Sequence[Any] | None,
+        *,
+        conversation: str | None,
+        previous: str | None,
+    ) -> int:
+        """``POST /v1/responses/input_tokens``: the input tokens the create with this body
+        would send (the history of ``conversation`` or ``previous`` as its window holds it for
+        the model, then ``input``, restored), counted by the provider; nothing is kept."""
+        if conversation is not None and previous is not None:
+            raise InvalidInput(
+                "Send conversation or previous_response_id, not both.",
+                param="previous_response_id",
+            )
+        history: list[msgspec.Raw] = []
+        if previous is not None:
+            found, revision = await self._completed(owner, previous)
+            history = await self._turns.history(found.conversation_id, owner, revision, asked.model)
+        elif conversation is not None:
+            cid = parse_conversation_id(conversation)
+            latest = (await self._conversations.describe(cid, owner)).revision
+            if latest:
+                history = await self._turns.history(cid, owner, latest, asked.model)
+        given: list[msgspec.Raw] = []
+        if isinstance(input, str):
+            given = [user_input_item(input)]
+        elif input is not None:
+            turn_input(input)  # each item checked, as a create's
+            origin = self._relay.origin(asked.model)
+            given = await self._restorer.restore(owner, input, origin=origin)
+        if not history and not given:
+            raise InvalidInput("Send input, conversation or previous_response_id.", param="input")
+        async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
+            return await self._relay.count([*history, *given], client_tools(tools, set()), asked)
 
     async def place(self, owner: str) -> Callable[[], Awaitable[None]]:
         """A place among ``owner``'s running turns for a provider call outside a turn (a
@@ -244,10 +309,13 @@ class Responses:
 
     # --- a response's life after it ----------------------------------------------------------
 
+    async def ids(self) -> Ids:
+        return await self._restorer.ids.get()
+
     async def find(self, owner: str, raw_id: str) -> Found:
         """The response ``raw_id`` names, as it is now (ResponseNotFound: unknown, another
         owner's, deleted, expired, or a ``store: false`` one)."""
-        ref = parse_response_id(raw_id)
+        ref = (await self.ids()).parse_response(raw_id)
         info = await self._conversations.info(ref.conversation_id, owner)
         if info is None and ref.run_id is None:
             raise ResponseNotFound()
@@ -290,16 +358,22 @@ class Responses:
         return found
 
     async def delete(self, owner: str, raw_id: str, key: IdempotencyKey | None = None) -> None:
-        """Forget the response: unknown from now on; its turn and items stay in its
-        conversation (as on OpenAI). One still running is cancelled first. Through the write
-        gate: a retry with the same Idempotency-Key is answered as the first attempt was."""
+        """Forget the response: unknown from now on; its turn and items stay in a
+        conversation of the client's (as on OpenAI). A stored response (its conversation is its
+        own, never shown) that no other response of that conversation still holds goes with
+        its conversation at once: its input, output and transcript are readable nowhere. One
+        still running is cancelled first. Through the write gate: a retry with the same
+        Idempotency-Key is answered as the first attempt was."""
 
         async def write() -> None:
             found = await self.cancel(owner, raw_id)
+            if found.stored and await self._alone(owner, found):
+                await self._conversations.remove(found.conversation_id, owner, None, key)
+                return
             if found.revision is not None:
                 cid, revision = found.conversation_id, found.revision
                 await self._conversations.delete_response(cid, owner, revision, key)
-            elif key is not None:  # nothing committed to forget: the key names the response
+            elif key is not None:  # nothing committed to forget: the key names nothing
                 await self._turns.gate.release(key)
             if found.run is not None:
                 await self._runs.forget(found.run.id, owner)
@@ -308,6 +382,16 @@ class Responses:
             return None
 
         await self._turns.gate.once(key, write, deleted)
+
+    async def _alone(self, owner: str, found: Found) -> bool:
+        """Whether ``found`` is the only response of its stored conversation not deleted (the
+        others' turns may hold its items as their history)."""
+        walked = self._conversations.walk(found.conversation_id, owner, newest_first=True)
+        async with aclosing(walked) as turns:
+            async for revision, turn in turns:
+                if revision != found.revision and not turn.response_deleted:
+                    return False
+        return True
 
     async def replay(self, owner: str, raw_id: str) -> tuple[Found, AsyncGenerator[RunEvent, None]]:
         """A streamed response's events from the first, then live to its end (any replica,
@@ -326,12 +410,12 @@ class Responses:
         return turn
 
     @staticmethod
-    def id_of(plan: TurnPlan, started: Started, revision: int | None) -> str:
+    def id_of(ids: Ids, plan: TurnPlan, started: Started, revision: int | None) -> str:
         """The id a response of ``plan`` is shown by: the revision it makes, or (a background
         response, shown before its turn holds the conversation) its run."""
         if plan.background or revision is None:
-            return run_response_id(plan.conversation_id, started.turn_id)
-        return response_id(plan.conversation_id, revision)
+            return ids.run_response(plan.conversation_id, started.turn_id)
+        return ids.response(plan.conversation_id, revision)
 
 
 def _not_latest(exc: PreconditionFailed, chained: bool) -> Exception:

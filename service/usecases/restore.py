@@ -1,116 +1,147 @@
-"""Items a client sends back as turnstore showed them, restored to what is stored.
+"""Items a client sends back, made what the provider must get again.
 
 A client that keeps its own history sends back what it was shown: reasoning without its
 ``encrypted_content`` (listed without ``include``), ``item_reference``s, items under the ids
-turnstore showed (service/core/ids.py), not the provider's. Wherever such items enter (a
-stateless or stored response's ``input``, items appended to a conversation) they are replaced
-by the stored copies, byte for byte, so the provider gets back exactly what it made.
+turnstore showed (service/core/ids.py), and items of a ``store: false`` response (under the
+provider's own ids, their opaque content sealed by turnstore with the model that made it).
+Wherever such items enter (a stateless or stored response's ``input``, items appended to a
+conversation) they are restored:
 
-An id is looked up in the conversations the request's shown ids name (each names its
-conversation), at most MAX_CONVERSATIONS of them, read a page of turns at a time until every
-id is found (memory: the items restored and a page). An id found nowhere there, or another
-owner's, is 400 (``param``).
+- an item under one of turnstore's ids is replaced by the stored copy, byte for byte; the id
+  names the turn that holds it, so each such turn is read once, by its primary key, runs of
+  consecutive turns together (at most MAX_CONVERSATIONS conversations and MAX_TURNS turns a
+  request: what a lookup costs never grows with the owner's data). An id found nowhere, or
+  another owner's, is 400 (``param``);
+- an item under any other id (a provider's: OpenAI's are a prefix and 48 hex digits) is sent
+  on as it came, its sealed content opened; one that needs what only a stored copy holds
+  (reasoning without ``encrypted_content``, an ``item_reference``) is 400;
+- an opaque item (sealed reasoning, a compaction item) made by another provider, endpoint or
+  model than the one the request goes to is left out, as in a conversation (service/core/
+  window.py), so a handoff between agents on two models never fails.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.ids import view_item_conversation
-from service.core.items import shown_id
-from service.core.model import Turn
+from service.core.ids import Ids, IdsSource, ItemRef
+from service.core.items import is_opaque, item_head
+from service.core.model import Origin
 from service.store.ports import ConversationStore
 
-
-class _Head(msgspec.Struct):
-    id: str | None = None
-
-
 MAX_CONVERSATIONS = 20  # a request may name items of at most this many conversations
-PAGE_TURNS = 4
+MAX_TURNS = 1000  # and of at most this many turns (a request body holds no more, mostly)
+PAGE_TURNS = 16  # turns read at once
+Stored = tuple[msgspec.Raw, Origin | None]  # an item's stored bytes and its turn's origin
 
 
 class Restorer:
-    def __init__(self, store: ConversationStore) -> None:
-        self._store = store
+    def __init__(self, store: ConversationStore, ids: IdsSource) -> None:
+        self._store, self.ids = store, ids
 
     async def restore(
-        self, owner: str, items: Sequence[dict[str, Any]], param: str = "input"
+        self,
+        owner: str,
+        items: Sequence[dict[str, Any]],
+        param: str = "input",
+        origin: Origin | None = None,
     ) -> list[msgspec.Raw]:
-        """The items as they came, except those only the stored copy completes."""
-        stored = await self._stored(owner, items, param)
+        """The items to send to ``origin`` (None: to keep, no model asked), in order."""
+        ids = await self.ids.get()
+        refs = [_ref(ids, item, param) for item in items]
+        stored = await self._stored(owner, [ref for ref in refs if ref is not None], param)
         restored = []
-        for item in items:
-            item_id = item.get("id")
-            kind = item.get("type", "message")
-            needs_store = (
-                kind == "item_reference"
-                or (kind == "reasoning" and not item.get("encrypted_content"))
-                or (isinstance(item_id, str) and view_item_conversation(item_id) is not None)
-            )
-            if not needs_store:
-                restored.append(msgspec.Raw(msgspec.json.encode(item)))
-                continue
-            if not isinstance(item_id, str) or item_id not in stored:
-                raise InvalidInput(f"{param}: no stored item {item_id!r} of yours.", param=param)
-            restored.append(stored[item_id])
+        for item, ref in zip(items, refs, strict=True):
+            if ref is None:
+                raw, made_by = _as_sent(ids, item, param)
+            elif ref not in stored:
+                raise InvalidInput(
+                    f"{param}: no stored item {item.get('id')!r} of yours.", param=param
+                )
+            else:
+                raw, made_by = stored[ref]
+            if origin is not None and made_by is not None and made_by != origin and is_opaque(raw):
+                continue  # another model's sealed content: it could not open it
+            restored.append(raw)
         return restored
 
-    async def _stored(
-        self, owner: str, items: Sequence[dict[str, Any]], param: str
-    ) -> dict[str, msgspec.Raw]:
-        """The stored items the request's shown ids name, by id."""
-        wanted: dict[UUID, set[str]] = {}
-        for item in items:
-            item_id = item.get("id")
-            if isinstance(item_id, str) and (cid := view_item_conversation(item_id)):
-                wanted.setdefault(cid, set()).add(item_id)
-        if len(wanted) > MAX_CONVERSATIONS:
+    async def _stored(self, owner: str, refs: list[ItemRef], param: str) -> dict[ItemRef, Stored]:
+        """The stored items ``refs`` name: the turns they name, read by their primary keys, a
+        run of consecutive turns (up to PAGE_TURNS) in one read."""
+        if len({ref.conversation_id for ref in refs}) > MAX_CONVERSATIONS:
             raise InvalidInput(
                 f"{param}: items of at most {MAX_CONVERSATIONS} conversations in one request.",
                 param=param,
             )
-        found: dict[str, msgspec.Raw] = {}
-        for cid, ids in wanted.items():
-            found |= await self._found(owner, cid, ids)
-        return found
-
-    async def _found(self, owner: str, cid: UUID, ids: set[str]) -> dict[str, msgspec.Raw]:
-        """Those of ``ids`` stored in ``cid``: its turns read newest first, a page at a time,
-        until all are found (a client sends back what it saw last, mostly)."""
-        found: dict[str, msgspec.Raw] = {}
-        high = 2**31 - 1
-        while len(found) < len(ids) and high >= 1:
-            page = await self._store.turns(cid, owner, 1, high, newest_first=True, limit=PAGE_TURNS)
+        wanted: dict[tuple[UUID, int], list[ItemRef]] = {}
+        for ref in refs:
+            wanted.setdefault((ref.conversation_id, ref.revision), []).append(ref)
+        if len(wanted) > MAX_TURNS:
+            raise InvalidInput(
+                f"{param}: items of at most {MAX_TURNS} turns in one request.", param=param
+            )
+        found: dict[ItemRef, Stored] = {}
+        for cid, low, high in _runs(sorted(wanted)):
+            page = await self._store.turns(
+                cid, owner, low, high, newest_first=False, limit=high - low + 1
+            )
             for revision, turn in page:
-                for index, raw in enumerate(turn.replay_items):
-                    head = msgspec.json.decode(raw, type=_Head)
-                    if (shown := shown_id(cid, revision, index, head.id)) in ids:
-                        found[shown] = raw
-                for raw in turn.compacted:  # its compaction item, shown in its Response
-                    head = msgspec.json.decode(raw, type=_Head)
-                    if (
-                        head.id is not None
-                        and (shown := shown_id(cid, revision, 0, head.id)) in ids
-                    ):
-                        found[shown] = raw
-            if len(page) < PAGE_TURNS:
-                break
-            high = page[-1][0] - 1
+                # Its items, and its compaction item (shown in its Response; the kept messages
+                # of a compacted context are never shown).
+                placed = [*enumerate(turn.replay_items), *((-1, raw) for raw in turn.compacted)]
+                for index, raw in placed:
+                    own, _ = item_head(raw)
+                    for ref in wanted.get((cid, revision), ()):
+                        if ref.names(index, own):
+                            found[ref] = (raw, turn.origin)
         return found
 
 
-def _shown(cid: UUID, revision: int, turn: Turn) -> Iterator[tuple[str, msgspec.Raw]]:
-    """A turn's stored items by the ids they are shown by: its items, and its compaction item
-    (shown in its Response; the kept messages of a compacted context are never shown)."""
-    for index, raw in enumerate(turn.replay_items):
-        yield shown_id(cid, revision, index, msgspec.json.decode(raw, type=_Head).id), raw
-    for raw in turn.compacted:
-        own = msgspec.json.decode(raw, type=_Head).id
-        if own is not None:
-            yield shown_id(cid, revision, 0, own), raw
+def _runs(turns: list[tuple[UUID, int]]) -> list[tuple[UUID, int, int]]:
+    """``turns`` (sorted) as runs of consecutive revisions of one conversation, each of at most
+    PAGE_TURNS: (conversation, first revision, last revision)."""
+    runs: list[tuple[UUID, int, int]] = []
+    for cid, revision in turns:
+        last = runs[-1] if runs else None
+        if last and last[0] == cid and last[2] == revision - 1 and revision - last[1] < PAGE_TURNS:
+            runs[-1] = (cid, last[1], revision)
+        else:
+            runs.append((cid, revision, revision))
+    return runs
+
+
+def _ref(ids: Ids, item: dict[str, Any], param: str) -> ItemRef | None:
+    """The stored item ``item`` names by one of turnstore's ids (None: it names none)."""
+    item_id = item.get("id")
+    if not isinstance(item_id, str):
+        return None
+    ref = ids.parse_item(item_id)
+    if ref is None and Ids.minted(item_id):  # turnstore's shape, but not of this deployment
+        raise InvalidInput(f"{param}: no stored item {item_id!r} of yours.", param=param)
+    return ref
+
+
+def _as_sent(ids: Ids, item: dict[str, Any], param: str) -> tuple[msgspec.Raw, Origin | None]:
+    """An item under no id of turnstore's: as it came, its sealed content opened (with the
+    origin that made it), or 400 when only a stored copy could complete it."""
+    kind = item.get("type", "message")
+    content = item.get("encrypted_content")
+    if kind == "item_reference" or (kind == "reasoning" and not content):
+        raise InvalidInput(f"{param}: no stored item {item.get('id')!r} of yours.", param=param)
+    if not isinstance(content, str):
+        return msgspec.Raw(msgspec.json.encode(item)), None
+    try:
+        opened = ids.unseal(content)
+    except ValueError:
+        raise InvalidInput(
+            f"{param}: the encrypted_content of item {item.get('id')!r} was altered.", param=param
+        ) from None
+    if opened is None:  # the provider's own, as a client may keep it
+        return msgspec.Raw(msgspec.json.encode(item)), None
+    made_by, original = opened
+    return msgspec.Raw(msgspec.json.encode({**item, "encrypted_content": original})), made_by

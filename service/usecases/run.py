@@ -9,13 +9,15 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
 
+import msgspec
+
 from service.core import events
 from service.core.errors import Cancelled, TurnstoreError
 from service.core.events import RunEvent
 from service.core.model import NewRun, RunCommit, RunEnd, RunStatus, Turn
 from service.core.plans import TurnPlan
 from service.core.usage import Usage
-from service.providers.base import TextDelta
+from service.providers.base import ItemDone, TextDelta
 from service.store.ports import RunStore
 from service.usecases.exchange import ToolCalled
 from service.usecases.turns import TurnDone, TurnEvent
@@ -62,6 +64,12 @@ class Run:
             self._publish(lambda seq: events.delta(seq, event.text))
         elif isinstance(event, ToolCalled):
             self._publish(lambda seq: events.tool_call(seq, event.name, event.status))
+        elif isinstance(event, ItemDone):
+            if (
+                self.plan.response is not None
+            ):  # a /v1 stream announces it; /api/v1 has no such event
+                item = msgspec.json.decode(event.item)
+                self._publish(lambda seq: events.item_done(seq, item))
         else:
             self.result = event
             await self._done(event)

@@ -45,7 +45,13 @@ from service.core.strictjson import is_encodable
 from service.core.usage import Usage, added
 from service.core.window import Budget, SystemPrompt, Window, choose_window, instructions_for
 from service.platform import metrics, tracing
-from service.providers.base import Provider, ProviderRequest, TextDelta, request_overhead
+from service.providers.base import (
+    ItemDone,
+    Provider,
+    ProviderRequest,
+    TextDelta,
+    request_overhead,
+)
 from service.store.ports import ConversationStore
 from service.usecases import compaction
 from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling, advertised, tool_names
@@ -70,7 +76,7 @@ class TurnDone:
     compaction: msgspec.Raw | None = None  # the compaction item the turn ran on, if it made one
 
 
-TurnEvent = TextDelta | ToolCalled | TurnDone
+TurnEvent = ItemDone | TextDelta | ToolCalled | TurnDone
 
 
 @dataclass(frozen=True)
@@ -232,6 +238,8 @@ class TurnService:
                 if run is not None:
                     await run.begin(conversation.revision if conversation else 0)
                 window, spent = await self._compacted(plan, conversation, window, new_items, asked)
+                if stream and (made := compaction_item(window.compacted)) is not None:
+                    yield ItemDone(made)  # its Response's first output item, announced first
                 answer: Answer | None = None
                 exchange_of = self._exchange(window, new_items, plan, asked, stream)
                 async with aclosing(exchange_of) as exchange:
@@ -383,7 +391,7 @@ class TurnService:
         plan: TurnPlan,
         asked: _Request,
         stream: bool,
-    ) -> AsyncGenerator[TextDelta | ToolCalled | Answer, None]:
+    ) -> AsyncGenerator[ItemDone | TextDelta | ToolCalled | Answer, None]:
         exchange = Exchange(
             self.provider,
             window,

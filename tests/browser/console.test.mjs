@@ -106,8 +106,10 @@ test("opens a conversation: each turn's transcript beside its replay items, seal
   const listed = await api("GET", `/v1/conversations/${conversation}/items?include[]=reasoning.encrypted_content`, { key: ALICE });
   const sealed = listed.body.data.find((item) => item.type === "reasoning").encrypted_content;
   assert.ok(sealed.length > 20 && !(await page.content()).includes(sealed.slice(0, 20)));
-  assert.match(await second.locator(".items h3").textContent(), /resp_[0-9a-f]{32}00000002/);
+  // The turn's /v1 Response, by its opaque id (the transcript names it).
   const view = await api("GET", `/api/v1/conversations/${conversation}`, { key: ALICE });
+  assert.match(await second.locator(".items h3").textContent(), new RegExp(view.body.turns[1].response_id));
+  assert.match(view.body.turns[1].response_id, /^resp_ts[a-z2-7]+$/);
   if (!("usage" in view.body.turns[0])) assert.doesNotMatch(await second.textContent(), /Usage/);
   await shot(page, "conversation");
 });
@@ -120,7 +122,7 @@ test("shows a turn's model and usage, and compaction items sealed, where the API
   };
   const sealed = "c0mpacted".repeat(40);
   const transcript = /\/api\/v1\/conversations\/[^/?]+\?/;
-  const items = /\/v1\/conversations\/conv_[0-9a-f]{32}\/items\?/;
+  const items = /\/v1\/responses\/resp_[a-z2-7]+\?/; // a turn's Response: its output
   await page.route(transcript, async (route) => {
     const response = await route.fetch();
     const body = await response.json();
@@ -130,7 +132,7 @@ test("shows a turn's model and usage, and compaction items sealed, where the API
   await page.route(items, async (route) => {
     const response = await route.fetch();
     const body = await response.json();
-    body.data.unshift({ type: "compaction", id: "cmp_test", encrypted_content: sealed }); // the newest
+    body.output.unshift({ type: "compaction", id: "cmp_test", encrypted_content: sealed }); // as a compacting turn's
     await route.fulfill({ response, json: body });
   });
   await page.reload();
@@ -251,5 +253,5 @@ test("the page asked nothing but its own origin's files and public API, with the
   assert.ok(calls.length > 20, calls.length);
   for (const { url, authorization } of calls) assert.equal(authorization, `Bearer ${ALICE}`, url);
   const paths = new Set(calls.map(({ url }) => new URL(url).pathname.split("/").slice(0, 4).join("/")));
-  for (const prefix of paths) assert.match(prefix, /^\/(api\/v1\/(conversations|chat|turns)|v1\/conversations)\b/);
+  for (const prefix of paths) assert.match(prefix, /^\/(api\/v1\/(conversations|chat|turns)|v1\/(conversations|responses))\b/);
 });

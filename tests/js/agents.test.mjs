@@ -182,3 +182,23 @@ test("a streamed run over a conversations session", async () => {
     [["message", "user"], ["reasoning", undefined], ["message", "assistant"]],
   );
 });
+
+// A handoff between agents on two models, with store: false (the SDK keeps the history): the
+// first model's sealed reasoning is in the history the second agent sends; turnstore leaves it
+// out (a reasoning model refuses another model's), the call and its output stay.
+test("a handoff between agents on two models with store: false", async () => {
+  await answers({ calls: [["transfer_to_specialist", "{}"]] }, { text: "Specialist here." });
+  const specialist = new Agent({ name: "specialist", model: "gpt-other", modelSettings: { store: false } });
+  const triage = new Agent({
+    name: "triage",
+    model: "gpt-test",
+    handoffs: [specialist],
+    modelSettings: { store: false },
+  });
+  const result = await run(triage, "a question");
+  assert.equal(result.finalOutput, "Specialist here.");
+  assert.equal(result.lastAgent.name, "specialist");
+  const [first, second] = await received();
+  assert.deepEqual([first.model, second.model], ["gpt-test", "gpt-other"]);
+  assert.deepEqual(kinds(second), ["message", "function_call", "function_call_output"]);
+});

@@ -86,6 +86,7 @@ test("generateText with a system prompt and a tool, in a conversation", async ()
     prompt: "weather in Paris?",
     tools: { weather },
     stopWhen: stepCountIs(3),
+    include: { responseBody: true }, // ai 7 keeps a step's response body only when asked
     ...options(conversation.id),
   });
   assert.deepEqual(ran, ["Paris"]);
@@ -223,4 +224,65 @@ test("streamText without a conversation", async () => {
   assert.equal(await result.text, "streamed");
   const body = (await result.response).body;
   assert.equal(body?.store ?? true, true);
+});
+
+// The tool loop of streamText with store: false keeps the history itself: it needs the
+// reasoning item announced in the stream (output_item.added / .done at output_index 0, before
+// the function call at 1) to send it back with the call; a reasoning model refuses a call
+// without the reasoning that made it.
+test("streamText with a tool and store: false sends the streamed reasoning back", async () => {
+  ran.length = 0;
+  await answers(callWeather("Rome"), { text: "Sunny in Rome." });
+  const result = streamText({
+    model: openai.responses("gpt-test"),
+    prompt: "weather in Rome?",
+    tools: { weather },
+    stopWhen: stepCountIs(3),
+    maxRetries: 0,
+    includeRawChunks: true,
+    providerOptions: { openai: { store: false, include: ["reasoning.encrypted_content"] } },
+  });
+  const added = [];
+  const reasoning = [];
+  for await (const part of result.fullStream) {
+    if (part.type === "error") throw part.error;
+    if (part.type === "raw" && part.rawValue.type === "response.output_item.added") {
+      added.push([part.rawValue.output_index, part.rawValue.item.type]);
+    }
+    if (part.type === "reasoning-start") reasoning.push(part.id);
+  }
+  assert.deepEqual(ran, ["Rome"]);
+  assert.equal(await result.text, "Sunny in Rome.");
+  assert.deepEqual(added.slice(0, 2), [[0, "reasoning"], [1, "function_call"]]);
+  assert.equal(reasoning.length, 2); // one reasoning item a step, as the stream announced it
+  const [first, second] = await received();
+  assert.deepEqual(kinds(second), ["message", "reasoning", "function_call", "function_call_output"]);
+  // The provider got its own reasoning back, as it made it: its id, its sealed content.
+  assert.equal(first.input.length, 1);
+  assert.match(second.input[1].id, /^rs_[0-9a-f]{48}$/);
+  assert.match(second.input[1].encrypted_content, /^gAAA-sealed-\d+==$/);
+});
+
+// ai 7 reads the compaction item a Response's output holds (OpenAI's shape): generateText
+// in a conversation that compacts works.
+test("generateText in a conversation that compacts", async () => {
+  await answers({ text: "one" }, {}, { text: "two" });
+  const conversation = await client.conversations.create();
+  const compacting = (prompt) =>
+    generateText({
+      model: openai.responses("gpt-test"),
+      prompt,
+      maxRetries: 0,
+      providerOptions: {
+        openai: {
+          conversation: conversation.id,
+          contextManagement: [{ type: "compaction", compactThreshold: 1 }],
+        },
+      },
+    });
+  assert.equal((await compacting("first")).text, "one");
+  const second = await compacting("second");
+  assert.equal(second.text, "two");
+  const sent = await received();
+  assert.ok(sent.some((request) => request.input.some((item) => item.type === "compaction")));
 });

@@ -148,7 +148,7 @@ class OpenAIConversations(Controller):
         turns = api.conversations.walk(cid, api.owner, newest_first=newest_first)
         async with aclosing(turns):
             page = await views.page_of(
-                turns, cid, after=after, limit=limit, newest_first=newest_first,
+                api.ids, turns, cid, after=after, limit=limit, newest_first=newest_first,
                 encrypted=encrypted,
             )  # fmt: skip
         return page.body()
@@ -176,7 +176,7 @@ class OpenAIConversations(Controller):
         turn, revision = await api.conversations.append_items(
             cid, api.owner, data.items, parse_if_match(if_match), key
         )
-        added = views.turn_items(cid, revision, turn, encrypted=encrypted)
+        added = views.turn_items(api.ids, cid, revision, turn, encrypted=encrypted)
         return with_etag(views.ItemPage(added, has_more=False).body(), revision)
 
     @delete(
@@ -215,6 +215,12 @@ class OpenAIConversations(Controller):
         include: Include = None,
     ) -> dict[str, Any]:
         cid, encrypted = parse_conversation_id(conversation_id), views.includes(include)
-        turns = api.conversations.walk(cid, api.owner, newest_first=True)
-        async with aclosing(turns):
-            return await views.find_in(turns, cid, item_id, encrypted=encrypted)
+        await api.conversations.describe(cid, api.owner)  # 404 for a conversation not found
+        ref = api.ids.parse_item(item_id)  # names the one turn to read
+        if ref is None or ref.conversation_id != cid:
+            raise ItemNotFound()
+        turn = await api.conversations.turn_at(cid, api.owner, ref.revision)
+        shown = (
+            views.turn_items(api.ids, cid, ref.revision, turn, encrypted=encrypted) if turn else []
+        )
+        return views.one_of(shown, item_id)

@@ -15,7 +15,8 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput, ItemNotFound
-from service.core.items import listed
+from service.core.ids import Ids
+from service.core.items import compaction_item, input_count, listed
 from service.core.model import Turn
 
 ENCRYPTED = "reasoning.encrypted_content"
@@ -48,14 +49,23 @@ def includes(include: Sequence[str] | None) -> bool:
 
 
 def turn_items(
-    cid: uuid.UUID, revision: int, turn: Turn, *, encrypted: bool
+    ids: Ids, cid: uuid.UUID, revision: int, turn: Turn, *, encrypted: bool
 ) -> list[dict[str, Any]]:
-    """The shown items of the turn that made ``revision``, in commit order."""
+    """The shown items of the turn that made ``revision``, in commit order: its input items,
+    the compaction item it ran on (if it compacted: as its Response's output holds it), then
+    its output items."""
     own = {call.call_id for call in turn.tool_calls}
-    return output_items(cid, revision, turn.replay_items, 0, encrypted=encrypted, own_calls=own)
+    first = input_count(turn.replay_items)
+    inputs = output_items(ids, cid, revision, turn.replay_items[:first], 0, encrypted=encrypted)
+    outputs = output_items(
+        ids, cid, revision, turn.replay_items[first:], first, encrypted=encrypted,
+        own_calls=own, compaction=compaction_item(turn.compacted),
+    )  # fmt: skip
+    return [*inputs, *outputs]
 
 
 def output_items(
+    ids: Ids,
     cid: uuid.UUID | None,
     revision: int,
     items: Sequence[msgspec.Raw],
@@ -70,10 +80,10 @@ def output_items(
     OpenAI's output holds it); ``cid``, ``own_calls``: see core.items.listed."""
     shown = [
         _shown(msgspec.json.decode(raw), item_id, encrypted)
-        for item_id, raw in listed(cid, revision, items, first, own_calls)
+        for item_id, raw in listed(ids, cid, revision, items, first, own_calls)
     ]
     if compaction is not None:
-        [(item_id, raw)] = listed(cid, revision, [compaction], len(items) + first)
+        [(item_id, raw)] = listed(ids, cid, revision, [compaction], len(items) + first)
         shown.insert(0, _shown(msgspec.json.decode(raw), item_id, encrypted))
     return shown
 
@@ -103,6 +113,7 @@ def _shown(item: dict[str, Any], item_id: str, encrypted: bool) -> dict[str, Any
 
 
 async def page_of(
+    ids: Ids,
     turns: AsyncIterator[tuple[int, Turn]],
     cid: uuid.UUID,
     *,
@@ -116,7 +127,7 @@ async def page_of(
     chosen: list[dict[str, Any]] = []
     passed = after is None
     async for revision, turn in turns:
-        shown = turn_items(cid, revision, turn, encrypted=encrypted)
+        shown = turn_items(ids, cid, revision, turn, encrypted=encrypted)
         for item in reversed(shown) if newest_first else shown:
             if not passed:
                 passed = item["id"] == after
@@ -129,13 +140,11 @@ async def page_of(
     return ItemPage(chosen, has_more=False)
 
 
-async def find_in(
-    turns: AsyncIterator[tuple[int, Turn]], cid: uuid.UUID, item_id: str, *, encrypted: bool
-) -> dict[str, Any]:
-    async for revision, turn in turns:
-        for item in turn_items(cid, revision, turn, encrypted=encrypted):
-            if item["id"] == item_id:
-                return item
+def one_of(shown: list[dict[str, Any]], item_id: str) -> dict[str, Any]:
+    """The item shown by ``item_id`` among ``shown`` (ItemNotFound: none)."""
+    for item in shown:
+        if item["id"] == item_id:
+            return item
     raise ItemNotFound()
 
 

@@ -19,9 +19,11 @@ from service.api.bodies import strict
 from service.api.compat import items as views
 from service.api.compat.items import ENCRYPTED
 from service.api.compat.schemas import (
+    NOT_COUNTED,
     CompactCreate,
     Echo,
     ResponseCreate,
+    TokensCount,
     compaction_object,
     passed_through,
     response_error,
@@ -46,6 +48,7 @@ from service.api.sse import (
     sse_events,
 )
 from service.core.errors import (
+    ConversationNotFound,
     InvalidInput,
     PreviousResponseNotFound,
     RateLimited,
@@ -130,7 +133,7 @@ class OpenAIResponses(Controller):
         started = time.time()  # the Response's created_at, the same in every answer about it
         ask, echo = asked_of(asked, body, responses, started)
         responses.check(ask)
-        if asked.store is False and asked.previous_response_id is None:
+        if asked.store is False:  # a relay: nothing is written, also after a stored response
             return await stateless(request, asked, ask, echo, api, started)
         plan = await responses.plan(
             api.owner, ask, input=asked.input, conversation=asked.conversation_id,
@@ -146,9 +149,10 @@ class OpenAIResponses(Controller):
             return await run_of(request, plan, chained, echo, started, streamed, encrypted, api)
         done = await responses.run(plan, chained)
         assert done.revision is not None
-        output = Output.of_done(done).shown(done.conversation_id, done.revision, encrypted)
+        output = Output.of_done(done).shown(api.ids, done.conversation_id, done.revision, encrypted)
+        rid = api.ids.response(done.conversation_id, done.revision)
         return Response(response_object(
-            done.conversation_id, done.revision, echo, status=done.status, output=output,
+            done.conversation_id, echo, rid=rid, status=done.status, output=output,
             incomplete_reason=done.incomplete_reason, created_at=started, usage=done.usage,
         ))  # fmt: skip
 
@@ -168,6 +172,31 @@ class OpenAIResponses(Controller):
         asked = Asked(data.model, data.instructions)
         compacted = await responses.compact(api.owner, asked, data.input, data.previous_response_id)
         return compaction_object(compacted.items, compacted.usage)
+
+    @post(
+        "/input_tokens", status_code=200,
+        summary="How many input tokens a create with this body would send.",
+        description="Counted by the provider's own endpoint, stored items restored and the "
+        "window applied; nothing is kept.",
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(
+            PreviousResponseNotFound, ConversationNotFound, RateLimited, UpstreamError,
+            UpstreamTimeout,
+        ),
+    )  # fmt: skip
+    async def input_tokens(
+        self, request: Request[Any, Any, Any], data: JSONBody[TokensCount], api: Caller
+    ) -> dict[str, Any]:
+        responses = api.responses
+        fields = passed_through(await request.body())
+        fields = {name: value for name, value in fields.items() if name not in NOT_COUNTED}
+        asked = Asked(data.model, data.instructions, fields)
+        responses.check(asked)
+        counted = await responses.count_tokens(
+            api.owner, asked, data.input, data.tools, conversation=data.conversation_id,
+            previous=data.previous_response_id,
+        )  # fmt: skip
+        return {"object": "response.input_tokens", "input_tokens": counted}
 
     @get(
         "/{response_id:str}", summary="A response as it is now, or (stream) its events.",
@@ -227,7 +256,7 @@ class OpenAIResponses(Controller):
             inputs = turn.replay_items[: input_count(turn.replay_items)]
             own = {call.call_id for call in turn.tool_calls}
             shown_items = views.output_items(
-                found.conversation_id, found.revision, inputs, 0, encrypted=encrypted,
+                api.ids, found.conversation_id, found.revision, inputs, 0, encrypted=encrypted,
                 own_calls=own,
             )  # fmt: skip
         return views.page(shown_items, after=after, limit=limit, order=order).body()
@@ -242,15 +271,17 @@ def shown(found: Found, api: Api, *, encrypted: bool = False) -> dict[str, Any]:
     turn, run = found.turn, found.run
     echo, created_at = _echo(found, api)
     if turn is not None and found.revision is not None:
-        output = Output.of_turn(turn).shown(found.conversation_id, found.revision, encrypted)
+        output = Output.of_turn(turn).shown(
+            api.ids, found.conversation_id, found.revision, encrypted
+        )
         return response_object(
-            found.conversation_id, None, echo, rid=found.id, status=turn.status, output=output,
+            found.conversation_id, echo, rid=found.id, status=turn.status, output=output,
             incomplete_reason=turn.incomplete_reason, usage=turn.usage,
-            created_at=created_at or turn.created_at,
+            created_at=created_at or turn.created_at, completed_at=turn.created_at,
         )  # fmt: skip
     assert run is not None  # a response not committed is one that runs, or ran, as a run
     body = response_object(
-        found.conversation_id, None, echo, rid=found.id, status=run.status,
+        found.conversation_id, echo, rid=found.id, status=run.status,
         created_at=created_at or run.created_at,
     )  # fmt: skip
     if run.error_code is not None:
@@ -282,7 +313,17 @@ def source_of(api: Api, cid: uuid.UUID, run: Run | None, run_id: uuid.UUID) -> S
             return Output.of_done(done)
         return Output.of_turn(await api.responses.turn_at(cid, api.owner, revision))
 
-    return Source(message_id, output)
+    async def revision() -> int | None:
+        """The revision its turn makes: one past the one it holds its conversation at."""
+        held = run.held if run is not None else None
+        if held is not None and held.done() and not held.cancelled() and not held.exception():
+            return held.result() + 1
+        view = await api.runs.view(run_id, api.owner)
+        return (
+            view.base_revision + 1 if view is not None and view.base_revision is not None else None
+        )
+
+    return Source(message_id, output, revision)
 
 
 async def run_of(
@@ -302,16 +343,17 @@ async def run_of(
     if run is None and not plan.background:  # a retry of a run that runs (or ran) elsewhere
         raise RequestInProgress(turn_id=started.turn_id)
     held = run.held.result() if run is not None and not plan.background else None
-    rid = api.responses.id_of(plan, started, None if held is None else held + 1)
+    rid = api.responses.id_of(api.ids, plan, started, None if held is None else held + 1)
     if not streamed:
         body = response_object(
-            started.conversation_id, None, echo, rid=rid, status=started.status,
+            started.conversation_id, echo, rid=rid, status=started.status,
             created_at=created_at,
         )  # fmt: skip
         return Response(body)
     source = source_of(api, started.conversation_id, run, started.turn_id)
     rendering = ResponseStream(
-        rid, started.conversation_id, echo, created_at, source=source, encrypted=encrypted,
+        rid, started.conversation_id, echo, created_at, ids=api.ids, source=source,
+        encrypted=encrypted,
     )  # fmt: skip
     return run_stream(api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, {})
 
@@ -330,7 +372,7 @@ async def resumed(
     rendering = ResponseStream(
         found.id, found.conversation_id, echo,
         created_at or (found.run.created_at.timestamp() if found.run.created_at else time.time()),
-        source=source, starting_after=starting_after,
+        ids=api.ids, source=source, starting_after=starting_after,
     )  # fmt: skip
     cid = correlation_id(request.scope)
     stream = sse_events(events, rendering, api.sse_keepalive_s, correlation_id=cid, follower=True)
@@ -348,22 +390,25 @@ async def stateless(
 ) -> Response[dict[str, Any]] | ServerSentEvent:
     """A ``store: false`` call: relayed, nothing kept; its id names nothing."""
     echo, rid = replace(echo, store=False), unstored_response_id()
+    previous = asked.previous_response_id
     if asked.stream:
         # Its place among the owner's running turns (or a JSON 429), held to the stream's end.
         released_with_response(request.scope, await api.responses.place(api.owner))
-        provider = await api.responses.stateless_stream(api.owner, ask, asked.input, asked.tools)
-        rendering = Relayed(ResponseStream(rid, None, echo, started))
+        provider = await api.responses.stateless_stream(
+            api.owner, ask, asked.input, asked.tools, previous
+        )
+        rendering = Relayed(ResponseStream(rid, None, echo, started, ids=api.ids))
         cid = correlation_id(request.scope)
         stream = sse_events(
             provider, rendering, api.sse_keepalive_s, correlation_id=cid, follower=False
         )
         closed_with_response(request.scope, stream)
         return EventStream(stream)
-    reply = await api.responses.stateless(api.owner, ask, asked.input, asked.tools)
+    reply = await api.responses.stateless(api.owner, ask, asked.input, asked.tools, previous)
     # Sealed reasoning is kept in the answer: a client that keeps the history has no other
     # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
-    output = views.output_items(None, 1, reply.output_items, 0, encrypted=True)
+    output = views.output_items(api.ids, None, 1, reply.output_items, 0, encrypted=True)
     return Response(response_object(
-        None, None, echo, rid=rid, status=reply.status, output=output,
+        None, echo, rid=rid, status=reply.status, output=output,
         incomplete_reason=reply.incomplete_reason, created_at=started, usage=reply.usage,
     ))  # fmt: skip

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.ids import conversation_id, response_id, unstored_response_id
+from service.core.ids import conversation_id, unstored_response_id
 from service.core.model import ConversationInfo
 from service.core.strictjson import holds_nul
 from service.core.usage import Usage
@@ -57,6 +57,28 @@ class CompactCreate(msgspec.Struct, forbid_unknown_fields=True):
     input: str | list[dict[str, Any]] | None = None
     previous_response_id: str | None = None
     instructions: str | None = None
+
+
+class TokensCount(msgspec.Struct):
+    """``POST /v1/responses/input_tokens``: the body of a create (any field turnstore does not
+    interpret is the provider's, as for a create)."""
+
+    input: str | list[dict[str, Any]] | None = None
+    model: str | None = None
+    conversation: str | ConversationRef | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+
+    @property
+    def conversation_id(self) -> str | None:
+        ref = self.conversation
+        return ref.id if isinstance(ref, ConversationRef) else ref
+
+
+# What only a create takes: never sent to the provider's counting endpoint.
+NOT_COUNTED = frozenset({"stream", "store", "background", "include", "context_management"})
 
 
 def compaction_object(items: Sequence[msgspec.Raw], usage: Usage | None) -> dict[str, Any]:
@@ -230,6 +252,15 @@ class Echo:
 
 
 _RATE_LIMITED = frozenset({"rate_limited"})
+_DONE = frozenset({"completed", "incomplete", "failed", "cancelled"})
+
+
+def _completed(created: int, at: datetime | float | None) -> int:
+    """When a finished response was done (its commit, when known; else now), in whole
+    seconds, never before it was created."""
+    if isinstance(at, datetime):
+        at = at.timestamp()
+    return max(created, int(at if at is not None else time.time()))
 
 
 def response_error(code: str, message: str) -> dict[str, str]:
@@ -241,27 +272,29 @@ def response_error(code: str, message: str) -> dict[str, str]:
 
 def response_object(
     cid: uuid.UUID | None,
-    revision: int | None,
     echo: Echo,
     *,
-    rid: str | None = None,
+    rid: str,
     status: str,
     output: Sequence[dict[str, Any]] = (),
     incomplete_reason: str | None = None,
     created_at: datetime | float | None = None,
+    completed_at: datetime | float | None = None,
     usage: Usage | None = None,
 ) -> dict[str, Any]:
-    """A Response: of the turn that made ``revision`` of conversation ``cid`` (or the one
-    ``rid`` names), or (``rid``, no ``cid``) a ``store: false`` call's. A stored response's
-    own conversation (``echo.stored``) is not shown: on OpenAI it has none."""
+    """A Response ``rid`` of conversation ``cid`` (None: a ``store: false`` call's), created
+    at ``created_at`` (shown in whole seconds, as OpenAI does), ``completed_at`` once done.
+    A stored response's own conversation (``echo.stored``) is not shown: on OpenAI it has
+    none."""
     if isinstance(created_at, datetime):
         created_at = created_at.timestamp()
-    assert rid is not None or cid is not None
+    created = int(created_at if created_at is not None else time.time())
     return {
-        "id": rid or response_id(cid, revision or 0),  # type: ignore[arg-type]
+        "id": rid,
         "object": "response",
-        "created_at": created_at if created_at is not None else time.time(),
+        "created_at": created,
         "status": status,
+        "completed_at": _completed(created, completed_at) if status in _DONE else None,
         "output": list(output),
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "error": None,

@@ -3,7 +3,7 @@
 
 import { convId, json, path } from "./api.js";
 import { bytes, errorBox, h, shorten, show, when } from "./dom.js";
-import { describe, itemsByTurn, responseId, size } from "./items.js";
+import { describe, itemsByTurn, size } from "./items.js";
 import * as run from "./run.js";
 import { composer, runPanel } from "./turn.js";
 
@@ -30,10 +30,9 @@ export async function conversationView(main, signal, id) {
       if (!signal.aborted) show(main, h("h1", {}, "Conversation"), h("p.mono", {}, id), errorBox(error));
       return;
     }
-    const first = view.turns.length ? view.turns[0].turn : 1;
     const last = view.turns.length ? view.turns.at(-1).turn : 0;
     const [items, meta, forks] = await Promise.all([
-      last ? itemsByTurn(view.conversation_id, first, last, signal).catch((error) => error) : new Map(),
+      last ? itemsByTurn(view.turns, signal).catch((error) => error) : new Map(),
       json("GET", `/v1/conversations/${path(convId(view.conversation_id))}`, { signal }).then((a) => a.body, () => null),
       forksOf(view, signal),
     ]);
@@ -149,8 +148,8 @@ export async function conversationView(main, signal, id) {
     const right = h(
       "div.items",
       {},
-      h("h3", {}, "Replay items ", h("code", {}, responseId(view.conversation_id, turn.turn))),
-      found ? itemTable(found) : h("p.muted", {}, items instanceof Map ? "No item names this turn: its items, if any, are listed with the turn before." : "Items not read."),
+      h("h3", {}, "Replay items ", h("code", {}, turn.response_id)),
+      found ? itemTable(found) : h("p.muted", {}, "Items not read."),
     );
     return h(
       `article.turn${turn.turn < view.context_start ? ".outside" : ""}`,

@@ -1,52 +1,27 @@
-// A conversation's replay items (GET /v1/conversations/{id}/items), grouped by the turn that
-// committed them. An item stored without an id is listed with a view-only id that names its
-// place, msg_<conversation hex><revision: 8 hex><index: 4 hex>, and a turn's input items come
-// first: an item belongs to the turn of the latest such id before it. (A turn whose items
-// all carry ids of their own is not told apart from the one before it; it says so.)
+// The items of each turn a transcript page shows, by the /v1 Response the turn is (its
+// `response_id`: ids are opaque, so a listing's ids say nothing of their turn): its input
+// items, then its output (a compacting turn's compaction item first). Sealed content is asked
+// for so that its size can be shown. A turn whose response was deleted has none to show.
 
-import { call, convId, path } from "./api.js";
+import { call, path } from "./api.js";
 
-const PAGE = 100;
+const ENCRYPTED = "include[]=reasoning.encrypted_content";
 
-export function viewRevision(id, hex) {
-  if (typeof id !== "string" || id.length !== 48 || !id.startsWith(`msg_${hex}`)) return null;
-  const revision = Number.parseInt(id.slice(36, 44), 16);
-  return Number.isInteger(revision) ? revision : null;
+async function turnItems(responseId, signal) {
+  const id = path(responseId);
+  const [inputs, response] = await Promise.all([
+    call("GET", `/v1/responses/${id}/input_items?order=asc&limit=100&${ENCRYPTED}`, { signal }),
+    call("GET", `/v1/responses/${id}?${ENCRYPTED}`, { signal }),
+  ]).then((answers) => Promise.all(answers.map((answer) => answer.json())));
+  return [...inputs.data, ...response.output];
 }
 
-export function responseId(uuid, revision) {
-  return `resp_${uuid.replaceAll("-", "")}${revision.toString(16).padStart(8, "0")}`;
-}
-
-// The items of turns from..to (a Map revision -> items), newest pages first until the
-// turn `from` is covered. Sealed content is asked for so that its size can be shown.
-export async function itemsByTurn(uuid, from, to, signal) {
-  const conversation = convId(uuid);
-  const hex = conversation.slice(5);
-  const newestFirst = [];
-  let after = null;
-  for (;;) {
-    const query = new URLSearchParams({ order: "desc", limit: String(PAGE) });
-    query.append("include[]", "reasoning.encrypted_content");
-    if (after) query.set("after", after);
-    const response = await call("GET", `/v1/conversations/${path(conversation)}/items?${query}`, {
-      signal,
-    });
-    const page = await response.json();
-    newestFirst.push(...page.data);
-    const oldest = Math.min(...page.data.map((item) => viewRevision(item.id, hex) ?? Infinity));
-    if (!page.has_more || !page.data.length || oldest < from) break;
-    after = page.last_id;
-  }
-  const turns = new Map();
-  let revision = null;
-  for (const item of newestFirst.reverse()) {
-    revision = viewRevision(item.id, hex) ?? revision;
-    if (revision === null || revision < from || revision > to) continue;
-    if (!turns.has(revision)) turns.set(revision, []);
-    turns.get(revision).push(item);
-  }
-  return turns;
+// A Map turn -> its items (a turn whose items could not be read is left out).
+export async function itemsByTurn(turns, signal) {
+  const read = await Promise.all(
+    turns.map((turn) => turnItems(turn.response_id, signal).then((items) => [turn.turn, items], () => null)),
+  );
+  return new Map(read.filter((entry) => entry !== null));
 }
 
 const encoder = new TextEncoder();

@@ -182,6 +182,14 @@ ROUTES: dict[tuple[str, str], Route] = {
         ),
         "relays",
     ),
+    ("post", "/v1/responses/input_tokens"): Route(
+        lambda c, big: (
+            "POST",
+            "/v1/responses/input_tokens",
+            {"json": {"model": "fake-llm", "input": "count me", "conversation": c.conv}},
+        ),
+        "relays",
+    ),
     ("post", "/v1/responses"): Route(
         lambda c, big: (
             "POST",

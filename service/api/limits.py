@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from litestar.types import Scope
+from litestar.utils import normalize_path
 
 from service.core.errors import InvalidHost, InvalidInput, UnsupportedMediaType
 
@@ -41,7 +42,9 @@ class RequestRules:
     routes: re.Pattern[str] | None = None
 
     def served(self, path: str) -> bool:
-        return self.routes is None or self.routes.fullmatch(path) is not None
+        """Whether the router would take ``path`` (normalized as it does it: a trailing or a
+        doubled slash names the same route)."""
+        return self.routes is None or self.routes.fullmatch(normalize_path(path)) is not None
 
 
 def route_pattern(paths: Iterable[str]) -> re.Pattern[str]:

@@ -66,6 +66,7 @@ class _Key:
     expires_at: datetime
     committed: Committed | None = None  # None while the first attempt runs
     turn_id: UUID | None = None
+    claim: UUID | None = None  # the attempt that holds it
 
 
 @dataclass
@@ -305,6 +306,7 @@ class MemoryStore:
         return page_of(replace(found.row, turns=[]), turns, page, fetched=len(sizes))
 
     async def append(self, append: Append) -> Commit:
+        self._holds(append.idempotency)
         conversation_id, turn, owner = append.conversation_id, append.turn, append.owner
         expected_revision, idempotency = append.expected_revision, append.idempotency
         now = _now()
@@ -368,6 +370,7 @@ class MemoryStore:
         turn: Turn | None = None,
         idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
+        self._holds(idempotency)
         now = _now()
         revision = 0 if turn is None else 1
         row = Conversation(uuid4(), revision, now, now, owner=owner)
@@ -387,6 +390,7 @@ class MemoryStore:
         new_id: UUID | None = None,
         counted: bool = True,
     ) -> ConversationInfo:
+        self._holds(idempotency)
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
@@ -426,6 +430,7 @@ class MemoryStore:
         if_match: Precondition = None,
         idempotency: IdempotencyKey | None = None,
     ) -> tuple[ConversationInfo, msgspec.Raw]:
+        self._holds(idempotency)
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
@@ -449,6 +454,7 @@ class MemoryStore:
         revision: int,
         idempotency: IdempotencyKey | None = None,
     ) -> bool:
+        self._holds(idempotency)
         found = self._live(conversation_id, owner)
         at = found.at(revision) if found else None
         self._completed(idempotency, conversation_id, revision)
@@ -469,6 +475,7 @@ class MemoryStore:
         if_match: Precondition = None,
         idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
+        self._holds(idempotency)
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
@@ -602,6 +609,7 @@ class MemoryStore:
         if_match: Precondition = None,
         idempotency: IdempotencyKey | None = None,
     ) -> None:
+        self._holds(idempotency)
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
@@ -626,7 +634,7 @@ class MemoryStore:
     async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
         found = self._keys.get((key.owner, key.key))
         if found is None or found.expires_at < _now():
-            claim = _Key(key.request_hash, _now() + self._lease, turn_id=turn_id)
+            claim = _Key(key.request_hash, _now() + self._lease, turn_id=turn_id, claim=key.claim)
             self._keys[key.owner, key.key] = claim
             return None
         return _answer(found, key)
@@ -638,7 +646,7 @@ class MemoryStore:
 
     async def release(self, key: IdempotencyKey) -> None:
         found = self._keys.get((key.owner, key.key))
-        if found is not None and found.committed is None:
+        if found is not None and found.committed is None and found.claim == key.claim:
             del self._keys[key.owner, key.key]
 
     async def release_run(self, turn_id: UUID, owner: str) -> None:
@@ -650,8 +658,17 @@ class MemoryStore:
         until = _now() + timedelta(seconds=lease_s)
         for key in keys:
             found = self._keys.get((key.owner, key.key))
-            if found is not None and found.committed is None:
+            if found is not None and found.committed is None and found.claim == key.claim:
                 found.expires_at = until
+
+    def _holds(self, key: IdempotencyKey | None) -> None:
+        """Before a write: RequestInProgress (nothing written) unless its attempt still holds
+        its key's claim, as the store's statements check it."""
+        if key is None:
+            return
+        found = self._keys.get((key.owner, key.key))
+        if found is None or found.committed is not None or found.claim != key.claim:
+            raise RequestInProgress()
 
     def _completed(
         self, key: IdempotencyKey | None, cid: UUID | None, revision: int | None
@@ -659,10 +676,9 @@ class MemoryStore:
         """A write's key names what it did (as the store's transaction completes it)."""
         if key is None:
             return
-        found = self._keys.get((key.owner, key.key))
-        if found is not None:
-            found.committed = Committed(cid, revision, found.turn_id)
-            found.expires_at = _now() + self._ttl
+        found = self._keys[key.owner, key.key]
+        found.committed = Committed(cid, revision, found.turn_id)
+        found.expires_at = _now() + self._ttl
 
     async def purge(self, batch: int = 500) -> int:
         now = _now()

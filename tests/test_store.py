@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 import pytest
@@ -306,33 +306,74 @@ def key(name: str = "k", asked: str = "h1", owner: str = ANONYMOUS) -> Idempoten
 async def test_an_idempotency_key_is_claimed_once_and_names_its_commit(
     contract_store: AnyStore,
 ) -> None:
-    store, cid = contract_store, uuid.uuid4()
-    assert await store.claim(key()) is None
+    store, cid, first = contract_store, uuid.uuid4(), key()
+    assert await store.claim(first) is None
     with pytest.raises(RequestInProgress):
         await store.claim(key())
     with pytest.raises(RequestInProgress):
         await store.check(key())
     with pytest.raises(IdempotencyKeyReused):
         await store.claim(key(asked="h2"))
-    commit = await store.append(Append(cid, turn(1), 0, idempotency=key()))
+    with pytest.raises(RequestInProgress):  # another attempt: only the one that claimed it
+        await store.append(Append(cid, turn(1), 0, idempotency=key()))
+    commit = await store.append(Append(cid, turn(1), 0, idempotency=first))
     assert await store.claim(key()) == Committed(cid, commit.revision)
     await store.check(key())  # done: nothing to raise
     assert await store.claim(key(owner="eve")) is None  # keys are per owner
 
 
 async def test_a_released_key_can_be_claimed_again(contract_store: AnyStore) -> None:
-    store = contract_store
-    assert await store.claim(key("r")) is None
-    await store.release(key("r"))
+    store, claimed = contract_store, key("r")
+    assert await store.claim(claimed) is None
+    await store.release(key("r"))  # another attempt's release: the claim stays
+    with pytest.raises(RequestInProgress):
+        await store.claim(key("r"))
+    await store.release(claimed)
     assert await store.claim(key("r", asked="other")) is None
+
+
+async def test_an_attempt_whose_claim_ran_out_and_was_taken_over_writes_nothing(
+    contract_store: AnyStore,
+) -> None:
+    """A claim is held by one attempt: once its lease ran out (its replica stopped renewing
+    it, a database outage) and another attempt took it over, the first attempt's commit
+    writes nothing, and its release frees nothing (two commits of one key were possible)."""
+    store, cid, other = contract_store, uuid.uuid4(), uuid.uuid4()
+    first = key("taken over")
+    assert await store.claim(first) is None
+    await expire_claims(store)
+    second = key("taken over")
+    assert await store.claim(second) is None  # taken over
+    with pytest.raises(RequestInProgress):
+        await store.append(Append(cid, turn(1), 0, idempotency=first))
+    with pytest.raises(RequestInProgress):
+        await store.create_conversation(ANONYMOUS, {}, turn(1), first)
+    await store.release(first)
+    with pytest.raises(RequestInProgress):  # the second attempt still holds it
+        await store.claim(key("taken over"))
+    commit = await store.append(Append(other, turn(1), 0, idempotency=second))
+    assert await store.claim(key("taken over")) == Committed(other, commit.revision)
+    assert await store.describe(cid, ANONYMOUS) is None  # the first attempt wrote nothing
+
+
+async def expire_claims(store: AnyStore) -> None:
+    """Every running claim's lease ran out (as when its replica stops renewing it)."""
+    if isinstance(store, PostgresStore):
+        async with store.engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+            )
+    else:
+        for found in store._keys.values():
+            found.expires_at = found.expires_at - timedelta(days=1)
 
 
 async def test_deleting_a_conversation_forgets_the_keys_that_committed_to_it(
     contract_store: AnyStore,
 ) -> None:
-    store, cid = contract_store, uuid.uuid4()
-    assert await store.claim(key("gone")) is None
-    await store.append(Append(cid, turn(1), 0, idempotency=key("gone")))
+    store, cid, gone = contract_store, uuid.uuid4(), key("gone")
+    assert await store.claim(gone) is None
+    await store.append(Append(cid, turn(1), 0, idempotency=gone))
     await store.delete(cid)
     assert await store.claim(key("gone", asked="anything")) is None  # no record left
 
@@ -494,8 +535,9 @@ async def test_a_compacted_context_is_kept_with_its_turn_byte_for_byte(
 async def test_turn_sizes_are_what_each_turn_holds_measured_without_reading_it(
     contract_store: AnyStore,
 ) -> None:
-    """As service/core/sizes.py counts them (the items' bytes as sent, compacted context
-    included); a store that cannot measure a sealed turn says None (it is read instead)."""
+    """As service/core/sizes.py counts them (every column a turn stores), known without
+    reading the turn, sealed or not (its size is stored with it; only a sealed turn an older
+    release wrote is None: it is read instead)."""
     store, cid = contract_store, uuid.uuid4()
     compacting = replace(turn(2), compacted=[msgspec.Raw(b'{"type":"compaction" , "n":1}')])
     empty = replace(turn(3), replay_items=[])
@@ -504,8 +546,7 @@ async def test_turn_sizes_are_what_each_turn_holds_measured_without_reading_it(
     sizes = await store.turn_sizes(cid, ANONYMOUS, 1, 3)
     assert [seq for seq, _ in sizes] == [1, 2, 3]
     expected = [turn_bytes(t) for t in (turn(1), compacting, empty)]
-    sealed = isinstance(store, PostgresStore) and store.keyring is not None
-    assert [size for _, size in sizes] == ([None] * 3 if sealed else expected)
+    assert [size for _, size in sizes] == expected
     assert await store.turn_sizes(cid, "someone else", 1, 3) == []
 
 

@@ -1,5 +1,5 @@
 """turnstore_secrets: the deployment's own random keys; owner_tombstones: shredded owners, by a
-keyed digest
+keyed digest; turnstore_commit_v2: a turn's sizes kept with it, and its Idempotency-Key's claim
 
 - ``turnstore_secrets``: one row per purpose, each 32 random bytes made here, once per
   deployment, read by every replica: ``ids`` keys the ids turnstore mints (opaque: they
@@ -8,16 +8,27 @@ keyed digest
   worker of its conversation).
 - ``owner_tombstones``: one row per shredded owner (``turnstore owners shred``), named by
   ``sha256(owners secret || owner)``; a commit, a new conversation, a fork or a running
-  turn's place of an owner named here writes nothing. On Citus a reference table.
+  turn's place of an owner named here writes nothing. On Citus a reference table. Both are
+  placed here already when the conversations are distributed (a commit on a worker reads
+  them from the moment this migration is done, before ``db distribute`` runs again).
 - ``turnstore_commit()`` and ``turnstore_take_turn()`` replaced, their signatures as they
   were, so that both refuse a shredded owner (SQLSTATE TSSHR) inside the one statement a
-  write makes: a turn in flight when its owner is shredded can never commit after the shred.
-  The release before this one calls the same functions: its replicas refuse too.
+  write makes: the release before this one calls them, and its turns are refused too.
+- ``turnstore_commit_v2()``, which this release calls: it refuses a shredded owner, stores a
+  turn's sizes with it (``turns.items_bytes``, ``opaque_bytes``: what its items take in a
+  request, so that a turn's window read measures them without reading them; ``turn_bytes``:
+  all it stores), keeps the conversation's size as this release counts it
+  (``conversations.counted_bytes``, ``counted_revision``: every stored column; the older
+  ``stored_bytes`` counted only items, and the release before this one goes on writing it),
+  and completes the turn's Idempotency-Key only if this attempt still holds its claim
+  (``idempotency_keys.claim_id``; SQLSTATE TSKEY otherwise).
 
-Expand only: two new tables, and two functions replaced with the same signatures. The
-downgrade drops the tables and puts 0018's functions back: what it loses is the deployment's
-keys (ids minted under them name nothing afterwards) and the tombstones (a shredded owner's
-name could write again).
+Expand only: new tables, nullable columns without defaults, each added in a transaction of
+its own, a new function and two replaced with the same signatures. Rows written before have
+no sizes: they are measured as before, once. The downgrade drops what this made and puts
+0018's functions back: what it loses is the deployment's keys (ids minted under them name
+nothing afterwards), the tombstones (a shredded owner's name could write again), the sizes
+(counted again) and which attempt holds a running Idempotency-Key.
 
 Revision ID: 0019
 Revises: 0018
@@ -91,6 +102,17 @@ $$
 """
 
 
+COLUMNS = (
+    ("conversations", "counted_bytes", "bigint"),
+    ("conversations", "counted_revision", "integer"),
+    ("turns", "items_bytes", "integer"),
+    ("turns", "opaque_bytes", "integer"),
+    ("turns", "turn_bytes", "bigint"),
+    ("idempotency_keys", "claim_id", "uuid"),
+)
+REFERENCES = ("turnstore_secrets", "owner_tombstones")
+
+
 def upgrade() -> None:
     op.create_table(
         "turnstore_secrets",
@@ -104,22 +126,47 @@ def upgrade() -> None:
         sa.Column("digest", sa.LargeBinary, primary_key=True),
         sa.Column("shredded_at", sa.DateTime(timezone=True), nullable=False),
     )
+    if _distributed(op.get_bind()):
+        op.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
+        for table in REFERENCES:
+            op.execute(f"SELECT create_reference_table('{table}')")
+    for table, column, kind in COLUMNS:
+        live.add_column_alone(op, table, column, kind)
     op.execute(
         commit_function.definition(counts_revision=True, replace=True, refuses_shredded=True)
     )
+    op.execute(commit_function.definition(counts_revision=True, refuses_shredded=True, v2=True))
     op.execute(TAKE_TURN.replace("{refusal}", commit_function.refuse_shredded("p_owner")))
 
 
 def downgrade() -> None:
     op.execute(TAKE_TURN.replace("{refusal}", ""))
+    op.execute(f"DROP FUNCTION turnstore_commit_v2({commit_function.SIGNATURE_V2})")
     op.execute(commit_function.definition(counts_revision=True, replace=True))
+    for table, column, _ in reversed(COLUMNS):
+        op.drop_column(table, column)
     op.drop_table("owner_tombstones")
     op.drop_table("turnstore_secrets")
 
 
+def _distributed(bind: Connection) -> bool:
+    """Whether this is a Citus coordinator whose conversations are distributed already."""
+    if not bind.scalar(sa.text("SELECT to_regclass('pg_dist_partition') IS NOT NULL")):
+        return False
+    return bool(
+        bind.scalar(
+            sa.text(
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition"
+                " WHERE logicalrelid = to_regclass('conversations'))"
+            )
+        )
+    )
+
+
 def losses(connection: Connection) -> dict[str, int]:
-    """The tombstones of shredded owners, and the deployment's keys once anything was
-    minted under them (with a turn stored, an id shown for it then names nothing)."""
+    """The tombstones of shredded owners, and the deployment's keys once anything was minted
+    under them (with a turn stored, an id shown for it then names nothing). The sizes are
+    counted again and a running claim stays claimed: no loss."""
     minted = live.count(connection, "turns") > 0
     return live.nonzero(
         {

@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
 from typing import Literal
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import msgspec
 
@@ -279,6 +279,9 @@ class IdempotencyKey:
     owner: str
     key: str
     request_hash: str  # of what the request asked, so a reused key with another body is caught
+    # This attempt's claim of the key: a write completes the key only while it holds it (one
+    # that lost it, its lease run out and taken over by another attempt, writes nothing).
+    claim: UUID = field(default_factory=uuid4, compare=False)
 
     @classmethod
     def of(cls, owner: str, key: str, *subject: str | bytes) -> IdempotencyKey:
@@ -403,8 +406,8 @@ class LeaseRequest:
     ``after_revision``, with the turns of its window: from its window start on, but not
     further back than ``window_bytes`` of replay items reach from its latest turn (the turn
     that crosses that is read too; None: no bound), so that what one turn reads stays within
-    what it could send (CONTEXT_MAX_REQUEST_BYTES), whatever was appended since the last
-    turn moved the window start."""
+    what it could send (CONTEXT_MAX_REQUEST_BYTES) to ``window_origin``, whatever was
+    appended since the last turn moved the window start."""
 
     conversation_id: UUID
     owner: str
@@ -414,6 +417,7 @@ class LeaseRequest:
     after_revision: int = 0
     replaces: UUID | None = None
     window_bytes: int | None = None
+    window_origin: Origin | None = None  # what the turn's request is for (None: not known)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import msgspec
 
 from service.core.errors import ConversationFull
+from service.core.items import is_opaque
 from service.core.model import Turn
 
 _JSON = msgspec.json.Encoder()
@@ -34,6 +35,24 @@ def turn_bytes(turn: Turn) -> int:
 
 def held_bytes(turns: Iterable[Turn]) -> int:
     return sum(map(turn_bytes, turns))
+
+
+@dataclass(frozen=True)
+class TurnSizes:
+    """What a turn takes, stored with it (so that reading its sizes reads none of it): its
+    items (compacted context included) as a request carries them (each item and its comma,
+    core/window.py ``items_bytes``), the opaque ones among them (left out of a request to
+    another origin), and all it stores (``turn_bytes``)."""
+
+    items: int
+    opaque: int
+    stored: int
+
+    @classmethod
+    def of(cls, turn: Turn) -> TurnSizes:
+        items = [*turn.compacted, *turn.replay_items]
+        opaque = sum(len(item) + 1 for item in items if is_opaque(item))
+        return cls(sum(map(len, items)) + len(items), opaque, turn_bytes(turn))
 
 
 def _utf8(text: str) -> int:

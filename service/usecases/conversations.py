@@ -105,9 +105,9 @@ class Conversations:
         async def write() -> ConversationInfo:
             turn = await self._restored(owner, items)
             size = self._size.check(0, turn_bytes(turn)) if turn is not None else 0
-            self._gate.budget.admit(owner, size)
-            info = await self._store.create_conversation(owner, metadata, turn, key)
-            self._gate.budget.charge(owner, size)
+            with self._gate.budget.spending(owner, size) as spend:
+                info = await self._store.create_conversation(owner, metadata, turn, key)
+                spend(size)
             return info
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))
@@ -121,7 +121,11 @@ class Conversations:
         key: IdempotencyKey | None = None,
     ) -> ConversationInfo:
         async def write() -> ConversationInfo:
-            return await self._store.update_metadata(cid, owner, metadata, if_match, key)
+            adding = sum(len(k) + len(v) for k, v in metadata.items())
+            with self._gate.budget.spending(owner, adding) as spend:
+                info = await self._store.update_metadata(cid, owner, metadata, if_match, key)
+                spend(adding)
+            return info
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))
 
@@ -161,9 +165,9 @@ class Conversations:
                 raise InvalidInput("at_revision must be a revision of the conversation.")
             size = await held_bytes(self._store, cid, owner, at_revision, source)
             self._size.check(size, 0)
-            self._gate.budget.admit(owner, size)
-            info = await self._store.fork(cid, owner, at_revision, key)
-            self._gate.budget.charge(owner, size)
+            with self._gate.budget.spending(owner, size) as spend:
+                info = await self._store.fork(cid, owner, at_revision, key)
+                spend(size)
             return info
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))
@@ -191,15 +195,15 @@ class Conversations:
                 held = await held_bytes(self._store, cid, owner, info.revision, info)
             adding = turn_bytes(turn)
             size = self._size.check(held, adding)
-            self._gate.budget.admit(owner, adding)
             append = Append(
                 cid, turn, info.revision, owner=owner, stored_bytes=size, idempotency=key
             )
-            try:
-                commit = await self._store.append(append)
-            except ConversationConflict:
-                raise ConversationConflict(ITEMS_CONFLICT) from None
-            self._gate.budget.charge(owner, adding)
+            with self._gate.budget.spending(owner, adding) as spend:
+                try:
+                    commit = await self._store.append(append)
+                except ConversationConflict:
+                    raise ConversationConflict(ITEMS_CONFLICT) from None
+                spend(adding)
             return turn, commit.revision
 
         async def appended(done: Committed) -> tuple[Turn, int]:
@@ -252,10 +256,14 @@ class Conversations:
                     ):
                         raise InvalidInput("Only the latest item can be removed.", param="item_id")
                 raise ItemNotFound()
-            try:
-                info, _ = await self._store.pop_item(cid, owner, frozenset({revision}), key)
-            except PreconditionFailed:
-                raise ConversationConflict() from None
+            assert last is not None  # its latest item is named: it has a last turn
+            rewritten = turn_bytes(last)  # (the last turn, written again without its item)
+            with self._gate.budget.spending(owner, rewritten) as spend:
+                try:
+                    info, _ = await self._store.pop_item(cid, owner, frozenset({revision}), key)
+                except PreconditionFailed:
+                    raise ConversationConflict() from None
+                spend(rewritten)
             return info
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))

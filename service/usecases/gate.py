@@ -53,7 +53,7 @@ class WriteGate:
         self._keys = keys
         self._lease_s = lease_s
         self.budget = budget or WriteBudget(None)
-        self._held: dict[tuple[str, str], IdempotencyKey] = {}  # claims renewed while held
+        self._held: dict[uuid.UUID, IdempotencyKey] = {}  # claims renewed while held
         self._heartbeat = Heartbeat(lease_s / 3, self._renew, lambda: bool(self._held))
 
     @property
@@ -82,7 +82,7 @@ class WriteGate:
             return None
         committed = await self._keys.claim(key, turn_id)
         if committed is None:
-            self._held[(key.owner, key.key)] = key
+            self._held[key.claim] = key
             self._heartbeat.start()
         return committed
 
@@ -100,13 +100,13 @@ class WriteGate:
     def settled(self, key: IdempotencyKey | None) -> None:
         """The write committed, and its transaction completed the key: no more renewals."""
         if key is not None:
-            self._held.pop((key.owner, key.key), None)
+            self._held.pop(key.claim, None)
 
     async def release(self, key: IdempotencyKey | None) -> None:
         """A write that did not commit does not use its key up."""
         if key is None or self._keys is None:
             return
-        self._held.pop((key.owner, key.key), None)
+        self._held.pop(key.claim, None)
         with contextlib.suppress(StorageError):  # the claim runs out by itself anyway
             await settle(self._keys.release(key))
 

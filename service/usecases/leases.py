@@ -39,7 +39,7 @@ from service.core.errors import (
     StorageError,
     TooManyRequests,
 )
-from service.core.model import Conversation, LeaseAttempt, LeaseRequest
+from service.core.model import Conversation, LeaseAttempt, LeaseRequest, Origin
 from service.core.plans import TurnPlan
 from service.platform import metrics, tracing
 from service.store.ports import ConversationStore, Notifications
@@ -129,11 +129,14 @@ class Leases:
                 await settle(self._store.free_turn(owner, holder))
 
     @asynccontextmanager
-    async def hold(self, plan: TurnPlan, run_id: uuid.UUID | None = None) -> AsyncIterator[Held]:
+    async def hold(
+        self, plan: TurnPlan, run_id: uuid.UUID | None = None, origin: Origin | None = None
+    ) -> AsyncIterator[Held]:
         """The conversation with its lease held for the turn of ``plan``, and the turn's place
         among its owner's running turns, renewed while inside and given back on the way out
         unless the commit did. ``run_id``: a run's turn, whose place the run took when it was
         made and gives back itself (``keep``, ``free``); it holds the lease as the run.
+        ``origin``: what the turn's request is for (its window is read for it).
         Raises ConversationBusy, TooManyRequests, ConversationNotFound, StorageError."""
         holder, cid, started = run_id or uuid.uuid4(), plan.conversation_id, time.monotonic()
         deadline = started + (self.policy.queue_wait_s if self.policy.queue else 0)
@@ -158,7 +161,7 @@ class Leases:
                     await self.take(plan.owner, holder)
                 yield held
                 return
-            async with self._leased(plan, held, started, deadline):
+            async with self._leased(plan, held, started, deadline, origin):
                 yield held
         finally:
             if run_id is None:
@@ -167,13 +170,13 @@ class Leases:
 
     @asynccontextmanager
     async def _leased(
-        self, plan: TurnPlan, held: Held, started: float, deadline: float
+        self, plan: TurnPlan, held: Held, started: float, deadline: float, origin: Origin | None
     ) -> AsyncIterator[None]:
         """The conversation's lease taken for ``held`` (the conversation as loaded then),
         renewed while inside and given back on the way out unless the commit did."""
         cid, holder = plan.conversation_id, held.holder
         with tracing.span("turn.lease") as span:
-            held.conversation = await self._acquire(plan, holder, deadline)
+            held.conversation = await self._acquire(plan, holder, deadline, origin)
             span.set_attribute("turnstore.waited_s", time.monotonic() - started)
             span.set_attribute("turnstore.revision", held.conversation.revision)
         waited = time.monotonic() - started
@@ -196,11 +199,13 @@ class Leases:
     async def close(self) -> None:
         await self._keeper.close()
 
-    async def _acquire(self, plan: TurnPlan, holder: uuid.UUID, deadline: float) -> Conversation:
+    async def _acquire(
+        self, plan: TurnPlan, holder: uuid.UUID, deadline: float, origin: Origin | None
+    ) -> Conversation:
         """Take the lease, waiting for it per the policy; the conversation as loaded then.
         Most turns find it free: only a refused turn subscribes to its release, and then asks
         again at once (a release between the refusal and the subscription is not missed)."""
-        attempt = await self._attempt(plan, holder)
+        attempt = await self._attempt(plan, holder, origin)
         if attempt.acquired:
             return self._running(plan, holder, attempt)
         if deadline <= time.monotonic():
@@ -213,7 +218,7 @@ class Leases:
             async with self._notifications.subscribe(topic) as released:
                 while True:
                     released.clear()
-                    attempt = await self._attempt(plan, holder)
+                    attempt = await self._attempt(plan, holder, origin)
                     if attempt.acquired:
                         return self._running(plan, holder, attempt)
                     left = deadline - time.monotonic()
@@ -249,14 +254,16 @@ class Leases:
         self._keeper.count(plan.owner, holder)
         return _found(attempt)
 
-    async def _attempt(self, plan: TurnPlan, holder: uuid.UUID) -> LeaseAttempt:
+    async def _attempt(
+        self, plan: TurnPlan, holder: uuid.UUID, origin: Origin | None
+    ) -> LeaseAttempt:
         """One try; ConversationNotFound when there is no such conversation (of this owner)."""
         try:
             attempt = await self._store.lease(LeaseRequest(
                 plan.conversation_id, plan.owner, holder, lease_s=self.policy.lease_s,
                 queue=self.policy.queue,
                 replaces=self._keeper.abandoned_in(plan.conversation_id),
-                window_bytes=self.policy.window_bytes,
+                window_bytes=self.policy.window_bytes, window_origin=origin,
             ))  # fmt: skip
         except StorageError:
             # It may have taken the lease before its answer was lost: give it back.

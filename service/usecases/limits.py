@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from service.core.errors import TooManyRequests
 
 RETRY_AFTER_S = "1"  # a reader's slot frees when one of the owner's streams ends
 MAX_TRACKED = 10_000  # owners with a bucket not full, before those refilled are dropped
+SWEEP_S = 10.0  # ... at most this often
 
 
 class OwnerLimit:
@@ -50,19 +52,22 @@ class OwnerLimit:
 class WriteBudget:
     """OWNER_MAX_WRITE_BYTES_PER_MINUTE on this replica: what one owner's writes may store, a
     bucket of ``per_minute`` bytes refilled at ``per_minute`` a minute. A write is admitted
-    (before any provider call) while the bucket holds what it brings, or is full; once it
-    commits, what it stored is charged, which may leave the bucket in debt until it refills.
-    So in any minute one owner's writes through one replica store at most twice the budget
-    and one write more (a full bucket, a minute's refill, and the write that emptied it).
-    None: no budget."""
+    (before any provider call) while the bucket holds what it brings, or is full, and what it
+    brings is taken from the bucket at once (so writes admitted together cannot pass it
+    together); once it commits, what it stored is charged instead, which may leave the bucket
+    in debt until it refills, and a write that does not commit gives back what it took. So in
+    any minute one owner's writes through one replica store at most twice the budget and one
+    write more (a full bucket, a minute's refill, and the write that emptied it). None: no
+    budget."""
 
     def __init__(self, per_minute: int | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.per_minute = per_minute
         self._clock = clock
         self._level: dict[str, tuple[float, float]] = {}  # owner -> (bytes left, when)
+        self._swept_at = clock()
 
-    def admit(self, owner: str, adding: int) -> None:
-        """TooManyRequests unless ``owner`` may write ``adding`` bytes now."""
+    def check(self, owner: str, adding: int) -> None:
+        """TooManyRequests unless ``owner`` may write ``adding`` bytes now (nothing taken)."""
         if self.per_minute is None:
             return
         left = self._left(owner)
@@ -76,12 +81,26 @@ class WriteBudget:
             retry_after=str(max(1, math.ceil(wait_s))),
         )
 
-    def charge(self, owner: str, stored: int) -> None:
-        """``owner``'s write stored ``stored`` bytes."""
-        if self.per_minute is None or stored <= 0:
+    @contextmanager
+    def spending(self, owner: str, adding: int) -> Iterator[Callable[[int], None]]:
+        """A write of ``owner`` bringing ``adding`` bytes, admitted (else TooManyRequests) and
+        taken from the bucket for the time inside; call what it yields with what the write
+        stored once it committed. Left without that call, the write gives it all back."""
+        self.check(owner, adding)
+        spent: list[int] = []
+        self._take(owner, adding)
+        try:
+            yield spent.append
+        finally:
+            self._take(owner, (spent[-1] if spent else 0) - adding)
+
+    def _take(self, owner: str, size: int) -> None:
+        if self.per_minute is None or not size:
             return
-        self._level[owner] = (self._left(owner) - stored, self._clock())
-        if len(self._level) > MAX_TRACKED:
+        self._level[owner] = (self._left(owner) - size, self._clock())
+        now = self._clock()
+        if len(self._level) > MAX_TRACKED and now - self._swept_at > SWEEP_S:
+            self._swept_at = now
             self._forget_full()
 
     def _left(self, owner: str) -> float:
@@ -93,6 +112,6 @@ class WriteBudget:
         return min(float(self.per_minute), left + (self._clock() - when) * self.per_minute / 60)
 
     def _forget_full(self) -> None:
-        """Owners whose buckets have refilled need no entry."""
+        """Owners whose buckets have refilled need no entry (looked for once a while)."""
         assert self.per_minute is not None
         self._level = {o: v for o, v in self._level.items() if self._left(o) < self.per_minute}

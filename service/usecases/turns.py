@@ -138,7 +138,7 @@ class TurnService:
         conversation, a failed If-Match, an Idempotency-Key used with another request, the
         owner's write budget spent. The turn checks them again (under its lease, in its claim,
         before its provider call)."""
-        self.gate.budget.admit(plan.owner, sum(map(len, plan.input_items)))
+        self.gate.budget.check(plan.owner, sum(map(len, plan.input_items)))
         if not plan.is_new:
             info = await self.store.describe(plan.conversation_id, plan.owner)
             if info is None:
@@ -212,8 +212,10 @@ class TurnService:
     ) -> AsyncGenerator[TurnEvent, None]:
         mode = "stream" if stream else "chat"
         asked = self._request(plan, stream)
-        with metrics.turn_outcome(mode):  # what ends the turn before its TurnDone
-            async with self.leases.hold(plan, run.id if run else None) as held:
+        # What ends the turn before its TurnDone is counted; what it takes of its owner's write
+        # budget is given back unless it commits.
+        with metrics.turn_outcome(mode), contextlib.ExitStack() as budget:
+            async with self.leases.hold(plan, run.id if run else None, asked.origin) as held:
                 conversation = held.conversation or await self._fork_basis(plan)
                 if conversation is not None:
                     check_precondition(plan.if_match, conversation.revision)
@@ -226,7 +228,7 @@ class TurnService:
                 adding = sum(map(len, new_items))
                 self._size.check(held_size or 0, adding)
                 copied = (held_size or 0) if plan.fork_of is not None else 0
-                self.gate.budget.admit(plan.owner, copied + adding)
+                spend = budget.enter_context(self.gate.budget.spending(plan.owner, copied + adding))
                 if plan.fork_of is not None:  # its place among the owner's forks, taken now
                     await self.store.take_fork(plan.owner, plan.conversation_id)
                 window = self._window(conversation, [*new_items, *plan.client_tools], asked)
@@ -256,7 +258,7 @@ class TurnService:
                 if turn is not None:
                     size = self._stored_with(held_size, turn)
                     revision = await self._commit(plan, conversation, held, turn, run, size)
-                    self.gate.budget.charge(plan.owner, copied + turn_bytes(turn))
+                    spend(copied + turn_bytes(turn))
             metrics.turn_ended(mode, committed=revision is not None)
         # Outside the outcome count: a client leaving now does not undo the commit.
         compacted_by = compaction_item(window.compacted) if window.compacted else None
@@ -305,7 +307,10 @@ class TurnService:
 
     async def _compact(self, plan: TurnPlan) -> tuple[int, Usage | None]:
         asked = self._request(plan, stream=False)
-        async with self.leases.hold(plan) as held:
+        async with (
+            self.leases.hold(plan, origin=asked.origin) as held,
+            contextlib.AsyncExitStack() as budget,
+        ):
             conversation = held.conversation
             if conversation is None:
                 raise ConversationNotFound()
@@ -313,7 +318,8 @@ class TurnService:
             window = self._window(conversation, [], asked)
             if not window.items:
                 raise InvalidInput("The conversation has nothing to compact.")
-            self.gate.budget.admit(plan.owner, 0)  # unless in debt: before the provider
+            # Unless in debt, before the provider is called.
+            spend = budget.enter_context(self.gate.budget.spending(plan.owner, 0))
             making = conversation.revision + 1
             compacted = await compaction.compact(self.provider, window, asked.template, making)
             turn = Turn(
@@ -324,7 +330,7 @@ class TurnService:
             )  # fmt: skip
             size = self._stored_with(await self._held(plan, conversation), turn)
             revision = await self._commit(plan, conversation, held, turn, None, size)
-            self.gate.budget.charge(plan.owner, turn_bytes(turn))
+            spend(turn_bytes(turn))
         return revision, compacted.usage
 
     async def _compacted(

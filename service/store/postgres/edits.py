@@ -133,6 +133,8 @@ class Edits(Adapter):
             **new.metadata_columns(old.metadata(source)),
             "stored_bytes": held_bytes(turn for _, turn in turns),
         })  # fmt: skip
+        if row is None:  # the owner was shredded (see _why_no_fork)
+            return None
         copies = [
             new.turn_columns(found["seq"], turn, None) | {"created_at": found["turn_created_at"]}
             for found, turn in turns

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from migrations.commit_function import digest
+from service.core.errors import OwnerShredded, StorageError
 from service.core.model import Committed, IdempotencyKey
 from service.platform.crypto import DataKey
 from service.store.ports import Readiness
@@ -32,22 +33,22 @@ _OWNER_COUNTS = (
     sql("DELETE FROM owner_forks WHERE owner = :owner"),
 )
 # The shred's tombstone (migration 0019): from its commit on, no write of the owner commits
-# (the statements ask commit_function.shredded). When it was made, by the database's clock.
+# (the statements ask commit_function.shredded).
 _TOMBSTONE = sql(f"""
-    WITH made AS (
-        INSERT INTO owner_tombstones (digest, shredded_at)
-        VALUES ({digest(":owner")}, clock_timestamp())
-        ON CONFLICT (digest) DO NOTHING
-        RETURNING shredded_at
-    )
-    SELECT coalesce((SELECT shredded_at FROM made), clock_timestamp())
+    INSERT INTO owner_tombstones (digest, shredded_at)
+    VALUES ({digest(":owner")}, clock_timestamp())
+    ON CONFLICT (digest) DO NOTHING
 """)
-# Transactions of this database that began before a moment and are still open: a write of
-# the owner that began before its tombstone may still commit until it ends.
+_NOW = sql("SELECT clock_timestamp()")
+# The client sessions of this database in a transaction that began before :before (a write
+# of the owner that began before the tombstone was committed may still commit until it ends),
+# and those this role cannot see (their state is hidden without pg_read_all_stats).
 _OLDER_WRITERS = sql("""
-    SELECT count(*) FROM pg_stat_activity
+    SELECT count(*) FILTER (WHERE xact_start < CAST(:before AS timestamptz) AND state <> 'idle'),
+        count(*) FILTER (WHERE state IS NULL)
+    FROM pg_stat_activity
     WHERE datname = current_database() AND pid <> pg_backend_pid()
-        AND xact_start < CAST(:before AS timestamptz) AND state <> 'idle'
+        AND backend_type = 'client backend'
 """)
 WRITERS_POLL_S = 0.05
 
@@ -68,13 +69,15 @@ class Housekeeping(Adapter):
             if await idem.CLAIM.fetchval(conn, claim) is not None:
                 return None
             row = await idem.EXISTING.fetchrow(conn, params)  # locked by the claim: there
+            if row is None:  # none made, none there: the owner was shredded
+                raise OwnerShredded()
         return idem.answer(row, key, data_key)
 
     async def renew(self, keys: Sequence[IdempotencyKey], lease_s: float) -> None:
         until = datetime.now(UTC) + timedelta(seconds=lease_s)
         params = {
             "owners": [key.owner for key in keys], "keys": [key.key for key in keys],
-            "until": until,
+            "claims": [key.claim for key in keys], "until": until,
         }  # fmt: skip
         async with driver(self._engine, write=False) as conn:  # one statement: autocommit
             await idem.RENEW.execute(conn, params)
@@ -125,20 +128,27 @@ class Housekeeping(Adapter):
 
     async def tombstone(self, owner: str) -> datetime:
         """Stop ``owner`` from committing anything, on every replica, from now on: their
-        tombstone, named by a keyed digest. When it was made."""
-        async with driver(self._engine, write=False) as conn:
-            made: datetime = await _TOMBSTONE.fetchval(conn, {"owner": owner})
+        tombstone, named by a keyed digest. A moment after it was committed."""
+        async with driver(self._engine, write=False) as conn:  # each statement: autocommit
+            await _TOMBSTONE.execute(conn, {"owner": owner})
+            made: datetime = await _NOW.fetchval(conn, {})
         return made
 
     async def writers_before(self, moment: datetime, wait_s: float) -> int:
         """Wait up to ``wait_s`` until no transaction that began before ``moment`` is open;
-        how many still are."""
+        how many still are. StorageError when this role cannot see other sessions' state."""
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             async with driver(self._engine, write=False) as conn:
-                left = int(await _OLDER_WRITERS.fetchval(conn, {"before": moment}) or 0)
-            if not left or asyncio.get_running_loop().time() >= deadline:
-                return left
+                row = await _OLDER_WRITERS.fetchrow(conn, {"before": moment})
+            assert row is not None  # an aggregate answers one row
+            if row[1]:
+                raise StorageError(
+                    "This role cannot see other sessions' transactions (grant it "
+                    "pg_read_all_stats): whether a write of the owner is in flight is unknown."
+                )
+            if not row[0] or asyncio.get_running_loop().time() >= deadline:
+                return int(row[0])
             await asyncio.sleep(WRITERS_POLL_S)
 
     async def owner_has_sealed_rows(self, owner: str) -> bool:

@@ -1,9 +1,10 @@
 """Idempotency keys in PostgreSQL, so a retry on any replica finds the first attempt.
 
 A key is claimed as 'running' with a lease (TURN_LEASE_S, renewed while its write runs:
-service/usecases/gate.py); the turn's commit statement marks it 'done' (statements.COMMIT),
-naming the commit (conversation and revision), as every other write does in its own
-transaction (``complete``), and a failed attempt releases it. A claim whose lease or TTL ran
+service/usecases/gate.py), by one attempt (its ``claim_id``); the turn's commit statement
+marks it 'done' (statements.COMMIT), naming the commit (conversation and revision), as every
+other write does in its own transaction (``complete``), and a failed attempt releases it:
+each only while the attempt still holds its claim. A claim whose lease or TTL ran
 out is taken over, so a crashed replica blocks a key for a lease at most. A done key goes
 with its conversation (foreign key, ON DELETE CASCADE)
 and with its TTL (``turnstore purge``). These are the statements and what a record means;
@@ -14,18 +15,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from migrations.commit_function import shredded
 from service.core.errors import IdempotencyKeyReused, RequestInProgress
 from service.core.model import Committed, IdempotencyKey
 from service.platform.crypto import DataKey
 from service.store.postgres.tx import sql
 
+SHREDDED = shredded(":caller")
+
 # A claim, or the takeover of an expired one (only an expired key is taken over). :now and
 # :until (when the claim's lease runs out) come from the caller's clock: Citus refuses now()
 # (not immutable) in an ON CONFLICT DO UPDATE.
-CLAIM = sql("""
+# Each attempt's claim is its own (:claim, migration 0019): only the attempt that holds it
+# completes, renews or releases the key. A shredded owner claims nothing.
+CLAIM = sql(f"""
     INSERT INTO idempotency_keys
-        (owner, key, request_hash, state, turn_id, created_at, expires_at)
-    VALUES (:caller, :idem_key, :request_hash, 'running', :claimed_turn, :now, :until)
+        (owner, key, request_hash, state, turn_id, created_at, expires_at, claim_id)
+    SELECT :caller, :idem_key, :request_hash, 'running', :claimed_turn, :now, :until, :claim
+    WHERE NOT {SHREDDED}
     ON CONFLICT (owner, key) DO UPDATE SET
         request_hash = :request_hash,
         state = 'running',
@@ -33,7 +40,8 @@ CLAIM = sql("""
         revision = NULL,
         turn_id = :claimed_turn,
         created_at = :now,
-        expires_at = :until
+        expires_at = :until,
+        claim_id = :claim
     WHERE idempotency_keys.expires_at < :now
     RETURNING idempotency_keys.state
 """)
@@ -44,7 +52,8 @@ RECORD = """
 EXISTING = sql(RECORD)
 LIVE = sql(RECORD + " AND expires_at >= now()")
 RELEASE = sql("""
-    DELETE FROM idempotency_keys WHERE owner = :caller AND key = :idem_key AND state = 'running'
+    DELETE FROM idempotency_keys
+    WHERE owner = :caller AND key = :idem_key AND state = 'running' AND claim_id = :claim
 """)
 # A write other than a turn's commit completes its key in its own transaction, naming the
 # conversation it made or changed and the revision it left (a deletion: none).
@@ -52,14 +61,16 @@ COMPLETE = sql("""
     UPDATE idempotency_keys SET
         state = 'done', conversation_id = :done_cid, revision = :done_revision,
         expires_at = now() + make_interval(secs => :ttl_s)
-    WHERE owner = :caller AND key = :idem_key
+    WHERE owner = :caller AND key = :idem_key AND state = 'running' AND claim_id = :claim
+    RETURNING 1
 """)
 # The claims a replica's writes hold, kept alive while they run (TURN_LEASE_S each).
 RENEW = sql("""
     UPDATE idempotency_keys SET expires_at = CAST(:until AS timestamptz)
-    FROM unnest(CAST(:owners AS text[]), CAST(:keys AS text[])) AS held (owner, key)
+    FROM unnest(CAST(:owners AS text[]), CAST(:keys AS text[]), CAST(:claims AS uuid[]))
+        AS held (owner, key, claim)
     WHERE idempotency_keys.owner = held.owner AND idempotency_keys.key = held.key
-        AND idempotency_keys.state = 'running'
+        AND idempotency_keys.state = 'running' AND idempotency_keys.claim_id = held.claim
 """)
 RELEASE_RUN = sql("""
     DELETE FROM idempotency_keys WHERE owner = :owner AND turn_id = :turn_id AND state = 'running'
@@ -75,7 +86,7 @@ def key_params(key: IdempotencyKey, data_key: DataKey | None = None) -> dict[str
     """The statements' parameters; with encryption the request hash is kept keyed by the
     owner's data key (a plain hash of a short message would confirm a guess of it)."""
     stored = data_key.digest(key.request_hash) if data_key else key.request_hash
-    return {"caller": key.owner, "idem_key": key.key, "request_hash": stored}
+    return {"caller": key.owner, "idem_key": key.key, "request_hash": stored, "claim": key.claim}
 
 
 def answer(row: Any, key: IdempotencyKey, data_key: DataKey | None = None) -> Committed:
@@ -93,9 +104,13 @@ async def complete(
     conn: Any, key: IdempotencyKey | None, cid: Any, revision: int | None, ttl_s: float
 ) -> None:
     """In a write's transaction: its key (if any) names what it did (``cid`` None: a
-    deletion)."""
-    if key is not None:
-        await COMPLETE.execute(conn, {
-            "caller": key.owner, "idem_key": key.key, "done_cid": cid,
-            "done_revision": revision, "ttl_s": ttl_s,
-        })  # fmt: skip
+    deletion). RequestInProgress, and the write rolled back, when this attempt no longer
+    holds the key's claim (it ran out, and another attempt took it over)."""
+    if key is None:
+        return
+    completed = await COMPLETE.fetchval(conn, {
+        "caller": key.owner, "idem_key": key.key, "claim": key.claim, "done_cid": cid,
+        "done_revision": revision, "ttl_s": ttl_s,
+    })  # fmt: skip
+    if completed is None:
+        raise RequestInProgress()

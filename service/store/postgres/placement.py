@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 
+from migrations import commit_function
 from service.platform import migrate
 from service.platform.db import driver_connect_args
 
@@ -135,12 +136,15 @@ class DistributedFunction:
 
 # Every function the migrations make, placed after the tables.
 FUNCTIONS: dict[str, DistributedFunction] = {
-    # A turn's commit: the plain turn's one round trip, on one worker, without 2PC.
+    # A turn's commit: the plain turn's one round trip, on one worker, without 2PC (v2 is this
+    # release's; the first is the previous release's, during a rolling upgrade).
     "turnstore_commit": DistributedFunction(
-        "turnstore_commit(uuid, integer, text, uuid, integer, timestamptz, double precision,"
-        " bigint, text, text, json, text, text, text, integer, text, json, text, text, uuid, bytea,"
-        " bytea, bytea, bytea, json, json, bytea, json, bytea, json, bytea, text,"
-        " double precision)",
+        f"turnstore_commit({commit_function.SIGNATURE})",
+        argument="p_cid",
+        colocate_with="conversations",
+    ),
+    "turnstore_commit_v2": DistributedFunction(
+        f"turnstore_commit_v2({commit_function.SIGNATURE_V2})",
         argument="p_cid",
         colocate_with="conversations",
     ),

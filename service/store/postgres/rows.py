@@ -25,6 +25,7 @@ from service.core.model import (
     TranscriptTurn,
     Turn,
 )
+from service.core.sizes import TurnSizes
 from service.core.usage import Usage
 from service.platform.crypto import DataKey
 from service.store.postgres.keyring import Keyring
@@ -117,7 +118,7 @@ class Rows:
             "response": bytes(turn.response).decode() if turn.response else None,
             "compacted": msgspec.json.encode(turn.compacted).decode() if turn.compacted else None,
         }
-        origin = turn.origin
+        origin, sizes = turn.origin, TurnSizes.of(turn)
         return {
             "turn_id": turn_id,
             "conversation_id": self.conversation_id,
@@ -131,6 +132,9 @@ class Rows:
             "status": turn.status,
             "incomplete_reason": turn.incomplete_reason,
             "usage": _JSON.encode(turn.usage).decode() if turn.usage else None,
+            "items_bytes": sizes.items,
+            "opaque_bytes": sizes.opaque,
+            "turn_bytes": sizes.stored,
         }
 
     def metadata_columns(self, metadata: dict[str, str]) -> dict[str, Any]:

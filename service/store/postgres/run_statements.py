@@ -9,6 +9,7 @@ lock at commit, so it is not sent for nothing.
 
 from __future__ import annotations
 
+from migrations.commit_function import shredded
 from service.store.postgres.statements import NO_SYNC_WAIT, TAKE_TURN_CALL, WAKE
 from service.store.postgres.tx import sql
 
@@ -43,7 +44,11 @@ RUN_VALUES = """
     :id, :cid, :owner, :background, 'queued', now() + make_interval(secs => :hb), now(), 0,
     false, false, CAST(:response AS json), :sealed_response
 """
-CREATE = sql(f"INSERT INTO turn_runs ({RUN_COLUMNS}) VALUES ({RUN_VALUES})")
+# Nothing is made for a shredded owner (no row: see commit_function.shredded).
+CREATE = sql(
+    f"INSERT INTO turn_runs ({RUN_COLUMNS}) SELECT {RUN_VALUES} WHERE NOT {shredded(':owner')}"
+    " RETURNING 1"
+)
 # The same, when the run's turn has its place among its owner's running turns (places.py), in
 # the same statement; whether it had (nothing is made when not). Plain PostgreSQL only: on
 # Citus the place is on the owner's worker, taken by a statement of its own before CREATE.

@@ -12,7 +12,7 @@ import asyncpg
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.errors import StorageError
+from service.core.errors import OwnerShredded, StorageError
 from service.core.events import ERROR, RunEvent
 from service.core.model import NewRun, Renewed, RunEnd, RunView
 from service.platform.crypto import DataKey
@@ -99,7 +99,8 @@ class PostgresRuns:
             apart = counted and await self._places.apart()
             if apart and not await self._places.take(run.owner, run.id, heartbeat_s):
                 return False
-            await self._write(sql.CREATE, params)
+            if not await self._write(sql.CREATE, params):
+                raise OwnerShredded()
         self._learn(run.id, run.conversation_id)
         return True
 

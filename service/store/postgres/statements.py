@@ -13,6 +13,7 @@ setting and are compiled where they are written.
 
 from __future__ import annotations
 
+from migrations import commit_function
 from migrations.commit_function import shredded
 from service.platform.crypto import OVERHEAD
 from service.store.postgres.tx import Compiled, sql
@@ -41,23 +42,27 @@ WINDOW_TURN = TURN.replace(
     "turns.response, turns.sealed_response",
     "NULL::json AS response, NULL::bytea AS sealed_response",
 )
-# A turn as written: the conversation_id, seq and created_at, then these.
+# A turn as written: the conversation_id, seq and created_at, then these (its sizes last).
 TURN_VALUES = """
     user_message, assistant_message, replay_items, provider, endpoint, model, context_from,
     prompt_version, tool_calls, status, incomplete_reason, turn_id, sealed_user_message,
     sealed_assistant_message, sealed_replay_items, sealed_tool_calls, usage, transcript,
-    sealed_transcript, response, sealed_response, compacted, sealed_compacted
+    sealed_transcript, response, sealed_response, compacted, sealed_compacted, items_bytes,
+    opaque_bytes, turn_bytes
 """
-INFO = """
+# The conversation's size as this release counts it (migration 0019: counted_bytes and the
+# revision it counts up to; the older stored_bytes counted items alone, and is not read).
+SIZE = """
+    conversations.counted_bytes AS stored_bytes, conversations.counted_revision AS stored_revision
+"""
+INFO = f"""
     conversations.id, conversations.revision, conversations.created_at,
     conversations.updated_at, conversations.metadata, conversations.sealed_metadata,
-    conversations.expires_at, conversations.stored_bytes, conversations.stored_revision,
-    conversations.rewritten_at
+    conversations.expires_at, {SIZE}, conversations.rewritten_at
 """
-HEAD = """
+HEAD = f"""
     conversations.revision, conversations.created_at, conversations.updated_at,
-    conversations.context_start, conversations.owner, conversations.stored_bytes,
-    conversations.stored_revision
+    conversations.context_start, conversations.owner, {SIZE}
 """
 THE_CONVERSATION = f"conversations.id = :cid AND conversations.owner = :caller AND {LIVE}"
 # The caller was shredded (migration 0019): what would be made for them is not.
@@ -77,16 +82,25 @@ LOAD = f"""
 
 # What a turn reads of its window: the turns after {low}, but none before the turn whose
 # later turns' items already reach :window_bytes (the bytes a turn may send,
-# CONTEXT_MAX_REQUEST_BYTES; NULL: no bound). A turn's items are measured as a request carries
-# them (its items column less its brackets, never more than what core/window.py counts; sealed,
-# less the cipher's overhead), without reading TOASTed values. Items appended since the last
-# turn moved the window start are then read only as far as a request could carry them.
+# CONTEXT_MAX_REQUEST_BYTES; NULL: no bound). Each turn's items are measured as a request to
+# :provider, :endpoint, :model carries them, by the sizes stored with it (migration 0019:
+# its opaque items are left out of a request to another origin, core/window.py), so the
+# measure reads none of them; a turn written before its sizes were is measured by its
+# items' text (its brackets less: never more than what it adds to a request; one of another
+# origin as nothing, which reads more rather than leave out what it would send). Items
+# appended since the last turn moved the window start are then read only as far back as a
+# request could carry them.
 def window_cut(low: str) -> str:
-    size = f"""(coalesce(
-        octet_length(CAST(turns.replay_items AS text)) - 2,
-        octet_length(turns.sealed_replay_items) - {OVERHEAD} - 2, 0)
-        + coalesce(octet_length(CAST(turns.compacted AS text)) - 2,
-                   octet_length(turns.sealed_compacted) - {OVERHEAD} - 2, 0))"""
+    other = """(turns.provider IS NOT NULL AND (turns.provider, turns.endpoint, turns.model)
+        IS DISTINCT FROM (:provider, :endpoint, :model))"""
+    size = f"""coalesce(
+        turns.items_bytes - CASE WHEN {other} THEN turns.opaque_bytes ELSE 0 END,
+        CASE WHEN {other} THEN 0 ELSE
+            coalesce(octet_length(CAST(turns.replay_items AS text)) - 2,
+                     octet_length(turns.sealed_replay_items) - {OVERHEAD} - 2, 0)
+            + coalesce(octet_length(CAST(turns.compacted AS text)) - 2,
+                       octet_length(turns.sealed_compacted) - {OVERHEAD} - 2, 0)
+        END)"""
     return f"""coalesce((
         SELECT min(sized.seq) FROM (
             SELECT turns.seq, sum({size}) OVER (ORDER BY turns.seq DESC) - {size} AS later
@@ -141,20 +155,21 @@ FREE_TURN = """
 """
 
 
-# What each turn :low..:high holds (service/core/sizes.py: every column it stores, as stored),
-# measured where it lies: an items column is stored as "[" + the items joined by "," + "]"
+# What each turn :low..:high holds (service/core/sizes.py: every column it stores, as stored):
+# the size stored with it (migration 0019), else measured where it lies (which reads it, for
+# a turn written before): an items column is stored as "[" + the items joined by "," + "]"
 # (msgspec splices them), so its items are its length less the brackets and commas. A sealed
-# turn is NULL (the process reads it to count it). octet_length reads no TOASTed value.
+# turn written before is NULL (the process reads it to count it).
 ITEMS_BYTES = """(octet_length(CAST({column} AS text)) - 2
     - greatest(json_array_length({column}) - 1, 0))"""
 TURN_SIZES = f"""
-    SELECT turns.seq,
+    SELECT turns.seq, coalesce(turns.turn_bytes,
         {ITEMS_BYTES.format(column="turns.replay_items")}
         + coalesce({ITEMS_BYTES.format(column="turns.compacted")}, 0)
         + octet_length(turns.user_message) + octet_length(turns.assistant_message)
         + coalesce(octet_length(CAST(turns.transcript AS text)), 0)
         + coalesce(octet_length(CAST(turns.tool_calls AS text)), 0)
-        + coalesce(octet_length(CAST(turns.response AS text)), 0) AS size
+        + coalesce(octet_length(CAST(turns.response AS text)), 0)) AS size
     FROM conversations JOIN turns
         ON turns.conversation_id = conversations.id AND turns.seq BETWEEN :low AND :high
     WHERE {THE_CONVERSATION}
@@ -168,18 +183,10 @@ TURN_SIZES = f"""
 # (see PostgresStore.append). It is a function (migration 0017) so that on Citus, called on
 # its own, it runs whole on the worker that holds the conversation (one round trip, no
 # two-phase commit); :idle_s is the retention (NULL: none).
-COMMIT_ARGUMENTS = (
-    "cid", "expected", "caller", "holder", "context_start", "expires_at", "idle_s",
-    "stored_bytes", "user_message", "assistant_message", "replay_items", "provider",
-    "endpoint", "model", "context_from", "prompt_version", "tool_calls", "status",
-    "incomplete_reason", "turn_id",
-    "sealed_user_message", "sealed_assistant_message", "sealed_replay_items",
-    "sealed_tool_calls", "usage", "transcript", "sealed_transcript", "response",
-    "sealed_response", "compacted", "sealed_compacted", "idem_key", "ttl_s",
-)  # fmt: skip
+COMMIT_ARGUMENTS = tuple(name for name, _ in commit_function.ARGUMENTS_V2)
 COMMIT = f"""
     SELECT revision, created_at, updated_at, lease_wanted
-    FROM turnstore_commit({", ".join(f":{name}" for name in COMMIT_ARGUMENTS)})
+    FROM turnstore_commit_v2({", ".join(f":{name}" for name in COMMIT_ARGUMENTS)})
 """
 # The same, giving the turn's place among its owner's running turns back in the same
 # statement (on Citus, where the place lives on the owner's worker, FREE_TURN follows it).
@@ -324,7 +331,7 @@ LISTING = f"""
 NEW_CONVERSATION = f"""
     INSERT INTO conversations (
         id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
-        sealed_metadata, expires_at, stored_bytes, stored_revision
+        sealed_metadata, expires_at, counted_bytes, counted_revision
     ) SELECT
         :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
         :sealed_metadata, CAST(:expires_at AS timestamptz), CAST(:stored_bytes AS bigint),
@@ -339,7 +346,8 @@ TURN_INSERT = f"""
         :provider, :endpoint, :model, :context_from, :prompt_version, :tool_calls, :status,
         :incomplete_reason, :turn_id, :sealed_user_message, :sealed_assistant_message,
         :sealed_replay_items, :sealed_tool_calls, :usage, :transcript, :sealed_transcript,
-        :response, :sealed_response, :compacted, :sealed_compacted
+        :response, :sealed_response, :compacted, :sealed_compacted, :items_bytes, :opaque_bytes,
+        :turn_bytes
     )
 """
 # The same with its first time kept (a turn moved or copied).
@@ -352,7 +360,7 @@ TURN_MOVE = TURN_INSERT.replace("now()", ":created_at")
 FORKED = """
     seq, user_message, assistant_message, replay_items, created_at, provider, endpoint, model,
     context_from, prompt_version, tool_calls, status, incomplete_reason, usage, transcript,
-    response, compacted
+    response, compacted, items_bytes, opaque_bytes, turn_bytes
 """
 FORK = f"""
     WITH src AS (
@@ -373,7 +381,7 @@ FORK = f"""
             :caller, false, metadata, expires_at
         FROM src
         RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata, expires_at,
-            stored_bytes, stored_revision, rewritten_at
+            counted_bytes AS stored_bytes, counted_revision AS stored_revision, rewritten_at
     ), copied AS (
         INSERT INTO turns ({FORKED}, conversation_id)
         SELECT {FORKED}, :new FROM turns
@@ -443,7 +451,9 @@ REWRITTEN = f"""
         rewritten_at = conversations.revision + 1,
         updated_at = now(),
         stored_bytes = NULL,
-        stored_revision = NULL
+        stored_revision = NULL,
+        counted_bytes = NULL,
+        counted_revision = NULL
     WHERE conversations.id = :cid
     RETURNING {INFO}
 """

@@ -96,7 +96,7 @@ class PostgresStore(Edits, Housekeeping):
         conversation_id, owner, after_revision = ask.conversation_id, ask.owner, ask.after_revision
         params = {
             "cid": conversation_id, "replaces": ask.replaces, "queue": ask.queue,
-            "after": after_revision, "window_bytes": ask.window_bytes,
+            "after": after_revision, **_window_params(ask),
             **self._places.params(owner, ask.holder, ask.lease_s),
         }  # fmt: skip
         folded = await self._places.folded()
@@ -127,17 +127,17 @@ class PostgresStore(Edits, Housekeeping):
             # A commit raced the statement: its turn is not in the statement's snapshot (the
             # revision is the updated row's). Read again: callers (and the history cache)
             # must never get a revision ahead of its turns.
-            again = await self._window(conversation_id, owner, after_revision, ask.window_bytes)
+            again = await self._window(conversation_id, owner, after_revision, ask)
             return LeaseAttempt(again, first["acquired"] and again is not None, busy_until)
         return LeaseAttempt(conversation, first["acquired"], busy_until)
 
     async def _window(
-        self, conversation_id: UUID, owner: str, after_revision: int, window_bytes: int | None
+        self, conversation_id: UUID, owner: str, after_revision: int, ask: LeaseRequest
     ) -> Conversation | None:
         """The conversation with the turns a turn reads (as ``lease``), without the lease."""
         params = {
             "cid": conversation_id, "caller": owner, "after": after_revision,
-            "window_bytes": window_bytes,
+            **_window_params(ask),
         }  # fmt: skip
         async with driver(self._engine, write=False) as conn:
             rows = await self._sql.load_window.fetch(conn, params)
@@ -221,6 +221,7 @@ class PostgresStore(Edits, Housekeeping):
             "caller": append.owner, "holder": append.lease, "idle_s": self._sql.idle_s,
             "ttl_s": self._idempotency_ttl_s,
             "idem_key": append.idempotency.key if append.idempotency else None,
+            "claim": append.idempotency.claim if append.idempotency else None,
             "expires_at": self._expiry(append), "stored_bytes": append.stored_bytes,
         }  # fmt: skip
         wake: list[str] = []  # topics to notify once committed
@@ -339,3 +340,15 @@ def _window_first(rows: Sequence[asyncpg.Record], after_revision: int) -> int:
     window start on, or from where the read stopped going back (statements.window_cut)."""
     read = [row["seq"] for row in rows if row["seq"] is not None]
     return max(after_revision + 1, int(rows[0]["context_start"]), min(read, default=0))
+
+
+def _window_params(ask: LeaseRequest) -> Params:
+    """How far back a turn's window read goes (statements.window_cut): the bytes its request
+    may carry, to the origin it is for."""
+    origin = ask.window_origin
+    return {
+        "window_bytes": ask.window_bytes,
+        "provider": origin.provider if origin else None,
+        "endpoint": origin.endpoint if origin else None,
+        "model": origin.model if origin else None,
+    }

@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
 from sqlalchemy.util import greenlet_spawn
 
-from migrations.commit_function import SHREDDED_STATE
-from service.core.errors import OwnerShredded, StorageError, TurnstoreError
+from migrations.commit_function import CLAIM_LOST_STATE, SHREDDED_STATE
+from service.core.errors import OwnerShredded, RequestInProgress, StorageError, TurnstoreError
 from service.platform.db import POOL_TIMEOUT_S, readable
 
 # What a database failure looks like, from SQLAlchemy or from the driver underneath it.
@@ -268,11 +268,14 @@ class _Borrowed:
 
 async def _failure(engine: AsyncEngine, exc: BaseException) -> TurnstoreError:
     """What a database failure is to the caller; after a read-only refusal the engine's idle
-    sessions are closed. A write refused because its owner was shredded (a statement raised
-    SHREDDED_STATE, migrations/commit_function.py) is no failure: it wrote nothing."""
+    sessions are closed. A write refused because its owner was shredded, or because its
+    attempt lost its Idempotency-Key's claim (a statement raised SHREDDED_STATE or
+    CLAIM_LOST_STATE, migrations/commit_function.py), is no failure: it wrote nothing."""
     state = sqlstate(exc)
     if state == SHREDDED_STATE:
         return OwnerShredded()
+    if state == CLAIM_LOST_STATE:  # another attempt with its Idempotency-Key runs it now
+        return RequestInProgress()
     if state == READ_ONLY:
         await engine.dispose()
     return StorageError(sqlstate=state)

@@ -2,9 +2,10 @@
 (it also records which revision ``stored_bytes`` counts, ``stored_revision``) and as 0019
 makes it (a shredded owner's commit writes nothing); and 0019's ``turnstore_commit_v2()``,
 which this release calls: it also stores what the turn's items take in a request
-(``items_bytes``, ``opaque_bytes``) and in all (``turn_bytes``), and completes the turn's Idempotency-Key only if this attempt still holds
-its claim (``claim``: else it raises CLAIM_LOST_STATE and writes nothing). Each is written
-from here, so the versions differ only where they say.
+(``items_bytes``, ``opaque_bytes``) and in all (``turn_bytes``), and completes the turn's
+Idempotency-Key only if this attempt still holds its claim (``claim``: else it raises
+CLAIM_LOST_STATE and writes nothing). Each is written from here, so the versions differ only
+where they say.
 
 ``shredded(owner)`` is the one test of a shred's tombstone (migration 0019) in SQL: the commit
 function, and the statements that make a conversation or a running turn's place, ask it.

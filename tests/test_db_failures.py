@@ -1,0 +1,393 @@
+"""Each kind of database failure that is not a query error (issue 28), provoked on a private
+server (tests/pgserver.py): a refused login (pg_hba.conf ``reject``, 28000), too many clients
+(every connection slot taken, 53300), a server starting up (a standby that may not serve
+reads stays in recovery: 57P03), a server shutting down (a smart shutdown waits for the
+sessions open and refuses new ones: 57P03), and a connection lost at checkout (the server
+ending sessions as they are made). In each, the sessions open before have ended, so a pool
+must connect anew.
+
+What must hold: the store's one way to the database raises StorageError with the server's
+SQLSTATE; every HTTP surface answers ``500 storage_error`` (the API key lookup included) and
+``/readyz`` ``503 not_ready``, never ``internal_error``; a turn cut off by the failure ends in
+``storage_error``, a stream with exactly one terminal event; and once the server is back, the
+next turn on that conversation succeeds at once, on the replica that ran it (its in-process
+lock was let go) and on another (its lease was given back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.app import create_app
+from service.core.errors import StorageError
+from service.platform import migrate
+from service.platform.db import create_engine
+from service.platform.settings import Settings
+from service.store.postgres import ApiKeyStore
+from service.store.postgres.tx import driver
+from tests.cluster import wait_until
+from tests.fakeapi import FakeResponsesAPI, Script
+from tests.helpers import CHAT, assert_error, serve
+from tests.pgserver import PrivatePostgres, private_postgres, until_refused
+
+REFUSALS = {  # kind -> the SQLSTATE of a new connection's refusal
+    "login refused": "28000",
+    "too many clients": "53300",
+    "starting up": "57P03",
+    "shutting down": "57P03",
+}
+QUEUE_WAIT_S = 5.0  # a turn that found its conversation held would get 409 after this
+AT_ONCE_S = 3.0  # "at once": well within that (a lease given back is heard of, or polled)
+TIMEOUT_S = 30.0
+API_TERMINAL = {"message.done", "error"}
+V1_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PrivatePostgres]:
+    # No connection slots kept for superusers: the tests connect as one, and fill them all.
+    with private_postgres("-c max_connections=40 -c superuser_reserved_connections=0") as server:
+        migrate.upgrade(server.url)
+        yield server
+
+
+# --- making the server refuse ---------------------------------------------------------------
+
+
+async def _close_others(admin: asyncpg.Connection, keep: Sequence[asyncpg.Connection] = ()) -> int:
+    """Every other client session but ``keep`` ends (a pool must connect anew), and is gone;
+    how many there were."""
+    query = (
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'"
+        " AND pid <> pg_backend_pid() AND pid <> ALL($1::int[])"
+    )
+    pids = [row["pid"] for row in await admin.fetch(query, [c.get_server_pid() for c in keep])]
+    await admin.execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) pid", pids)
+
+    async def gone() -> bool:
+        left = "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])"
+        return int(await admin.fetchval(left, pids)) == 0
+
+    await wait_until(gone, "the sessions to end", TIMEOUT_S)
+    return len(pids)
+
+
+async def _fill(server: PrivatePostgres) -> list[asyncpg.Connection]:
+    """Sessions in every free connection slot, until the server refuses one (53300)."""
+    held: list[asyncpg.Connection] = []
+    while True:
+        try:
+            held.append(await asyncpg.connect(server.dsn, timeout=5))
+        except asyncpg.TooManyConnectionsError:
+            return held
+
+
+@asynccontextmanager
+async def refusing(server: PrivatePostgres, kind: str) -> AsyncIterator[None]:
+    """While inside, the server refuses every new connection as ``kind`` says, and the
+    sessions open before have ended; afterwards it accepts them again."""
+    if kind == "starting up":
+        await asyncio.to_thread(server.stop, "fast")
+        await asyncio.to_thread(server.start_starting_up)
+        try:
+            await until_refused(server, REFUSALS[kind])
+            yield
+        finally:
+            await asyncio.to_thread(server.stop, "fast")
+            await asyncio.to_thread(server.start)
+        return
+    admin = await asyncpg.connect(server.dsn)
+    held: list[asyncpg.Connection] = []
+    hba: str | None = None
+    try:
+        if kind == "login refused":
+            hba = server.hba("host all all 127.0.0.1/32 reject\n")
+            await admin.execute("SELECT pg_reload_conf()")
+            await until_refused(server, REFUSALS[kind])
+            await _close_others(admin)
+        elif kind == "too many clients":
+            # Full first; then the others' slots taken as they end (a replica may connect
+            # meanwhile: its session ends too, until none but these are left).
+            held = await _fill(server)
+            while await _close_others(admin, keep=held):
+                held += await _fill(server)
+        else:
+            assert kind == "shutting down", kind
+            await asyncio.to_thread(server.stop, "smart", wait=False)
+            await until_refused(server, REFUSALS[kind])
+            await _close_others(admin)  # (a smart shutdown would wait for them)
+        yield
+    finally:
+        for conn in held:
+            await conn.close()
+        if hba is not None:
+            server.hba(hba)
+            await admin.execute("SELECT pg_reload_conf()")
+        await admin.close()  # the last session: a smart shutdown ends now
+        if kind == "shutting down":
+            await until_refused(server, "down")
+            await asyncio.to_thread(server.start)
+    await until_refused(server, None)
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+async def _ping(engine: AsyncEngine) -> None:
+    async with driver(engine, write=False) as conn:
+        await conn.fetchval("SELECT 1")
+
+
+@pytest.mark.parametrize("kind", list(REFUSALS))
+async def test_the_store_raises_storage_error_with_the_servers_sqlstate(
+    server: PrivatePostgres, kind: str
+) -> None:
+    engine = create_engine(server.url, pool_size=2)
+    try:
+        await _ping(engine)  # a pooled connection, idle: the server closes it
+        async with refusing(server, kind):
+            for _ in range(2):  # a first one may fail on the closed connection
+                with pytest.raises(StorageError) as failed:
+                    await _ping(engine)
+            assert failed.value.sqlstate == REFUSALS[kind]
+        await _ping(engine)  # and the pool serves again
+    finally:
+        await engine.dispose()
+
+
+async def test_a_connection_lost_at_checkout_is_storage_error(server: PrivatePostgres) -> None:
+    """The server ends the pool's sessions as soon as they are made: a statement finds its
+    connection closed before it starts, while it runs, or the pool finds every new one closed
+    at checkout (and gives up), or the session ends while the connection is set up."""
+    engine = create_engine(server.url, pool_size=2)
+    admin = await asyncpg.connect(server.dsn)
+    stop = asyncio.Event()
+
+    async def kill() -> None:
+        while not stop.is_set():
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'turnstore'"
+            )
+            await asyncio.sleep(0)
+
+    killing = asyncio.create_task(kill())
+    failures: list[BaseException] = []
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(failures) < 200 and time.monotonic() < deadline:
+            try:
+                await _ping(engine)
+            except Exception as exc:  # what it is, is the point
+                failures.append(exc)
+    finally:
+        stop.set()
+        await killing
+        await admin.close()
+        await engine.dispose()
+    assert len(failures) >= 200
+    others = {type(exc).__name__ for exc in failures if not isinstance(exc, StorageError)}
+    assert not others, others
+
+
+# --- over HTTP ------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _apps(
+    server: PrivatePostgres, api: FakeResponsesAPI, count: int = 1, **settings: Any
+) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """``count`` apps on the server's database, each with its own pool (replicas)."""
+    async with _served(_config(server, **settings), api, count) as clients:
+        yield clients
+
+
+def _config(server: PrivatePostgres, **settings: Any) -> Settings:
+    return Settings(
+        database_url=server.url, turn_queue_wait_s=QUEUE_WAIT_S, owner_max_running_turns=1000,
+        **settings,
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def _served(
+    config: Settings, api: FakeResponsesAPI, count: int
+) -> AsyncIterator[list[httpx.AsyncClient]]:
+    if count == 0:
+        yield []
+        return
+    app = create_app(config, provider=api.provider())
+    async with (
+        serve(app) as url,
+        httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client,
+        _served(config, api, count - 1) as others,
+    ):
+        yield [client, *others]
+
+
+async def _new(client: httpx.AsyncClient) -> str:
+    response = await client.post(CHAT, json={"message": "first"})
+    assert response.status_code == 200, response.text
+    return str(response.json()["conversation_id"])
+
+
+async def _turn(client: httpx.AsyncClient, cid: str, kind: str, message: str) -> tuple[int, str]:
+    """One turn: its HTTP status and how it ended ("ok", the error code, or "broken stream"
+    when a stream's events break the contract: not exactly one terminal event, last)."""
+    if kind == "chat":
+        body = {"message": message, "conversation_id": cid}
+        response = await client.post(CHAT, json=body)
+        return response.status_code, "ok" if response.status_code == 200 else _code(response)
+    if kind == "stream":
+        path, terminal = f"{CHAT}/stream", API_TERMINAL
+        body = {"message": message, "conversation_id": cid}
+    else:
+        path, terminal = "/v1/responses", V1_TERMINAL
+        body = {"input": message, "conversation": f"conv_{uuid.UUID(cid).hex}", "stream": True}
+    async with aconnect_sse(client, "POST", path, json=body) as source:
+        status = source.response.status_code
+        if status != 200:
+            await source.response.aread()
+            return status, _code(source.response)
+        events = [(e.event, json.loads(e.data)) async for e in source.aiter_sse() if e.data]
+    names = [name for name, _ in events]
+    if [i for i, name in enumerate(names) if name in terminal] != [len(events) - 1]:
+        return status, f"broken stream {names}"
+    name, last = events[-1]
+    if name == "error":
+        return status, str(last.get("error", last)["code"])
+    return status, "ok"
+
+
+def _code(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code} without an error envelope"
+
+
+async def _next_turns_at_once(clients: list[httpx.AsyncClient], cid: str, revision: int) -> None:
+    """The next turn of ``cid`` on each of ``clients`` in turn succeeds at once, the first at
+    ``revision``."""
+    for client in clients:
+        asked = time.monotonic()
+        response = await client.post(CHAT, json={"message": "next", "conversation_id": cid})
+        took = time.monotonic() - asked
+        assert response.status_code == 200, response.text
+        assert response.json()["revision"] == revision
+        assert took < AT_ONCE_S, took
+        revision += 1
+
+
+@pytest.mark.parametrize("kind", list(REFUSALS))
+async def test_every_surface_answers_storage_error_and_readyz_503(
+    server: PrivatePostgres, kind: str
+) -> None:
+    api = FakeResponsesAPI()
+    engine = create_engine(server.url, pool_size=1)
+    try:
+        key = await ApiKeyStore(engine).create("alice")
+    finally:
+        await engine.dispose()
+    bearer = {"Authorization": f"Bearer {key}"}
+    async with (
+        _apps(server, api) as (plain,),
+        _apps(server, api, auth_mode="api_key") as (keyed,),
+    ):
+        cid = await _new(plain)
+        assert (await keyed.get("/api/v1/conversations", headers=bearer)).status_code == 200
+        async with refusing(server, kind):
+            for turn_kind in ("chat", "stream", "v1"):
+                assert await _turn(plain, cid, turn_kind, "refused") == (500, "storage_error")
+            assert_error(await plain.post(CHAT, json={"message": "new"}), 500, "storage_error")
+            assert_error(await plain.get(f"/api/v1/conversations/{cid}"), 500, "storage_error")
+            assert_error(await plain.get("/readyz"), 503, "not_ready")
+            # The API key is looked up on every request: that lookup fails the same way.
+            listed = await keyed.get("/api/v1/conversations", headers=bearer)
+            assert_error(listed, 500, "storage_error")
+            v1 = await keyed.post("/v1/responses", json={"input": "x"}, headers=bearer)
+            assert (v1.status_code, _code(v1)) == (500, "storage_error")
+        for turn_kind in ("chat", "stream", "v1"):
+            assert await _turn(plain, cid, turn_kind, "back") == (200, "ok")
+        assert (await keyed.get("/api/v1/conversations", headers=bearer)).status_code == 200
+        assert (await plain.get("/readyz")).status_code == 200
+
+
+@pytest.mark.parametrize("kind", list(REFUSALS))
+async def test_a_turn_cut_off_ends_in_storage_error_and_its_conversation_is_free_at_once(
+    server: PrivatePostgres, kind: str
+) -> None:
+    """A plain, a streamed and a /v1 streamed turn, each held in the provider with its lease
+    taken when the database starts refusing; then the provider answers."""
+    api = FakeResponsesAPI()
+    kinds = ("chat", "stream", "v1")
+    async with _apps(server, api, count=2) as (here, elsewhere):
+        cids = [await _new(here) for _ in kinds]
+        gate = asyncio.Event()
+        scripts = [Script(gate=gate) for _ in kinds]
+        api.then(*scripts)
+        running = []
+        for cid, turn_kind, script in zip(cids, kinds, scripts, strict=True):
+            running.append(asyncio.create_task(_turn(here, cid, turn_kind, "cut off")))
+            await asyncio.wait_for(script.started.wait(), TIMEOUT_S)
+        async with refusing(server, kind):
+            gate.set()
+            cut = await asyncio.wait_for(asyncio.gather(*running), TIMEOUT_S)
+        assert cut == [(500, "storage_error"), (200, "storage_error"), (200, "storage_error")]
+        # The next turn of each conversation: here (the in-process lock was let go), then
+        # on another replica (the lease was given back); each at once, on top of the first
+        # (the turn cut off left nothing).
+        for cid in cids:
+            await _next_turns_at_once([here, elsewhere], cid, 2)
+
+
+@pytest.mark.parametrize("kind", list(REFUSALS))
+async def test_renewals_go_on_after_a_refusal(server: PrivatePostgres, kind: str) -> None:
+    """A streamed turn held in the provider while the database refuses for longer than a
+    renewal interval (``TURN_LEASE_S / 3``), with nothing else going on: once the database is
+    back, its lease and its run's heartbeat are renewed again (the loops that renew them
+    survived their failures), and the turn commits."""
+    lease_s = 1.5
+    api = FakeResponsesAPI()
+    async with _apps(server, api, turn_lease_s=lease_s) as (client,):
+        cid = await _new(client)
+        gate = asyncio.Event()
+        script = Script(gate=gate)
+        api.then(script)
+        held = asyncio.create_task(_turn(client, cid, "stream", "held"))
+        await asyncio.wait_for(script.started.wait(), TIMEOUT_S)
+        async with refusing(server, kind):
+            await asyncio.sleep(1.5 * lease_s / 3)  # the scenario: a renewal meets the refusal
+        back = time.monotonic()
+        admin = await asyncpg.connect(server.dsn)
+        try:
+            query = (
+                "SELECT least(c.lease_expires_at, r.heartbeat_until) - now() FROM conversations c"
+                " JOIN turn_runs r ON r.conversation_id = c.id AND r.finished_at IS NULL"
+                " WHERE c.id = $1"
+            )
+
+            async def renewed() -> bool:
+                # Renewed since: more of the lease left than there was at ``back`` at most.
+                left = await admin.fetchval(query, uuid.UUID(cid))
+                return left is not None and left.total_seconds() > lease_s - (
+                    time.monotonic() - back
+                )
+
+            await wait_until(renewed, "the lease and the heartbeat to be renewed", TIMEOUT_S)
+        finally:
+            await admin.close()
+        gate.set()
+        assert await asyncio.wait_for(held, TIMEOUT_S) == (200, "ok")

@@ -11,7 +11,9 @@ SQLSTATE; every HTTP surface answers ``500 storage_error`` (the API key lookup i
 ``/readyz`` ``503 not_ready``, never ``internal_error``; a turn cut off by the failure ends in
 ``storage_error``, a stream with exactly one terminal event; and once the server is back, the
 next turn on that conversation succeeds at once, on the replica that ran it (its in-process
-lock was let go) and on another (its lease was given back).
+lock was let go) and on another (its lease was given back). The same holds when what fails
+is no database failure at all, but something nobody foresaw while a turn gives its lease back
+(a seam over the real store).
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ import pytest
 from httpx_sse import aconnect_sse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
+from service.app import create_app, postgres_backend
 from service.core.errors import StorageError
 from service.platform import migrate
 from service.platform.db import create_engine
 from service.platform.settings import Settings
-from service.store.postgres import ApiKeyStore
+from service.store.postgres import ApiKeyStore, PostgresStore
 from service.store.postgres.tx import driver
 from tests.cluster import wait_until
 from tests.fakeapi import FakeResponsesAPI, Script
@@ -391,3 +393,49 @@ async def test_renewals_go_on_after_a_refusal(server: PrivatePostgres, kind: str
             await admin.close()
         gate.set()
         assert await asyncio.wait_for(held, TIMEOUT_S) == (200, "ok")
+
+
+# --- whatever the exception ---------------------------------------------------------------
+
+
+class _GiveBackFails(PostgresStore):
+    """A seam: the first time each, giving a turn's lease back and giving its place among its
+    owner's running turns back raise what nobody foresaw (not a database failure)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failed: set[str] = set()
+
+    async def release_lease(self, conversation_id: uuid.UUID, holder: uuid.UUID) -> None:
+        if "lease" not in self.failed:
+            self.failed.add("lease")
+            raise RuntimeError("unforeseen")
+        await super().release_lease(conversation_id, holder)
+
+    async def free_turn(self, owner: str, holder: uuid.UUID) -> None:
+        if "place" not in self.failed:
+            self.failed.add("place")
+            raise RuntimeError("unforeseen")
+        await super().free_turn(owner, holder)
+
+
+async def test_a_failure_while_giving_the_lease_back_leaves_the_conversation_free(
+    server: PrivatePostgres,
+) -> None:
+    api = FakeResponsesAPI()
+    config = _config(server)
+    engine = create_engine(server.url, pool_size=4)
+    seam = _GiveBackFails(engine)
+    app = create_app(config, provider=api.provider(), backend=postgres_backend(config, store=seam))
+    async with (
+        serve(app) as url,
+        httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as here,
+        _apps(server, api) as (elsewhere,),
+    ):
+        cid = await _new(here)
+        api.then(Script(http_status=500))  # the turn does not commit: it gives its lease back
+        failed = await here.post(CHAT, json={"message": "fails", "conversation_id": cid})
+        assert_error(failed, 502, "upstream_error")  # its own failure, not the giving back's
+        assert seam.failed == {"lease", "place"}
+        # Here (the in-process lock was let go), then elsewhere (the lease was given back).
+        await _next_turns_at_once([here, elsewhere], cid, 2)

@@ -13,7 +13,7 @@ SQLSTATE; every HTTP surface answers ``500 storage_error`` (the API key lookup i
 next turn on that conversation succeeds at once, on the replica that ran it (its in-process
 lock was let go) and on another (its lease was given back). The same holds when what fails
 is no database failure at all, but something nobody foresaw while a turn gives its lease back
-(a seam over the real store).
+or logs its end (seams over the real store).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -34,10 +35,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app, postgres_backend
 from service.core.errors import StorageError
+from service.core.model import RunEnd
 from service.platform import migrate
 from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.store.postgres import ApiKeyStore, PostgresStore
+from service.store.postgres.run_store import PostgresRuns
 from service.store.postgres.tx import driver
 from tests.cluster import wait_until
 from tests.fakeapi import FakeResponsesAPI, Script
@@ -419,6 +422,17 @@ class _GiveBackFails(PostgresStore):
         await super().free_turn(owner, holder)
 
 
+class _EndFails(PostgresRuns):
+    """A seam: while ``broken``, logging a run's end raises what nobody foresaw."""
+
+    broken = True
+
+    async def end_run(self, run_id: uuid.UUID, owner: str, end: RunEnd) -> bool:
+        if self.broken:
+            raise RuntimeError("unforeseen")
+        return await super().end_run(run_id, owner, end)
+
+
 async def test_a_failure_while_giving_the_lease_back_leaves_the_conversation_free(
     server: PrivatePostgres,
 ) -> None:
@@ -439,3 +453,27 @@ async def test_a_failure_while_giving_the_lease_back_leaves_the_conversation_fre
         assert seam.failed == {"lease", "place"}
         # Here (the in-process lock was let go), then elsewhere (the lease was given back).
         await _next_turns_at_once([here, elsewhere], cid, 2)
+
+
+async def test_a_stream_whose_end_cannot_be_logged_still_ends_with_one_terminal_event(
+    server: PrivatePostgres,
+) -> None:
+    api = FakeResponsesAPI()
+    config = _config(server)
+    engine = create_engine(server.url, pool_size=4)
+    store = PostgresStore(engine)
+    runs = _EndFails(engine, events_ttl_s=config.turn_events_ttl_s, places=store.places)
+    backend = replace(postgres_backend(config, store=store), runs=runs)
+    app = create_app(config, provider=api.provider(), backend=backend)
+    async with (
+        serve(app) as url,
+        httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as here,
+        _apps(server, api) as (elsewhere,),
+    ):
+        cids = [await _new(here) for _ in range(2)]
+        api.then(Script(http_status=500), Script(http_status=500))
+        for cid, kind in zip(cids, ("stream", "v1"), strict=True):
+            assert await _turn(here, cid, kind, "fails") == (200, "upstream_error")
+        runs.broken = False
+        for cid in cids:
+            await _next_turns_at_once([here, elsewhere], cid, 2)

@@ -68,7 +68,7 @@ class Run:
 
     async def fail(self, status: RunStatus, error: TurnstoreError) -> None:
         """The turn ended without a commit: its terminal ``error`` event, logged with the
-        run's end."""
+        run's end (published here even when logging it failed)."""
         if not self.held.done():
             self.held.set_exception(error)
         try:
@@ -80,6 +80,8 @@ class Run:
             )
         except StorageError:
             log.warning("turn %s: could not log its end; readers will find it stalled", self.id)
+        except Exception:
+            log.exception("turn %s: could not log its end; readers will find it stalled", self.id)
 
     def watched(self) -> None:
         """Someone follows the run from elsewhere: log what it has now, and soon from now on."""
@@ -142,7 +144,7 @@ class Run:
             end = RunEnd(status, code, message, batch, revision)
             try:
                 ended = await self._store.end_run(self.id, self.new.owner, end)
-            except StorageError:
+            except Exception:
                 # Its client here still gets its terminal event; readers elsewhere will find
                 # the run stalled once its heartbeat runs out, and end it as interrupted.
                 self._add(last)
@@ -165,6 +167,13 @@ class Run:
         self._logged = len(self.events)
 
     def done(self) -> None:
+        """The run's task has ended. Its client gets exactly one terminal event and a caller
+        waiting for ``held`` an answer, however it ended: one that ended without (a failure
+        nobody foresaw, in its very end) ends with an ``internal_error`` here."""
+        if not self.events or not self.events[-1].terminal:
+            self._add(events.failure(len(self.events) + 1, TurnstoreError(), self.correlation_id))
+        if not self.held.done():
+            self.held.set_exception(TurnstoreError())
         self.finished = True
         self._cancel_timer()
         self._changed.set()
@@ -211,12 +220,15 @@ class Run:
         asyncio.get_running_loop().create_task(self._flush_logged())
 
     async def _flush_logged(self) -> None:
+        """A flush in a task of its own: it never raises (its events stay for the next)."""
         try:
             await self.flush()
         except StorageError:
             log.warning(
                 "turn %s: could not log its events (they are kept for the next try)", self.id
             )
+        except Exception:
+            log.exception("turn %s: could not log its events (kept for the next try)", self.id)
 
     def _cancel_timer(self) -> None:
         if self._flush_timer is not None:

@@ -68,15 +68,20 @@ class PrivatePostgres:
         (self.data_dir / "standby.signal").unlink(missing_ok=True)
         self._start("", wait=True)
 
-    def start_starting_up(self) -> None:
-        """Start the postmaster as a server that stays starting up until it is stopped: a
-        standby (``standby.signal``, with nothing to stream from) that may not serve reads
-        (``hot_standby = off``) stays in recovery, and answers every connection 57P03 as a
-        server starting up does. Returns at once; the next ``start`` is an ordinary one."""
+    def start_standby(self, *, hot: bool) -> None:
+        """Start the postmaster as a standby (``standby.signal``) with nothing to stream
+        from: it stays in recovery until it is promoted or stopped. ``hot``: it serves
+        read-only sessions; else (``hot_standby = off``) it answers every connection 57P03,
+        as a server starting up does. Returns at once; the next ``start`` is an ordinary
+        one."""
         standby = self.data_dir / "standby.signal"
         standby.write_text("")
         self.own(standby)
-        self._start("-c hot_standby=off", wait=False)
+        self._start(f"-c hot_standby={'on' if hot else 'off'}", wait=False)
+
+    def promote(self) -> None:
+        """A standby promoted; it accepts writes when this returns."""
+        self._run("pg_ctl", "promote", "-D", str(self.data_dir), "-w", "-t", str(int(TIMEOUT_S)))
 
     def _start(self, settings: str, *, wait: bool) -> None:
         opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' "

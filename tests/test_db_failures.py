@@ -40,6 +40,7 @@ from service.platform import migrate
 from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.store.postgres import ApiKeyStore, PostgresStore
+from service.store.postgres.listener import PostgresNotifications
 from service.store.postgres.run_store import PostgresRuns
 from service.store.postgres.tx import driver
 from tests.cluster import wait_until
@@ -63,7 +64,9 @@ V1_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "
 @pytest.fixture(scope="module")
 def server() -> Iterator[PrivatePostgres]:
     # No connection slots kept for superusers: the tests connect as one, and fill them all.
-    with private_postgres("-c max_connections=40 -c superuser_reserved_connections=0") as server:
+    # Connections logged: a test waits for the listener's.
+    settings = "-c max_connections=40 -c superuser_reserved_connections=0 -c log_connections=on"
+    with private_postgres(settings) as server:
         migrate.upgrade(server.url)
         yield server
 
@@ -105,7 +108,7 @@ async def refusing(server: PrivatePostgres, kind: str) -> AsyncIterator[None]:
     sessions open before have ended; afterwards it accepts them again."""
     if kind == "starting up":
         await asyncio.to_thread(server.stop, "fast")
-        await asyncio.to_thread(server.start_starting_up)
+        await asyncio.to_thread(server.start_standby, hot=False)
         try:
             await until_refused(server, REFUSALS[kind])
             yield
@@ -477,3 +480,41 @@ async def test_a_stream_whose_end_cannot_be_logged_still_ends_with_one_terminal_
         runs.broken = False
         for cid in cids:
             await _next_turns_at_once([here, elsewhere], cid, 2)
+
+
+# --- the listener ---------------------------------------------------------------------------
+
+
+async def test_the_listener_connects_again_after_the_database_was_read_only(
+    server: PrivatePostgres,
+) -> None:
+    """Notifications come back after a failover's window in which the only server is a
+    standby: meanwhile the listener's connections, which ask for a writable server
+    (``target_session_attrs=read-write``), are refused as asyncpg refuses them
+    (TargetServerAttributeNotMatched, an InternalClientError)."""
+    url = f"{server.url}?target_session_attrs=read-write"
+    engine = create_engine(url, pool_size=1)
+    listener = PostgresNotifications(url, engine)
+    try:
+        async with listener.subscribe("anything"):
+
+            async def healthy() -> bool:
+                return listener.healthy
+
+            await wait_until(healthy, "notifications to arrive", TIMEOUT_S)
+            await asyncio.to_thread(server.stop, "fast")
+            logged = server.log.stat().st_size
+            await asyncio.to_thread(server.start_standby, hot=True)
+
+            async def refused() -> bool:
+                """The listener tried the standby (log_connections) and was refused."""
+                log = server.log.read_bytes()[logged:]
+                return b"application_name=turnstore-listen" in log
+
+            await wait_until(refused, "the listener to try the standby", TIMEOUT_S)
+            assert not listener.healthy
+            await asyncio.to_thread(server.promote)
+            await wait_until(healthy, "notifications to arrive again", TIMEOUT_S)
+    finally:
+        await listener.close()
+        await engine.dispose()

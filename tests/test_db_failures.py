@@ -19,12 +19,14 @@ or logs its end (seams over the real store).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -43,7 +45,7 @@ from service.store.postgres import ApiKeyStore, PostgresStore
 from service.store.postgres.listener import PostgresNotifications
 from service.store.postgres.run_store import PostgresRuns
 from service.store.postgres.tx import driver
-from tests.cluster import wait_until
+from tests.cluster import TURNSTORE, free_port, process, turnstore_env, wait_until
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import CHAT, assert_error, serve
 from tests.pgserver import PrivatePostgres, private_postgres, until_refused
@@ -518,3 +520,28 @@ async def test_the_listener_connects_again_after_the_database_was_read_only(
     finally:
         await listener.close()
         await engine.dispose()
+
+
+# --- the commands ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["login refused", "no server"])
+async def test_db_commands_say_the_database_failed_in_one_line(
+    server: PrivatePostgres, kind: str, tmp_path: Path
+) -> None:
+    """`turnstore db current`, `upgrade` and `downgrade` against a database that refuses the
+    login, or where no server listens: exit status 1 and one line naming the cause."""
+    url, refused = server.url, refusing(server, kind)
+    if kind == "no server":
+        url = f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/postgres"
+        refused = contextlib.nullcontext()
+    async with refused:
+        for command in (["current"], ["upgrade"], ["downgrade", "0005"]):
+            log = tmp_path / f"{command[0]}.log"
+            with process([TURNSTORE, "db", *command], log, turnstore_env(DATABASE_URL=url)) as ran:
+                status = await ran.wait(60)
+            output = log.read_text()
+            assert status == 1 and "Traceback" not in output, output
+            line = output.strip().splitlines()[-1]
+            assert line.startswith("turnstore db: the database failed: "), output
+            assert ("28000" if kind == "login refused" else "ConnectionRefusedError") in line

@@ -71,6 +71,8 @@ class Run:
         run's end (published here even when logging it failed)."""
         if not self.held.done():
             self.held.set_exception(error)
+        if self.events and self.events[-1].terminal:
+            return  # its end is out (only logging it failed): one terminal event, not two
         try:
             await self.end(
                 status,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ import pytest
 
 from service.platform.embedded import _check_reachable, _free_port, _run_as_ids
 from tests.cluster import wait_until
-from tests.replication import TIMEOUT_S, pg_bin_dir
+from tests.replication import TIMEOUT_S, pg_bin_dir, run_tool
 
 
 class PrivatePostgres:
@@ -38,12 +37,10 @@ class PrivatePostgres:
         self.data_dir = root / "data"
         self.log = root / "postgres.log"
 
-    def url_for(self, database: str = "postgres", user: str = "postgres") -> str:
-        return f"postgresql+asyncpg://{user}@127.0.0.1:{self.port}/{database}"
-
     @property
     def url(self) -> str:
-        return self.url_for()
+        """SQLAlchemy URL of the maintenance database."""
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
 
     @property
     def dsn(self) -> str:
@@ -107,31 +104,17 @@ class PrivatePostgres:
         self.stop(mode)
         self.start()
 
-    def reload(self) -> None:
-        self._run("pg_ctl", "reload", "-D", str(self.data_dir))
-
     def running(self) -> bool:
         return (self.data_dir / "postmaster.pid").exists()
 
     def hba(self, text: str) -> str:
-        """Replace pg_hba.conf (applied by ``reload``, or at the next start); what it held."""
+        """Replace pg_hba.conf (applied by ``SELECT pg_reload_conf()`` or the next start);
+        what it held."""
         path = self.data_dir / "pg_hba.conf"
         was = path.read_text()
         path.write_text(text)
         self.own(path)
         return was
-
-    def sql(self, query: str, *, check: bool = True) -> str:
-        """One statement with psql; its unaligned output (no headers)."""
-        psql = [str(self.bin_dir / "psql"), "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"]
-        psql += ["-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", "postgres"]
-        env = {**os.environ, "PGCONNECT_TIMEOUT": "5"}
-        result = subprocess.run(
-            [*psql, "-c", query], capture_output=True, text=True, env=env, timeout=TIMEOUT_S
-        )
-        if check and result.returncode != 0:
-            raise RuntimeError(f"psql: {query}\n{result.stderr}")
-        return result.stdout.strip()
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -145,26 +128,7 @@ class PrivatePostgres:
             self._run("pg_ctl", *stop, check=False)
 
     def _run(self, tool: str, *args: str, check: bool = True) -> int:
-        """A PostgreSQL tool, as the PostgreSQL user when we are root."""
-        ids = _run_as_ids()
-        result = subprocess.run(
-            [str(self.bin_dir / tool), *args],
-            user=ids[0] if ids else None,
-            group=ids[1] if ids else None,
-            extra_groups=[] if ids else None,
-            cwd=self.root,
-            env={**os.environ, "HOME": str(self.root)},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S + 10,
-        )
-        if check and result.returncode != 0:
-            raise RuntimeError(
-                f"{tool} {' '.join(args)} failed ({result.returncode}):\n"
-                f"{result.stdout}{result.stderr}\n{self.log_tail()}".rstrip()
-            )
-        return result.returncode
+        return run_tool(self.bin_dir, self.root, tool, *args, check=check, log=self.log_tail)
 
 
 @contextmanager

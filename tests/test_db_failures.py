@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -32,7 +31,6 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from httpx_sse import aconnect_sse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app, postgres_backend
@@ -41,13 +39,22 @@ from service.core.model import RunEnd
 from service.platform import migrate
 from service.platform.db import create_engine
 from service.platform.settings import Settings
+from service.store.ports import Backend
 from service.store.postgres import ApiKeyStore, PostgresStore
 from service.store.postgres.listener import PostgresNotifications
 from service.store.postgres.run_store import PostgresRuns
 from service.store.postgres.tx import driver
 from tests.cluster import TURNSTORE, free_port, process, turnstore_env, wait_until
 from tests.fakeapi import FakeResponsesAPI, Script
-from tests.helpers import CHAT, assert_error, serve
+from tests.helpers import (
+    CHAT,
+    TURN_KINDS,
+    assert_error,
+    error_code,
+    serve,
+    turn_outcome,
+    until_renewed,
+)
 from tests.pgserver import PrivatePostgres, private_postgres, until_refused
 
 REFUSALS = {  # kind -> the SQLSTATE of a new connection's refusal
@@ -59,8 +66,6 @@ REFUSALS = {  # kind -> the SQLSTATE of a new connection's refusal
 QUEUE_WAIT_S = 5.0  # a turn that found its conversation held would get 409 after this
 AT_ONCE_S = 3.0  # "at once": well within that (a lease given back is heard of, or polled)
 TIMEOUT_S = 30.0
-API_TERMINAL = {"message.done", "error"}
-V1_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +131,8 @@ async def refusing(server: PrivatePostgres, kind: str) -> AsyncIterator[None]:
             hba = server.hba("host all all 127.0.0.1/32 reject\n")
             await admin.execute("SELECT pg_reload_conf()")
             await until_refused(server, REFUSALS[kind])
-            await _close_others(admin)
+            while await _close_others(admin):  # one let in just before: it ends too
+                pass
         elif kind == "too many clients":
             # Full first; then the others' slots taken as they end (a replica may connect
             # meanwhile: its session ends too, until none but these are left).
@@ -137,7 +143,8 @@ async def refusing(server: PrivatePostgres, kind: str) -> AsyncIterator[None]:
             assert kind == "shutting down", kind
             await asyncio.to_thread(server.stop, "smart", wait=False)
             await until_refused(server, REFUSALS[kind])
-            await _close_others(admin)  # (a smart shutdown would wait for them)
+            while await _close_others(admin):  # one let in just before: it ends too
+                pass
         yield
     finally:
         for conn in held:
@@ -145,10 +152,10 @@ async def refusing(server: PrivatePostgres, kind: str) -> AsyncIterator[None]:
         if hba is not None:
             server.hba(hba)
             await admin.execute("SELECT pg_reload_conf()")
-        await admin.close()  # the last session: a smart shutdown ends now
-        if kind == "shutting down":
-            await until_refused(server, "down")
+        if kind == "shutting down":  # stopped now (with this session: the last one), and up
+            await asyncio.to_thread(server.stop, "fast")
             await asyncio.to_thread(server.start)
+        admin.terminate()
     await until_refused(server, None)
 
 
@@ -253,41 +260,6 @@ async def _new(client: httpx.AsyncClient) -> str:
     return str(response.json()["conversation_id"])
 
 
-async def _turn(client: httpx.AsyncClient, cid: str, kind: str, message: str) -> tuple[int, str]:
-    """One turn: its HTTP status and how it ended ("ok", the error code, or "broken stream"
-    when a stream's events break the contract: not exactly one terminal event, last)."""
-    if kind == "chat":
-        body = {"message": message, "conversation_id": cid}
-        response = await client.post(CHAT, json=body)
-        return response.status_code, "ok" if response.status_code == 200 else _code(response)
-    if kind == "stream":
-        path, terminal = f"{CHAT}/stream", API_TERMINAL
-        body = {"message": message, "conversation_id": cid}
-    else:
-        path, terminal = "/v1/responses", V1_TERMINAL
-        body = {"input": message, "conversation": f"conv_{uuid.UUID(cid).hex}", "stream": True}
-    async with aconnect_sse(client, "POST", path, json=body) as source:
-        status = source.response.status_code
-        if status != 200:
-            await source.response.aread()
-            return status, _code(source.response)
-        events = [(e.event, json.loads(e.data)) async for e in source.aiter_sse() if e.data]
-    names = [name for name, _ in events]
-    if [i for i, name in enumerate(names) if name in terminal] != [len(events) - 1]:
-        return status, f"broken stream {names}"
-    name, last = events[-1]
-    if name == "error":
-        return status, str(last.get("error", last)["code"])
-    return status, "ok"
-
-
-def _code(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["code"])
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code} without an error envelope"
-
-
 async def _next_turns_at_once(clients: list[httpx.AsyncClient], cid: str, revision: int) -> None:
     """The next turn of ``cid`` on each of ``clients`` in turn succeeds at once, the first at
     ``revision``."""
@@ -319,8 +291,9 @@ async def test_every_surface_answers_storage_error_and_readyz_503(
         cid = await _new(plain)
         assert (await keyed.get("/api/v1/conversations", headers=bearer)).status_code == 200
         async with refusing(server, kind):
-            for turn_kind in ("chat", "stream", "v1"):
-                assert await _turn(plain, cid, turn_kind, "refused") == (500, "storage_error")
+            for turn_kind in TURN_KINDS:
+                refused = await turn_outcome(plain, cid, turn_kind, "refused")
+                assert refused == (500, "storage_error"), turn_kind
             assert_error(await plain.post(CHAT, json={"message": "new"}), 500, "storage_error")
             assert_error(await plain.get(f"/api/v1/conversations/{cid}"), 500, "storage_error")
             assert_error(await plain.get("/readyz"), 503, "not_ready")
@@ -328,9 +301,9 @@ async def test_every_surface_answers_storage_error_and_readyz_503(
             listed = await keyed.get("/api/v1/conversations", headers=bearer)
             assert_error(listed, 500, "storage_error")
             v1 = await keyed.post("/v1/responses", json={"input": "x"}, headers=bearer)
-            assert (v1.status_code, _code(v1)) == (500, "storage_error")
-        for turn_kind in ("chat", "stream", "v1"):
-            assert await _turn(plain, cid, turn_kind, "back") == (200, "ok")
+            assert (v1.status_code, error_code(v1)) == (500, "storage_error")
+        for turn_kind in TURN_KINDS:
+            assert await turn_outcome(plain, cid, turn_kind, "back") == (200, "ok")
         assert (await keyed.get("/api/v1/conversations", headers=bearer)).status_code == 200
         assert (await plain.get("/readyz")).status_code == 200
 
@@ -342,7 +315,7 @@ async def test_a_turn_cut_off_ends_in_storage_error_and_its_conversation_is_free
     """A plain, a streamed and a /v1 streamed turn, each held in the provider with its lease
     taken when the database starts refusing; then the provider answers."""
     api = FakeResponsesAPI()
-    kinds = ("chat", "stream", "v1")
+    kinds = TURN_KINDS
     async with _apps(server, api, count=2) as (here, elsewhere):
         cids = [await _new(here) for _ in kinds]
         gate = asyncio.Event()
@@ -350,7 +323,7 @@ async def test_a_turn_cut_off_ends_in_storage_error_and_its_conversation_is_free
         api.then(*scripts)
         running = []
         for cid, turn_kind, script in zip(cids, kinds, scripts, strict=True):
-            running.append(asyncio.create_task(_turn(here, cid, turn_kind, "cut off")))
+            running.append(asyncio.create_task(turn_outcome(here, cid, turn_kind, "cut off")))
             await asyncio.wait_for(script.started.wait(), TIMEOUT_S)
         async with refusing(server, kind):
             gate.set()
@@ -376,29 +349,11 @@ async def test_renewals_go_on_after_a_refusal(server: PrivatePostgres, kind: str
         gate = asyncio.Event()
         script = Script(gate=gate)
         api.then(script)
-        held = asyncio.create_task(_turn(client, cid, "stream", "held"))
+        held = asyncio.create_task(turn_outcome(client, cid, "stream", "held"))
         await asyncio.wait_for(script.started.wait(), TIMEOUT_S)
         async with refusing(server, kind):
             await asyncio.sleep(1.5 * lease_s / 3)  # the scenario: a renewal meets the refusal
-        back = time.monotonic()
-        admin = await asyncpg.connect(server.dsn)
-        try:
-            query = (
-                "SELECT least(c.lease_expires_at, r.heartbeat_until) - now() FROM conversations c"
-                " JOIN turn_runs r ON r.conversation_id = c.id AND r.finished_at IS NULL"
-                " WHERE c.id = $1"
-            )
-
-            async def renewed() -> bool:
-                # Renewed since: more of the lease left than there was at ``back`` at most.
-                left = await admin.fetchval(query, uuid.UUID(cid))
-                return left is not None and left.total_seconds() > lease_s - (
-                    time.monotonic() - back
-                )
-
-            await wait_until(renewed, "the lease and the heartbeat to be renewed", TIMEOUT_S)
-        finally:
-            await admin.close()
+        await until_renewed(server.dsn, cid, time.monotonic(), lease_s)
         gate.set()
         assert await asyncio.wait_for(held, TIMEOUT_S) == (200, "ok")
 
@@ -438,24 +393,32 @@ class _EndFails(PostgresRuns):
         return await super().end_run(run_id, owner, end)
 
 
-async def test_a_failure_while_giving_the_lease_back_leaves_the_conversation_free(
-    server: PrivatePostgres,
-) -> None:
-    api = FakeResponsesAPI()
-    config = _config(server)
-    engine = create_engine(server.url, pool_size=4)
-    seam = _GiveBackFails(engine)
-    app = create_app(config, provider=api.provider(), backend=postgres_backend(config, store=seam))
+@asynccontextmanager
+async def _seamed(
+    server: PrivatePostgres, api: FakeResponsesAPI, backend: Backend
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """An app over ``backend`` (here), and an ordinary one beside it (elsewhere)."""
+    app = create_app(_config(server), provider=api.provider(), backend=backend)
     async with (
         serve(app) as url,
         httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as here,
         _apps(server, api) as (elsewhere,),
     ):
+        yield here, elsewhere
+
+
+async def test_a_failure_while_giving_the_lease_back_leaves_the_conversation_free(
+    server: PrivatePostgres,
+) -> None:
+    api = FakeResponsesAPI()
+    failing = _GiveBackFails(create_engine(server.url, pool_size=4))
+    backend = postgres_backend(_config(server), store=failing)
+    async with _seamed(server, api, backend) as (here, elsewhere):
         cid = await _new(here)
         api.then(Script(http_status=500))  # the turn does not commit: it gives its lease back
         failed = await here.post(CHAT, json={"message": "fails", "conversation_id": cid})
         assert_error(failed, 502, "upstream_error")  # its own failure, not the giving back's
-        assert seam.failed == {"lease", "place"}
+        assert failing.failed == {"lease", "place"}
         # Here (the in-process lock was let go), then elsewhere (the lease was given back).
         await _next_turns_at_once([here, elsewhere], cid, 2)
 
@@ -465,20 +428,14 @@ async def test_a_stream_whose_end_cannot_be_logged_still_ends_with_one_terminal_
 ) -> None:
     api = FakeResponsesAPI()
     config = _config(server)
-    engine = create_engine(server.url, pool_size=4)
-    store = PostgresStore(engine)
-    runs = _EndFails(engine, events_ttl_s=config.turn_events_ttl_s, places=store.places)
+    store = PostgresStore(create_engine(server.url, pool_size=4))
+    runs = _EndFails(store.engine, events_ttl_s=config.turn_events_ttl_s, places=store.places)
     backend = replace(postgres_backend(config, store=store), runs=runs)
-    app = create_app(config, provider=api.provider(), backend=backend)
-    async with (
-        serve(app) as url,
-        httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as here,
-        _apps(server, api) as (elsewhere,),
-    ):
+    async with _seamed(server, api, backend) as (here, elsewhere):
         cids = [await _new(here) for _ in range(2)]
         api.then(Script(http_status=500), Script(http_status=500))
         for cid, kind in zip(cids, ("stream", "v1"), strict=True):
-            assert await _turn(here, cid, kind, "fails") == (200, "upstream_error")
+            assert await turn_outcome(here, cid, kind, "fails") == (200, "upstream_error")
         runs.broken = False
         for cid in cids:
             await _next_turns_at_once([here, elsewhere], cid, 2)

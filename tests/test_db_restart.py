@@ -26,12 +26,9 @@ server accepting connections again to that replica's first success.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import functools
-import json
 import re
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager
@@ -39,10 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
-from httpx_sse import aconnect_sse
 
 from tests.cluster import (
     TURNSTORE,
@@ -56,13 +51,11 @@ from tests.cluster import (
     wait_until,
 )
 from tests.fakeapi import FakeResponsesAPI
-from tests.helpers import serve
+from tests.helpers import CHAT, TURN_KINDS, error_code, serve, turn_outcome, until_renewed
 from tests.pgserver import PrivatePostgres, private_postgres, until_refused
 
-CHAT = "/api/v1/chat"
 REPLICAS = 2
 CONVERSATIONS = 3  # each has a client on each replica: the replicas race for it
-KINDS = ("chat", "stream", "v1")  # each client sends these in turn
 READYZ_POLLERS = 2  # per replica
 PROVIDER_DELAY_S = 0.02  # turns overlap, so a restart finds some in flight
 BEFORE = 20  # successes before a restart
@@ -72,8 +65,6 @@ LEASE_S = 3.0  # TURN_LEASE_S: renewals every second
 QUEUE_WAIT_S = 10.0  # TURN_QUEUE_WAIT_S: a turn behind a lock nobody lets go gets 409 then
 TIMEOUT_S = 30.0  # any single wait
 HOLD = "hold this turn across the restart"
-V1_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
-API_TERMINAL = {"message.done", "error"}
 REPORT: list[str] = []
 
 
@@ -125,52 +116,13 @@ class HoldingAPI(FakeAPIApp):
         await super().__call__(scope, replayed, send)
 
 
-async def send(
-    client: httpx.AsyncClient, cid: uuid.UUID, kind: str, message: str
-) -> tuple[int, str]:
-    """One turn of ``kind`` on the conversation: its HTTP status and how it ended ("ok", the
-    error code, or "broken stream ..." when a stream's events break the contract: not exactly
-    one terminal event, last)."""
-    if kind == "chat":
-        response = await client.post(CHAT, json={"message": message, "conversation_id": str(cid)})
-        return response.status_code, "ok" if response.status_code == 200 else _code(response)
-    if kind == "stream":
-        path, terminal = f"{CHAT}/stream", API_TERMINAL
-        body: dict[str, Any] = {"message": message, "conversation_id": str(cid)}
-    else:
-        path, terminal = "/v1/responses", V1_TERMINAL
-        body = {"input": message, "conversation": f"conv_{cid.hex}", "stream": True}
-    async with aconnect_sse(client, "POST", path, json=body) as source:
-        status = source.response.status_code
-        if status != 200:
-            await source.response.aread()
-            return status, _code(source.response)
-        events = [(e.event, json.loads(e.data)) async for e in source.aiter_sse() if e.data]
-    names = [name for name, _ in events]
-    if [i for i, name in enumerate(names) if name in terminal] != [len(events) - 1]:
-        return status, f"broken stream {names[-3:]}"
-    name, last = events[-1]
-    if name == "error":
-        return status, str(last.get("error", last)["code"])
-    if kind == "stream" and last["revision"] is None:
-        return status, "message.done without a commit"
-    return status, "ok"
-
-
-def _code(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["code"])
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code} without an error envelope"
-
-
 @dataclass
 class Load:
     """The clients, sending turns one after the other until ``stop``, and the /readyz
     pollers; every answer recorded."""
 
     clients: list[httpx.AsyncClient]  # one per replica
-    ids: list[uuid.UUID]
+    ids: list[str]
     answers: list[Answer] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -194,11 +146,11 @@ class Load:
         client, cid = self.clients[replica], self.ids[conversation]
         turn = 0
         while not self.stop.is_set():
-            kind = KINDS[turn % len(KINDS)]
+            kind = TURN_KINDS[turn % len(TURN_KINDS)]
             turn += 1
             message = f"{kind} {replica}/{conversation}/{turn}"
             answer = await self.record(
-                replica, kind, functools.partial(send, client, cid, kind, message)
+                replica, kind, functools.partial(turn_outcome, client, cid, kind, message)
             )
             if not answer.ok:
                 await asyncio.sleep(BACKOFF_S)
@@ -206,7 +158,9 @@ class Load:
     async def readyz(self, replica: int) -> None:
         async def ask() -> tuple[int, str]:
             response = await self.clients[replica].get("/readyz")
-            return response.status_code, "ok" if response.status_code == 200 else _code(response)
+            return response.status_code, "ok" if response.status_code == 200 else error_code(
+                response
+            )
 
         while not self.stop.is_set():
             await self.record(replica, "readyz", ask)
@@ -296,7 +250,7 @@ async def _restart(server: PrivatePostgres, mode: str, api: HoldingAPI, load: Lo
     clients = load.clients
     api.held, api.release = asyncio.Event(), asyncio.Event()
     held_cid = await _create(clients[0])
-    held = asyncio.create_task(send(clients[0], held_cid, "stream", HOLD))
+    held = asyncio.create_task(turn_outcome(clients[0], held_cid, "stream", HOLD))
     await asyncio.wait_for(api.held.wait(), TIMEOUT_S)
     mark = time.monotonic()
     await _until(lambda: sum(load.successes(r, mark) for r in range(REPLICAS)) >= BEFORE, "load")
@@ -316,7 +270,7 @@ async def _restart(server: PrivatePostgres, mode: str, api: HoldingAPI, load: Lo
 
     # The held turn's lease and its run's heartbeat are renewed after the restart (the loops
     # that renew them survived it), and the turn commits.
-    await _until_renewed(server, held_cid, accepting)
+    await until_renewed(server.dsn, held_cid, accepting, LEASE_S)
     api.release.set()
     assert await asyncio.wait_for(held, TIMEOUT_S) == (200, "ok")
 
@@ -325,8 +279,8 @@ async def _restart(server: PrivatePostgres, mode: str, api: HoldingAPI, load: Lo
     nexted = []
     for r, client in enumerate(clients):
         for cid in [*load.ids, held_cid]:
-            for kind in KINDS:
-                turn = functools.partial(send, client, cid, kind, "next")
+            for kind in TURN_KINDS:
+                turn = functools.partial(turn_outcome, client, cid, kind, "next")
                 nexted.append(await load.record(r, f"next {kind}", turn))
     took = sorted(a.finished - a.started for a in nexted)
     REPORT.append(
@@ -359,32 +313,10 @@ async def _slow_start(server: PrivatePostgres, load: Load) -> None:
     await asyncio.to_thread(server.start)
 
 
-async def _create(client: httpx.AsyncClient) -> uuid.UUID:
+async def _create(client: httpx.AsyncClient) -> str:
     response = await client.post(CHAT, json={"message": "created"})
     assert response.status_code == 200, response.text
-    return uuid.UUID(response.json()["conversation_id"])
-
-
-async def _until_renewed(server: PrivatePostgres, cid: uuid.UUID, since: float) -> None:
-    """Until the conversation's lease and its running turn's heartbeat were both renewed after
-    the server came back (each to more than ``LEASE_S`` after it did)."""
-    conn = await asyncpg.connect(server.dsn, timeout=5)
-    try:
-        ago = datetime.timedelta(seconds=time.monotonic() - since)
-        back = await conn.fetchval("SELECT now()") - ago
-        query = (
-            "SELECT least(c.lease_expires_at, r.heartbeat_until) FROM conversations c"
-            " JOIN turn_runs r ON r.conversation_id = c.id AND r.finished_at IS NULL"
-            " WHERE c.id = $1"
-        )
-
-        async def renewed() -> bool:
-            until = await conn.fetchval(query, cid)
-            return until is not None and until > back + datetime.timedelta(seconds=LEASE_S)
-
-        await wait_until(renewed, "the held turn's lease and heartbeat to be renewed", TIMEOUT_S)
-    finally:
-        await conn.close()
+    return str(response.json()["conversation_id"])
 
 
 def _report(
@@ -405,7 +337,7 @@ def _report(
     ]
     for r in range(REPLICAS):
         mine = [a for a in answers if a.replica == r and a.ok and a.started > accepting]
-        first_turn = min(a.finished for a in mine if a.kind in KINDS)
+        first_turn = min(a.finished for a in mine if a.kind in TURN_KINDS)
         first_ready = min((a.finished for a in mine if a.kind == "readyz"), default=float("nan"))
         lines.append(
             f"  replica {r}: first turn 200 {first_turn - accepting:.3f} s, first /readyz 200 "

@@ -3,6 +3,7 @@ retried with backoff; concurrent runners serialised by an advisory lock, so `tur
 upgrade` is safe to start from many places while replicas serve (migrations/runner.py)."""
 
 import asyncio
+import functools
 import os
 
 from alembic import context
@@ -39,7 +40,9 @@ def _run(connection: Connection, lock_timeout_s: float, attempts: int) -> None:
     runner.prepare_session(connection)
     runner.take_lock(connection)
     try:
-        _refuse_unknown(connection, version_table)
+        # A read of the version table waits for its locks as a migration does (issue 28).
+        refuse = functools.partial(_refuse_unknown, connection, version_table)
+        runner.retried(connection, refuse, attempts, lock_timeout_s)
         context.configure(
             connection=connection, transaction_per_migration=True, version_table=version_table
         )

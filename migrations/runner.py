@@ -23,6 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
@@ -35,6 +36,7 @@ RETRIED = {"55P03": "a lock wait ran out", "40P01": "a deadlock"}
 CHECK_INTERVAL = "1s"  # client_connection_check_interval
 
 log = logging.getLogger("turnstore.migrate")
+T = TypeVar("T")
 
 
 class GaveUp(RuntimeError):
@@ -112,37 +114,78 @@ def run_with_retries(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """``run`` (Alembic's run_migrations) again from the migration that failed for a lock (or
-    a deadlock), ``attempts`` times at most per migration. ``heads``: the committed revision."""
+    a deadlock), ``attempts`` times at most per migration. ``heads``: the committed revision
+    (read under the same rule, see ``retried``)."""
+    tries = _Attempts(attempts, lock_timeout_s, sleep)
     failed: object = None
-    failures, since = 0, time.monotonic()
     while True:
         try:
             run()
             return
         except DBAPIError as exc:
-            state = sqlstate(exc)
-            if state not in RETRIED:
-                raise
-            if connection.in_transaction():
-                connection.rollback()
-            at = ", ".join(heads()) or "base"
+            state = _rolled_back(connection, exc)
+            at = ", ".join(retried(connection, heads, attempts, lock_timeout_s, sleep)) or "base"
             connection.commit()
             if at != failed:  # a new migration fails: count afresh
-                failed, failures, since = at, 0, time.monotonic()
-            failures += 1
-            statement = " ".join(str(exc.statement or "?").split())[:120]
-            if failures >= attempts:
-                raise GaveUp(
-                    f"gave up after {attempts} attempts in {time.monotonic() - since:.0f} s, "
-                    f"the last ended by {RETRIED[state]} (lock_timeout {lock_timeout_s:g} s) in "
-                    f"`{statement}`: a session holds a lock it needs (look in pg_locks and "
-                    f"pg_stat_activity). The schema stays at {at} (each migration commits on "
-                    "its own); run it again later."
-                ) from None
-            pause = backoff_s(failures)
-            log.warning(
-                "from revision %s: attempt %d of %d ended by %s (sqlstate %s) in `%s`; "
-                "rolled back, again in %.1f s",
-                at, failures, attempts, RETRIED[state], state, statement, pause,
-            )  # fmt: skip
-            sleep(pause)
+                failed, tries = at, _Attempts(attempts, lock_timeout_s, sleep)
+            tries.back_off(exc, state, at)
+
+
+def retried(
+    connection: Connection,
+    read: Callable[[], T],
+    attempts: int = ATTEMPTS,
+    lock_timeout_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``read()``, one of the runner's own reads (the version table's revisions, before and
+    between the migrations), under a migration's rule: its lock waits are bounded by the lock
+    timeout too, so a session that holds the table locked longer ends it with 55P03; it is then
+    rolled back and run again after the same backoff, ``attempts`` times at most."""
+    tries = _Attempts(attempts, lock_timeout_s, sleep)
+    while True:
+        try:
+            return read()
+        except DBAPIError as exc:
+            tries.back_off(exc, _rolled_back(connection, exc), None)
+
+
+def _rolled_back(connection: Connection, exc: DBAPIError) -> str:
+    """The SQLSTATE of a failure worth another attempt, its transaction rolled back; any other
+    failure raised as it is."""
+    state = sqlstate(exc)
+    if state not in RETRIED:
+        raise exc
+    if connection.in_transaction():
+        connection.rollback()
+    return state
+
+
+class _Attempts:
+    """The failed attempts at one step (a migration, or a read of the revision)."""
+
+    def __init__(self, attempts: int, lock_timeout_s: float, sleep: Callable[[float], None]):
+        self.attempts, self.lock_timeout_s, self.sleep = attempts, lock_timeout_s, sleep
+        self.failures, self.since = 0, time.monotonic()
+
+    def back_off(self, exc: DBAPIError, state: str, at: str | None) -> None:
+        """One more failed: wait before the next attempt, or give up (GaveUp, one line) after
+        the last. ``at``: the revision the schema stays at (None: the attempt was to read it)."""
+        self.failures += 1
+        statement = " ".join(str(exc.statement or "?").split())[:120]
+        if self.failures >= self.attempts:
+            stays = f"stays at {at}" if at is not None else "stays where it was"
+            raise GaveUp(
+                f"gave up after {self.attempts} attempts in {time.monotonic() - self.since:.0f} "
+                f"s, the last ended by {RETRIED[state]} (lock_timeout {self.lock_timeout_s:g} s) "
+                f"in `{statement}`: a session holds a lock it needs (look in pg_locks and "
+                f"pg_stat_activity). The schema {stays} (each migration commits on its own); "
+                "run it again later."
+            ) from None
+        pause = backoff_s(self.failures)
+        log.warning(
+            "%s: attempt %d of %d ended by %s (sqlstate %s) in `%s`; rolled back, again in %.1f s",
+            f"from revision {at}" if at is not None else "reading the revision", self.failures,
+            self.attempts, RETRIED[state], state, statement, pause,
+        )  # fmt: skip
+        self.sleep(pause)

@@ -35,6 +35,7 @@ from service.store.postgres import (
     owner_digests,
 )
 from service.store.postgres.placement import DEFAULT_SHARD_COUNT, distribute
+from service.store.postgres.tx import FAILURES, sqlstate
 
 T = TypeVar("T")
 
@@ -108,6 +109,8 @@ def _db(action: DbAction) -> Callable[[argparse.Namespace, Settings], None]:
                 result = action(url, args, settings)
             except RuntimeError as exc:  # a migration that refuses (it names why)
                 _fail("db", str(exc))
+            except FAILURES as exc:  # unreachable, refused, restarting: one line, no traceback
+                _fail("db", f"the database failed: {_cause(exc)}; run it again once it answers")
             if isinstance(result, str):
                 print(result)
 
@@ -239,6 +242,16 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
         f"{args.owner!r}: stopped (nothing of theirs can commit), revoked their API keys, {key}"
         f" and deleted {deleted} conversations"
     )
+
+
+def _cause(exc: BaseException) -> str:
+    """A database failure in a few words for an operator: the driver's class, SQLSTATE and
+    first line (SQLAlchemy's wrapper adds the statement and a link)."""
+    driver = getattr(exc, "orig", None) or exc
+    driver = driver.__cause__ or driver  # the dialect's PEP 249 error: asyncpg's, under it
+    state = sqlstate(exc)
+    line = (str(driver).splitlines() or [""])[0]
+    return f"{type(driver).__name__}{f' ({state})' if state else ''}: {line}"
 
 
 def _fail(command: str, message: str) -> NoReturn:

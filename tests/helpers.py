@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -10,10 +12,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 from uuid import UUID
 
+import asyncpg
 import httpx
 import jwt
 import openai
 import uvicorn
+from httpx_sse import aconnect_sse
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -106,6 +110,27 @@ async def until_lease_expired(engine: AsyncEngine, cid: str, timeout_s: float = 
         await asyncio.sleep(0.05)
 
 
+async def until_renewed(dsn: str, cid: str, since: float, lease_s: float) -> None:
+    """Poll (with a deadline) until the conversation's turn lease and the heartbeat of the run
+    that holds it were both renewed after ``since`` (time.monotonic()): each runs until more
+    than ``lease_s`` after it."""
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        ago = datetime.timedelta(seconds=time.monotonic() - since)
+        then = await conn.fetchval("SELECT now()") - ago + datetime.timedelta(seconds=lease_s)
+        query = (
+            "SELECT least(c.lease_expires_at, r.heartbeat_until) FROM conversations c"
+            " JOIN turn_runs r ON r.conversation_id = c.id AND r.finished_at IS NULL"
+            " WHERE c.id = $1"
+        )
+        deadline = time.monotonic() + 30
+        while (until := await conn.fetchval(query, UUID(cid))) is None or until <= then:
+            assert time.monotonic() < deadline, "the lease and the heartbeat were not renewed"
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
 JWT_SECRET = "turnstore-tests-jwt-secret-" + "x" * 32
 JWT_SETTINGS = {
     "auth_mode": "jwt",
@@ -153,3 +178,49 @@ async def sdk(
             max_retries=retries, http_client=http, _strict_response_validation=True,
         )  # fmt: skip
         yield client, wire, plain
+
+
+TURN_KINDS = ("chat", "stream", "v1")  # a plain turn, a streamed one, a streamed /v1 response
+_TERMINAL = {
+    "stream": {"message.done", "error"},
+    "v1": {"response.completed", "response.incomplete", "response.failed", "error"},
+}
+
+
+async def turn_outcome(
+    client: httpx.AsyncClient, cid: str, kind: str, message: str
+) -> tuple[int, str]:
+    """One turn of ``kind`` (``TURN_KINDS``) on the conversation ``cid``: its HTTP status (a
+    stream's: its response's) and how it ended: "ok", the error code, or what broke the
+    contract ("broken stream": not exactly one terminal event, last; "message.done without a
+    commit")."""
+    if kind == "chat":
+        response = await client.post(CHAT, json={"message": message, "conversation_id": cid})
+        return response.status_code, "ok" if response.status_code == 200 else error_code(response)
+    path, body = f"{CHAT}/stream", {"message": message, "conversation_id": cid}
+    if kind == "v1":
+        path = "/v1/responses"
+        body = {"input": message, "conversation": f"conv_{UUID(cid).hex}", "stream": True}
+    async with aconnect_sse(client, "POST", path, json=body) as source:
+        status = source.response.status_code
+        if status != 200:
+            await source.response.aread()
+            return status, error_code(source.response)
+        events = [(e.event, json.loads(e.data)) async for e in source.aiter_sse() if e.data]
+    names = [name for name, _ in events]
+    if [i for i, name in enumerate(names) if name in _TERMINAL[kind]] != [len(events) - 1]:
+        return status, f"broken stream {names[-3:]}"
+    name, last = events[-1]
+    if name == "error":
+        return status, str(last.get("error", last)["code"])
+    if kind == "stream" and last["revision"] is None:
+        return status, "message.done without a commit"
+    return status, "ok"
+
+
+def error_code(response: httpx.Response) -> str:
+    """The code of an error answer on either surface."""
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code} without an error envelope"

@@ -245,28 +245,8 @@ class ReplicatedPostgres:
         self._run("pg_ctl", *start, "-t", str(int(TIMEOUT_S)), node=node)
 
     def _run(self, tool: str, *args: str, check: bool = True, node: Node | None = None) -> int:
-        """A PostgreSQL tool, as the PostgreSQL user when we are root (see service/embedded.py).
-        HOME is the temp dir, so nothing reads or writes the caller's ~/.pgpass and such."""
-        ids = _run_as_ids()
-        result = subprocess.run(
-            [str(self.bin_dir / tool), *args],
-            user=ids[0] if ids else None,
-            group=ids[1] if ids else None,
-            extra_groups=[] if ids else None,
-            cwd=self.root,
-            env={**os.environ, "HOME": str(self.root)},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S + 10,
-        )
-        if check and result.returncode != 0:
-            log = node.log_tail() if node else ""
-            raise RuntimeError(
-                f"{tool} {' '.join(args)} failed ({result.returncode}):\n"
-                f"{result.stdout}{result.stderr}\n{log}".rstrip()
-            )
-        return result.returncode
+        log = node.log_tail if node else (lambda: "")
+        return run_tool(self.bin_dir, self.root, tool, *args, check=check, log=log)
 
     @staticmethod
     def _poll(check: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
@@ -275,6 +255,38 @@ class ReplicatedPostgres:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
             time.sleep(0.02)
+
+
+def run_tool(
+    bin_dir: Path,
+    root: Path,
+    tool: str,
+    *args: str,
+    check: bool = True,
+    log: Callable[[], str] = lambda: "",
+) -> int:
+    """A PostgreSQL tool, as the PostgreSQL user when we are root (see service/embedded.py).
+    HOME is ``root`` (a temp dir), so nothing reads or writes the caller's ~/.pgpass and such.
+    ``log``: the server log's tail, for the message of a failure (RuntimeError)."""
+    ids = _run_as_ids()
+    result = subprocess.run(
+        [str(bin_dir / tool), *args],
+        user=ids[0] if ids else None,
+        group=ids[1] if ids else None,
+        extra_groups=[] if ids else None,
+        cwd=root,
+        env={**os.environ, "HOME": str(root)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S + 10,
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(
+            f"{tool} {' '.join(args)} failed ({result.returncode}):\n"
+            f"{result.stdout}{result.stderr}\n{log()}".rstrip()
+        )
+    return result.returncode
 
 
 @contextmanager

@@ -192,6 +192,9 @@ async def sse_events(
         if exc.status >= 500:
             log_failure(exc, correlation_id)
         yield rendering.error(exc)
+    except Exception:  # a failure nobody foresaw: the stream still ends with its terminal event
+        log.exception("stream failed", extra={"correlation_id": correlation_id})
+        yield rendering.error(TurnstoreError())
     finally:
         OPEN_STREAMS.dec()
         if on_close is not None:

@@ -5,14 +5,22 @@ The turn leases this process holds (service/usecases/leases.py) and the runs it 
 held) and, before that, ``between()`` every ``poll_s`` or at once when woken (giving back a
 lease that could not be given back, asking about cancellations without notifications). The
 loop runs while ``busy()`` says there is something to keep, and starts again on ``start()``.
+
+The loop never dies of what ``beat`` or ``between`` raises: each logs its own database
+failures (StorageError), and anything else is logged here; either way the loop goes on, at
+its pace, as if that call had done nothing (a lease that a dead loop stopped renewing would
+expire under its running turn, and one it stopped giving back would hold its conversation).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("turnstore.heartbeat")
 
 
 class Heartbeat:
@@ -54,9 +62,9 @@ class Heartbeat:
         beat_at = time.monotonic() + (0 if self._beat_first else self._every_s)
         while self._busy():
             if self._between is not None:
-                await self._between()
+                await _survived(self._between)
             if time.monotonic() >= beat_at:
-                await self._beat()
+                await _survived(self._beat)
                 beat_at = time.monotonic() + self._every_s
             wait = beat_at - time.monotonic()
             poll = self._poll_s()
@@ -64,3 +72,11 @@ class Heartbeat:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(min(wait, poll) if poll else wait, 0.01)):
                     await self._woken.wait()
+
+
+async def _survived(call: Callable[[], Awaitable[None]]) -> None:
+    """``call()``; what it raises (but a cancellation) is logged, not raised."""
+    try:
+        await call()
+    except Exception:
+        log.exception("a background renewal failed; the loop goes on")

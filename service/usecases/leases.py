@@ -122,11 +122,17 @@ class Leases:
         self._keeper.count(owner, holder)
 
     async def free(self, owner: str, holder: uuid.UUID, *, committed: bool = False) -> None:
-        """The place given back, unless the turn's commit did (``committed``)."""
+        """The place given back, unless the turn's commit did (``committed``). Never raises
+        but a cancellation: a place not given back stops counting after a lease anyway."""
         self._keeper.uncount(holder)
-        if not committed:
-            with contextlib.suppress(StorageError):  # it stops counting after a lease anyway
-                await settle(self._store.free_turn(owner, holder))
+        if committed:
+            return
+        try:
+            await settle(self._store.free_turn(owner, holder))
+        except StorageError:
+            pass  # the database failed: it expires
+        except Exception:
+            log.exception("could not give a running turn's place back; it expires")
 
     @asynccontextmanager
     async def hold(
@@ -164,9 +170,14 @@ class Leases:
             async with self._leased(plan, held, started, deadline, origin):
                 yield held
         finally:
-            if run_id is None:
-                await self.free(plan.owner, holder, committed=held.committed)
-            await local.__aexit__(None, None, None)
+            # The in-process lock goes whatever giving the place back raised (or a
+            # cancellation meanwhile): held on, it would make every later turn of the
+            # conversation here wait for it in vain (409 conversation_busy).
+            try:
+                if run_id is None:
+                    await self.free(plan.owner, holder, committed=held.committed)
+            finally:
+                await local.__aexit__(None, None, None)
 
     @asynccontextmanager
     async def _leased(
@@ -190,11 +201,18 @@ class Leases:
         finally:
             self._keeper.discard(holder)
             if not held.committed:
-                try:
-                    await settle(self._store.release_lease(cid, holder))
-                except StorageError as exc:
-                    # Given back later, or taken over by the next turn here.
-                    self._keeper.abandon(cid, holder, exc)
+                await self._release(cid, holder)
+
+    async def _release(self, cid: uuid.UUID, holder: uuid.UUID) -> None:
+        """The lease given back now, or (whatever failed) later by the keeper, or taken over by
+        the next turn here; never kept until it expires because giving it back failed."""
+        try:
+            await settle(self._store.release_lease(cid, holder))
+        except StorageError as exc:
+            self._keeper.abandon(cid, holder, exc)
+        except Exception:
+            log.exception("could not give a turn lease back; trying again")
+            self._keeper.abandon(cid, holder)
 
     async def close(self) -> None:
         await self._keeper.close()
@@ -265,7 +283,7 @@ class Leases:
                 replaces=self._keeper.abandoned_in(plan.conversation_id),
                 window_bytes=self.policy.window_bytes, window_origin=origin,
             ))  # fmt: skip
-        except StorageError:
+        except Exception:
             # It may have taken the lease before its answer was lost: give it back.
             self._keeper.abandon(plan.conversation_id, holder)
             raise

@@ -76,9 +76,11 @@ class Run:
 
     async def fail(self, status: RunStatus, error: TurnstoreError) -> None:
         """The turn ended without a commit: its terminal ``error`` event, logged with the
-        run's end."""
+        run's end (published here even when logging it failed)."""
         if not self.held.done():
             self.held.set_exception(error)
+        if self.events and self.events[-1].terminal:
+            return  # its end is out (only logging it failed): one terminal event, not two
         try:
             await self.end(
                 status,
@@ -92,6 +94,8 @@ class Run:
                 self.id,
                 exc.code,
             )
+        except Exception:
+            log.exception("turn %s: could not log its end; readers will find it stalled", self.id)
 
     def watched(self) -> None:
         """Someone follows the run from elsewhere: log what it has now, and soon from now on."""
@@ -156,7 +160,7 @@ class Run:
             end = RunEnd(status, code, message, batch, revision)
             try:
                 ended = await self._store.end_run(self.id, self.new.owner, end)
-            except TurnstoreError:
+            except Exception:
                 # Its client here still gets its terminal event (the database failed, or its
                 # owner was shredded and nothing more is written for them); readers elsewhere
                 # will find the run stalled once its heartbeat runs out, or gone.
@@ -180,6 +184,13 @@ class Run:
         self._logged = len(self.events)
 
     def done(self) -> None:
+        """The run's task has ended. Its client gets exactly one terminal event and a caller
+        waiting for ``held`` an answer, however it ended: one that ended without (a failure
+        nobody foresaw, in its very end) ends with an ``internal_error`` here."""
+        if not self.events or not self.events[-1].terminal:
+            self._add(events.failure(len(self.events) + 1, TurnstoreError(), self.correlation_id))
+        if not self.held.done():
+            self.held.set_exception(TurnstoreError())
         self.finished = True
         self._cancel_timer()
         self._changed.set()
@@ -226,12 +237,15 @@ class Run:
         asyncio.get_running_loop().create_task(self._flush_logged())
 
     async def _flush_logged(self) -> None:
+        """A flush in a task of its own: it never raises (its events stay for the next)."""
         try:
             await self.flush()
         except TurnstoreError:
             log.warning(
                 "turn %s: could not log its events (they are kept for the next try)", self.id
             )
+        except Exception:
+            log.exception("turn %s: could not log its events (kept for the next try)", self.id)
 
     def _cancel_timer(self) -> None:
         if self._flush_timer is not None:

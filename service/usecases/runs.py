@@ -308,11 +308,15 @@ class TurnRuns:
             while True:
                 await cancelled.wait()
                 cancelled.clear()
-                with contextlib.suppress(StorageError):
+                try:
                     # settle: a query cut short mid-connect would leave its connection open.
                     if await settle(self._store.cancel_requested([run.id])):
                         run.stop(Cancelled())
                         return
+                except StorageError:
+                    pass  # asked again at the next notification, or by the heartbeat
+                except Exception:
+                    log.exception("turn %s: could not ask about its cancellation", run.id)
 
         async def on_watch() -> None:
             await watched.wait()

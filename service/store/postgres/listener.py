@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.core.errors import StorageError
 from service.platform.db import driver_connect_args
 from service.store.postgres.statements import CHANNEL
-from service.store.postgres.tx import driver, sql
+from service.store.postgres.tx import FAILURES, driver, sql
 from service.store.subscribers import Subscribers
 
 PING_EVERY_S = 30.0
@@ -75,27 +75,33 @@ class PostgresNotifications:
         self._subscribers.notify(topic)
 
     async def _listen(self) -> None:
+        """Listen, and connect again whenever the connection fails, for as long as the process
+        runs: a database failure of any kind (tx.FAILURES) is waited out quietly, anything
+        else is logged, and neither ends the loop (without it, waiters only poll)."""
         backoff = RECONNECT_S[0]
         while True:
             try:
                 conn = await asyncpg.connect(**self._connect_args)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            except Exception as exc:
+                _unforeseen(exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, RECONNECT_S[1])
                 continue
             lost = _lost(conn)
             try:
                 await conn.add_listener(CHANNEL, self._on_notify)
-                backoff = RECONNECT_S[0]
                 while not lost.is_set():
                     await self._check()
+                    backoff = RECONNECT_S[0]
                     # After (re)connecting: anything may have been missed.
                     self._subscribers.wake_all()
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(PING_EVERY_S):
                             await lost.wait()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
-                pass
+            except Exception as exc:
+                if _unforeseen(exc):  # not in a busy loop, should it fail at once again
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, RECONNECT_S[1])
             finally:
                 self._healthy = False
                 conn.terminate()  # at once: this also runs when the task is cancelled
@@ -125,6 +131,14 @@ class PostgresNotifications:
 
     def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         self._deliver(payload)
+
+
+def _unforeseen(exc: Exception) -> bool:
+    """Whether ``exc`` is not a database failure (it is logged then)."""
+    if isinstance(exc, FAILURES):
+        return False
+    log.error("the notification listener failed; it connects again", exc_info=exc)
+    return True
 
 
 def _lost(conn: asyncpg.Connection) -> asyncio.Event:

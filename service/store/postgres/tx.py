@@ -22,18 +22,32 @@ from migrations.commit_function import CLAIM_LOST_STATE, SHREDDED_STATE
 from service.core.errors import OwnerShredded, RequestInProgress, StorageError, TurnstoreError
 from service.platform.db import POOL_TIMEOUT_S, readable
 
-# What a database failure looks like, from SQLAlchemy or from the driver underneath it.
-_FAILURES = (
+# What a database failure looks like, from SQLAlchemy or from the driver underneath it, by
+# class: every error of either (and of the network under them) that says the database failed,
+# whatever the reason (tests/test_db_failures.py provokes each kind on a real server).
+FAILURES: tuple[type[BaseException], ...] = (
+    # SQLAlchemy's wrapper of a driver error (a statement run through an Engine's Connection).
     sa.exc.DBAPIError,
-    sa.exc.TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
+    # The asyncpg dialect's PEP 249 errors (the base of them all): what the pool raises when
+    # a new connection fails at the server (a refused login 28000, a database starting up or
+    # shutting down 57P03, too many clients 53300, a backend terminated while the connection
+    # was set up 57P01). The pool does not wrap them in a DBAPIError; only an Engine would.
+    asyncpg_dialect.AsyncAdapt_asyncpg_dbapi.Error,
+    sa.exc.DisconnectionError,
+    sa.exc.TimeoutError,  # the pool's own wait for a connection ran out
+    asyncpg.PostgresError,  # whatever the server says (SQLSTATE), on a connection or at connect
+    asyncpg.InterfaceError,  # a connection closed or lost, as asyncpg saw it
     # A backend's FATAL that arrives while the connection is idle (the postmaster died first)
     # leaves asyncpg's protocol in a state whose next use raises this.
     asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
+    OSError,  # refused, reset, unreachable: the network's, raised as it is
+    TimeoutError,  # asyncpg's connect timeout
 )
+# What the pool's checkout may raise besides: a connection it had discarded as closed by the
+# server (``_skip_closed``, platform/db.py) replaced by a new one that the server closed as
+# well, and then ``InvalidRequestError("This connection is closed")`` (the pool's reconnection
+# attempts at checkout ran out). Only there is that class a database failure.
+_CHECKOUT_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, sa.exc.InvalidRequestError)
 
 
 READ_ONLY = "25006"  # read_only_sql_transaction: the statement did nothing
@@ -227,7 +241,7 @@ class _Borrowed:
         lent = self._lent = _Lent.of(self._engine)
         try:
             self._fairy = await lent.take()
-        except _FAILURES as exc:
+        except _CHECKOUT_FAILURES as exc:
             raise await _failure(self._engine, exc) from exc
         connection: asyncpg.Connection = self._fairy.driver_connection
         if self._write:
@@ -259,7 +273,7 @@ class _Borrowed:
         assert lent is not None  # entered
         if exc is None:
             await lent.give_back(fairy)
-        elif isinstance(exc, _FAILURES):
+        elif isinstance(exc, FAILURES):
             await lent.discard(fairy, exc)
             raise await _failure(self._engine, exc) from exc
         else:

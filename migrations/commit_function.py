@@ -14,7 +14,7 @@ function, and the statements that make a conversation or a running turn's place,
 # A tombstone names its owner by sha256(the deployment's "owners" secret || the owner's name)
 # (store/postgres/secrets.py computes the same): never in clear.
 DIGEST = """sha256((SELECT secret FROM turnstore_secrets WHERE name = 'owners')
-    || convert_to({owner}, 'UTF8'))"""
+    || convert_to(CAST({owner} AS text), 'UTF8'))"""
 SHREDDED = "EXISTS (SELECT 1 FROM owner_tombstones WHERE owner_tombstones.digest = " + DIGEST + ")"
 # What a write of a shredded owner raises (a SQLSTATE of turnstore's own): it wrote nothing.
 SHREDDED_STATE = "TSSHR"

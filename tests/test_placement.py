@@ -250,3 +250,39 @@ def test_rows_written_before_distributing_are_kept_and_their_events_placed(
         # A row without its conversation's id is refused from now on.
         with pytest.raises(asyncpg.PostgresError):
             fetch(url, "INSERT INTO turn_events (turn_id, seq, events) VALUES ($1, 2, '[]')", run)
+
+
+def test_0019_on_a_distributed_coordinator_places_its_tables_before_the_next_distribute(
+    citus: CitusCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet on Citus distributed at 0018 is upgraded while the previous release serves:
+    its commit (turnstore_commit, run on the conversation's worker) reads 0019's tombstones
+    there at once, so 0019 makes them reference tables itself (a turn failed on every worker
+    until `db distribute` ran again); the next `db distribute` places the rest."""
+    with citus_database(citus) as url:
+        migrate.upgrade(url, "0018")
+        placement = {t: p for t, p in PLACEMENT.items() if t not in NEW_IN_0019}
+        functions = {f: p for f, p in FUNCTIONS.items() if f != "turnstore_commit_v2"}
+        with monkeypatch.context() as patched:
+            patched.setattr(migrate, "head_revision", lambda: "0018")
+            asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT, placement=placement,
+                                   functions=functions))  # fmt: skip
+        migrate.upgrade(url)
+        references = fetch(
+            url,
+            "SELECT logicalrelid::text AS name FROM pg_dist_partition WHERE partmethod = 'n'",
+        )
+        assert {row["name"] for row in references} >= NEW_IN_0019
+        committed = fetch(url, OLD_COMMIT, uuid.uuid4(), "alice")  # as the previous release
+        assert [row["revision"] for row in committed] == [1]
+        placed = asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT))
+        assert placed == "turnstore_commit_v2(): distributed by p_cid, with conversations"
+
+
+NEW_IN_0019 = {"turnstore_secrets", "owner_tombstones"}
+# The previous release's commit of a first turn, as it calls the function.
+OLD_COMMIT = (
+    "SELECT revision FROM turnstore_commit($1, 0, $2, NULL, 1, NULL, NULL, NULL, 'u', 'a',"
+    " '[]', NULL, NULL, NULL, 1, NULL, NULL, 'completed', NULL, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+)

@@ -27,22 +27,25 @@ SHREDDED = shredded(":caller")
 # :until (when the claim's lease runs out) come from the caller's clock: Citus refuses now()
 # (not immutable) in an ON CONFLICT DO UPDATE.
 # Each attempt's claim is its own (:claim, migration 0019): only the attempt that holds it
-# completes, renews or releases the key. A shredded owner claims nothing.
+# completes, renews or releases the key. A shredded owner claims nothing. (Its values typed and
+# named once, as ``excluded``: Citus plans an INSERT ... SELECT without the target's types.)
 CLAIM = sql(f"""
     INSERT INTO idempotency_keys
         (owner, key, request_hash, state, turn_id, created_at, expires_at, claim_id)
-    SELECT :caller, :idem_key, :request_hash, 'running', :claimed_turn, :now, :until, :claim
+    SELECT CAST(:caller AS text), CAST(:idem_key AS text), CAST(:request_hash AS text),
+        'running', CAST(:claimed_turn AS uuid), CAST(:now AS timestamptz),
+        CAST(:until AS timestamptz), CAST(:claim AS uuid)
     WHERE NOT {SHREDDED}
     ON CONFLICT (owner, key) DO UPDATE SET
-        request_hash = :request_hash,
+        request_hash = excluded.request_hash,
         state = 'running',
         conversation_id = NULL,
         revision = NULL,
-        turn_id = :claimed_turn,
-        created_at = :now,
-        expires_at = :until,
-        claim_id = :claim
-    WHERE idempotency_keys.expires_at < :now
+        turn_id = excluded.turn_id,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at,
+        claim_id = excluded.claim_id
+    WHERE idempotency_keys.expires_at < excluded.created_at
     RETURNING idempotency_keys.state
 """)
 RECORD = """

@@ -369,7 +369,13 @@ def _document_event_streams(app: Litestar) -> None:
     operation = app.openapi_schema.paths["/v1/responses"].post  # type: ignore[index]
     ok = operation.responses["200"] if operation and operation.responses else None
     if isinstance(ok, OpenAPIResponse) and ok.content is not None:
-        stream = Schema(type=OpenAPIType.STRING, description="Server-Sent Events")
+        field = Schema(type=OpenAPIType.STRING)
+        stream = Schema(
+            type=OpenAPIType.OBJECT,
+            description="Server-Sent Events: OpenAI's, each an event name and its JSON data",
+            properties={"event": field, "data": field, "id": field},
+            required=["data"],
+        )
         ok.content["text/event-stream"] = OpenAPIMediaType(schema=stream)
 
 

@@ -84,7 +84,8 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     async with engine.begin() as conn:
         await conn.execute(
             text(
-                "TRUNCATE conversations, idempotency_keys, turn_runs, owner_keys, owner_tombstones CASCADE"
+                "TRUNCATE conversations, idempotency_keys, turn_runs, owner_keys,"
+                " owner_tombstones, owner_forks, owner_turns CASCADE"
             )
         )
     yield engine

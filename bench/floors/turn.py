@@ -87,7 +87,7 @@ class Reply:
     @classmethod
     def of(cls, message: str, history: int, history_bytes: int = 0) -> Reply:
         text = f"[fake-llm] {message}" + (f" (history={history})" if history else "")
-        key = hashlib.sha256(f"{history}:{text}".encode()).hexdigest()[:24]
+        key = hashlib.sha256(f"{history}:{text}".encode()).hexdigest()[:48]
         rid = f"rs_{key}"
         seal = base64.b64encode(hashlib.sha256(_SEAL_KEY + rid.encode()).digest() * 4).decode()
         reasoning = {"type": "reasoning", "id": rid, "summary": [], "encrypted_content": seal}
@@ -221,6 +221,10 @@ class Floor:
             "cid": cid, "expected": expected, "context_start": 1, "caller": OWNER,
             "holder": holder, "idle_s": None, "expires_at": None, "ttl_s": IDEMPOTENCY_TTL_S,
             "idem_key": None, "usage": _JSON.encode(reply.usage).decode(),
+            # Its sizes, as core/sizes.py counts them (its items and their commas; the sealed
+            # reasoning among them; all it stores: its items and its two texts).
+            "items_bytes": reply.sizes + 3, "opaque_bytes": len(_JSON.encode(reply.reasoning)) + 1,
+            "turn_bytes": reply.sizes + len(message.encode()) + len(reply.text.encode()),
         }  # fmt: skip
         return self.sql.commit, values
 

@@ -8,10 +8,13 @@ TurnstoreError
  +-- ContextLengthExceeded        400 context_length_exceeded
  +-- Unauthorized                 401 unauthorized (+ WWW-Authenticate)
  +-- ConversationNotFound         404 conversation_not_found
+ |    +-- OwnerShredded                (the owner was shredded: nothing more is kept)
  +-- TurnNotFound                 404 turn_not_found
  +-- ResponseNotFound             404 response_not_found (the OpenAI surface)
  +-- UnknownModel                 404 model_not_found (the OpenAI surface's model lookup)
  +-- ItemNotFound                 404 item_not_found (the OpenAI surface)
+ +-- MethodNotAllowed             405 method_not_allowed (the router's, where a path names a
+ |                                     route of its own: GET /v1/responses/compact)
  +-- ConversationConflict         409 conversation_conflict
  +-- RequestInProgress            409 request_in_progress
  +-- ConversationBusy             409 conversation_busy
@@ -173,6 +176,14 @@ class PreconditionFailed(TurnstoreError):
 
 class PayloadTooLarge(TurnstoreError):
     code, status, default_message = "payload_too_large", 413, "The request body is too large."
+
+
+class MethodNotAllowed(TurnstoreError):
+    """The router's refusal of a method a path does not take (documented where a path that
+    looks like an id names a route of its own, such as ``GET /v1/responses/compact``)."""
+
+    code, status = "method_not_allowed", 405
+    default_message = "This path does not take this method."
 
 
 class UnsupportedMediaType(TurnstoreError):

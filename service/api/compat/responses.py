@@ -50,6 +50,7 @@ from service.api.sse import (
 from service.core.errors import (
     ConversationNotFound,
     InvalidInput,
+    MethodNotAllowed,
     PreviousResponseNotFound,
     RateLimited,
     RequestInProgress,
@@ -200,7 +201,8 @@ class OpenAIResponses(Controller):
 
     @get(
         "/{response_id:str}", summary="A response as it is now, or (stream) its events.",
-        response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(ResponseNotFound, MethodNotAllowed),
     )  # fmt: skip
     async def retrieve(
         self,
@@ -226,7 +228,7 @@ class OpenAIResponses(Controller):
     @delete(
         "/{response_id:str}", status_code=200, summary="Forget a response (its turn stays).",
         response_headers=[CORRELATION_ID],
-        responses=openai_documented(ResponseNotFound, *WRITE_ERRORS),
+        responses=openai_documented(ResponseNotFound, MethodNotAllowed, *WRITE_ERRORS),
     )  # fmt: skip
     async def remove(
         self, response_id: FromPath[str], api: Caller, idempotency_key: IdempotencyKey = None

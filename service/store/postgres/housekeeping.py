@@ -27,10 +27,14 @@ _OWNER_LEFT = sql(
     " + (SELECT count(*) FROM idempotency_keys WHERE owner = :owner)"
     " + (SELECT count(*) FROM owner_turns WHERE owner = :owner)"
     " + (SELECT count(*) FROM owner_forks WHERE owner = :owner)"
+    " + (SELECT count(*) FROM api_keys WHERE owner = :owner)"
 )
+# What names them besides their data: the rows counting their running turns and forks, and
+# their API keys (revoked first, so that every replica refuses them; then gone).
 _OWNER_COUNTS = (
     sql("DELETE FROM owner_turns WHERE owner = :owner"),
     sql("DELETE FROM owner_forks WHERE owner = :owner"),
+    sql("DELETE FROM api_keys WHERE owner = :owner AND revoked_at IS NOT NULL"),
 )
 # The shred's tombstone (migration 0019): from its commit on, no write of the owner commits
 # (the statements ask commit_function.shredded).
@@ -163,8 +167,8 @@ class Housekeeping(Adapter):
 
     async def delete_owner(self, owner: str, batch: int = 500) -> int:
         """Delete all of ``owner``'s conversations (with their turns, runs and events),
-        Idempotency-Key records and the rows counting their running turns and forks, a batch
-        per transaction; the number of conversations."""
+        Idempotency-Key records, the rows counting their running turns and forks and their
+        revoked API keys, a batch per transaction; the number of conversations."""
         total, params = 0, {"owner": owner, "batch": batch}
         while True:
             async with driver(self._engine, write=True) as conn:

@@ -453,12 +453,22 @@ class MemoryStore:
         owner: str,
         revision: int,
         idempotency: IdempotencyKey | None = None,
+        *,
+        erase: bool = False,
     ) -> bool:
         self._holds(idempotency)
         found = self._live(conversation_id, owner)
         at = found.at(revision) if found else None
         self._completed(idempotency, conversation_id, revision)
-        if found is None or at is None or found.turns[at].response_deleted:
+        if found is None or at is None:
+            return False
+        if erase:
+            if found.row.revision != revision:
+                return False
+            erased = Turn("", "", [], found.turns[at].origin, transcript=(), number=revision)
+            found.turns[at] = replace(erased, response_deleted=True)
+            return True
+        if found.turns[at].response_deleted:
             return False
         found.turns[at] = replace(found.turns[at], response_deleted=True)
         return True

@@ -218,6 +218,34 @@ async def test_deleting_a_stored_response_deletes_its_content_at_once(
         assert (await plain.get(f"/api/v1/conversations/{chain}")).status_code == 404
 
 
+async def test_deleting_the_latest_response_of_a_stored_chain_erases_what_only_it_held(
+    database_url: str, engine: AsyncEngine, ids: Ids
+) -> None:
+    """The earlier response stays (and its content), the deleted one's input, output and
+    transcript are readable nowhere: neither on /api/v1 nor in the database (they were kept,
+    marked deleted, while an earlier response of the chain lived)."""
+    async with sdk(database_url) as (client, _, plain):
+        first = await client.responses.create(model="fake-llm", input="kept words")
+        second = await client.responses.create(
+            model="fake-llm", previous_response_id=first.id, input="secret words"
+        )
+        cid = ids.parse_response(second.id).conversation_id
+        await client.responses.delete(second.id)
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(second.id)
+        assert (await client.responses.retrieve(first.id)).output_text == first.output_text
+        transcript = (await plain.get(f"/api/v1/conversations/{cid}")).text
+        assert "kept words" in transcript and "secret words" not in transcript
+        async with engine.connect() as conn:
+            rows = (await conn.execute(text("SELECT t::text FROM turns t"))).scalars().all()
+        assert any("kept words" in row for row in rows)
+        assert not any("secret words" in row for row in rows)
+        again = await client.responses.create(
+            model="fake-llm", previous_response_id=first.id, input="after it"
+        )  # the chain goes on from the earlier response (on a fork of it)
+        assert again.output_text == "[fake-llm] after it (history=2)"
+
+
 async def test_input_tokens_are_counted_by_the_provider_with_the_stored_history(
     database_url: str, engine: AsyncEngine
 ) -> None:

@@ -226,10 +226,21 @@ class CachedStore:
         owner: str,
         revision: int,
         idempotency: IdempotencyKey | None = None,
+        *,
+        erase: bool = False,
     ) -> bool:
         # Cached turns may keep saying their response is there: nothing reads that from here
-        # (a response is read with after_revision, which this cache passes through).
-        return await self._inner.delete_response(conversation_id, owner, revision, idempotency)
+        # (a response is read with after_revision, which this cache passes through). An
+        # erased turn's content is not kept here either.
+        if erase:
+            self._evict(conversation_id)
+        try:
+            return await self._inner.delete_response(
+                conversation_id, owner, revision, idempotency, erase=erase
+            )
+        finally:
+            if erase:
+                self._evict(conversation_id)
 
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None

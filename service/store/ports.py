@@ -176,9 +176,14 @@ class ConversationStore(Protocol):
         owner: str,
         revision: int,
         idempotency: IdempotencyKey | None = None,
+        *,
+        erase: bool = False,
     ) -> bool:
         """Forget the response the turn of ``revision`` made (it stays a turn, with its
-        items); whether there was such a response not deleted before."""
+        items); with ``erase``, the latest turn's content goes too (its texts, items and
+        transcript: a stored response's that no later turn holds as its history). Whether
+        there was such a response not deleted before (or, with ``erase``, such a latest
+        turn)."""
 
     async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
         """The conversation without its turns; None as for ``load``. Raises StorageError."""

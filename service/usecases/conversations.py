@@ -130,9 +130,17 @@ class Conversations:
         return await self._gate.once(key, write, lambda done: self._now(done, owner))
 
     async def delete_response(
-        self, cid: uuid.UUID, owner: str, revision: int, key: IdempotencyKey | None = None
+        self,
+        cid: uuid.UUID,
+        owner: str,
+        revision: int,
+        key: IdempotencyKey | None = None,
+        *,
+        erase: bool = False,
     ) -> bool:
-        return await self._store.delete_response(cid, owner, revision, key)
+        """Forget a response (its turn stays); ``erase``: its content too (the latest turn's:
+        ConversationStore.delete_response)."""
+        return await self._store.delete_response(cid, owner, revision, key, erase=erase)
 
     async def delete(
         self,

@@ -361,8 +361,9 @@ class Responses:
         """Forget the response: unknown from now on; its turn and items stay in a
         conversation of the client's (as on OpenAI). A stored response (its conversation is its
         own, never shown) that no other response of that conversation still holds goes with
-        its conversation at once: its input, output and transcript are readable nowhere. One
-        still running is cancelled first. Through the write gate: a retry with the same
+        its conversation at once, and the latest of a stored chain has its turn's content
+        erased: its input, output and transcript are readable nowhere. One still running is
+        cancelled first. Through the write gate: a retry with the same
         Idempotency-Key is answered as the first attempt was."""
 
         async def write() -> None:
@@ -372,7 +373,12 @@ class Responses:
                 return
             if found.revision is not None:
                 cid, revision = found.conversation_id, found.revision
-                await self._conversations.delete_response(cid, owner, revision, key)
+                # The latest response of a stored chain: no later one holds its content.
+                erase = (
+                    found.stored
+                    and (await self._conversations.describe(cid, owner)).revision == revision
+                )
+                await self._conversations.delete_response(cid, owner, revision, key, erase=erase)
             elif key is not None:  # nothing committed to forget: the key names nothing
                 await self._turns.gate.release(key)
             if found.run is not None:

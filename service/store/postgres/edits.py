@@ -243,13 +243,16 @@ class Edits(Adapter):
         owner: str,
         revision: int,
         idempotency: IdempotencyKey | None = None,
+        *,
+        erase: bool = False,
     ) -> bool:
         params = {"cid": conversation_id, "caller": owner, "seq": revision}
+        statement = self._sql.delete_response[erase]
 
         async def delete() -> bool:
             # One statement, autocommitted; with a key, in one transaction with its completion.
             async with driver(self._engine, write=idempotency is not None) as conn:
-                found = await self._sql.delete_response.fetchrow(conn, params) is not None
+                found = await statement.fetchrow(conn, params) is not None
                 await self._completed(conn, idempotency, conversation_id, revision)
                 return found
 

@@ -308,6 +308,27 @@ DELETE_RESPONSE = f"""
         AND conversations.id = turns.conversation_id AND {THE_CONVERSATION}
     RETURNING turns.seq
 """
+# The same, its content erased too (DELETE /v1/responses/{id} of a stored response's latest
+# turn: what only it held, its input, output and transcript, is readable nowhere afterwards).
+# Only the latest turn (no later one holds it as its history); the conversation's size is
+# counted again.
+ERASE_RESPONSE = f"""
+    WITH head AS (
+        UPDATE conversations SET counted_bytes = NULL, counted_revision = NULL,
+            stored_bytes = NULL, stored_revision = NULL
+        WHERE {THE_CONVERSATION} AND conversations.revision = :seq
+        RETURNING conversations.id
+    )
+    UPDATE turns SET response_deleted = true, user_message = '', assistant_message = '',
+        replay_items = '[]', transcript = '[]', tool_calls = NULL, response = NULL,
+        compacted = NULL, sealed_user_message = NULL, sealed_assistant_message = NULL,
+        sealed_replay_items = NULL, sealed_tool_calls = NULL, sealed_transcript = NULL,
+        sealed_response = NULL, sealed_compacted = NULL, items_bytes = 0, opaque_bytes = 0,
+        turn_bytes = 2
+    FROM head
+    WHERE turns.conversation_id = head.id AND turns.seq = :seq
+    RETURNING turns.seq
+"""
 SET_METADATA = f"""
     UPDATE conversations SET metadata = :metadata, sealed_metadata = :sealed_metadata
     WHERE {THE_CONVERSATION} AND NOT {SHREDDED}
@@ -532,7 +553,10 @@ class Statements:
         }
         self.page_rows = compiled(PAGE_ROWS)
         self.describe = compiled(DESCRIBE)
-        self.delete_response = compiled(DELETE_RESPONSE)
+        self.delete_response = {
+            False: compiled(DELETE_RESPONSE),
+            True: compiled(ERASE_RESPONSE),
+        }  # erase?
         self.set_metadata = compiled(SET_METADATA)
         self.delete = compiled(DELETE)
         self.page = compiled(LISTING)  # a page of the listing

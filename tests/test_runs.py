@@ -8,8 +8,8 @@ import pytest
 
 from service.core.errors import Cancelled
 from service.core.events import GONE
-from service.core.model import RunEnd
-from service.core.plans import PlanRules, make_plan
+from service.core.model import ANONYMOUS, RunEnd
+from service.core.plans import PlanRules, chat_request, make_plan
 from service.providers.fake import FakeProvider
 from service.usecases.leases import Leases
 from service.usecases.runs import TurnRuns
@@ -36,7 +36,7 @@ async def test_a_client_leaving_after_message_done_does_not_end_the_run_again() 
     store = CountingStore()
     turns = TurnService(store, FakeProvider(), leases=Leases(store, store.notifications))
     runs = TurnRuns(turns, store, store.notifications, heartbeat_s=30)
-    plan = make_plan(PlanRules(), "hi", None, None)
+    plan = make_plan(PlanRules(), chat_request(ANONYMOUS, "hi", None, None))
     started = await runs.start(plan, correlation_id="cid")
     run = started.run
     assert run is not None

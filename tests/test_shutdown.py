@@ -19,8 +19,8 @@ from sqlalchemy import text
 
 from service.api.sse import TurnEvents, sse_events
 from service.app import build_services
-from service.core.model import Origin
-from service.core.plans import PlanRules, make_plan
+from service.core.model import ANONYMOUS, Origin
+from service.core.plans import PlanRules, chat_request, make_plan
 from service.platform import migrate
 from service.platform.db import create_engine
 from service.platform.settings import Settings
@@ -184,7 +184,10 @@ async def _stream(provider: Stalling, *, background: bool = False) -> AsyncItera
     leases = Leases(store, store.notifications)
     turns = TurnService(store, provider, leases=leases)
     runs = TurnRuns(turns, store, store.notifications, heartbeat_s=30)
-    plan = make_plan(PlanRules(max_message_chars=100), "hi", None, None, background=background)
+    plan = make_plan(
+        PlanRules(max_message_chars=100),
+        chat_request(ANONYMOUS, "hi", None, None, background=background),
+    )
     started = await runs.start(plan, correlation_id="cid")
     assert started.run is not None
     rendering = TurnEvents("cid")

@@ -28,7 +28,7 @@ from service.core.errors import (
 )
 from service.core.items import user_input_item
 from service.core.model import ANONYMOUS, Append, LeaseRequest, Origin, Turn
-from service.core.plans import PlanRules, make_plan
+from service.core.plans import PlanRules, chat_request, make_plan
 from service.core.window import Budget
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.fake import FakeProvider
@@ -96,7 +96,10 @@ def service(
 
 async def turn(turns: TurnService, text: str, cid: uuid.UUID | None = None, **kw: Any) -> TurnDone:
     rules = PlanRules(max_message_chars=1000)
-    plan = make_plan(rules, text, str(cid) if cid else None, kw.pop("if_match", None), **kw)
+    if_match = kw.pop("if_match", None)
+    plan = make_plan(
+        rules, chat_request(ANONYMOUS, text, str(cid) if cid else None, if_match, **kw)
+    )
     return await turns.run(plan)
 
 
@@ -285,8 +288,10 @@ def test_an_idempotency_key_hashes_a_plain_turn_as_the_previous_release_did() ->
 
     cid = str(uuid.uuid4())
     rules = PlanRules(max_message_chars=100)
-    plain = make_plan(rules, "hi", cid, None, idempotency_key="k")
+    plain = make_plan(rules, chat_request(ANONYMOUS, "hi", cid, None, idempotency_key="k"))
     old = hashlib.sha256(msgspec.json.encode(["hi", cid])).hexdigest()
     assert plain.idempotency is not None and plain.idempotency.request_hash == old
-    background = make_plan(rules, "hi", cid, None, idempotency_key="k", background=True)
+    background = make_plan(
+        rules, chat_request(ANONYMOUS, "hi", cid, None, idempotency_key="k", background=True)
+    )
     assert background.idempotency is not None and background.idempotency.request_hash != old

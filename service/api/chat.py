@@ -32,7 +32,7 @@ from service.core.errors import (
     StorageError,
     Unauthorized,
 )
-from service.core.plans import TurnPlan, make_plan
+from service.core.plans import TurnPlan, chat_request, make_plan
 from service.usecases.runs import Started
 
 _ERRORS = documented(InvalidInput, Unauthorized, PayloadTooLarge, StorageError, *TURN_ERRORS)
@@ -115,10 +115,11 @@ class ChatController(Controller):
 def chat_plan(
     api: Api, data: ChatRequest, if_match: str | None, idempotency_key: str | None
 ) -> TurnPlan:
-    return make_plan(
-        api.rules, data.message, data.conversation_id, parse_if_match(if_match),
-        owner=api.owner, idempotency_key=idempotency_key, background=data.background,
+    asked = chat_request(
+        api.owner, data.message, data.conversation_id, parse_if_match(if_match),
+        idempotency_key=idempotency_key, background=data.background,
     )  # fmt: skip
+    return make_plan(api.rules, asked)
 
 
 def cid(request: Request[Any, Any, Any]) -> str:

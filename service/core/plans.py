@@ -9,15 +9,16 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from service.core.asks import Asked
 from service.core.errors import InvalidInput, ModelNotFound, PreconditionFailed
 from service.core.ids import parse_conversation_id
-from service.core.items import user_input_item
+from service.core.items import TurnInput, user_input_item
 from service.core.model import ANONYMOUS, ForkPoint, IdempotencyKey, Precondition, Said
 from service.core.strictjson import is_encodable
 
@@ -85,32 +86,40 @@ class PlanRules:
 
 
 @dataclass(frozen=True)
+class TurnRequest:
+    """A turn as a surface asks for it, before it is checked: on ``conversation_id`` (None:
+    a new conversation), or on a new conversation forked at ``fork_of`` (``conversation_id``
+    names the source then, and ``if_match`` is checked against the fork point); its input; an
+    Idempotency-Key (``key_subject``: what its retries must repeat exactly, default: the
+    message, the conversation and the background flag); ``asked``: what a client of the
+    OpenAI surface asked of the provider (None: an /api/v1 turn); ``stored_response``: a /v1
+    response's new conversation, which expires."""
+
+    owner: str
+    conversation_id: str | None
+    input: TurnInput
+    if_match: Precondition = None
+    idempotency_key: str | None = None
+    key_subject: bytes | None = None
+    background: bool = False
+    fork_of: ForkPoint | None = None
+    asked: Asked | None = None
+    stored_response: bool = False
+
+
+@dataclass(frozen=True)
 class TurnPlan:
+    """A turn checked and ready to run (``make_plan``)."""
+
     conversation_id: uuid.UUID
     is_new: bool  # a new conversation's id is provisional until its first turn commits
-    message: str
+    input: TurnInput  # what the client sent (a message, or items) and how people read it
     if_match: Precondition
     owner: str = ANONYMOUS
     idempotency: IdempotencyKey | None = None
     background: bool = False  # runs on when its client goes away (service/usecases/runs.py)
-    truncate: bool = True  # False: a turn whose window would leave earlier turns out is refused
     fork_of: ForkPoint | None = None  # a new conversation forked here, made by this turn's commit
-    # The turn's input as items, when a client sent items (answers to its function calls, and
-    # its message if any; ``message`` is then their text, for the transcript). Otherwise the
-    # input is ``message`` as one user item.
-    items: tuple[msgspec.Raw, ...] = ()
-    said: tuple[Said, ...] = ()  # the input's transcript (default: ``message`` as the user's)
-    client_tools: tuple[msgspec.Raw, ...] = ()  # function tools the client runs itself
-    # What a client of the OpenAI surface asked of the provider for this turn only: the model
-    # (None: the configured one), its instructions, its other fields as they came, what to
-    # include. ``relayed``: the request is the client's, so a refusal of it by the provider is
-    # the client's 400 (on /api/v1 the server builds every request: a refusal is a 502).
-    model: str | None = None
-    instructions: str | None = None
-    fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)
-    include: tuple[str, ...] = ()
-    relayed: bool = False
-    response: msgspec.Raw | None = None  # what the turn keeps of its Response (see Turn)
+    asked: Asked | None = None  # what a client of the OpenAI surface asked (None: /api/v1)
     server_prompt: bool = True  # the server's system prompt comes first (INSTRUCTIONS)
     stored_response: bool = False  # a /v1 response's new conversation, which expires
     # The input, in the provider's tokens, above which the turn compacts its window first
@@ -118,73 +127,71 @@ class TurnPlan:
     compact_threshold: int | None = None
 
     @property
+    def message(self) -> str:
+        return self.input.message
+
+    @property
     def input_items(self) -> list[msgspec.Raw]:
-        return list(self.items) if self.items else [user_input_item(self.message)]
+        items = self.input.items
+        return list(items) if items else [user_input_item(self.input.message)]
 
     @property
     def input_said(self) -> tuple[Said, ...]:
-        return self.said or (("user", self.message),)
+        return self.input.said or (("user", self.input.message),)
+
+    @property
+    def client_tools(self) -> tuple[msgspec.Raw, ...]:
+        """The function tools the client runs itself (none on /api/v1)."""
+        return self.asked.tools if self.asked else ()
+
+    @property
+    def response(self) -> msgspec.Raw | None:
+        """What the turn keeps of its Response (see Turn.response; None: an /api/v1 turn)."""
+        return self.asked.record(self.stored_response) if self.asked else None
 
 
-def make_plan(
-    rules: PlanRules,
-    message: str,
-    conversation_id: str | None,
-    if_match: Precondition,
-    *,
-    owner: str = ANONYMOUS,
-    idempotency_key: str | None = None,
-    key_subject: bytes | None = None,
-    background: bool = False,
-    truncate: bool = True,
-    items: tuple[msgspec.Raw, ...] = (),
-    said: tuple[Said, ...] = (),
-    client_tools: tuple[msgspec.Raw, ...] = (),
-    fork_of: ForkPoint | None = None,
-    asked: Asked | None = None,
-    stored_response: bool = False,
-) -> TurnPlan:
-    """The plan of a turn on ``conversation_id`` (None: a new conversation, whose id is made
-    here), or on a new conversation forked at ``fork_of`` (``conversation_id`` then names
-    the source, and ``if_match`` is checked against the fork point). ``key_subject``: what an
-    Idempotency-Key's retries must repeat exactly (default: the message, the conversation and
-    the background flag). ``asked``: what a client of the OpenAI surface asked of the
-    provider."""
-    _check_message(rules, message, items)
-    relayed, asked = asked is not None, asked or Asked()
-    rules.check_instructions(asked.instructions)
+def make_plan(rules: PlanRules, request: TurnRequest) -> TurnPlan:
+    """The plan of ``request`` (InvalidInput, PreconditionFailed for what it may not ask)."""
+    given, asked = request.input, request.asked
+    _check_message(rules, given.message, given.items)
+    rules.check_instructions(asked.instructions if asked else None)
     idempotency = None
-    if idempotency_key is not None:
+    if request.idempotency_key is not None:
         if not rules.idempotency:
             raise InvalidInput("Idempotency-Key is not enabled on this server.")
-        subject = key_subject or _chat_subject(message, conversation_id, background)
-        idempotency = IdempotencyKey(owner, idempotency_key, hashlib.sha256(subject).hexdigest())
-    if conversation_id is None and if_match is not None:
+        subject = request.key_subject or _chat_subject(
+            given.message, request.conversation_id, request.background
+        )
+        digest = hashlib.sha256(subject).hexdigest()
+        idempotency = IdempotencyKey(request.owner, request.idempotency_key, digest)
+    if request.conversation_id is None and request.if_match is not None:
         raise PreconditionFailed("If-Match needs an existing conversation.")
-    new = conversation_id is None or fork_of is not None
+    cid = request.conversation_id
+    new = cid is None or request.fork_of is not None
+    compact = asked.compact if asked and asked.compact is not None else rules.compact_threshold
     return TurnPlan(
-        conversation_id=uuid.uuid4() if new else parse_conversation_id(conversation_id or ""),
+        conversation_id=uuid.uuid4()
+        if new
+        else parse_conversation_id(request.conversation_id or ""),
         is_new=new,
-        message=message,
-        if_match=if_match,
-        owner=owner,
+        input=given,
+        if_match=request.if_match,
+        owner=request.owner,
         idempotency=idempotency,
-        background=background,
-        truncate=truncate,
-        fork_of=fork_of,
-        items=items,
-        said=said,
-        client_tools=client_tools,
-        model=asked.model,
-        instructions=asked.instructions,
-        fields=asked.fields,
-        include=asked.include,
-        relayed=relayed,
-        response=asked.response(stored_response) if asked.response else None,
-        server_prompt=rules.server_prompt_first(asked.instructions),
-        stored_response=stored_response,
-        compact_threshold=rules.compact_threshold if asked.compact is None else asked.compact,
+        background=request.background,
+        fork_of=request.fork_of,
+        asked=asked,
+        server_prompt=rules.server_prompt_first(asked.instructions if asked else None),
+        stored_response=request.stored_response,
+        compact_threshold=compact,
     )
+
+
+def chat_request(
+    owner: str, message: str, conversation_id: str | None, if_match: Precondition, **more: Any
+) -> TurnRequest:
+    """An /api/v1 turn's request: its message as the one user item."""
+    return TurnRequest(owner, conversation_id, TurnInput(message, (), ()), if_match, **more)
 
 
 def compaction_plan(
@@ -196,23 +203,9 @@ def compaction_plan(
     """The plan of a compaction committed on its own (no message, no reply): a commit under
     the same lease, If-Match and Idempotency-Key as a turn."""
     return TurnPlan(
-        conversation_id, is_new=False, message="", if_match=if_match, owner=owner,
-        idempotency=idempotency,
+        conversation_id, is_new=False, input=TurnInput("", (), ()), if_match=if_match,
+        owner=owner, idempotency=idempotency,
     )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Asked:
-    """What a client of the OpenAI surface asks of the provider for one turn (see TurnPlan)."""
-
-    model: str | None = None
-    instructions: str | None = None
-    fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)
-    include: tuple[str, ...] = ()
-    # What the turn keeps of its Response (see Turn), given whether it is a stored response
-    # (known once planned: a chained one is if its source is).
-    response: Callable[[bool], msgspec.Raw] | None = None
-    compact: int | None = None  # the threshold its context_management asks (None: the server's)
 
 
 def _check_message(rules: PlanRules, message: str, items: tuple[msgspec.Raw, ...]) -> None:

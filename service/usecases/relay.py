@@ -15,11 +15,12 @@ from typing import Any
 
 import msgspec
 
+from service.core.asks import Asked
 from service.core.errors import ProviderRefused
 from service.core.ids import Ids
 from service.core.items import check_history, is_opaque
 from service.core.model import Origin
-from service.core.plans import Asked, PlanRules
+from service.core.plans import PlanRules
 from service.core.window import SystemPrompt, instructions_for
 from service.platform import metrics
 from service.providers.base import (

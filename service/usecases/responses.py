@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from service.core import events
+from service.core.asks import Asked
 from service.core.errors import (
     Cancelled,
     ContentFiltered,
@@ -36,7 +37,7 @@ from service.core.events import RunEvent
 from service.core.ids import Ids, ResponseRef, parse_conversation_id
 from service.core.items import check_history, client_tools, turn_input, user_input_item
 from service.core.model import Committed, ForkPoint, IdempotencyKey, Precondition, RunView, Turn
-from service.core.plans import Asked, PlanRules, TurnPlan, make_plan
+from service.core.plans import PlanRules, TurnPlan, TurnRequest, make_plan
 from service.providers.base import Compacted, ProviderEvent, Reply
 from service.usecases.conversations import Conversations
 from service.usecases.relay import Relay
@@ -102,6 +103,10 @@ class Responses:
     def check_model(self, model: str) -> None:
         self._rules.check_model(model, self.model)
 
+    def client_tools(self, tools: Sequence[Any] | None) -> tuple[msgspec.Raw, ...]:
+        """The function tools a client offers (400 for one it may not: see client_tools)."""
+        return client_tools(tools, set(self._rules.own_tools))
+
     def check(self, asked: Asked) -> None:
         """What any call may ask (400 naming the field otherwise), before anything else."""
         self._rules.check_model(asked.model, self.model)
@@ -117,12 +122,10 @@ class Responses:
         input: str | list[Any],
         conversation: str | None,
         previous_response_id: str | None,
-        tools: Sequence[Any] | None,
-        truncation: str | None,
         if_match: Precondition,
         idempotency_key: str | None,
         background: bool,
-        request: bytes,
+        body: bytes,
     ) -> TurnPlan:
         """The turn asked for (400 naming the field that cannot be honoured): on
         ``conversation``, after ``previous_response_id``, or (neither) a stored response's
@@ -139,19 +142,18 @@ class Responses:
             conversation, stored = str(found.conversation_id), found.stored
             if_match = latest if if_match is None else if_match & latest
         given = turn_input(input)
-        items = given.items
         if isinstance(input, list):  # items shown by turnstore come back as they are stored
             if conversation is None:  # a new stored response's history has a user message
                 check_history(input)
             origin = self._relay.origin(asked.model)
-            items = tuple(await self._restorer.restore(owner, input, origin=origin))
-        return make_plan(
-            self._rules, given.message, conversation, if_match, owner=owner,
-            idempotency_key=idempotency_key, key_subject=request,  # a retry asks exactly this
-            truncate=truncation != "disabled", items=items, said=given.said, fork_of=fork,
-            client_tools=client_tools(tools, set(self._rules.own_tools)), asked=asked,
-            background=background, stored_response=stored,
+            items = await self._restorer.restore(owner, input, origin=origin)
+            given = replace(given, items=tuple(items))
+        request = TurnRequest(
+            owner, conversation, given, if_match, idempotency_key,
+            key_subject=body,  # a retry asks exactly this
+            background=background, fork_of=fork, asked=asked, stored_response=stored,
         )  # fmt: skip
+        return make_plan(self._rules, request)
 
     async def _chain(
         self, owner: str, previous: str

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import msgspec
 
+from service.core.asks import Asked
 from service.core.errors import (
     ContentFiltered,
     ContextLengthExceeded,
@@ -220,7 +221,7 @@ class TurnService:
                 if conversation is not None:
                     check_precondition(plan.if_match, conversation.revision)
                 new_items = plan.input_items
-                if plan.items:  # a client's function outputs must answer its open calls
+                if plan.input.items:  # a client's function outputs must answer its open calls
                     check_answers(new_items, conversation)
                 held_size = await self._held(plan, conversation)
                 # Full before the provider is called, if the input alone passes the limit; and
@@ -232,7 +233,7 @@ class TurnService:
                 if plan.fork_of is not None:  # its place among the owner's forks, taken now
                     await self.store.take_fork(plan.owner, plan.conversation_id)
                 window = self._window(conversation, [*new_items, *plan.client_tools], asked)
-                if not plan.truncate and window.start > 1:
+                if plan.asked and not plan.asked.truncate and window.start > 1:
                     raise ContextLengthExceeded(
                         "The conversation no longer fits the model's context, and truncation "
                         "is disabled."
@@ -350,13 +351,14 @@ class TurnService:
         return compacted.window, compacted.usage
 
     def _request(self, plan: TurnPlan, stream: bool) -> _Request:
-        prompt = instructions_for(self._prompt, plan.instructions, server_first=plan.server_prompt)
+        ask = plan.asked or Asked()
+        prompt = instructions_for(self._prompt, ask.instructions, server_first=plan.server_prompt)
         template = ProviderRequest(
-            [], prompt.text if prompt else None, advertised(self._tooling, plan.client_tools),
-            plan.model, plan.fields, plan.include,
+            [], prompt.text if prompt else None, advertised(self._tooling, ask.tools),
+            ask.model, ask.fields, ask.include,
         )  # fmt: skip
         overhead = request_overhead(self.provider.origin.model, template, stream=stream)
-        return _Request(prompt, self.provider.origin.with_model(plan.model), template, overhead)
+        return _Request(prompt, self.provider.origin.with_model(ask.model), template, overhead)
 
     def _window(
         self, conversation: Conversation | None, new_items: list[msgspec.Raw], asked: _Request
@@ -408,7 +410,7 @@ class TurnService:
             stream=stream,
             overhead=asked.overhead,
             max_request_bytes=self._budget.max_request_bytes,
-            relayed=plan.relayed,
+            relayed=plan.asked is not None,
         )
         return exchange.events()
 

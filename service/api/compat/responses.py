@@ -21,7 +21,6 @@ from service.api.compat.items import ENCRYPTED
 from service.api.compat.schemas import (
     NOT_COUNTED,
     CompactCreate,
-    Echo,
     ResponseCreate,
     TokensCount,
     compaction_object,
@@ -47,6 +46,7 @@ from service.api.sse import (
     run_stream,
     sse_events,
 )
+from service.core.asks import Asked, Echo
 from service.core.errors import (
     ConversationNotFound,
     InvalidInput,
@@ -60,7 +60,7 @@ from service.core.errors import (
 )
 from service.core.ids import unstored_response_id
 from service.core.items import input_count
-from service.core.plans import Asked, TurnPlan
+from service.core.plans import TurnPlan
 from service.usecases.responses import Found, Responses
 from service.usecases.run import Run
 
@@ -104,11 +104,12 @@ def asked_of(
         background=bool(asked.background), fields=fields,
     )  # fmt: skip
     include = tuple(i for i in asked.include or () if i != ENCRYPTED)
-
-    def kept(stored: bool) -> msgspec.Raw:
-        return replace(echo, stored=stored).record(created_at)
-
-    return Asked(asked.model, asked.instructions, fields, include, kept, compact), echo
+    ask = Asked(
+        asked.model, asked.instructions, fields, include,
+        tools=responses.client_tools(asked.tools), truncate=asked.truncation != "disabled",
+        compact=compact, echo=echo, created_at=created_at,
+    )  # fmt: skip
+    return ask, echo
 
 
 class OpenAIResponses(Controller):
@@ -138,9 +139,8 @@ class OpenAIResponses(Controller):
             return await stateless(request, asked, ask, echo, api, started)
         plan = await responses.plan(
             api.owner, ask, input=asked.input, conversation=asked.conversation_id,
-            previous_response_id=asked.previous_response_id, tools=asked.tools,
-            truncation=asked.truncation, if_match=parse_if_match(if_match),
-            idempotency_key=idempotency_key, background=bool(asked.background), request=body,
+            previous_response_id=asked.previous_response_id, if_match=parse_if_match(if_match),
+            idempotency_key=idempotency_key, background=bool(asked.background), body=body,
         )  # fmt: skip
         chained = asked.previous_response_id is not None
         echo = replace(echo, stored=plan.stored_response)  # known once planned

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
 
+from service.core.asks import Echo
 from service.core.errors import InvalidInput
 from service.core.ids import conversation_id, unstored_response_id
 from service.core.model import ConversationInfo
@@ -167,88 +167,6 @@ def conversation_object(info: ConversationInfo) -> dict[str, Any]:
 
 def deleted_object(cid: uuid.UUID) -> dict[str, Any]:
     return {"id": conversation_id(cid), "object": "conversation.deleted", "deleted": True}
-
-
-# What a Response echoes of its request besides the fields turnstore interprets, with OpenAI's
-# answer where the request was silent.
-ECHO_DEFAULTS: dict[str, Any] = {
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "max_output_tokens": None,
-    "text": {"format": {"type": "text"}},
-    "reasoning": {"effort": None, "summary": None},
-    "metadata": {},
-    "user": None,
-    "safety_identifier": None,
-    "service_tier": "auto",
-    "prompt_cache_key": None,
-}
-
-
-class _Record(msgspec.Struct):
-    created_at: float
-    tools: list[Any]
-    truncation: str | None
-    previous_response_id: str | None
-    store: bool
-    background: bool
-    fields: dict[str, msgspec.Raw]
-    stored: bool = False  # absent from records written before stored responses
-
-
-_JSON = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True)
-class Echo:
-    """What a Response repeats of the request that made it."""
-
-    model: str
-    instructions: str | None = None
-    tools: Sequence[Any] = ()
-    truncation: str | None = None
-    previous_response_id: str | None = None
-    store: bool = True
-    background: bool = False
-    fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)  # the passed-through ones
-    stored: bool = False  # a stored response: its own conversation is not shown (none on OpenAI)
-
-    def record(self, created_at: float) -> msgspec.Raw:
-        """What is kept with the turn, for a retrieve to echo the same (never the
-        instructions: a turn keeps their digest only)."""
-        kept = {name: self.fields[name] for name in ECHO_DEFAULTS if name in self.fields}
-        return msgspec.Raw(_JSON.encode(_Record(
-            created_at, list(self.tools), self.truncation, self.previous_response_id,
-            self.store, self.background, kept, self.stored,
-        )))  # fmt: skip
-
-    @classmethod
-    def of_record(cls, record: msgspec.Raw | None, model: str) -> tuple[Echo, float | None]:
-        """The echo kept with a turn (none for an /api/v1 turn), and when it was created."""
-        if record is None:
-            return cls(model=model), None
-        kept = msgspec.json.decode(record, type=_Record)
-        echo = cls(
-            model=model, tools=kept.tools, truncation=kept.truncation,
-            previous_response_id=kept.previous_response_id, store=kept.store,
-            background=kept.background, fields=kept.fields, stored=kept.stored,
-        )  # fmt: skip
-        return echo, kept.created_at
-
-    def body(self) -> dict[str, Any]:
-        echoed = {name: self.fields.get(name, value) for name, value in ECHO_DEFAULTS.items()}
-        return {
-            **echoed,
-            "model": self.model,
-            "instructions": self.instructions,
-            "tools": list(self.tools),
-            "truncation": self.truncation or "auto",
-            "previous_response_id": self.previous_response_id,
-            "store": self.store,
-            "background": self.background,
-        }
 
 
 _RATE_LIMITED = frozenset({"rate_limited"})

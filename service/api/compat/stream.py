@@ -25,9 +25,10 @@ import msgspec
 from litestar.response import ServerSentEventMessage
 
 from service.api.compat.items import output_items
-from service.api.compat.schemas import Echo, response_object
+from service.api.compat.schemas import response_object
 from service.api.errors import openai_type
 from service.core import events
+from service.core.asks import Echo
 from service.core.errors import ContentFiltered, TurnstoreError, status_of
 from service.core.events import RunEvent
 from service.core.ids import Ids, unstored_id

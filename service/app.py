@@ -77,6 +77,7 @@ from service.tools.registry import ToolRegistry
 from service.usecases.conversations import Conversations
 from service.usecases.exchange import Tooling
 from service.usecases.gate import WriteGate
+from service.usecases.kept_responses import KeptResponses
 from service.usecases.leases import LeasePolicy, Leases
 from service.usecases.limits import WriteBudget
 from service.usecases.relay import Relay
@@ -276,9 +277,10 @@ def build_services(
         backend.store, restorer, SizeLimit(settings.max_conversation_bytes), gate
     )
     relay = Relay(restorer, provider, turns.prompt, rules)
-    responses = Responses(turns, runs, relay, restorer, conversations, rules)
+    kept = KeptResponses(turns, runs, restorer, conversations)
+    responses = Responses(turns, runs, relay, restorer, conversations, rules, kept)
     cases = UseCases(
-        turns, runs, conversations, responses, rules, settings.sse_keepalive_s, gate, ids
+        turns, runs, conversations, responses, kept, rules, settings.sse_keepalive_s, gate, ids
     )
     return Services(backend.store, backend.ops, cases, backend.api_keys, closers)
 

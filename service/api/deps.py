@@ -16,6 +16,7 @@ from service.core.plans import PlanRules
 from service.store.ports import Operations
 from service.usecases.conversations import Conversations
 from service.usecases.gate import WriteGate
+from service.usecases.kept_responses import KeptResponses
 from service.usecases.responses import Responses
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService
@@ -28,7 +29,8 @@ class UseCases:
     turns: TurnService
     runs: TurnRuns
     conversations: Conversations
-    responses: Responses
+    responses: Responses  # a /v1 response asked
+    kept: KeptResponses  # and its life after it
     rules: PlanRules  # what a request may ask
     sse_keepalive_s: float  # SSE_KEEPALIVE_S
     gate: WriteGate  # what every write passes through
@@ -56,6 +58,10 @@ class Api:
     @property
     def responses(self) -> Responses:
         return self.cases.responses
+
+    @property
+    def kept(self) -> KeptResponses:
+        return self.cases.kept
 
     @property
     def rules(self) -> PlanRules:

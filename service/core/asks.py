@@ -8,6 +8,7 @@ the provider request is made of it, and the turn keeps its ``Echo`` as the Respo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -59,28 +60,31 @@ class Echo:
     background: bool = False
     fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)  # the passed-through ones
     stored: bool = False  # a stored response: its own conversation is not shown (none on OpenAI)
+    created_at: float | None = None  # when its response was created (None: not known, now)
 
-    def record(self, created_at: float) -> msgspec.Raw:
+    def record(self) -> msgspec.Raw:
         """What is kept with the turn, for a retrieve to echo the same (never the
         instructions: a turn keeps their digest only)."""
         kept = {name: self.fields[name] for name in ECHO_DEFAULTS if name in self.fields}
+        created_at = self.created_at if self.created_at is not None else time.time()
         return msgspec.Raw(_JSON.encode(_Record(
             created_at, list(self.tools), self.truncation, self.previous_response_id,
             self.store, self.background, kept, self.stored,
         )))  # fmt: skip
 
     @classmethod
-    def of_record(cls, record: msgspec.Raw | None, model: str) -> tuple[Echo, float | None]:
-        """The echo kept with a turn (none for an /api/v1 turn), and when it was created."""
+    def of_record(cls, record: msgspec.Raw | None, model: str) -> Echo:
+        """The echo kept with a turn (none for an /api/v1 turn: its created_at is not known)."""
         if record is None:
-            return cls(model=model), None
+            return cls(model=model)
         kept = msgspec.json.decode(record, type=_Record)
         echo = cls(
             model=model, tools=kept.tools, truncation=kept.truncation,
             previous_response_id=kept.previous_response_id, store=kept.store,
             background=kept.background, fields=kept.fields, stored=kept.stored,
+            created_at=kept.created_at,
         )  # fmt: skip
-        return echo, kept.created_at
+        return echo
 
     def body(self) -> dict[str, Any]:
         echoed = {name: self.fields.get(name, value) for name, value in ECHO_DEFAULTS.items()}
@@ -102,9 +106,9 @@ class Asked:
     input: the model (None: the configured one), its instructions, its other fields as they
     came, what to include, the function tools it runs itself, whether the window may leave
     earlier turns out (``truncation``), the compaction threshold its ``context_management``
-    asks (None: the server's), and what its Response echoes (``echo``, created at
-    ``created_at``). A request asked by the client (rather than built by the server, as on
-    /api/v1): a refusal of it by the provider is the client's 400."""
+    asks (None: the server's), whether it runs in the background, and what its Response
+    echoes (``echo``). A request asked by the client (not built
+    by the server, as on /api/v1): a refusal of it by the provider is the client's 400."""
 
     model: str | None = None
     instructions: str | None = None
@@ -113,12 +117,12 @@ class Asked:
     tools: tuple[msgspec.Raw, ...] = ()
     truncate: bool = True
     compact: int | None = None
+    background: bool = False
     echo: Echo | None = None
-    created_at: float = 0.0
 
     def record(self, stored: bool) -> msgspec.Raw | None:
         """What the turn keeps of its Response (see Turn.response), given whether it is a
         stored response's (known once planned: a chained one is if its source is)."""
         if self.echo is None:
             return None
-        return replace(self.echo, stored=stored).record(self.created_at)
+        return replace(self.echo, stored=stored).record()

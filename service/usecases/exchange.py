@@ -20,9 +20,9 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.items import function_call_output, function_calls
-from service.core.model import ToolCallRecord
+from service.core.model import Origin, ToolCallRecord
 from service.core.usage import Usage
-from service.core.window import Window, request_bytes
+from service.core.window import SystemPrompt, Window, request_bytes
 from service.platform import metrics, tracing
 from service.providers.base import (
     ItemDone,
@@ -71,31 +71,40 @@ class Answer:
 ExchangeEvent = ItemDone | TextDelta | ToolCalled | Answer
 
 
+@dataclass(frozen=True)
+class ProviderAsk:
+    """What one turn asks of the provider besides its input items."""
+
+    prompt: SystemPrompt | None  # the instructions sent, and their version (digest)
+    origin: Origin  # the provider, endpoint and model that answer it
+    template: ProviderRequest  # every call of the turn, but its input items
+    overhead: int  # its bytes without input items (the context budget counts them)
+    client_names: frozenset[str] = frozenset()  # the client's own tools: it runs their calls
+    relayed: bool = False  # asked by a client: the provider's refusal of it is the client's
+
+
 class Exchange:
     def __init__(
         self,
         provider: Provider,
         window: Window,
         new_items: list[msgspec.Raw],
+        asked: ProviderAsk,
         *,
-        request: ProviderRequest,
-        client_names: frozenset[str] = frozenset(),
         tooling: Tooling | None,
         stream: bool,
-        overhead: int,
         max_request_bytes: int,
-        relayed: bool = False,
     ) -> None:
         self._provider = provider
         self._window = window
         self._new_items = new_items
-        self._request = request  # all but its input items: instructions, tools, model, fields
-        self._client_names = client_names  # the client's own tools: it runs their calls
+        self._request = asked.template  # all but its input items: instructions, tools, model
+        self._client_names = asked.client_names
         self._tooling = tooling
         self._stream = stream
-        self._overhead = overhead  # the request's bytes besides its input items
+        self._overhead = asked.overhead  # the request's bytes besides its input items
         self._max_request_bytes = max_request_bytes
-        self._relayed = relayed  # the provider's refusal of the request is the client's
+        self._relayed = asked.relayed
         self._drop_sealed = False
         self._streamed = False
         self._usage: Usage | None = None

@@ -76,54 +76,42 @@ class Relay:
         sealing = _Sealing(await self._restorer.ids.get(), self.origin(asked.model))
         return dataclasses.replace(compacted, items=sealing.items(compacted.items))
 
-    async def count(
-        self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...], asked: Asked
-    ) -> int:
+    async def count(self, items: list[msgspec.Raw], asked: Asked) -> int:
         """The provider's count of the input tokens a call on ``items`` would cost (``POST
         /v1/responses/input_tokens``): nothing is kept. A refusal is the client's (400)."""
+        try:
+            return await self._provider.count_tokens(self._request(items, asked, counted=True))
+        except ProviderRefused as refused:
+            raise refused.client_error() from refused
+
+    def _request(self, items: list[msgspec.Raw], asked: Asked, counted: bool) -> ProviderRequest:
+        """The provider request a client asked: its items, the prompt (INSTRUCTIONS), the
+        function tools it runs itself, its model and fields (what to include: not counted)."""
         prompt = instructions_for(
             self._prompt, asked.instructions,
             server_first=self._rules.server_prompt_first(asked.instructions),
         )  # fmt: skip
-        request = ProviderRequest(
-            items, prompt.text if prompt else None, advertised(None, tools), asked.model,
-            asked.fields,
-        )  # fmt: skip
-        try:
-            return await self._provider.count_tokens(request)
-        except ProviderRefused as refused:
-            raise refused.client_error() from refused
+        text = prompt.text if prompt else None
+        include = () if counted else asked.include
+        tools = advertised(None, asked.tools)
+        return ProviderRequest(items, text, tools, asked.model, asked.fields, include)
 
-    async def respond(
-        self, items: list[msgspec.Raw], tools: tuple[msgspec.Raw, ...], asked: Asked
-    ) -> Reply:
-        """One provider call on ``items``, offering the client's ``tools`` and asking what the
+    async def respond(self, items: list[msgspec.Raw], asked: Asked) -> Reply:
+        """One provider call on ``items``, offering the client's tools and asking what the
         client asked; nothing is kept. A refusal of the request is the client's (400)."""
         reply = None
-        async with aclosing(self.stream(items, tools, asked, stream=False)) as events:
+        async with aclosing(self.stream(items, asked, stream=False)) as events:
             async for event in events:
                 reply = event if isinstance(event, Reply) else reply
         assert reply is not None  # ``replied`` raises without one
         return reply
 
     async def stream(
-        self,
-        items: list[msgspec.Raw],
-        tools: tuple[msgspec.Raw, ...],
-        asked: Asked,
-        *,
-        stream: bool = True,
+        self, items: list[msgspec.Raw], asked: Asked, *, stream: bool = True
     ) -> AsyncGenerator[ProviderEvent, None]:
         """The same call, its events as the provider sends them (closing it early closes the
         upstream request)."""
-        prompt = instructions_for(
-            self._prompt, asked.instructions,
-            server_first=self._rules.server_prompt_first(asked.instructions),
-        )  # fmt: skip
-        request = ProviderRequest(
-            items, prompt.text if prompt else None, advertised(None, tools), asked.model,
-            asked.fields, asked.include,
-        )  # fmt: skip
+        request = self._request(items, asked, counted=False)
         sealing = _Sealing(await self._restorer.ids.get(), self.origin(asked.model))
         try:
             async with aclosing(replied(self._provider.respond(request, stream=stream))) as got:

@@ -15,10 +15,8 @@ from any replica, for TURN_EVENTS_TTL_S after it ends.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -33,39 +31,19 @@ from service.core.errors import (
     PreviousResponseNotFound,
     ResponseNotFound,
 )
-from service.core.events import RunEvent
-from service.core.ids import Ids, ResponseRef, parse_conversation_id
+from service.core.ids import Ids, parse_conversation_id
 from service.core.items import check_history, client_tools, turn_input, user_input_item
-from service.core.model import Committed, ForkPoint, IdempotencyKey, Precondition, RunView, Turn
+from service.core.model import ForkPoint, Precondition
 from service.core.plans import PlanRules, TurnPlan, TurnRequest, make_plan
 from service.providers.base import Compacted, ProviderEvent, Reply
 from service.usecases.conversations import Conversations
+from service.usecases.kept_responses import Found, KeptResponses
 from service.usecases.relay import Relay
 from service.usecases.restore import Restorer
 from service.usecases.runs import Started, TurnRuns
 from service.usecases.turns import TurnDone, TurnService
 
 NOT_LATEST = "previous_response_id must name the latest response of its conversation."
-
-
-@dataclass(frozen=True)
-class Found:
-    """A response as it is now: its turn once committed, and the run that makes (or made)
-    it, if it ran as one."""
-
-    id: str
-    conversation_id: uuid.UUID
-    revision: int | None  # of its committed turn (None: not committed)
-    turn: Turn | None
-    run: RunView | None
-    stored: bool = False  # in a stored response's conversation (not shown: OpenAI has none)
-
-    @property
-    def response(self) -> Any:
-        """What the response echoes (its turn's record, or its run's while it runs)."""
-        if self.turn is not None and self.turn.response is not None:
-            return self.turn.response
-        return self.run.response if self.run is not None else None
 
 
 class Responses:
@@ -77,9 +55,10 @@ class Responses:
         restorer: Restorer,
         conversations: Conversations,
         rules: PlanRules,
+        kept: KeptResponses,
     ) -> None:
         self._turns, self._runs, self._relay, self._restorer = turns, runs, relay, restorer
-        self._conversations, self._rules = conversations, rules
+        self._conversations, self._rules, self._kept = conversations, rules, kept
 
     @property
     def model(self) -> str:
@@ -103,9 +82,11 @@ class Responses:
     def check_model(self, model: str) -> None:
         self._rules.check_model(model, self.model)
 
-    def client_tools(self, tools: Sequence[Any] | None) -> tuple[msgspec.Raw, ...]:
-        """The function tools a client offers (400 for one it may not: see client_tools)."""
-        return client_tools(tools, set(self._rules.own_tools))
+    def client_tools(self, tools: Sequence[Any] | None, relayed: bool) -> tuple[msgspec.Raw, ...]:
+        """The function tools a client offers (400 for one it may not: see client_tools): a
+        relayed call (nothing kept, turnstore runs no tool in it) may name one like turnstore's
+        own."""
+        return client_tools(tools, set() if relayed else set(self._rules.own_tools))
 
     def check(self, asked: Asked) -> None:
         """What any call may ask (400 naming the field otherwise), before anything else."""
@@ -118,13 +99,12 @@ class Responses:
         self,
         owner: str,
         asked: Asked,
-        *,
         input: str | list[Any],
+        *,
         conversation: str | None,
         previous_response_id: str | None,
         if_match: Precondition,
         idempotency_key: str | None,
-        background: bool,
         body: bytes,
     ) -> TurnPlan:
         """The turn asked for (400 naming the field that cannot be honoured): on
@@ -151,7 +131,7 @@ class Responses:
         request = TurnRequest(
             owner, conversation, given, if_match, idempotency_key,
             key_subject=body,  # a retry asks exactly this
-            background=background, fork_of=fork, asked=asked, stored_response=stored,
+            background=asked.background, fork_of=fork, asked=asked, stored_response=stored,
         )  # fmt: skip
         return make_plan(self._rules, request)
 
@@ -168,7 +148,7 @@ class Responses:
     async def _completed(self, owner: str, previous: str) -> tuple[Found, int]:
         """The completed response ``previous`` names and the revision its turn made."""
         try:
-            found = await self.find(owner, previous)
+            found = await self._kept.find(owner, previous)
         except ResponseNotFound:
             raise PreviousResponseNotFound() from None
         if found.revision is None:
@@ -207,14 +187,13 @@ class Responses:
         owner: str,
         asked: Asked,
         input: str | list[Any],
-        tools: Sequence[Any] | None,
         previous: str | None = None,
     ) -> Reply:
         """A ``store: false`` call: relayed to the provider, nothing kept (after ``previous``:
         its stored history, read, then ``input``)."""
         async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
             resolved = await self._relayed_input(owner, asked, input, previous)
-            reply = await self._relay.respond(resolved, client_tools(tools, set()), asked)
+            reply = await self._relay.respond(resolved, asked)
         if reply.incomplete_reason == "content_filter":
             raise ContentFiltered()
         return reply
@@ -224,13 +203,12 @@ class Responses:
         owner: str,
         asked: Asked,
         input: str | list[Any],
-        tools: Sequence[Any] | None,
         previous: str | None = None,
     ) -> AsyncGenerator[ProviderEvent, None]:
         """A ``store: false`` call, streamed: the provider's events as they come. The caller
         holds a place among the owner's running turns for it (``place``)."""
         resolved = await self._relayed_input(owner, asked, input, previous)
-        return self._relay.stream(list(resolved), client_tools(tools, set()), asked)
+        return self._relay.stream(list(resolved), asked)
 
     async def _relayed_input(
         self, owner: str, asked: Asked, input: str | list[Any], previous: str | None
@@ -270,7 +248,6 @@ class Responses:
         owner: str,
         asked: Asked,
         input: str | list[Any] | None,
-        tools: Sequence[Any] | None,
         *,
         conversation: str | None,
         previous: str | None,
@@ -302,120 +279,12 @@ class Responses:
         if not history and not given:
             raise InvalidInput("Send input, conversation or previous_response_id.", param="input")
         async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
-            return await self._relay.count([*history, *given], client_tools(tools, set()), asked)
+            return await self._relay.count([*history, *given], asked)
 
     async def place(self, owner: str) -> Callable[[], Awaitable[None]]:
         """A place among ``owner``'s running turns for a provider call outside a turn (a
         streamed stateless call), or TooManyRequests; what gives it back."""
         return await self._turns.leases.place(owner)
-
-    # --- a response's life after it ----------------------------------------------------------
-
-    async def ids(self) -> Ids:
-        return await self._restorer.ids.get()
-
-    async def find(self, owner: str, raw_id: str) -> Found:
-        """The response ``raw_id`` names, as it is now (ResponseNotFound: unknown, another
-        owner's, deleted, expired, or a ``store: false`` one)."""
-        ref = (await self.ids()).parse_response(raw_id)
-        info = await self._conversations.info(ref.conversation_id, owner)
-        if info is None and ref.run_id is None:
-            raise ResponseNotFound()
-        # A run may make its conversation (a background response on a new one): its own
-        # record says whether the response is stored until then.
-        found = await self._found(owner, raw_id, ref)
-        return replace(found, stored=info is not None and info.stored_response)
-
-    async def _found(self, owner: str, raw_id: str, ref: ResponseRef) -> Found:
-        if ref.run_id is not None:
-            return await self._found_by_run(owner, raw_id, ref)
-        assert ref.revision is not None
-        turn = await self._conversations.turn_at(ref.conversation_id, owner, ref.revision)
-        run_id = turn.turn_id if turn is not None else await self._runs.find(
-            ref.conversation_id, owner, ref.revision - 1
-        )  # fmt: skip
-        run = await self._runs.view(run_id, owner) if run_id is not None else None
-        if (turn is None and run is None) or (turn is not None and turn.response_deleted):
-            raise ResponseNotFound()
-        return Found(raw_id, ref.conversation_id, ref.revision if turn else None, turn, run)
-
-    async def _found_by_run(self, owner: str, raw_id: str, ref: ResponseRef) -> Found:
-        assert ref.run_id is not None
-        run = await self._runs.view(ref.run_id, owner)
-        if run is None or run.conversation_id != ref.conversation_id:
-            raise ResponseNotFound()
-        turn = None
-        if run.revision is not None:
-            turn = await self._conversations.turn_at(ref.conversation_id, owner, run.revision)
-            if turn is None or turn.response_deleted:
-                raise ResponseNotFound()
-        return Found(raw_id, ref.conversation_id, run.revision, turn, run)
-
-    async def cancel(self, owner: str, raw_id: str) -> Found:
-        """Stop the response wherever it runs (a finished one stays as it is)."""
-        found = await self.find(owner, raw_id)
-        if found.run is not None and not found.run.finished:
-            await self._runs.cancel(found.run.id, owner)
-            return await self.find(owner, raw_id)
-        return found
-
-    async def delete(self, owner: str, raw_id: str, key: IdempotencyKey | None = None) -> None:
-        """Forget the response: unknown from now on; its turn and items stay in a
-        conversation of the client's (as on OpenAI). A stored response (its conversation is its
-        own, never shown) that no other response of that conversation still holds goes with
-        its conversation at once, and the latest of a stored chain has its turn's content
-        erased: its input, output and transcript are readable nowhere. One still running is
-        cancelled first. Through the write gate: a retry with the same
-        Idempotency-Key is answered as the first attempt was."""
-
-        async def write() -> None:
-            found = await self.cancel(owner, raw_id)
-            if found.stored and await self._alone(owner, found):
-                await self._conversations.remove(found.conversation_id, owner, None, key)
-                return
-            if found.revision is not None:
-                cid, revision = found.conversation_id, found.revision
-                # The latest response of a stored chain: no later one holds its content.
-                erase = (
-                    found.stored
-                    and (await self._conversations.describe(cid, owner)).revision == revision
-                )
-                await self._conversations.delete_response(cid, owner, revision, key, erase=erase)
-            elif key is not None:  # nothing committed to forget: the key names nothing
-                await self._turns.gate.release(key)
-            if found.run is not None:
-                await self._runs.forget(found.run.id, owner)
-
-        async def deleted(_: Committed) -> None:
-            return None
-
-        await self._turns.gate.once(key, write, deleted)
-
-    async def _alone(self, owner: str, found: Found) -> bool:
-        """Whether ``found`` is the only response of its stored conversation not deleted (the
-        others' turns may hold its items as their history)."""
-        walked = self._conversations.walk(found.conversation_id, owner, newest_first=True)
-        async with aclosing(walked) as turns:
-            async for revision, turn in turns:
-                if revision != found.revision and not turn.response_deleted:
-                    return False
-        return True
-
-    async def replay(self, owner: str, raw_id: str) -> tuple[Found, AsyncGenerator[RunEvent, None]]:
-        """A streamed response's events from the first, then live to its end (any replica,
-        while they are kept). InvalidInput for a response that was not streamed."""
-        found = await self.find(owner, raw_id)
-        if found.run is None:
-            raise InvalidInput("This response was not streamed: it has no events.", param="stream")
-        return found, self._runs.events(found.run.id, owner, 0)
-
-    async def turn_at(self, conversation_id: uuid.UUID, owner: str, revision: int) -> Turn:
-        """A committed response's turn (its output, when a replayed stream reaches its
-        end)."""
-        turn = await self._conversations.turn_at(conversation_id, owner, revision)
-        if turn is None:
-            raise ResponseNotFound()
-        return turn
 
     @staticmethod
     def id_of(ids: Ids, plan: TurnPlan, started: Started, revision: int | None) -> str:

@@ -39,7 +39,7 @@ from service.core.items import (
     input_count,
     open_calls,
 )
-from service.core.model import Append, Committed, Conversation, Origin, ReplyStatus, RunCommit, Turn
+from service.core.model import Append, Committed, Conversation, ReplyStatus, RunCommit, Turn
 from service.core.plans import TurnPlan, check_precondition
 from service.core.sizes import SizeLimit, turn_bytes
 from service.core.strictjson import is_encodable
@@ -55,7 +55,15 @@ from service.providers.base import (
 )
 from service.store.ports import ConversationStore
 from service.usecases import compaction
-from service.usecases.exchange import Answer, Exchange, ToolCalled, Tooling, advertised, tool_names
+from service.usecases.exchange import (
+    Answer,
+    Exchange,
+    ProviderAsk,
+    ToolCalled,
+    Tooling,
+    advertised,
+    tool_names,
+)
 from service.usecases.gate import WriteGate
 from service.usecases.leases import Held, Leases
 from service.usecases.locks import settle
@@ -78,16 +86,6 @@ class TurnDone:
 
 
 TurnEvent = ItemDone | TextDelta | ToolCalled | TurnDone
-
-
-@dataclass(frozen=True)
-class _Request:
-    """What one turn asks of the provider besides its input items."""
-
-    prompt: SystemPrompt | None  # the instructions sent, and their version (digest)
-    origin: Origin  # the provider, endpoint and model that answer it
-    template: ProviderRequest  # every call of the turn, but its input items
-    overhead: int  # its bytes without input items (the context budget counts them)
 
 
 class DurableRun(Protocol):
@@ -340,7 +338,7 @@ class TurnService:
         conversation: Conversation | None,
         window: Window,
         new_items: list[msgspec.Raw],
-        asked: _Request,
+        asked: ProviderAsk,
     ) -> tuple[Window, Usage | None]:
         """The window compacted first when the turn's input passes its threshold
         (service/usecases/compaction.py), and what the compaction cost."""
@@ -350,7 +348,7 @@ class TurnService:
         compacted = await compaction.compact(self.provider, window, asked.template, making)
         return compacted.window, compacted.usage
 
-    def _request(self, plan: TurnPlan, stream: bool) -> _Request:
+    def _request(self, plan: TurnPlan, stream: bool) -> ProviderAsk:
         ask = plan.asked or Asked()
         prompt = instructions_for(self._prompt, ask.instructions, server_first=plan.server_prompt)
         template = ProviderRequest(
@@ -358,10 +356,12 @@ class TurnService:
             ask.model, ask.fields, ask.include,
         )  # fmt: skip
         overhead = request_overhead(self.provider.origin.model, template, stream=stream)
-        return _Request(prompt, self.provider.origin.with_model(ask.model), template, overhead)
+        origin = self.provider.origin.with_model(ask.model)
+        client_names = tool_names(ask.tools)
+        return ProviderAsk(prompt, origin, template, overhead, client_names, plan.asked is not None)
 
     def _window(
-        self, conversation: Conversation | None, new_items: list[msgspec.Raw], asked: _Request
+        self, conversation: Conversation | None, new_items: list[msgspec.Raw], asked: ProviderAsk
     ) -> Window:
         """The earlier turns to send (service/core/window.py): never before the committed
         window start; only committed together with this turn."""
@@ -397,21 +397,13 @@ class TurnService:
         window: Window,
         new_items: list[msgspec.Raw],
         plan: TurnPlan,
-        asked: _Request,
+        asked: ProviderAsk,
         stream: bool,
     ) -> AsyncGenerator[ItemDone | TextDelta | ToolCalled | Answer, None]:
         exchange = Exchange(
-            self.provider,
-            window,
-            new_items,
-            request=asked.template,
-            client_names=tool_names(plan.client_tools),
-            tooling=self._tooling,
-            stream=stream,
-            overhead=asked.overhead,
+            self.provider, window, new_items, asked, tooling=self._tooling, stream=stream,
             max_request_bytes=self._budget.max_request_bytes,
-            relayed=plan.asked is not None,
-        )
+        )  # fmt: skip
         return exchange.events()
 
     def _accept(
@@ -420,7 +412,7 @@ class TurnService:
         window: Window,
         new_items: list[msgspec.Raw],
         answer: Answer,
-        asked: _Request,
+        asked: ProviderAsk,
     ) -> Turn | None:
         """The turn to commit, or None when the reply was filtered (nothing commits)."""
         reply = answer.reply

@@ -196,17 +196,14 @@ def response_object(
     status: str,
     output: Sequence[dict[str, Any]] = (),
     incomplete_reason: str | None = None,
-    created_at: datetime | float | None = None,
     completed_at: datetime | float | None = None,
     usage: Usage | None = None,
 ) -> dict[str, Any]:
     """A Response ``rid`` of conversation ``cid`` (None: a ``store: false`` call's), created
-    at ``created_at`` (shown in whole seconds, as OpenAI does), ``completed_at`` once done.
+    at ``echo.created_at`` (shown in whole seconds, as OpenAI does), ``completed_at`` once done.
     A stored response's own conversation (``echo.stored``) is not shown: on OpenAI it has
     none."""
-    if isinstance(created_at, datetime):
-        created_at = created_at.timestamp()
-    created = int(created_at if created_at is not None else time.time())
+    created = int(echo.created_at if echo.created_at is not None else time.time())
     return {
         "id": rid,
         "object": "response",

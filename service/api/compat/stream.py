@@ -118,7 +118,6 @@ class ResponseStream:
         response_id: str,
         cid: uuid.UUID | None,
         echo: Echo,
-        created_at: float,
         *,
         ids: Ids,
         source: Source | None = None,
@@ -127,7 +126,7 @@ class ResponseStream:
     ) -> None:
         self.response_id, self.cid, self.echo, self.ids = response_id, cid, echo, ids
         self.encrypted = encrypted  # its output shows sealed reasoning
-        self.created_at, self.source = created_at, source
+        self.source = source
         self.starting_after = starting_after if starting_after is not None else -1
         self.sequence = 0
         self.index = 0  # the output_index of the next item announced
@@ -275,10 +274,7 @@ class ResponseStream:
         return [m for n, m in enumerate(messages, start=first) if n > self.starting_after]
 
     def _response(self, status: str, **fields: Any) -> dict[str, Any]:
-        return response_object(
-            self.cid, self.echo, rid=self.response_id, status=status,
-            created_at=self.created_at, **fields,
-        )  # fmt: skip
+        return response_object(self.cid, self.echo, rid=self.response_id, status=status, **fields)
 
     async def _shown_id(self, provider_id: str | None, kind: str | None) -> str | None:
         """The id an item of the provider's is shown by (service/core/ids.py): the one its

@@ -1,0 +1,68 @@
+"""A /v1/responses create as the use case's command: the request body checked and made into
+one ``Asked`` (service/core/asks.py), with what its Response echoes."""
+
+from __future__ import annotations
+
+import msgspec
+
+from service.api.compat import items as views
+from service.api.compat.items import ENCRYPTED
+from service.api.compat.schemas import ResponseCreate, passed_through
+from service.api.deps import Api
+from service.core.asks import Asked, Echo
+from service.core.errors import InvalidInput
+from service.core.model import Precondition
+from service.core.plans import TurnPlan
+from service.usecases.responses import Responses
+
+
+def check_fields(asked: ResponseCreate) -> None:
+    """400 naming a field this server cannot honour, for any call."""
+    if asked.store is False and (asked.background or asked.conversation is not None):
+        what = "background" if asked.background else "conversation"
+        raise InvalidInput(f"store: false cannot be used with {what}.", param="store")
+    views.includes(asked.include)
+
+
+def asked_of(asked: ResponseCreate, body: bytes, responses: Responses, created_at: float) -> Asked:
+    """What the request asks of the provider besides its input (the model, instructions, what
+    to include, when to compact, and every field turnstore does not interpret, as it came),
+    and what its Response echoes (kept with the turn, created at ``created_at``). 400 naming
+    a field this server cannot honour."""
+    check_fields(asked)
+    fields = passed_through(body)
+    compact = responses.compaction_asked(asked.context_management)
+    if asked.store is False and asked.context_management is not None:
+        # Nothing is kept to compact: the provider compacts, as OpenAI does with store false.
+        fields["context_management"] = msgspec.Raw(msgspec.json.encode(asked.context_management))
+    echo = Echo(
+        model=asked.model or responses.model, instructions=asked.instructions,
+        tools=asked.tools or (), truncation=asked.truncation,
+        previous_response_id=asked.previous_response_id, store=asked.store is not False,
+        background=bool(asked.background), fields=fields, created_at=created_at,
+    )  # fmt: skip
+    include = tuple(i for i in asked.include or () if i != ENCRYPTED)
+    tools = responses.client_tools(asked.tools, relayed=asked.store is False)
+    ask = Asked(
+        asked.model, asked.instructions, fields, include, tools,
+        truncate=asked.truncation != "disabled", compact=compact,
+        background=bool(asked.background), echo=echo,
+    )  # fmt: skip
+    responses.check(ask)
+    return ask
+
+
+async def planned(
+    asked: ResponseCreate, ask: Asked, api: Api, if_match: Precondition, key: str | None,
+    body: bytes,
+) -> TurnPlan:  # fmt: skip
+    """The stored turn a create asks for (the use case decides where it goes)."""
+    return await api.responses.plan(
+        api.owner, ask, asked.input, conversation=asked.conversation_id,
+        previous_response_id=asked.previous_response_id, if_match=if_match,
+        idempotency_key=key, body=body,  # a retry asks exactly this body
+    )  # fmt: skip
+
+
+def encrypted_asked(asked: ResponseCreate) -> bool:
+    return ENCRYPTED in (asked.include or ())

@@ -96,7 +96,7 @@ class TurnRequest:
     response's new conversation, which expires."""
 
     owner: str
-    conversation_id: str | None
+    conversation_id: uuid.UUID | str | None  # a str: as a client sent it (checked here)
     input: TurnInput
     if_match: Precondition = None
     idempotency_key: str | None = None
@@ -159,20 +159,22 @@ def make_plan(rules: PlanRules, request: TurnRequest) -> TurnPlan:
     if request.idempotency_key is not None:
         if not rules.idempotency:
             raise InvalidInput("Idempotency-Key is not enabled on this server.")
-        subject = request.key_subject or _chat_subject(
-            given.message, request.conversation_id, request.background
-        )
+        cid = request.conversation_id
+        where = None if cid is None else str(cid)
+        subject = request.key_subject or _chat_subject(given.message, where, request.background)
         digest = hashlib.sha256(subject).hexdigest()
         idempotency = IdempotencyKey(request.owner, request.idempotency_key, digest)
     if request.conversation_id is None and request.if_match is not None:
         raise PreconditionFailed("If-Match needs an existing conversation.")
     cid = request.conversation_id
     new = cid is None or request.fork_of is not None
+    if new or cid is None:
+        cid = uuid.uuid4()
+    elif not isinstance(cid, uuid.UUID):
+        cid = parse_conversation_id(cid)
     compact = asked.compact if asked and asked.compact is not None else rules.compact_threshold
     return TurnPlan(
-        conversation_id=uuid.uuid4()
-        if new
-        else parse_conversation_id(request.conversation_id or ""),
+        conversation_id=cid,
         is_new=new,
         input=given,
         if_match=request.if_match,

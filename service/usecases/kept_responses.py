@@ -32,6 +32,7 @@ class Found:
     turn: Turn | None
     run: RunView | None
     stored: bool = False  # in a stored response's conversation (not shown: OpenAI has none)
+    latest: int | None = None  # its conversation's revision when found (None: not made yet)
 
     @property
     def response(self) -> Any:
@@ -63,7 +64,9 @@ class KeptResponses:
         # A run may make its conversation (a background response on a new one): its own
         # record says whether the response is stored until then.
         found = await self._found(owner, raw_id, ref)
-        return replace(found, stored=info is not None and info.stored_response)
+        if info is None:
+            return found
+        return replace(found, stored=info.stored_response, latest=info.revision)
 
     async def _found(self, owner: str, raw_id: str, ref: ResponseRef) -> Found:
         if ref.run_id is not None:

@@ -15,6 +15,7 @@ from any replica, for TURN_EVENTS_TTL_S after it ends.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -112,6 +113,7 @@ class Responses:
         turn on a new conversation."""
         fork: ForkPoint | None = None
         stored = conversation is None and previous_response_id is None
+        where: uuid.UUID | str | None = conversation  # as sent, or the chain's (a UUID)
         if previous_response_id is not None:
             if conversation is not None:
                 raise InvalidInput(
@@ -119,17 +121,17 @@ class Responses:
                     param="previous_response_id",
                 )
             found, latest, fork = await self._chain(owner, previous_response_id)
-            conversation, stored = str(found.conversation_id), found.stored
+            where, stored = found.conversation_id, found.stored
             if_match = latest if if_match is None else if_match & latest
         given = turn_input(input)
         if isinstance(input, list):  # items shown by turnstore come back as they are stored
-            if conversation is None:  # a new stored response's history has a user message
+            if where is None:  # a new stored response's history has a user message
                 check_history(input)
             origin = self._relay.origin(asked.model)
             items = await self._restorer.restore(owner, input, origin=origin)
             given = replace(given, items=tuple(items))
         request = TurnRequest(
-            owner, conversation, given, if_match, idempotency_key,
+            owner, where, given, if_match, idempotency_key,
             key_subject=body,  # a retry asks exactly this
             background=asked.background, fork_of=fork, asked=asked, stored_response=stored,
         )  # fmt: skip
@@ -141,8 +143,10 @@ class Responses:
         """Where a turn after ``previous`` goes: its conversation, the revision it must still
         be at, and the fork to make when a later turn committed since."""
         found, revision = await self._completed(owner, previous)
-        info = await self._conversations.describe(found.conversation_id, owner)
-        fork = ForkPoint(found.conversation_id, revision) if revision < info.revision else None
+        latest = found.latest  # read with it: the conversation row is read once before the lease
+        if latest is None:
+            latest = (await self._conversations.describe(found.conversation_id, owner)).revision
+        fork = ForkPoint(found.conversation_id, revision) if revision < latest else None
         return found, frozenset({revision}), fork
 
     async def _completed(self, owner: str, previous: str) -> tuple[Found, int]:

@@ -119,16 +119,19 @@ def _db(action: DbAction) -> Callable[[argparse.Namespace, Settings], None]:
 
 def _upgrade(url: str, args: argparse.Namespace, settings: Settings) -> None:
     migrate.upgrade(
-        url, keyring_url=settings.keyring_database_url,
+        url,
+        keyring_url=settings.keyring_database_url,
         lock_timeout_s=settings.migration_lock_timeout_s,
-    )  # fmt: skip
+    )
 
 
 def _downgrade(url: str, args: argparse.Namespace, settings: Settings) -> None:
     migrate.downgrade(
-        url, args.revision, allow_data_loss=args.allow_data_loss,
+        url,
+        args.revision,
+        allow_data_loss=args.allow_data_loss,
         lock_timeout_s=settings.migration_lock_timeout_s,
-    )  # fmt: skip
+    )
 
 
 def _current(url: str, args: argparse.Namespace, settings: Settings) -> object:
@@ -382,8 +385,12 @@ def _db_commands(db: argparse.ArgumentParser) -> None:
     place = commands.add_parser(
         "distribute", help="place the tables on a Citus coordinator (after upgrade; rerunnable)"
     )
-    place.add_argument("--shard-count", type=_positive, default=DEFAULT_SHARD_COUNT,
-                       help="shards of a new co-location group")  # fmt: skip
+    place.add_argument(
+        "--shard-count",
+        type=_positive,
+        default=DEFAULT_SHARD_COUNT,
+        help="shards of a new co-location group",
+    )
     place.set_defaults(run=_db(_distribute))
 
 
@@ -398,10 +405,12 @@ def _data_commands(commands: Any) -> None:
     )
     shred.add_argument("owner", metavar="NAME")
     shred.add_argument(
-        "--wait-s", type=float, default=KEY_CACHE_S + 5,
+        "--wait-s",
+        type=float,
+        default=KEY_CACHE_S + 5,
         help="how long replicas may still hold the key in memory (their cache time, and then "
         "some); the rows are deleted after it",
-    )  # fmt: skip
+    )
     shred.set_defaults(run=_owners_shred)
     existing = commands.add_parser(
         "encrypt-existing", help="encrypt rows written in clear (safe while serving)"

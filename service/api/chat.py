@@ -104,8 +104,10 @@ class ChatController(Controller):
         plan = chat_plan(api, data, if_match, idempotency_key)
         await api.turns.check(plan)
         started = await api.runs.start(plan, correlation_id=cid(request))
-        headers = {"X-Conversation-Id": str(started.conversation_id),
-                   "X-Turn-Id": str(started.turn_id)}  # fmt: skip
+        headers = {
+            "X-Conversation-Id": str(started.conversation_id),
+            "X-Turn-Id": str(started.turn_id),
+        }
         rendering = TurnEvents(cid(request))
         return run_stream(
             api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, headers
@@ -116,9 +118,13 @@ def chat_plan(
     api: Api, data: ChatRequest, if_match: str | None, idempotency_key: str | None
 ) -> TurnPlan:
     asked = chat_request(
-        api.owner, data.message, data.conversation_id, parse_if_match(if_match),
-        idempotency_key=idempotency_key, background=data.background,
-    )  # fmt: skip
+        api.owner,
+        data.message,
+        data.conversation_id,
+        parse_if_match(if_match),
+        idempotency_key=idempotency_key,
+        background=data.background,
+    )
     return make_plan(api.rules, asked)
 
 

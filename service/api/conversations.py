@@ -145,10 +145,17 @@ class ConversationController(Controller):
         before_request=strict(CompactRequest),
         response_headers=[ETAG, CORRELATION_ID],
         responses=documented(
-            InvalidInput, Unauthorized, PreconditionFailed, ConversationConflict,
-            ConversationBusy, ConversationFull, UpstreamError, UpstreamTimeout, *WRITE_ERRORS,
+            InvalidInput,
+            Unauthorized,
+            PreconditionFailed,
+            ConversationConflict,
+            ConversationBusy,
+            ConversationFull,
+            UpstreamError,
+            UpstreamTimeout,
+            *WRITE_ERRORS,
         ),
-    )  # fmt: skip
+    )
     async def compact(
         self,
         request: Request[Any, Any, Any],

@@ -91,9 +91,11 @@ class Edge:
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         method = scope.get("method", "")
         with tracing.span(
-            f"{method} {scope['path']}", context=propagate.extract(carrier),
-            kind=trace.SpanKind.SERVER, attributes={"http.request.method": method},
-        ) as span:  # fmt: skip
+            f"{method} {scope['path']}",
+            context=propagate.extract(carrier),
+            kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": method},
+        ) as span:
             status = 500
 
             async def observed(message: Message) -> None:

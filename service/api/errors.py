@@ -66,19 +66,32 @@ def documented(
 
 # What any turn may answer, on either surface (for the OpenAPI document).
 TURN_ERRORS: tuple[type[TurnstoreError], ...] = (
-    ContextLengthExceeded, ConversationNotFound, ConversationConflict, RequestInProgress,
-    PreconditionFailed, ContentFiltered, IdempotencyKeyReused, ConversationFull, RateLimited,
-    TooManyRequests, UpstreamError, UpstreamTimeout,
-)  # fmt: skip
+    ContextLengthExceeded,
+    ConversationNotFound,
+    ConversationConflict,
+    RequestInProgress,
+    PreconditionFailed,
+    ContentFiltered,
+    IdempotencyKeyReused,
+    ConversationFull,
+    RateLimited,
+    TooManyRequests,
+    UpstreamError,
+    UpstreamTimeout,
+)
 
 
 # What any call that writes may answer besides its own errors (service/usecases/gate.py): its
 # Idempotency-Key malformed, in use or reused, the owner's write budget, an owner shredded
 # meanwhile, the database.
 WRITE_ERRORS: tuple[type[TurnstoreError], ...] = (
-    InvalidInput, RequestInProgress, IdempotencyKeyReused, TooManyRequests, ConversationNotFound,
+    InvalidInput,
+    RequestInProgress,
+    IdempotencyKeyReused,
+    TooManyRequests,
+    ConversationNotFound,
     StorageError,
-)  # fmt: skip
+)
 
 
 def openai_documented(*more: type[TurnstoreError]) -> dict[int, ResponseSpec]:

@@ -80,9 +80,12 @@ class UsageView(msgspec.Struct):
         if usage is None:
             return None
         return cls(
-            usage.input_tokens, InputTokens(usage.cached_tokens, 0), usage.output_tokens,
-            OutputTokens(usage.reasoning_tokens), usage.total_tokens,
-        )  # fmt: skip
+            usage.input_tokens,
+            InputTokens(usage.cached_tokens, 0),
+            usage.output_tokens,
+            OutputTokens(usage.reasoning_tokens),
+            usage.total_tokens,
+        )
 
 
 class ChatResponse(msgspec.Struct):

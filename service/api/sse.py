@@ -52,8 +52,9 @@ class EventStream(ServerSentEvent):
         *,
         headers: dict[str, str] | None = None,
     ) -> None:
-        Stream.__init__(self, content=_encoded(events), media_type="text/event-stream",
-                        headers=headers)  # fmt: skip
+        Stream.__init__(
+            self, content=_encoded(events), media_type="text/event-stream", headers=headers
+        )
         self.headers.setdefault("Cache-Control", "no-cache")
         self.headers["Connection"] = "keep-alive"
         self.headers["X-Accel-Buffering"] = "no"
@@ -218,9 +219,13 @@ def run_stream(
     background = run is None or run.new.background
     on_close = None if background else (lambda: run.stop(Cancelled(GONE)))  # type: ignore[union-attr]
     events = sse_events(
-        source, rendering, keepalive_s, correlation_id=correlation_id(request.scope),
-        follower=background, on_close=on_close,
-    )  # fmt: skip
+        source,
+        rendering,
+        keepalive_s,
+        correlation_id=correlation_id(request.scope),
+        follower=background,
+        on_close=on_close,
+    )
     closed_with_response(request.scope, events)
     return EventStream(events, headers=headers)
 

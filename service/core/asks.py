@@ -67,10 +67,20 @@ class Echo:
         instructions: a turn keeps their digest only)."""
         kept = {name: self.fields[name] for name in ECHO_DEFAULTS if name in self.fields}
         created_at = self.created_at if self.created_at is not None else time.time()
-        return msgspec.Raw(_JSON.encode(_Record(
-            created_at, list(self.tools), self.truncation, self.previous_response_id,
-            self.store, self.background, kept, self.stored,
-        )))  # fmt: skip
+        return msgspec.Raw(
+            _JSON.encode(
+                _Record(
+                    created_at,
+                    list(self.tools),
+                    self.truncation,
+                    self.previous_response_id,
+                    self.store,
+                    self.background,
+                    kept,
+                    self.stored,
+                )
+            )
+        )
 
     @classmethod
     def of_record(cls, record: msgspec.Raw | None, model: str) -> Echo:
@@ -79,11 +89,16 @@ class Echo:
             return cls(model=model)
         kept = msgspec.json.decode(record, type=_Record)
         echo = cls(
-            model=model, tools=kept.tools, truncation=kept.truncation,
-            previous_response_id=kept.previous_response_id, store=kept.store,
-            background=kept.background, fields=kept.fields, stored=kept.stored,
+            model=model,
+            tools=kept.tools,
+            truncation=kept.truncation,
+            previous_response_id=kept.previous_response_id,
+            store=kept.store,
+            background=kept.background,
+            fields=kept.fields,
+            stored=kept.stored,
             created_at=kept.created_at,
-        )  # fmt: skip
+        )
         return echo
 
     def body(self) -> dict[str, Any]:

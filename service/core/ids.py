@@ -52,9 +52,12 @@ _PREFIX = re.compile(r"([a-z]{1,16})_")
 _RESPONSE, _RUN, _ITEM = b"turnstore response", b"turnstore run response", b"turnstore item"
 _AT, _NAMED = 0, 1  # an item shown by its place in its turn, or by its provider's id
 _PREFIXES = {  # an item stored without an id of its own is shown with OpenAI's prefix
-    "message": "msg", "reasoning": "rs", "function_call": "fc",
-    "function_call_output": "fco", "compaction": "cmp",
-}  # fmt: skip
+    "message": "msg",
+    "reasoning": "rs",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "compaction": "cmp",
+}
 
 
 def conversation_id(cid: uuid.UUID) -> str:

@@ -205,9 +205,13 @@ def compaction_plan(
     """The plan of a compaction committed on its own (no message, no reply): a commit under
     the same lease, If-Match and Idempotency-Key as a turn."""
     return TurnPlan(
-        conversation_id, is_new=False, input=TurnInput("", (), ()), if_match=if_match,
-        owner=owner, idempotency=idempotency,
-    )  # fmt: skip
+        conversation_id,
+        is_new=False,
+        input=TurnInput("", (), ()),
+        if_match=if_match,
+        owner=owner,
+        idempotency=idempotency,
+    )
 
 
 def _check_message(rules: PlanRules, message: str, items: tuple[msgspec.Raw, ...]) -> None:

@@ -48,14 +48,44 @@ MODEL = "fake-llm"
 REASONING_TOKENS = 4  # what its sealed reasoning "costs"
 # The top-level fields of a Responses API request (openai-python's ResponseCreateParams), less
 # those turnstore sets itself.
-KNOWN_FIELDS = frozenset({
-    "access_programs", "background", "background_options", "context_management", "conversation",
-    "image", "include", "input", "instructions", "max_output_tokens", "max_tool_calls",
-    "metadata", "model", "moderation", "parallel_tool_calls", "previous_response_id", "prompt",
-    "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention", "reasoning",
-    "safety_identifier", "service_tier", "store", "stream", "stream_options", "temperature",
-    "text", "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "user",
-})  # fmt: skip
+KNOWN_FIELDS = frozenset(
+    {
+        "access_programs",
+        "background",
+        "background_options",
+        "context_management",
+        "conversation",
+        "image",
+        "include",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "max_tool_calls",
+        "metadata",
+        "model",
+        "moderation",
+        "parallel_tool_calls",
+        "previous_response_id",
+        "prompt",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning",
+        "safety_identifier",
+        "service_tier",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "text",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "truncation",
+        "user",
+    }
+)
 
 
 class _ItemHead(msgspec.Struct):

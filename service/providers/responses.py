@@ -272,9 +272,11 @@ class ResponsesProvider:
             if not response.is_success:
                 error = await self._status_error(response)
                 log.warning(
-                    "provider answered HTTP %s: %s", response.status_code, error.code,
+                    "provider answered HTTP %s: %s",
+                    response.status_code,
+                    error.code,
                     extra={"provider_request_id": request_id},
-                )  # fmt: skip
+                )
                 raise error
             log.debug("provider answering", extra={"provider_request_id": request_id})
             yield response

@@ -73,9 +73,11 @@ class KeptResponses:
             return await self._found_by_run(owner, raw_id, ref)
         assert ref.revision is not None
         turn = await self._conversations.turn_at(ref.conversation_id, owner, ref.revision)
-        run_id = turn.turn_id if turn is not None else await self._runs.find(
-            ref.conversation_id, owner, ref.revision - 1
-        )  # fmt: skip
+        run_id = (
+            turn.turn_id
+            if turn is not None
+            else await self._runs.find(ref.conversation_id, owner, ref.revision - 1)
+        )
         run = await self._runs.view(run_id, owner) if run_id is not None else None
         if (turn is None and run is None) or (turn is not None and turn.response_deleted):
             raise ResponseNotFound()

@@ -63,9 +63,10 @@ class Relay:
         """The provider's compaction of ``items`` (``POST /v1/responses/compact``): nothing is
         kept. A refusal of the request is the client's (400)."""
         prompt = instructions_for(
-            self._prompt, asked.instructions,
+            self._prompt,
+            asked.instructions,
             server_first=self._rules.server_prompt_first(asked.instructions),
-        )  # fmt: skip
+        )
         request = ProviderRequest(items, prompt.text if prompt else None, model=asked.model)
         try:
             compacted = await self._provider.compact(request)
@@ -88,9 +89,10 @@ class Relay:
         """The provider request a client asked: its items, the prompt (INSTRUCTIONS), the
         function tools it runs itself, its model and fields (what to include: not counted)."""
         prompt = instructions_for(
-            self._prompt, asked.instructions,
+            self._prompt,
+            asked.instructions,
             server_first=self._rules.server_prompt_first(asked.instructions),
-        )  # fmt: skip
+        )
         text = prompt.text if prompt else None
         include = () if counted else asked.include
         tools = advertised(None, asked.tools)

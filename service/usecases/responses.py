@@ -131,10 +131,17 @@ class Responses:
             items = await self._restorer.restore(owner, input, origin=origin)
             given = replace(given, items=tuple(items))
         request = TurnRequest(
-            owner, where, given, if_match, idempotency_key,
+            owner,
+            where,
+            given,
+            if_match,
+            idempotency_key,
             key_subject=body,  # a retry asks exactly this
-            background=asked.background, fork_of=fork, asked=asked, stored_response=stored,
-        )  # fmt: skip
+            background=asked.background,
+            fork_of=fork,
+            asked=asked,
+            stored_response=stored,
+        )
         return make_plan(self._rules, request)
 
     async def _chain(

@@ -45,10 +45,17 @@ async def answered(
     assert done.revision is not None
     output = Output.of_done(done).shown(api.ids, done.conversation_id, done.revision, encrypted)
     rid = api.ids.response(done.conversation_id, done.revision)
-    return Response(response_object(
-        done.conversation_id, echo, rid=rid, status=done.status, output=output,
-        incomplete_reason=done.incomplete_reason, usage=done.usage,
-    ))  # fmt: skip
+    return Response(
+        response_object(
+            done.conversation_id,
+            echo,
+            rid=rid,
+            status=done.status,
+            output=output,
+            incomplete_reason=done.incomplete_reason,
+            usage=done.usage,
+        )
+    )
 
 
 def source_of(api: Api, cid: uuid.UUID, run: Run | None, run_id: uuid.UUID) -> Source:
@@ -103,9 +110,13 @@ async def run_of(
         )
     source = source_of(api, started.conversation_id, run, started.turn_id)
     rendering = ResponseStream(
-        rid, started.conversation_id, echo, ids=api.ids, source=source,
+        rid,
+        started.conversation_id,
+        echo,
+        ids=api.ids,
+        source=source,
         encrypted=encrypted,
-    )  # fmt: skip
+    )
     return run_stream(api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, {})
 
 
@@ -131,7 +142,14 @@ async def stateless(
     # Sealed reasoning is kept in the answer: a client that keeps the history has no other
     # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
     output = views.output_items(api.ids, None, 1, reply.output_items, 0, encrypted=True)
-    return Response(response_object(
-        None, echo, rid=rid, status=reply.status, output=output,
-        incomplete_reason=reply.incomplete_reason, usage=reply.usage,
-    ))  # fmt: skip
+    return Response(
+        response_object(
+            None,
+            echo,
+            rid=rid,
+            status=reply.status,
+            output=output,
+            incomplete_reason=reply.incomplete_reason,
+            usage=reply.usage,
+        )
+    )

@@ -7,7 +7,7 @@ import msgspec
 
 from service.api.compat import items as views
 from service.api.compat.items import ENCRYPTED
-from service.api.compat.schemas import ResponseCreate, passed_through
+from service.api.compat.schemas import NOT_COUNTED, ResponseCreate, TokensCount, passed_through
 from service.api.deps import Api
 from service.core.asks import Asked, Echo
 from service.core.errors import InvalidInput
@@ -36,33 +36,72 @@ def asked_of(asked: ResponseCreate, body: bytes, responses: Responses, created_a
         # Nothing is kept to compact: the provider compacts, as OpenAI does with store false.
         fields["context_management"] = msgspec.Raw(msgspec.json.encode(asked.context_management))
     echo = Echo(
-        model=asked.model or responses.model, instructions=asked.instructions,
-        tools=asked.tools or (), truncation=asked.truncation,
-        previous_response_id=asked.previous_response_id, store=asked.store is not False,
-        background=bool(asked.background), fields=fields, created_at=created_at,
-    )  # fmt: skip
+        model=asked.model or responses.model,
+        instructions=asked.instructions,
+        tools=asked.tools or (),
+        truncation=asked.truncation,
+        previous_response_id=asked.previous_response_id,
+        store=asked.store is not False,
+        background=bool(asked.background),
+        fields=fields,
+        created_at=created_at,
+    )
     include = tuple(i for i in asked.include or () if i != ENCRYPTED)
     tools = responses.client_tools(asked.tools, relayed=asked.store is False)
     ask = Asked(
-        asked.model, asked.instructions, fields, include, tools,
-        truncate=asked.truncation != "disabled", compact=compact,
-        background=bool(asked.background), echo=echo,
-    )  # fmt: skip
+        asked.model,
+        asked.instructions,
+        fields,
+        include,
+        tools,
+        truncate=asked.truncation != "disabled",
+        compact=compact,
+        background=bool(asked.background),
+        echo=echo,
+    )
     responses.check(ask)
     return ask
 
 
 async def planned(
-    asked: ResponseCreate, ask: Asked, api: Api, if_match: Precondition, key: str | None,
+    asked: ResponseCreate,
+    ask: Asked,
+    api: Api,
+    if_match: Precondition,
+    key: str | None,
     body: bytes,
-) -> TurnPlan:  # fmt: skip
+) -> TurnPlan:
     """The stored turn a create asks for (the use case decides where it goes)."""
     return await api.responses.plan(
-        api.owner, ask, asked.input, conversation=asked.conversation_id,
-        previous_response_id=asked.previous_response_id, if_match=if_match,
-        idempotency_key=key, body=body,  # a retry asks exactly this body
-    )  # fmt: skip
+        api.owner,
+        ask,
+        asked.input,
+        conversation=asked.conversation_id,
+        previous_response_id=asked.previous_response_id,
+        if_match=if_match,
+        idempotency_key=key,
+        body=body,  # a retry asks exactly this body
+    )
 
 
 def encrypted_asked(asked: ResponseCreate) -> bool:
     return ENCRYPTED in (asked.include or ())
+
+
+async def tokens_counted(asked: TokensCount, body: bytes, api: Api) -> int:
+    """``POST /v1/responses/input_tokens``: what a create with this body would send, counted
+    (its fields as a create's, but those that do not change the count)."""
+    responses = api.responses
+    fields = {
+        name: value for name, value in passed_through(body).items() if name not in NOT_COUNTED
+    }
+    tools = responses.client_tools(asked.tools, relayed=True)
+    ask = Asked(asked.model, asked.instructions, fields, tools=tools)
+    responses.check(ask)
+    return await responses.count_tokens(
+        api.owner,
+        ask,
+        asked.input,
+        conversation=asked.conversation_id,
+        previous=asked.previous_response_id,
+    )

@@ -62,10 +62,13 @@ class OpenAIConversations(Controller):
     tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @post(
-        "/", status_code=200, summary="Create a conversation (metadata, up to 20 items).",
-        before_request=strict(ConversationCreate), response_headers=[ETAG, CORRELATION_ID],
+        "/",
+        status_code=200,
+        summary="Create a conversation (metadata, up to 20 items).",
+        before_request=strict(ConversationCreate),
+        response_headers=[ETAG, CORRELATION_ID],
         responses=openai_documented(ConversationFull, *WRITE_ERRORS),
-    )  # fmt: skip
+    )
     async def create(
         self,
         request: Request[Any, Any, Any],
@@ -79,9 +82,11 @@ class OpenAIConversations(Controller):
         return with_etag(conversation_object(info), info.revision)
 
     @get(
-        "/{conversation_id:str}", summary="A conversation: id, created_at, metadata.",
-        response_headers=[ETAG, CORRELATION_ID], responses=openai_documented(ConversationNotFound),
-    )  # fmt: skip
+        "/{conversation_id:str}",
+        summary="A conversation: id, created_at, metadata.",
+        response_headers=[ETAG, CORRELATION_ID],
+        responses=openai_documented(ConversationNotFound),
+    )
     async def retrieve(
         self, conversation_id: FromPath[str], api: Caller
     ) -> Response[dict[str, Any]]:
@@ -89,10 +94,13 @@ class OpenAIConversations(Controller):
         return with_etag(conversation_object(info), info.revision)
 
     @post(
-        "/{conversation_id:str}", status_code=200, summary="Replace its metadata (no commit).",
-        before_request=strict(ConversationUpdate), response_headers=[ETAG, CORRELATION_ID],
+        "/{conversation_id:str}",
+        status_code=200,
+        summary="Replace its metadata (no commit).",
+        before_request=strict(ConversationUpdate),
+        response_headers=[ETAG, CORRELATION_ID],
         responses=openai_documented(PreconditionFailed, *WRITE_ERRORS),
-    )  # fmt: skip
+    )
     async def update(
         self,
         request: Request[Any, Any, Any],
@@ -111,10 +119,12 @@ class OpenAIConversations(Controller):
         return with_etag(conversation_object(info), info.revision)
 
     @delete(
-        "/{conversation_id:str}", status_code=200, summary="Delete it and all its turns.",
+        "/{conversation_id:str}",
+        status_code=200,
+        summary="Delete it and all its turns.",
         response_headers=[CORRELATION_ID],
         responses=openai_documented(PreconditionFailed, *WRITE_ERRORS),
-    )  # fmt: skip
+    )
     async def remove(
         self,
         conversation_id: FromPath[str],
@@ -128,9 +138,11 @@ class OpenAIConversations(Controller):
         return deleted_object(cid)
 
     @get(
-        "/{conversation_id:str}/items", summary="Its items, newest first by default.",
-        response_headers=[CORRELATION_ID], responses=openai_documented(ConversationNotFound),
-    )  # fmt: skip
+        "/{conversation_id:str}/items",
+        summary="Its items, newest first by default.",
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(ConversationNotFound),
+    )
     async def items(
         self,
         conversation_id: FromPath[str],
@@ -148,19 +160,26 @@ class OpenAIConversations(Controller):
         turns = api.conversations.walk(cid, api.owner, newest_first=newest_first)
         async with aclosing(turns):
             page = await views.page_of(
-                api.ids, turns, cid, after=after, limit=limit, newest_first=newest_first,
+                api.ids,
+                turns,
+                cid,
+                after=after,
+                limit=limit,
+                newest_first=newest_first,
                 encrypted=encrypted,
-            )  # fmt: skip
+            )
         return page.body()
 
     @post(
-        "/{conversation_id:str}/items", status_code=200,
+        "/{conversation_id:str}/items",
+        status_code=200,
         summary="Append up to 20 items without calling the model: one commit.",
-        before_request=strict(ItemsCreate), response_headers=[ETAG, CORRELATION_ID],
+        before_request=strict(ItemsCreate),
+        response_headers=[ETAG, CORRELATION_ID],
         responses=openai_documented(
             ConversationConflict, PreconditionFailed, ConversationFull, *WRITE_ERRORS
         ),
-    )  # fmt: skip
+    )
     async def append(
         self,
         request: Request[Any, Any, Any],
@@ -180,13 +199,14 @@ class OpenAIConversations(Controller):
         return with_etag(views.ItemPage(added, has_more=False).body(), revision)
 
     @delete(
-        "/{conversation_id:str}/items/{item_id:str}", status_code=200,
+        "/{conversation_id:str}/items/{item_id:str}",
+        status_code=200,
         summary="Remove the latest item (a commit); any other item: 400.",
         response_headers=[ETAG, CORRELATION_ID],
         responses=openai_documented(
             ItemNotFound, ConversationConflict, PreconditionFailed, *WRITE_ERRORS
         ),
-    )  # fmt: skip
+    )
     async def pop(
         self,
         conversation_id: FromPath[str],
@@ -203,10 +223,11 @@ class OpenAIConversations(Controller):
         return with_etag(conversation_object(info), info.revision)
 
     @get(
-        "/{conversation_id:str}/items/{item_id:str}", summary="One of its items.",
+        "/{conversation_id:str}/items/{item_id:str}",
+        summary="One of its items.",
         response_headers=[CORRELATION_ID],
         responses=openai_documented(ConversationNotFound, ItemNotFound),
-    )  # fmt: skip
+    )
     async def item(
         self,
         conversation_id: FromPath[str],

@@ -58,9 +58,15 @@ def turn_items(
     first = input_count(turn.replay_items)
     inputs = output_items(ids, cid, revision, turn.replay_items[:first], 0, encrypted=encrypted)
     outputs = output_items(
-        ids, cid, revision, turn.replay_items[first:], first, encrypted=encrypted,
-        own_calls=own, compaction=compaction_item(turn.compacted),
-    )  # fmt: skip
+        ids,
+        cid,
+        revision,
+        turn.replay_items[first:],
+        first,
+        encrypted=encrypted,
+        own_calls=own,
+        compaction=compaction_item(turn.compacted),
+    )
     return [*inputs, *outputs]
 
 

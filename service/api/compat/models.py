@@ -23,14 +23,22 @@ class OpenAIModels(Controller):
     path = "/v1/models"
     tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
-    @get("/", summary="The models a request may name.", response_headers=[CORRELATION_ID],
-         responses=openai_documented())  # fmt: skip
+    @get(
+        "/",
+        summary="The models a request may name.",
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(),
+    )
     async def listing(self, api: Caller) -> dict[str, Any]:
         owner = api.responses.provider_name
         return {"object": "list", "data": [model_object(m, owner) for m in api.responses.models]}
 
-    @get("/{model:str}", summary="One model a request may name.",
-         response_headers=[CORRELATION_ID], responses=openai_documented(UnknownModel))  # fmt: skip
+    @get(
+        "/{model:str}",
+        summary="One model a request may name.",
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(UnknownModel),
+    )
     async def retrieve(self, model: FromPath[str], api: Caller) -> dict[str, Any]:
         try:
             api.responses.check_model(model)

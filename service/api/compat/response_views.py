@@ -30,10 +30,15 @@ def shown(found: Found, api: Api, *, encrypted: bool = False) -> dict[str, Any]:
             api.ids, found.conversation_id, found.revision, encrypted
         )
         return response_object(
-            found.conversation_id, echo, rid=found.id, status=turn.status, output=output,
-            incomplete_reason=turn.incomplete_reason, usage=turn.usage,
+            found.conversation_id,
+            echo,
+            rid=found.id,
+            status=turn.status,
+            output=output,
+            incomplete_reason=turn.incomplete_reason,
+            usage=turn.usage,
             completed_at=turn.created_at,
-        )  # fmt: skip
+        )
     assert run is not None  # a response not committed is one that runs, or ran, as a run
     body = response_object(found.conversation_id, echo, rid=found.id, status=run.status)
     if run.error_code is not None:
@@ -62,9 +67,14 @@ def input_items(found: Found, api: Api, encrypted: bool) -> list[dict[str, Any]]
     inputs = turn.replay_items[: input_count(turn.replay_items)]
     own = {call.call_id for call in turn.tool_calls}
     return views.output_items(
-        api.ids, found.conversation_id, found.revision, inputs, 0, encrypted=encrypted,
+        api.ids,
+        found.conversation_id,
+        found.revision,
+        inputs,
+        0,
+        encrypted=encrypted,
         own_calls=own,
-    )  # fmt: skip
+    )
 
 
 async def resumed(
@@ -79,9 +89,13 @@ async def resumed(
     run = api.runs.live(found.run.id, api.owner)
     source = source_of(api, found.conversation_id, run, found.run.id)
     rendering = ResponseStream(
-        found.id, found.conversation_id, echo, ids=api.ids, source=source,
+        found.id,
+        found.conversation_id,
+        echo,
+        ids=api.ids,
+        source=source,
         starting_after=starting_after,
-    )  # fmt: skip
+    )
     cid = correlation_id(request.scope)
     stream = sse_events(events, rendering, api.sse_keepalive_s, correlation_id=cid, follower=True)
     closed_with_response(request.scope, stream)

@@ -16,15 +16,13 @@ from litestar.response import ServerSentEvent
 from service.api.bodies import strict
 from service.api.compat import items as views
 from service.api.compat.answers import answered, stateless
-from service.api.compat.commands import asked_of, planned
+from service.api.compat.commands import asked_of, planned, tokens_counted
 from service.api.compat.response_views import input_items, resumed, shown
 from service.api.compat.schemas import (
-    NOT_COUNTED,
     CompactCreate,
     ResponseCreate,
     TokensCount,
     compaction_object,
-    passed_through,
 )
 from service.api.deps import Caller
 from service.api.errors import TURN_ERRORS, WRITE_ERRORS, openai_documented
@@ -65,11 +63,14 @@ class OpenAIResponses(Controller):
     tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @post(
-        "/", status_code=200, summary="A response: a Response, or (stream) its event stream.",
+        "/",
+        status_code=200,
+        summary="A response: a Response, or (stream) its event stream.",
         description="A busy conversation is 400 conversation_locked, as OpenAI answers it.",
-        before_request=strict(ResponseCreate), response_headers=[CORRELATION_ID, RETRY_AFTER],
+        before_request=strict(ResponseCreate),
+        response_headers=[CORRELATION_ID, RETRY_AFTER],
         responses=openai_documented(*TURN_ERRORS, PreviousResponseNotFound),
-    )  # fmt: skip
+    )
     async def create(
         self,
         request: Request[Any, Any, Any],
@@ -86,15 +87,17 @@ class OpenAIResponses(Controller):
         return await answered(request, plan, data, ask, api)
 
     @post(
-        "/compact", status_code=200,
+        "/compact",
+        status_code=200,
         summary="The provider's compaction of a history (input and/or previous_response_id).",
         description="Relayed as OpenAI serves it: items turnstore showed are restored to their "
         "stored bytes first; nothing is kept.",
-        before_request=strict(CompactCreate), response_headers=[CORRELATION_ID],
+        before_request=strict(CompactCreate),
+        response_headers=[CORRELATION_ID],
         responses=openai_documented(
             PreviousResponseNotFound, ResponseNotFound, RateLimited, UpstreamError, UpstreamTimeout
         ),
-    )  # fmt: skip
+    )
     async def compact(self, data: JSONBody[CompactCreate], api: Caller) -> dict[str, Any]:
         responses = api.responses
         responses.check_model(data.model)
@@ -103,36 +106,32 @@ class OpenAIResponses(Controller):
         return compaction_object(compacted.items, compacted.usage)
 
     @post(
-        "/input_tokens", status_code=200,
+        "/input_tokens",
+        status_code=200,
         summary="How many input tokens a create with this body would send.",
         description="Counted by the provider's own endpoint, stored items restored and the "
         "window applied; nothing is kept.",
         response_headers=[CORRELATION_ID],
         responses=openai_documented(
-            PreviousResponseNotFound, ConversationNotFound, RateLimited, UpstreamError,
+            PreviousResponseNotFound,
+            ConversationNotFound,
+            RateLimited,
+            UpstreamError,
             UpstreamTimeout,
         ),
-    )  # fmt: skip
+    )
     async def input_tokens(
         self, request: Request[Any, Any, Any], data: JSONBody[TokensCount], api: Caller
     ) -> dict[str, Any]:
-        responses = api.responses
-        fields = passed_through(await request.body())
-        fields = {name: value for name, value in fields.items() if name not in NOT_COUNTED}
-        tools = responses.client_tools(data.tools, relayed=True)
-        asked = Asked(data.model, data.instructions, fields, tools=tools)
-        responses.check(asked)
-        counted = await responses.count_tokens(
-            api.owner, asked, data.input, conversation=data.conversation_id,
-            previous=data.previous_response_id,
-        )  # fmt: skip
+        counted = await tokens_counted(data, await request.body(), api)
         return {"object": "response.input_tokens", "input_tokens": counted}
 
     @get(
-        "/{response_id:str}", summary="A response as it is now, or (stream) its events.",
+        "/{response_id:str}",
+        summary="A response as it is now, or (stream) its events.",
         response_headers=[CORRELATION_ID],
         responses=openai_documented(ResponseNotFound, MethodNotAllowed),
-    )  # fmt: skip
+    )
     async def retrieve(
         self,
         request: Request[Any, Any, Any],
@@ -148,17 +147,22 @@ class OpenAIResponses(Controller):
         return shown(await api.kept.find(api.owner, response_id), api, encrypted=encrypted)
 
     @post(
-        "/{response_id:str}/cancel", status_code=200, summary="Stop a response wherever it runs.",
-        response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
-    )  # fmt: skip
+        "/{response_id:str}/cancel",
+        status_code=200,
+        summary="Stop a response wherever it runs.",
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(ResponseNotFound),
+    )
     async def cancel(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
         return shown(await api.kept.cancel(api.owner, response_id), api)
 
     @delete(
-        "/{response_id:str}", status_code=200, summary="Forget a response (its turn stays).",
+        "/{response_id:str}",
+        status_code=200,
+        summary="Forget a response (its turn stays).",
         response_headers=[CORRELATION_ID],
         responses=openai_documented(ResponseNotFound, MethodNotAllowed, *WRITE_ERRORS),
-    )  # fmt: skip
+    )
     async def remove(
         self, response_id: FromPath[str], api: Caller, idempotency_key: IdempotencyKey = None
     ) -> dict[str, Any]:
@@ -167,9 +171,11 @@ class OpenAIResponses(Controller):
         return {"id": response_id, "object": "response", "deleted": True}
 
     @get(
-        "/{response_id:str}/input_items", summary="The items a response was asked with.",
-        response_headers=[CORRELATION_ID], responses=openai_documented(ResponseNotFound),
-    )  # fmt: skip
+        "/{response_id:str}/input_items",
+        summary="The items a response was asked with.",
+        response_headers=[CORRELATION_ID],
+        responses=openai_documented(ResponseNotFound),
+    )
     async def input_items(
         self,
         response_id: FromPath[str],

@@ -44,10 +44,22 @@ class ConversationUpdate(msgspec.Struct, forbid_unknown_fields=True):
 
 # The fields of a Responses request that turnstore interprets; every other one is the
 # provider's, sent to it as it came (ResponseCreate keeps them in ``fields``).
-INTERPRETED = frozenset({
-    "conversation", "previous_response_id", "input", "model", "instructions", "tools",
-    "stream", "store", "background", "include", "context_management", "truncation",
-})  # fmt: skip
+INTERPRETED = frozenset(
+    {
+        "conversation",
+        "previous_response_id",
+        "input",
+        "model",
+        "instructions",
+        "tools",
+        "stream",
+        "store",
+        "background",
+        "include",
+        "context_management",
+        "truncation",
+    }
+)
 
 
 class CompactCreate(msgspec.Struct, forbid_unknown_fields=True):

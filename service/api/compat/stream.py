@@ -91,9 +91,15 @@ class Output:
         self, ids: Ids, cid: uuid.UUID | None, revision: int, encrypted: bool
     ) -> list[dict[str, Any]]:
         return output_items(
-            ids, cid, revision, self.items, self.first, encrypted=encrypted,
-            own_calls=self.own_calls, compaction=self.compaction,
-        )  # fmt: skip
+            ids,
+            cid,
+            revision,
+            self.items,
+            self.first,
+            encrypted=encrypted,
+            own_calls=self.own_calls,
+            compaction=self.compaction,
+        )
 
 
 @dataclass(frozen=True)
@@ -138,10 +144,12 @@ class ResponseStream:
 
     def started(self) -> list[ServerSentEventMessage]:
         first = "queued" if self.echo.background else "in_progress"
-        return self._shown([
-            self._event("response.created", response=self._response(first)),
-            self._event("response.in_progress", response=self._response("in_progress")),
-        ])  # fmt: skip
+        return self._shown(
+            [
+                self._event("response.created", response=self._response(first)),
+                self._event("response.in_progress", response=self._response("in_progress")),
+            ]
+        )
 
     async def render(self, event: RunEvent) -> list[ServerSentEventMessage]:
         """A run's event (tool.call: turnstore's own tools stay inside the turn)."""
@@ -161,9 +169,12 @@ class ResponseStream:
             assert self.source is not None
             output = await self.source.output(done.revision)
             finished = self._finished(
-                done.status, done.incomplete_reason, output, done.revision,
+                done.status,
+                done.incomplete_reason,
+                output,
+                done.revision,
                 encrypted=self.encrypted,
-            )  # fmt: skip
+            )
             return self._shown(finished)
         if event.name == events.ERROR:
             failed = msgspec.json.decode(event.data, type=_Failed).error
@@ -214,13 +225,16 @@ class ResponseStream:
             self.announced.add(self.message_id)
             item = self._message("in_progress", [])
             opened = [
-                self._event("response.output_item.added", output_index=self.message_index,
-                            item=item),
+                self._event(
+                    "response.output_item.added", output_index=self.message_index, item=item
+                ),
                 self._event("response.content_part.added", **self._at(), part=_part("")),
-            ]  # fmt: skip
+            ]
         self.text.append(text)
-        return [*opened, self._event("response.output_text.delta", **self._at(), delta=text,
-                                     logprobs=[])]  # fmt: skip
+        return [
+            *opened,
+            self._event("response.output_text.delta", **self._at(), delta=text, logprobs=[]),
+        ]
 
     def _finished(
         self,
@@ -237,9 +251,12 @@ class ResponseStream:
             out = [
                 self._event("response.output_text.done", **self._at(), text=text, logprobs=[]),
                 self._event("response.content_part.done", **self._at(), part=_part(text)),
-                self._event("response.output_item.done", output_index=at,
-                            item=self._message("completed", [_part(text)])),
-            ]  # fmt: skip
+                self._event(
+                    "response.output_item.done",
+                    output_index=at,
+                    item=self._message("completed", [_part(text)]),
+                ),
+            ]
         shown = output.shown(self.ids, self.cid, revision, encrypted)
         for index, item in enumerate(shown):  # what was not streamed: announced whole
             if item["id"] not in self.announced and item["type"] != "message":
@@ -248,9 +265,12 @@ class ResponseStream:
                     self._event("response.output_item.done", output_index=index, item=item),
                 ]
         final = self._response(
-            status, output=shown, incomplete_reason=reason, usage=output.usage,
+            status,
+            output=shown,
+            incomplete_reason=reason,
+            usage=output.usage,
             completed_at=output.committed_at,
-        )  # fmt: skip
+        )
         return [*out, self._event(f"response.{status}", response=final)]
 
     def _error(
@@ -290,8 +310,13 @@ class ResponseStream:
         return {"item_id": self.message_id, "output_index": self.message_index, "content_index": 0}
 
     def _message(self, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.message_id, "type": "message", "role": "assistant",
-                "status": status, "content": content}  # fmt: skip
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": content,
+        }
 
 
 def _part(text: str) -> dict[str, Any]:

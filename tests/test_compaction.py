@@ -396,3 +396,19 @@ async def test_a_malformed_context_management_is_refused_naming_it(
             with pytest.raises(openai.BadRequestError) as refused:
                 await client.responses.create(input="x", context_management=wrong)  # type: ignore[arg-type]
             assert refused.value.param == "context_management"
+
+
+async def test_responses_compact_refuses_a_malformed_item_before_the_provider(
+    database_url: str,
+) -> None:
+    """Its input items are checked as a create's: a message whose role is not a string is the
+    client's 400 naming ``input``, and nothing reaches the provider (the fuzzer found a 500)."""
+    api = FakeResponsesAPI()
+    async with sdk(database_url, api.provider()) as (_, _, plain):
+        bad = await plain.post(
+            "/v1/responses/compact",
+            json={"model": "gpt-test", "input": [{"role": ["user"], "content": "hi"}]},
+        )
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"]["param"] == "input"
+    assert compacts(api) == []

@@ -247,6 +247,7 @@ class Responses:
             items = await self._turns.history(found.conversation_id, owner, revision, asked.model)
         if input:
             listed = input if isinstance(input, list) else [{"role": "user", "content": input}]
+            turn_input(listed)  # each item checked, as a create's (the provider never sees one bad)
             origin = self._relay.origin(asked.model)
             items += await self._restorer.restore(owner, listed, origin=origin)
         if not items:

@@ -37,12 +37,12 @@ from service.api.compat.models import OpenAIModels
 from service.api.compat.responses import OpenAIResponses
 from service.api.conversations import ConversationController
 from service.api.deps import Api, UseCases
+from service.api.durable_turns import TurnController
 from service.api.edge import Edge
 from service.api.errors import error_response
 from service.api.limits import RequestRules, allowed_hosts, route_pattern
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
-from service.api.turns import TurnController
 from service.core.ids import IdsSource
 from service.core.plans import PlanRules
 from service.core.sizes import SizeLimit
@@ -54,7 +54,7 @@ from service.platform.settings import Settings, SettingsError
 from service.platform.shutdown import shutdown_on_signals
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
-from service.providers.responses import Endpoint, ResponsesProvider
+from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.store.cache import CachedStore
 from service.store.ports import (
     ApiKeys,
@@ -76,15 +76,15 @@ from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
 from service.usecases.conversations import Conversations
 from service.usecases.exchange import Tooling
-from service.usecases.gate import WriteGate
 from service.usecases.kept_responses import KeptResponses
 from service.usecases.leases import LeasePolicy, Leases
-from service.usecases.limits import WriteBudget
+from service.usecases.owner_limits import WriteBudget
 from service.usecases.relay import Relay
 from service.usecases.responses import Responses
 from service.usecases.restore import Restorer
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService
+from service.usecases.write_gate import WriteGate
 
 T = TypeVar("T")
 
@@ -135,7 +135,7 @@ def postgres_store(
         engine,
         retention_days=settings.retention_days,
         idempotency_ttl_s=settings.idempotency_ttl_s,
-        idempotency_lease_s=settings.turn_lease_s,  # renewed while a write runs (gate.py)
+        idempotency_lease_s=settings.turn_lease_s,  # renewed while a write runs (write_gate.py)
         events_ttl_s=settings.turn_events_ttl_s,
         stored_response_ttl_s=settings.stored_response_ttl_days * 86_400,
         keyring=keyring,

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from service.providers.responses import Endpoint, ResponsesProvider
+from service.providers.openai_responses import Endpoint, ResponsesProvider
 
 
 @dataclass

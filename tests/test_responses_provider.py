@@ -29,7 +29,7 @@ from service.core.errors import (
 from service.core.model import Origin
 from service.platform.settings import Settings
 from service.providers.base import ItemDone, ProviderEvent, ProviderRequest, Reply, TextDelta
-from service.providers.responses import Endpoint, ResponsesProvider
+from service.providers.openai_responses import Endpoint, ResponsesProvider
 from tests.fakeapi import (
     FakeResponsesAPI,
     Script,

@@ -35,9 +35,9 @@ from service.providers.fake import FakeProvider
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
 from service.usecases.exchange import Tooling
-from service.usecases.gate import WriteGate
 from service.usecases.leases import LeasePolicy, Leases
 from service.usecases.turns import TurnDone, TurnService
+from service.usecases.write_gate import WriteGate
 from tests.memory import MemoryStore
 from tests.tools_fixtures import Echo
 

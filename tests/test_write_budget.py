@@ -1,4 +1,4 @@
-"""OWNER_MAX_WRITE_BYTES_PER_MINUTE (service/usecases/limits.py WriteBudget), on a clock the
+"""OWNER_MAX_WRITE_BYTES_PER_MINUTE (service/usecases/owner_limits.py WriteBudget), on a clock the
 test moves: what one owner's writes may store a minute through one replica."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from service.core.errors import TooManyRequests
-from service.usecases.limits import WriteBudget
+from service.usecases.owner_limits import WriteBudget
 
 pytestmark = pytest.mark.fast  # `make test-fast`: no database, seconds
 

@@ -15,11 +15,11 @@ from service.core.model import IdempotencyKey
 from service.core.plans import PlanRules
 from service.store.ports import Operations
 from service.usecases.conversations import Conversations
-from service.usecases.gate import WriteGate
 from service.usecases.kept_responses import KeptResponses
 from service.usecases.responses import Responses
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService
+from service.usecases.write_gate import WriteGate
 
 
 @dataclass(frozen=True)

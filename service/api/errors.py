@@ -15,7 +15,7 @@ from litestar.exceptions import (
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import Scope
 
-from service.api.compat.schemas import OpenAIError
+from service.api.compat.objects import OpenAIError
 from service.api.correlation import correlation_id
 from service.api.schemas import ErrorEnvelope
 from service.core.errors import (
@@ -81,7 +81,7 @@ TURN_ERRORS: tuple[type[TurnstoreError], ...] = (
 )
 
 
-# What any call that writes may answer besides its own errors (service/usecases/gate.py): its
+# What any call that writes may answer besides its own errors (service/usecases/write_gate.py): its
 # Idempotency-Key malformed, in use or reused, the owner's write budget, an owner shredded
 # meanwhile, the database.
 WRITE_ERRORS: tuple[type[TurnstoreError], ...] = (

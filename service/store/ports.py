@@ -261,9 +261,9 @@ class RunStore(Protocol):
 
 
 class IdempotencyStore(Protocol):
-    """Idempotency-Key claims (service/usecases/gate.py). A write that claimed one completes it
-    in its own transaction: ``Append.idempotency``, and the ``idempotency`` of every other
-    write of ConversationStore."""
+    """Idempotency-Key claims (service/usecases/write_gate.py). A write that claimed one
+    completes it in its own transaction: ``Append.idempotency``, and the ``idempotency`` of
+    every other write of ConversationStore."""
 
     async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
         """Claim ``key`` for a new attempt (None), held for a lease (see ``renew``), or say

@@ -1,7 +1,7 @@
 """What both surfaces do to a conversation besides a turn: read it, list, fork, delete, and the
 item edits of the OpenAI surface (items appended without the model, the latest one removed),
 each a commit under the same rules as a turn's (If-Match, the revision, the lease), and each
-write through the write gate (service/usecases/gate.py: its Idempotency-Key, the owner's
+write through the write gate (service/usecases/write_gate.py: its Idempotency-Key, the owner's
 write budget) with its bytes counted as a turn's are (core/sizes.py).
 """
 
@@ -34,9 +34,9 @@ from service.core.model import (
 from service.core.plans import check_precondition
 from service.core.sizes import SizeLimit, turn_bytes
 from service.store.ports import ConversationStore
-from service.usecases.gate import WriteGate
 from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
+from service.usecases.write_gate import WriteGate
 
 # An append loses to a turn that runs (its lease) as well as to one that committed first.
 ITEMS_CONFLICT = (
@@ -93,7 +93,7 @@ class Conversations:
         """The turn that made ``revision`` (None: no such turn of the owner's), read alone."""
         return await self._store.turn(cid, owner, revision)
 
-    # --- writing: each through the write gate (service/usecases/gate.py) ------------------------
+    # --- writing: each through the write gate (service/usecases/write_gate.py) --------------
 
     async def create(
         self,

@@ -44,8 +44,8 @@ from service.core.plans import TurnPlan
 from service.platform import metrics, tracing
 from service.store.ports import ConversationStore, Notifications
 from service.usecases.heartbeat import Heartbeat
-from service.usecases.limits import OwnerLimit
 from service.usecases.locks import KeyedLocks, settle
+from service.usecases.owner_limits import OwnerLimit
 
 log = logging.getLogger("turnstore.leases")
 

@@ -46,8 +46,8 @@ from service.platform.logs import correlation_id_var
 from service.platform.shutdown import SHUTDOWN
 from service.store.ports import Notifications, RunStore
 from service.usecases.heartbeat import Heartbeat
-from service.usecases.limits import OwnerLimit
 from service.usecases.locks import settle
+from service.usecases.owner_limits import OwnerLimit
 from service.usecases.run import Run
 from service.usecases.turns import TurnService
 

@@ -5,7 +5,7 @@ the reply -> conditional commit (releasing the lease). Nothing is written before
 accepted, and the commit is one transaction conditional on the revision read with the lease,
 so a stale writer in another replica gets ConversationConflict and writes nothing.
 
-An Idempotency-Key is claimed once, through the write gate (service/usecases/gate.py), by
+An Idempotency-Key is claimed once, through the write gate (service/usecases/write_gate.py), by
 whoever starts the turn (``claim``: ``run`` for a plain turn, service/usecases/runs.py for a
 run), completed by the commit and freed here when the turn does not commit.
 """
@@ -64,10 +64,10 @@ from service.usecases.exchange import (
     advertised,
     tool_names,
 )
-from service.usecases.gate import WriteGate
 from service.usecases.leases import Held, Leases
 from service.usecases.locks import settle
 from service.usecases.paging import held_bytes
+from service.usecases.write_gate import WriteGate
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from typing import Any
 from litestar import Request, Response
 from litestar.response import ServerSentEvent
 
-from service.api.compat import items as views
+from service.api.compat import item_views as views
 from service.api.compat.commands import encrypted_asked
-from service.api.compat.schemas import ResponseCreate, response_object
+from service.api.compat.objects import ResponseCreate, response_object
 from service.api.compat.stream import Output, Relayed, ResponseStream, Source
 from service.api.correlation import correlation_id
 from service.api.deps import Api

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import msgspec
 
-from service.api.compat import items as views
-from service.api.compat.items import ENCRYPTED
-from service.api.compat.schemas import NOT_COUNTED, ResponseCreate, TokensCount, passed_through
+from service.api.compat import item_views as views
+from service.api.compat.item_views import ENCRYPTED
+from service.api.compat.objects import NOT_COUNTED, ResponseCreate, TokensCount, passed_through
 from service.api.deps import Api
 from service.core.asks import Asked, Echo
 from service.core.errors import InvalidInput

@@ -13,8 +13,8 @@ from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.bodies import strict
-from service.api.compat import items as views
-from service.api.compat.schemas import (
+from service.api.compat import item_views as views
+from service.api.compat.objects import (
     ConversationCreate,
     ConversationUpdate,
     ItemsCreate,

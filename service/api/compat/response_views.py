@@ -9,9 +9,9 @@ from typing import Any
 from litestar import Request
 from litestar.response import ServerSentEvent
 
-from service.api.compat import items as views
+from service.api.compat import item_views as views
 from service.api.compat.answers import source_of
-from service.api.compat.schemas import response_error, response_object
+from service.api.compat.objects import response_error, response_object
 from service.api.compat.stream import Output, ResponseStream
 from service.api.correlation import correlation_id
 from service.api.deps import Api

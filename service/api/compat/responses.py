@@ -14,16 +14,16 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent
 
 from service.api.bodies import strict
-from service.api.compat import items as views
+from service.api.compat import item_views as views
 from service.api.compat.answers import answered, stateless
 from service.api.compat.commands import asked_of, planned, tokens_counted
-from service.api.compat.response_views import input_items, resumed, shown
-from service.api.compat.schemas import (
+from service.api.compat.objects import (
     CompactCreate,
     ResponseCreate,
     TokensCount,
     compaction_object,
 )
+from service.api.compat.response_views import input_items, resumed, shown
 from service.api.deps import Caller
 from service.api.errors import TURN_ERRORS, WRITE_ERRORS, openai_documented
 from service.api.headers import (

@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 from litestar.response import ServerSentEventMessage
 
-from service.api.compat.items import output_items
-from service.api.compat.schemas import response_object
+from service.api.compat.item_views import output_items
+from service.api.compat.objects import response_object
 from service.api.errors import openai_type
 from service.core import events
 from service.core.asks import Echo

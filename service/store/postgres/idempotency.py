@@ -1,7 +1,7 @@
 """Idempotency keys in PostgreSQL, so a retry on any replica finds the first attempt.
 
 A key is claimed as 'running' with a lease (TURN_LEASE_S, renewed while its write runs:
-service/usecases/gate.py), by one attempt (its ``claim_id``); the turn's commit statement
+service/usecases/write_gate.py), by one attempt (its ``claim_id``); the turn's commit statement
 marks it 'done' (statements.COMMIT), naming the commit (conversation and revision), as every
 other write does in its own transaction (``complete``), and a failed attempt releases it:
 each only while the attempt still holds its claim. A claim whose lease or TTL ran

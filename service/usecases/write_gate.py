@@ -34,8 +34,8 @@ from service.core.errors import InvalidInput, RequestInProgress, StorageError
 from service.core.model import Committed, IdempotencyKey
 from service.store.ports import IdempotencyStore
 from service.usecases.heartbeat import Heartbeat
-from service.usecases.limits import WriteBudget
 from service.usecases.locks import settle
+from service.usecases.owner_limits import WriteBudget
 
 log = logging.getLogger("turnstore.gate")
 

@@ -28,7 +28,9 @@ from service.core.asks import Asked, Echo
 from service.core.errors import RequestInProgress
 from service.core.ids import unstored_response_id
 from service.core.plans import TurnPlan
+from service.providers.base import Reply
 from service.usecases.run import Run
+from service.usecases.turns import TurnDone
 
 
 async def answered(
@@ -45,17 +47,23 @@ async def answered(
     assert done.revision is not None
     output = Output.of_done(done).shown(api.ids, done.conversation_id, done.revision, encrypted)
     rid = api.ids.response(done.conversation_id, done.revision)
-    return Response(
-        response_object(
-            done.conversation_id,
-            echo,
-            rid=rid,
-            status=done.status,
-            output=output,
-            incomplete_reason=done.incomplete_reason,
-            usage=done.usage,
-        )
+    return ended(done.conversation_id, echo, rid, done, output)
+
+
+def ended(
+    cid: uuid.UUID | None, echo: Echo, rid: str, end: TurnDone | Reply, output: list[dict[str, Any]]
+) -> Response[dict[str, Any]]:
+    """The Response of a call that ended (its turn committed, or a relayed reply)."""
+    body = response_object(
+        cid,
+        echo,
+        rid=rid,
+        status=end.status,
+        output=output,
+        incomplete_reason=end.incomplete_reason,
+        usage=end.usage,
     )
+    return Response(body)
 
 
 def source_of(api: Api, cid: uuid.UUID, run: Run | None, run_id: uuid.UUID) -> Source:
@@ -142,14 +150,4 @@ async def stateless(
     # Sealed reasoning is kept in the answer: a client that keeps the history has no other
     # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
     output = views.output_items(api.ids, None, 1, reply.output_items, 0, encrypted=True)
-    return Response(
-        response_object(
-            None,
-            echo,
-            rid=rid,
-            status=reply.status,
-            output=output,
-            incomplete_reason=reply.incomplete_reason,
-            usage=reply.usage,
-        )
-    )
+    return ended(None, echo, rid, reply, output)

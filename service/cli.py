@@ -107,7 +107,7 @@ def _db(action: DbAction) -> Callable[[argparse.Namespace, Settings], None]:
         with _database(settings, migrate_embedded=False) as url:
             try:
                 result = action(url, args, settings)
-            except RuntimeError as exc:  # a migration that refuses (it names why)
+            except RuntimeError as exc:  # a migration or the placement refuses (it says why)
                 _fail("db", str(exc))
             except FAILURES as exc:  # unreachable, refused, restarting: one line, no traceback
                 _fail("db", f"the database failed: {_cause(exc)}; run it again once it answers")

@@ -56,7 +56,7 @@ from service.core.sizes import held_bytes, turn_bytes
 from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
-from service.store.ports import Readiness
+from service.store.ports import Readiness, Stores
 from service.store.subscribers import Subscribers
 
 
@@ -145,7 +145,8 @@ class LocalNotifications(Subscribers):
 
 
 class MemoryStore:
-    """ConversationStore, IdempotencyStore and Operations in a dict."""
+    """Every store port (service/store/ports.py) and Operations, in a dict: one object for
+    all of them, as ``stores`` hands them out."""
 
     def __init__(
         self,
@@ -172,6 +173,10 @@ class MemoryStore:
         self._ttl = timedelta(seconds=idempotency_ttl_s)
         self._lease = timedelta(seconds=idempotency_lease_s)
         self._stored_ttl = timedelta(seconds=stored_response_ttl_s)
+
+    def stores(self) -> Stores:
+        """This fake as every store port, as a backend hands them to the wiring."""
+        return Stores(self, self, self, self, self, self, self)
 
     def _live(self, conversation_id: UUID, owner: str) -> _Conversation | None:
         found = self._conversations.get(conversation_id)

@@ -430,7 +430,8 @@ async def test_a_stream_whose_end_cannot_be_logged_still_ends_with_one_terminal_
     config = _config(server)
     store = PostgresStore(create_engine(server.url, pool_size=4))
     runs = _EndFails(store.engine, events_ttl_s=config.turn_events_ttl_s, places=store.places)
-    backend = replace(postgres_backend(config, store=store), runs=runs)
+    backend = postgres_backend(config, store=store)
+    backend = replace(backend, stores=replace(backend.stores, run_writes=runs, run_reads=runs))
     async with _seamed(server, api, backend) as (here, elsewhere):
         cids = [await _new(here) for _ in range(2)]
         api.then(Script(http_status=500), Script(http_status=500))

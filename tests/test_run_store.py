@@ -17,7 +17,6 @@ from service.core import events
 from service.core.events import RunEvent
 from service.core.model import Append, NewRun, RunCommit, RunEnd, Turn
 from service.platform.crypto import MasterKeys
-from service.store.ports import ConversationStore, RunStore
 from service.store.postgres import Keyring, PostgresRuns, PostgresStore
 from tests.memory import MemoryStore
 
@@ -26,8 +25,8 @@ OWNER = "alice"
 
 @dataclass
 class Stores:
-    runs: RunStore
-    conversations: ConversationStore
+    runs: PostgresRuns | MemoryStore
+    conversations: PostgresStore | MemoryStore
 
 
 @pytest.fixture(
@@ -50,7 +49,9 @@ def stores(request: pytest.FixtureRequest) -> Stores:
     )
 
 
-async def new_run(runs: RunStore, *, heartbeat_s: float = 30, background: bool = False) -> NewRun:
+async def new_run(
+    runs: PostgresRuns | MemoryStore, *, heartbeat_s: float = 30, background: bool = False
+) -> NewRun:
     run = NewRun(uuid.uuid4(), uuid.uuid4(), OWNER, background)
     await runs.create_run(run, heartbeat_s)
     return run

@@ -181,9 +181,9 @@ class Stalling:
 
 async def _stream(provider: Stalling, *, background: bool = False) -> AsyncIterator[Any]:
     store = MemoryStore()
-    leases = Leases(store, store.notifications)
+    leases = Leases(store, store, store.notifications)
     turns = TurnService(store, provider, leases=leases)
-    runs = TurnRuns(turns, store, store.notifications, heartbeat_s=30)
+    runs = TurnRuns(turns, store, store, store.notifications, heartbeat_s=30)
     plan = make_plan(
         PlanRules(max_message_chars=100),
         chat_request(ANONYMOUS, "hi", None, None, background=background),

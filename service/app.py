@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from litestar import Litestar, Request, Router
@@ -56,13 +56,13 @@ from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.responses import Endpoint, ResponsesProvider
 from service.store.cache import CachedStore
-from service.store.ports import ApiKeys, Backend, Closer, History, Operations, Stores
+from service.store.ports import ApiKeys, Backend, Closer, History, Operations
 from service.store.postgres import (
     ApiKeyStore,
     Keyring,
     PostgresNotifications,
-    PostgresRuns,
     PostgresStore,
+    StoreConfig,
     owner_digests,
 )
 from service.store.postgres.secrets import SecretsReader
@@ -124,17 +124,16 @@ def postgres_store(
     engine: AsyncEngine, settings: Settings, keyring: Keyring | None = None
 ) -> PostgresStore:
     """The PostgreSQL store ports (also for the CLI's commands)."""
-    return PostgresStore(
-        engine,
+    config = StoreConfig(
         retention_days=settings.retention_days,
         idempotency_ttl_s=settings.idempotency_ttl_s,
         idempotency_lease_s=settings.turn_lease_s,  # renewed while a write runs (gate.py)
         events_ttl_s=settings.turn_events_ttl_s,
         stored_response_ttl_s=settings.stored_response_ttl_days * 86_400,
-        keyring=keyring,
         forks_per_minute=settings.owner_max_forks_per_minute,
         running_turns=settings.owner_max_running_turns,
     )
+    return PostgresStore.over(engine, config, keyring)
 
 
 def build_keyring(settings: Settings, engine: AsyncEngine, closers: list[Closer]) -> Keyring | None:
@@ -169,7 +168,6 @@ def postgres_backend(settings: Settings, *, store: PostgresStore | None = None) 
     seam), which is then used as it is, without the history cache."""
     closers: list[Closer] = []
     url = settings.database_url
-    history: History
     if store is None:
         url, stop_database = resolve_database(settings)
         closers.append(_async(stop_database))
@@ -180,27 +178,21 @@ def postgres_backend(settings: Settings, *, store: PostgresStore | None = None) 
         )
         store = postgres_store(engine, settings, build_keyring(settings, engine, closers))
         cache = settings.history_cache_bytes
-        # The history cache wraps the one port it caches; the others are PostgreSQL's own.
-        history = CachedStore(store, cache) if cache > 0 else store
-    else:
-        history = store
+        if cache > 0:  # it wraps the one port it caches; the others are PostgreSQL's own
+            store = replace(store, history=CachedStore(store.history, cache))
     assert url is not None  # a store handed in came with the settings' database
+    engine = store.db.engine
     # Closed in reverse: the pool after everything that uses it (the listener pings through
     # it; a ping after the pool's disposal would open a connection nobody closes).
-    closers.append(store.close)
-    listener = PostgresNotifications(settings.database_listen_url or url, store.engine)
+    closers.append(engine.dispose)
+    listener = PostgresNotifications(settings.database_listen_url or url, engine)
     closers.append(listener.close)
-    runs = PostgresRuns(
-        store.engine, events_ttl_s=settings.turn_events_ttl_s, keyring=store.keyring,
-        places=store.places,
-    )  # fmt: skip
-    secrets = SecretsReader(store.engine)
+    secrets = SecretsReader(engine)
 
     async def ids_secret() -> bytes:
         return (await secrets.get()).ids
 
-    stores = Stores(store, history, store, store, runs, runs, store)
-    return Backend(stores, listener, store, ApiKeyStore(store.engine), closers, ids_secret)
+    return Backend(store.stores(), listener, store.ops, ApiKeyStore(engine), closers, ids_secret)
 
 
 @dataclass

@@ -148,11 +148,10 @@ def _purge(args: argparse.Namespace, settings: Settings) -> None:
         engine = create_engine(
             url, pool_size=1, statement_cache_size=settings.db_statement_cache_size
         )
-        store = postgres_store(engine, settings)
         try:
-            return await store.purge(args.batch)
+            return await postgres_store(engine, settings).ops.purge(args.batch)
         finally:
-            await store.close()
+            await engine.dispose()
 
     with _database(settings, migrate_embedded=False) as url:
         purged = asyncio.run(purge(url))
@@ -192,9 +191,9 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
 
     async def shred(url: str) -> tuple[bool, int, int]:
         async with _engines(settings, url) as (engine, keyring_engine):
-            store = postgres_store(engine, settings)
-            sealed = await store.owner_has_sealed_rows(args.owner)
-            made = await store.tombstone(args.owner)
+            owners = postgres_store(engine, settings).owners
+            sealed = await owners.owner_has_sealed_rows(args.owner)
+            made = await owners.tombstone(args.owner)
             await ApiKeyStore(engine).revoke(owner=args.owner)
             digest = await owner_digests(engine)(args.owner)
             had_key = await destroy_key(keyring_engine, args.owner, digest)
@@ -212,7 +211,7 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
                     " s, once no replica holds the key.\n"
                 )
                 await asyncio.sleep(args.wait_s)
-            if writing := await store.writers_before(made, SHRED_WRITERS_WAIT_S):
+            if writing := await owners.writers_before(made, SHRED_WRITERS_WAIT_S):
                 _fail(
                     "owners shred",
                     f"{args.owner!r} can commit nothing more, but {writing} transactions that "
@@ -222,8 +221,8 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
             for attempt in range(SHRED_PASSES):
                 if attempt:
                     await asyncio.sleep(SHRED_PASS_WAIT_S)  # a request of theirs still ending
-                deleted += await store.delete_owner(args.owner)
-                left = await store.owner_rows(args.owner)
+                deleted += await owners.delete_owner(args.owner)
+                left = await owners.owner_rows(args.owner)
                 left += await live_keys(keyring_engine, args.owner)
                 if not left:
                     break

@@ -56,7 +56,7 @@ from service.core.sizes import held_bytes, turn_bytes
 from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
-from service.store.ports import Readiness, Stores
+from service.store.ports import Readiness
 from service.store.subscribers import Subscribers
 
 
@@ -146,7 +146,7 @@ class LocalNotifications(Subscribers):
 
 class MemoryStore:
     """Every store port (service/store/ports.py) and Operations, in a dict: one object for
-    all of them, as ``stores`` hands them out."""
+    all of them, each port's name this object (as PostgresStore names its class of it)."""
 
     def __init__(
         self,
@@ -161,6 +161,8 @@ class MemoryStore:
         running_turns: int | None = None,
     ) -> None:
         self.notifications = notifications or LocalNotifications()
+        self.reads = self.history = self.edits = self.places = self
+        self.run_writes = self.run_reads = self.idempotency = self.ops = self
         self._running_turns = running_turns
         self._running: dict[str, dict[UUID, datetime]] = {}  # owner -> holder -> until
         self._forks_per_minute = forks_per_minute
@@ -173,10 +175,6 @@ class MemoryStore:
         self._ttl = timedelta(seconds=idempotency_ttl_s)
         self._lease = timedelta(seconds=idempotency_lease_s)
         self._stored_ttl = timedelta(seconds=stored_response_ttl_s)
-
-    def stores(self) -> Stores:
-        """This fake as every store port, as a backend hands them to the wiring."""
-        return Stores(self, self, self, self, self, self, self)
 
     def _live(self, conversation_id: UUID, owner: str) -> _Conversation | None:
         found = self._conversations.get(conversation_id)

@@ -31,7 +31,7 @@ from bench.server import ONE_OWNER
 from service.core.model import Append, LeaseRequest, Turn
 from service.platform import migrate
 from service.platform.db import create_engine
-from service.store.postgres import PostgresStore
+from service.store.postgres import PostgresStore, StoreConfig
 from service.store.postgres.placement import distribute
 from tests.citus import citus_cluster, citus_database, citus_missing
 from tests.database import asyncpg_dsn
@@ -89,14 +89,16 @@ def _turn(n: int) -> Turn:
 
 async def _conversation(store: PostgresStore, cid: uuid.UUID, turns: int) -> None:
     first = uuid.uuid4()  # a first turn takes its place among the owner's running turns
-    assert await store.take_turn(OWNER, first, 30), "the limit is far"
-    await store.append(Append(cid, _turn(0), 0, owner=OWNER, lease=first))
+    assert await store.places.take_turn(OWNER, first, 30), "the limit is far"
+    await store.history.append(Append(cid, _turn(0), 0, owner=OWNER, lease=first))
     for revision in range(1, turns):
         holder = uuid.uuid4()
         lease = LeaseRequest(cid, OWNER, holder, lease_s=30, queue=False, after_revision=revision)
-        taken = await store.lease(lease)
+        taken = await store.history.lease(lease)
         assert taken.acquired, "nothing else runs: the lease is free"
-        await store.append(Append(cid, _turn(revision), revision, owner=OWNER, lease=holder))
+        await store.history.append(
+            Append(cid, _turn(revision), revision, owner=OWNER, lease=holder)
+        )
 
 
 async def _worker(store: PostgresStore, waiting: list[uuid.UUID], turns: int) -> None:
@@ -118,7 +120,8 @@ async def measure(name: str, url: str, config: CitusConfig) -> CitusResult:
     result = CitusResult(name)
     engine, counter = _counted(url, config.concurrency)
     # Each turn counted among its owner's running turns, as served (OWNER_MAX_RUNNING_TURNS).
-    store = PostgresStore(engine, running_turns=int(ONE_OWNER["OWNER_MAX_RUNNING_TURNS"]))
+    running = StoreConfig(running_turns=int(ONE_OWNER["OWNER_MAX_RUNNING_TURNS"]))
+    store = PostgresStore.over(engine, running)
     try:
         await _conversation(store, uuid.uuid4(), 3)  # warm-up: connections, statements
         for _ in range(config.rounds):

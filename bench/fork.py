@@ -30,13 +30,13 @@ async def _grow(store: PostgresStore, turns: int, number: int) -> uuid.UUID:
     for seq in range(1, turns + 1):
         p = payload(number, seq)
         items = [msgspec.Raw(raw) for raw in p.raw_items]
-        await store.append(Append(cid, Turn(p.user_text, p.assistant_text, items), seq - 1))
+        await store.history.append(Append(cid, Turn(p.user_text, p.assistant_text, items), seq - 1))
     return cid
 
 
 async def _measure(url: str) -> list[tuple[int, float, float, float]]:
     engine = create_engine(sqlalchemy_url(url))
-    store = PostgresStore(engine)
+    store = PostgresStore.over(engine)
     probe = await asyncpg.connect(libpq_url(url))
     rows = []
     try:
@@ -46,7 +46,7 @@ async def _measure(url: str) -> list[tuple[int, float, float, float]]:
             for _ in range(FORKS):
                 before = await probe.fetchval("SELECT pg_current_wal_lsn()")
                 started = time.perf_counter()
-                await store.fork(cid, "anonymous", turns)
+                await store.edits.fork(cid, "anonymous", turns)
                 took.append((time.perf_counter() - started) * 1000)
                 after = await probe.fetchval("SELECT pg_current_wal_lsn()")
                 wal.append(await probe.fetchval("SELECT $1::pg_lsn - $2::pg_lsn", after, before))

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from litestar import Litestar, Request, Router
@@ -56,19 +56,13 @@ from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.store.cache import CachedStore
-from service.store.ports import (
-    ApiKeys,
-    Backend,
-    Closer,
-    ConversationStore,
-    Operations,
-)
+from service.store.ports import ApiKeys, Backend, Closer, History, Operations
 from service.store.postgres import (
     ApiKeyStore,
     Keyring,
     PostgresNotifications,
-    PostgresRuns,
     PostgresStore,
+    StoreConfig,
     owner_digests,
 )
 from service.store.postgres.secrets import SecretsReader
@@ -131,17 +125,16 @@ def postgres_store(
     engine: AsyncEngine, settings: Settings, keyring: Keyring | None = None
 ) -> PostgresStore:
     """The PostgreSQL store ports (also for the CLI's commands)."""
-    return PostgresStore(
-        engine,
+    config = StoreConfig(
         retention_days=settings.retention_days,
         idempotency_ttl_s=settings.idempotency_ttl_s,
         idempotency_lease_s=settings.turn_lease_s,  # renewed while a write runs (write_gate.py)
         events_ttl_s=settings.turn_events_ttl_s,
         stored_response_ttl_s=settings.stored_response_ttl_days * 86_400,
-        keyring=keyring,
         forks_per_minute=settings.owner_max_forks_per_minute,
         running_turns=settings.owner_max_running_turns,
     )
+    return PostgresStore.over(engine, config, keyring)
 
 
 def build_keyring(settings: Settings, engine: AsyncEngine, closers: list[Closer]) -> Keyring | None:
@@ -176,7 +169,6 @@ def postgres_backend(settings: Settings, *, store: PostgresStore | None = None) 
     seam), which is then used as it is, without the history cache."""
     closers: list[Closer] = []
     url = settings.database_url
-    conversations: ConversationStore
     if store is None:
         url, stop_database = resolve_database(settings)
         closers.append(_async(stop_database))
@@ -187,35 +179,28 @@ def postgres_backend(settings: Settings, *, store: PostgresStore | None = None) 
         )
         store = postgres_store(engine, settings, build_keyring(settings, engine, closers))
         cache = settings.history_cache_bytes
-        conversations = CachedStore(store, cache) if cache > 0 else store
-    else:
-        conversations = store
+        if cache > 0:  # it wraps the one port it caches; the others are PostgreSQL's own
+            store = replace(store, history=CachedStore(store.history, cache))
     assert url is not None  # a store handed in came with the settings' database
+    engine = store.db.engine
     # Closed in reverse: the pool after everything that uses it (the listener pings through
     # it; a ping after the pool's disposal would open a connection nobody closes).
-    closers.append(store.close)
-    listener = PostgresNotifications(settings.database_listen_url or url, store.engine)
+    closers.append(engine.dispose)
+    listener = PostgresNotifications(settings.database_listen_url or url, engine)
     closers.append(listener.close)
-    runs = PostgresRuns(
-        store.engine, events_ttl_s=settings.turn_events_ttl_s, keyring=store.keyring,
-        places=store.places,
-    )  # fmt: skip
-    secrets = SecretsReader(store.engine)
+    secrets = SecretsReader(engine)
 
     async def ids_secret() -> bytes:
         return (await secrets.get()).ids
 
-    return Backend(
-        conversations, runs, listener, store, store, ApiKeyStore(store.engine), closers,
-        ids_secret,
-    )  # fmt: skip
+    return Backend(store.stores(), listener, store.ops, ApiKeyStore(engine), closers, ids_secret)
 
 
 @dataclass
 class Services:
     """Everything the HTTP layer is wired to, and how to let it go at shutdown."""
 
-    store: ConversationStore
+    history: History  # as the use cases see it: through the history cache, if any
     ops: Operations
     cases: UseCases
     api_keys: ApiKeys | None
@@ -238,17 +223,18 @@ def build_services(
     tooling = build_tooling(settings)
     if tooling is not None:
         closers.append(_async(tooling.executor.shutdown))
-    leases = Leases(backend.store, backend.notifications, _lease_policy(settings))
+    stores = backend.stores
+    leases = Leases(stores.history, stores.places, backend.notifications, _lease_policy(settings))
     closers.append(leases.close)
     gate = WriteGate(
-        backend.idempotency,
+        stores.idempotency,
         lease_s=settings.turn_lease_s,
         budget=WriteBudget(settings.owner_max_write_bytes_per_minute),
     )
     closers.append(gate.close)
     prompt = settings.system_prompt_file
     turns = TurnService(
-        backend.store,
+        stores.reads,
         provider,
         leases=leases,
         system_prompt=SystemPrompt.from_file(prompt) if prompt else None,
@@ -258,13 +244,13 @@ def build_services(
         size_limit=SizeLimit(settings.max_conversation_bytes),
     )
     runs = TurnRuns(
-        turns, backend.runs, backend.notifications, heartbeat_s=settings.turn_lease_s,
-        readers=settings.owner_max_event_readers,
+        turns, stores.run_writes, stores.run_reads, backend.notifications,
+        heartbeat_s=settings.turn_lease_s, readers=settings.owner_max_event_readers,
     )  # fmt: skip
     closers.append(lambda: runs.close(settings.shutdown_grace_s))  # first: runs use the rest
     rules = PlanRules(
         max_message_chars=settings.max_message_chars,
-        idempotency=backend.idempotency is not None,
+        idempotency=stores.idempotency is not None,
         own_tools=turns.tool_names,
         models=settings.served_models(),
         instructions=settings.instructions,
@@ -272,17 +258,16 @@ def build_services(
         compact_default=settings.compact_threshold_tokens,
     )
     ids = IdsSource(backend.ids_secret) if backend.ids_secret else IdsSource(os.urandom(32))
-    restorer = Restorer(backend.store, ids)
-    conversations = Conversations(
-        backend.store, restorer, SizeLimit(settings.max_conversation_bytes), gate
-    )
+    restorer = Restorer(stores.reads, ids)
+    size = SizeLimit(settings.max_conversation_bytes)
+    conversations = Conversations(stores.reads, stores.history, stores.edits, restorer, size, gate)
     relay = Relay(restorer, provider, turns.prompt, rules)
     kept = KeptResponses(turns, runs, restorer, conversations)
     responses = Responses(turns, runs, relay, restorer, conversations, rules, kept)
     cases = UseCases(
         turns, runs, conversations, responses, kept, rules, settings.sse_keepalive_s, gate, ids
     )
-    return Services(backend.store, backend.ops, cases, backend.api_keys, closers)
+    return Services(stores.history, backend.ops, cases, backend.api_keys, closers)
 
 
 def _lease_policy(settings: Settings) -> LeasePolicy:

@@ -107,7 +107,7 @@ def _db(action: DbAction) -> Callable[[argparse.Namespace, Settings], None]:
         with _database(settings, migrate_embedded=False) as url:
             try:
                 result = action(url, args, settings)
-            except RuntimeError as exc:  # a migration that refuses (it names why)
+            except RuntimeError as exc:  # a migration or the placement refuses (it says why)
                 _fail("db", str(exc))
             except FAILURES as exc:  # unreachable, refused, restarting: one line, no traceback
                 _fail("db", f"the database failed: {_cause(exc)}; run it again once it answers")
@@ -151,11 +151,10 @@ def _purge(args: argparse.Namespace, settings: Settings) -> None:
         engine = create_engine(
             url, pool_size=1, statement_cache_size=settings.db_statement_cache_size
         )
-        store = postgres_store(engine, settings)
         try:
-            return await store.purge(args.batch)
+            return await postgres_store(engine, settings).ops.purge(args.batch)
         finally:
-            await store.close()
+            await engine.dispose()
 
     with _database(settings, migrate_embedded=False) as url:
         purged = asyncio.run(purge(url))
@@ -195,9 +194,9 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
 
     async def shred(url: str) -> tuple[bool, int, int]:
         async with _engines(settings, url) as (engine, keyring_engine):
-            store = postgres_store(engine, settings)
-            sealed = await store.owner_has_sealed_rows(args.owner)
-            made = await store.tombstone(args.owner)
+            owners = postgres_store(engine, settings).owners
+            sealed = await owners.owner_has_sealed_rows(args.owner)
+            made = await owners.tombstone(args.owner)
             await ApiKeyStore(engine).revoke(owner=args.owner)
             digest = await owner_digests(engine)(args.owner)
             had_key = await destroy_key(keyring_engine, args.owner, digest)
@@ -215,7 +214,7 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
                     " s, once no replica holds the key.\n"
                 )
                 await asyncio.sleep(args.wait_s)
-            if writing := await store.writers_before(made, SHRED_WRITERS_WAIT_S):
+            if writing := await owners.writers_before(made, SHRED_WRITERS_WAIT_S):
                 _fail(
                     "owners shred",
                     f"{args.owner!r} can commit nothing more, but {writing} transactions that "
@@ -225,8 +224,8 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
             for attempt in range(SHRED_PASSES):
                 if attempt:
                     await asyncio.sleep(SHRED_PASS_WAIT_S)  # a request of theirs still ending
-                deleted += await store.delete_owner(args.owner)
-                left = await store.owner_rows(args.owner)
+                deleted += await owners.delete_owner(args.owner)
+                left = await owners.owner_rows(args.owner)
                 left += await live_keys(keyring_engine, args.owner)
                 if not left:
                     break

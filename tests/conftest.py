@@ -94,7 +94,7 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 
 @pytest.fixture
 def store(engine: AsyncEngine) -> PostgresStore:
-    return PostgresStore(engine)
+    return PostgresStore.over(engine)
 
 
 ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]

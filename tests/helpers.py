@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -26,6 +27,7 @@ from service.core.errors import StorageError
 from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
+from service.store.postgres.leases import PostgresPlaces
 
 CHAT = "/api/v1/chat"
 
@@ -91,11 +93,17 @@ async def serve(app: Any, **config: Any) -> AsyncIterator[str]:
         sock.close()
 
 
-class FailingRenewals(PostgresStore):
+class FailingRenewals(PostgresPlaces):
     """A seam for the tests: this replica's turn-lease renewals cannot reach the database."""
 
     async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
         raise StorageError()
+
+
+def failing_renewals(engine: AsyncEngine) -> PostgresStore:
+    """The store over ``engine``, its lease renewals FailingRenewals'."""
+    store = PostgresStore.over(engine)
+    return replace(store, places=FailingRenewals(store.db))
 
 
 async def until_lease_expired(engine: AsyncEngine, cid: str, timeout_s: float = 10) -> None:

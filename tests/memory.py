@@ -145,7 +145,8 @@ class LocalNotifications(Subscribers):
 
 
 class MemoryStore:
-    """ConversationStore, IdempotencyStore and Operations in a dict."""
+    """Every store port (service/store/ports.py) and Operations, in a dict: one object for
+    all of them, each port's name this object (as PostgresStore names its class of it)."""
 
     def __init__(
         self,
@@ -160,6 +161,8 @@ class MemoryStore:
         running_turns: int | None = None,
     ) -> None:
         self.notifications = notifications or LocalNotifications()
+        self.reads = self.history = self.edits = self.places = self
+        self.run_writes = self.run_reads = self.idempotency = self.ops = self
         self._running_turns = running_turns
         self._running: dict[str, dict[UUID, datetime]] = {}  # owner -> holder -> until
         self._forks_per_minute = forks_per_minute

@@ -20,18 +20,19 @@ from service.core.model import ANONYMOUS, Append, Conversation, LeaseAttempt, Le
 from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.store.cache import CachedStore, turn_size
-from service.store.postgres import PostgresStore
+from service.store.postgres import Adapter, PostgresStore
+from service.store.postgres.history import PostgresHistory
 from tests.conftest import ClientFactory
 from tests.helpers import CHAT
 
 MiB = 1024 * 1024
 
 
-class CountingStore(PostgresStore):
-    """PostgresStore that records every load: (after_revision, turn rows returned)."""
+class CountingStore(PostgresHistory):
+    """PostgreSQL's History that records every load: (after_revision, turn rows returned)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        super().__init__(engine)
+        super().__init__(Adapter(engine))
         self.reads: list[tuple[int, int]] = []
 
     async def load(
@@ -57,7 +58,7 @@ def make_turn(n: int, *, size: int = 100) -> Turn:
     return Turn(f"question {n}", f"answer {n}", items)
 
 
-async def grow(store: CachedStore | PostgresStore, cid: UUID, turns: int, start: int = 0) -> None:
+async def grow(store: CachedStore | PostgresHistory, cid: UUID, turns: int, start: int = 0) -> None:
     for n in range(start, start + turns):
         await store.append(Append(cid, make_turn(n), n))
 
@@ -87,7 +88,7 @@ async def test_a_current_cache_reads_no_turn_rows(
     again = await cache.load(cid)
 
     assert counting.reads == [(3, 0), (3, 0)]
-    assert loaded == again == await store.load(cid)
+    assert loaded == again == await store.history.load(cid)
     assert loaded is not None and loaded.revision == 3 and len(loaded.turns) == 3
 
 
@@ -109,10 +110,10 @@ async def test_a_cold_cache_reads_everything_once(
     counting: CountingStore, store: PostgresStore
 ) -> None:
     cid = uuid.uuid4()
-    await grow(store, cid, 4)
+    await grow(store.history, cid, 4)
     cache = CachedStore(counting, MiB)
 
-    assert await cache.load(cid) == await store.load(cid)
+    assert await cache.load(cid) == await store.history.load(cid)
     await cache.load(cid)
 
     assert counting.reads == [(0, 4), (4, 0)]
@@ -122,7 +123,7 @@ async def test_another_replicas_commits_are_read_as_a_few_rows(
     counting: CountingStore, store: PostgresStore, other_engine: AsyncEngine
 ) -> None:
     here = CachedStore(counting, MiB)
-    there = CachedStore(PostgresStore(other_engine), MiB)
+    there = CachedStore(PostgresHistory(Adapter(other_engine)), MiB)
     cid = uuid.uuid4()
     await grow(here, cid, 3)
     await grow(there, cid, 2, start=3)  # revisions 4 and 5, committed elsewhere
@@ -130,7 +131,7 @@ async def test_another_replicas_commits_are_read_as_a_few_rows(
     loaded = await here.load(cid)
 
     assert counting.reads == [(3, 2)]
-    assert loaded == await store.load(cid)
+    assert loaded == await store.history.load(cid)
     assert loaded is not None and [t.user_message for t in loaded.turns] == [
         f"question {n}" for n in range(5)
     ]
@@ -142,8 +143,8 @@ async def test_two_replicas_interleaving_stay_correct(
     """Two cached replicas take turns at random on a few conversations, each turn as the use
     case does it (load, then append at the loaded revision); every load equals the truth."""
     replicas = [
-        CachedStore(PostgresStore(engine), MiB),
-        CachedStore(PostgresStore(other_engine), MiB),
+        CachedStore(PostgresHistory(Adapter(engine)), MiB),
+        CachedStore(PostgresHistory(Adapter(other_engine)), MiB),
     ]
     conversations = [uuid.uuid4() for _ in range(3)]
     revisions = dict.fromkeys(conversations, 0)
@@ -151,14 +152,14 @@ async def test_two_replicas_interleaving_stay_correct(
     for step in range(60):
         replica, cid = rng.choice(replicas), rng.choice(conversations)
         loaded = await replica.load(cid)
-        assert loaded == await store.load(cid)
+        assert loaded == await store.history.load(cid)
         expected = loaded.revision if loaded else 0
         assert expected == revisions[cid]
         commit = await replica.append(Append(cid, make_turn(step), expected))
         revisions[cid] = commit.revision
     for replica in replicas:
         for cid in conversations:
-            assert await replica.load(cid) == await store.load(cid)
+            assert await replica.load(cid) == await store.history.load(cid)
 
 
 async def test_a_turn_reads_and_caches_its_window_not_the_history(
@@ -170,12 +171,12 @@ async def test_a_turn_reads_and_caches_its_window_not_the_history(
     cache = CachedStore(counting, MiB)
     cid = uuid.uuid4()
     for n, start in enumerate([1, 1, 3, 3], 1):
-        await store.append(Append(cid, replace(make_turn(n), context_from=start), n - 1))
+        await store.history.append(Append(cid, replace(make_turn(n), context_from=start), n - 1))
 
     async def turn_reads() -> list[str]:
         holder = uuid.uuid4()
         attempt = await cache.lease(LeaseRequest(cid, ANONYMOUS, holder, lease_s=30, queue=False))
-        await cache.release_lease(cid, holder)
+        await store.places.release_lease(cid, holder)  # (the cache passes leases by)
         found = attempt.conversation
         assert attempt.acquired and found is not None
         assert found.complete and found.first == found.context_start
@@ -184,7 +185,7 @@ async def test_a_turn_reads_and_caches_its_window_not_the_history(
     assert await turn_reads() == ["question 3", "question 4"]
     one = turn_size(make_turn(0))  # every turn here is the same size
     assert cache.cached_revision(cid) == 4 and cache.cached_bytes == 2 * one
-    there = CachedStore(PostgresStore(other_engine), MiB)
+    there = CachedStore(PostgresHistory(Adapter(other_engine)), MiB)
     await there.append(Append(cid, replace(make_turn(5), context_from=4), 4))
 
     assert await turn_reads() == ["question 4", "question 5"]
@@ -196,7 +197,7 @@ async def test_a_conflict_evicts_and_the_next_load_reads_afresh(
     counting: CountingStore, store: PostgresStore, other_engine: AsyncEngine
 ) -> None:
     here = CachedStore(counting, MiB)
-    there = CachedStore(PostgresStore(other_engine), MiB)
+    there = CachedStore(PostgresHistory(Adapter(other_engine)), MiB)
     cid = uuid.uuid4()
     await grow(here, cid, 2)
     await there.load(cid)
@@ -206,7 +207,7 @@ async def test_a_conflict_evicts_and_the_next_load_reads_afresh(
         await here.append(Append(cid, make_turn(99), 2))  # stale: revision 3 exists
 
     assert here.cached_revision(cid) is None
-    assert await here.load(cid) == await store.load(cid)
+    assert await here.load(cid) == await store.history.load(cid)
     assert counting.reads == [(0, 3)]
 
 
@@ -216,7 +217,7 @@ async def test_not_found_on_append_evicts(
     here = CachedStore(counting, MiB)
     cid = uuid.uuid4()
     await grow(here, cid, 2)
-    await PostgresStore(other_engine).delete(cid)  # deleted by another replica
+    await PostgresStore.over(other_engine).history.delete(cid)  # deleted by another replica
 
     with pytest.raises(ConversationNotFound):
         await here.append(Append(cid, make_turn(2), 2))
@@ -248,7 +249,7 @@ async def test_a_failed_delete_evicts_and_keeps_the_conversation(
         await cache.delete(cid, if_match=frozenset({1}))
 
     assert cache.cached_revision(cid) is None
-    assert await cache.load(cid) == await store.load(cid)
+    assert await cache.load(cid) == await store.history.load(cid)
 
 
 async def test_a_deleted_conversation_found_by_another_replica_is_gone(
@@ -257,7 +258,7 @@ async def test_a_deleted_conversation_found_by_another_replica_is_gone(
     here = CachedStore(counting, MiB)
     cid = uuid.uuid4()
     await grow(here, cid, 2)
-    await CachedStore(PostgresStore(other_engine), MiB).delete(cid)
+    await CachedStore(PostgresHistory(Adapter(other_engine)), MiB).delete(cid)
 
     assert await here.load(cid) is None
     assert here.cached_revision(cid) is None
@@ -271,13 +272,13 @@ async def test_an_id_reused_by_a_new_conversation_is_not_mixed_up(
     cache = CachedStore(counting, MiB)
     cid = uuid.uuid4()
     await grow(cache, cid, 2)
-    await store.delete(cid)
+    await store.history.delete(cid)
     for n in range(3):
-        await store.append(Append(cid, make_turn(100 + n), n))
+        await store.history.append(Append(cid, make_turn(100 + n), n))
 
     loaded = await cache.load(cid)
 
-    assert loaded == await store.load(cid)
+    assert loaded == await store.history.load(cid)
     assert loaded is not None and loaded.turns[0].user_message == "question 100"
     assert counting.reads == [(2, 1), (0, 3)]
 
@@ -309,7 +310,7 @@ async def test_a_conversation_larger_than_the_cache_is_not_kept(
     await grow(counting, cid, 3)
     cache = CachedStore(counting, turn_size(make_turn(0)))
 
-    assert await cache.load(cid) == await store.load(cid)
+    assert await cache.load(cid) == await store.history.load(cid)
     assert cache.cached_revision(cid) is None and cache.cached_bytes == 0
 
 
@@ -320,8 +321,8 @@ async def test_a_disabled_cache_passes_everything_through(
     cid = uuid.uuid4()
     await grow(cache, cid, 2)
 
-    assert await cache.load(cid) == await store.load(cid)
-    assert await cache.load(cid) == await store.load(cid)
+    assert await cache.load(cid) == await store.history.load(cid)
+    assert await cache.load(cid) == await store.history.load(cid)
 
     assert counting.reads == [(0, 2), (0, 2)]
     assert cache.cached_bytes == 0
@@ -339,7 +340,7 @@ def test_the_app_wraps_its_store_unless_switched_off(
 ) -> None:
     services = build_services(Settings(database_url=database_url, history_cache_bytes=cache_bytes))
     try:
-        assert isinstance(services.store, CachedStore) is cached
+        assert isinstance(services.history, CachedStore) is cached
     finally:
         asyncio.run(services.close())
 

@@ -28,7 +28,7 @@ from service.core import events as run_events
 from service.core.model import Append, NewRun, Turn
 from service.platform.crypto import MasterKeys
 from service.platform.db import create_engine
-from service.store.postgres import Keyring, PostgresRuns, PostgresStore
+from service.store.postgres import Keyring, PostgresStore, StoreConfig
 from service.store.postgres.encrypting import ClearRows
 from tests.cluster import replicas
 from tests.database import asyncpg_dsn
@@ -100,16 +100,13 @@ def _keyring(engine: AsyncEngine, encrypted: bool) -> Keyring | None:
 
 @pytest.fixture(params=["citus", "citus-encrypted"])
 def contract_store(request: pytest.FixtureRequest, engine: AsyncEngine) -> PostgresStore:
-    return PostgresStore(engine, keyring=_keyring(engine, request.param == "citus-encrypted"))
+    return PostgresStore.over(engine, keyring=_keyring(engine, request.param == "citus-encrypted"))
 
 
 @pytest.fixture(params=["citus", "citus-encrypted"])
 def stores(request: pytest.FixtureRequest, engine: AsyncEngine) -> Stores:
     keyring = _keyring(engine, request.param == "citus-encrypted")
-    return Stores(
-        PostgresRuns(engine, events_ttl_s=0.5, keyring=keyring),
-        PostgresStore(engine, events_ttl_s=0.5, keyring=keyring),
-    )
+    return PostgresStore.over(engine, StoreConfig(events_ttl_s=0.5), keyring)
 
 
 # --- two replicas over HTTP ------------------------------------------------------------------
@@ -201,7 +198,7 @@ async def _expire_all(url: str) -> None:
 async def _purge(url: str) -> int:
     engine = create_engine(url, pool_size=2)
     try:
-        return await PostgresStore(engine, retention_days=1).purge(batch=2)
+        return await PostgresStore.over(engine, StoreConfig(retention_days=1)).ops.purge(batch=2)
     finally:
         await engine.dispose()
 
@@ -210,13 +207,13 @@ async def test_encrypt_existing_seals_every_clear_row_on_citus(engine: AsyncEngi
     """`turnstore encrypt-existing` on the cluster: turns, metadata and events written in
     clear are sealed (picked without a lock on every shard, each sealed if still clear), and
     read back the same through an encrypting store."""
-    clear = PostgresStore(engine)
+    clear = PostgresStore.over(engine)
     turn = Turn("said in clear", "told in clear", [msgspec.Raw(b'{"type":"message"}')])
     cids = [uuid.uuid4() for _ in range(5)]
     for cid in cids:
-        await clear.append(Append(cid, turn, 0, owner="alice"))
-    info = await clear.create_conversation("alice", {"topic": "in clear"})
-    runs = PostgresRuns(engine, events_ttl_s=60)
+        await clear.history.append(Append(cid, turn, 0, owner="alice"))
+    info = await clear.edits.create_conversation("alice", {"topic": "in clear"})
+    runs = PostgresStore.over(engine, StoreConfig(events_ttl_s=60)).run_writes
     run = NewRun(uuid.uuid4(), cids[0], "alice", True)
     await runs.create_run(run, 30)
     await runs.log_events(run.id, "alice", [run_events.delta(1, "streamed in clear")])
@@ -227,13 +224,11 @@ async def test_encrypt_existing_seals_every_clear_row_on_citus(engine: AsyncEngi
     while await rows.encrypt_batch(2):
         pass
     assert await rows.count() == 0
-    sealed = PostgresStore(engine, keyring=keyring)
+    sealed = PostgresStore.over(engine, keyring=keyring)
     for cid in cids:
-        loaded = await sealed.load(cid, "alice")
+        loaded = await sealed.history.load(cid, "alice")
         assert loaded is not None and loaded.turns[0].user_message == "said in clear"
-    described = await sealed.describe(info.id, "alice")
+    described = await sealed.reads.describe(info.id, "alice")
     assert described is not None and described.metadata == {"topic": "in clear"}
-    found = await PostgresRuns(engine, events_ttl_s=60, keyring=keyring).run_events(
-        run.id, "alice", 0
-    )
+    found = await sealed.run_reads.run_events(run.id, "alice", 0)
     assert found is not None and "streamed in clear" in str(found[1][0].data)

@@ -40,9 +40,10 @@ from service.platform import migrate
 from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.store.ports import Backend
-from service.store.postgres import ApiKeyStore, PostgresStore
+from service.store.postgres import ApiKeyStore, PostgresStore, StoreConfig
+from service.store.postgres.leases import PostgresPlaces
 from service.store.postgres.listener import PostgresNotifications
-from service.store.postgres.run_store import PostgresRuns
+from service.store.postgres.run_store import KnownRuns, PostgresRunWrites
 from service.store.postgres.tx import driver
 from tests.cluster import TURNSTORE, free_port, process, turnstore_env, wait_until
 from tests.fakeapi import FakeResponsesAPI, Script
@@ -361,7 +362,7 @@ async def test_renewals_go_on_after_a_refusal(server: PrivatePostgres, kind: str
 # --- whatever the exception ---------------------------------------------------------------
 
 
-class _GiveBackFails(PostgresStore):
+class _GiveBackFails(PostgresPlaces):
     """A seam: the first time each, giving a turn's lease back and giving its place among its
     owner's running turns back raise what nobody foresaw (not a database failure)."""
 
@@ -382,7 +383,7 @@ class _GiveBackFails(PostgresStore):
         await super().free_turn(owner, holder)
 
 
-class _EndFails(PostgresRuns):
+class _EndFails(PostgresRunWrites):
     """A seam: while ``broken``, logging a run's end raises what nobody foresaw."""
 
     broken = True
@@ -411,8 +412,9 @@ async def test_a_failure_while_giving_the_lease_back_leaves_the_conversation_fre
     server: PrivatePostgres,
 ) -> None:
     api = FakeResponsesAPI()
-    failing = _GiveBackFails(create_engine(server.url, pool_size=4))
-    backend = postgres_backend(_config(server), store=failing)
+    store = PostgresStore.over(create_engine(server.url, pool_size=4))
+    failing = _GiveBackFails(store.db)
+    backend = postgres_backend(_config(server), store=replace(store, places=failing))
     async with _seamed(server, api, backend) as (here, elsewhere):
         cid = await _new(here)
         api.then(Script(http_status=500))  # the turn does not commit: it gives its lease back
@@ -428,9 +430,10 @@ async def test_a_stream_whose_end_cannot_be_logged_still_ends_with_one_terminal_
 ) -> None:
     api = FakeResponsesAPI()
     config = _config(server)
-    store = PostgresStore(create_engine(server.url, pool_size=4))
-    runs = _EndFails(store.engine, events_ttl_s=config.turn_events_ttl_s, places=store.places)
-    backend = replace(postgres_backend(config, store=store), runs=runs)
+    engine = create_engine(server.url, pool_size=4)
+    store = PostgresStore.over(engine, StoreConfig(events_ttl_s=config.turn_events_ttl_s))
+    runs = _EndFails(store.db, KnownRuns())
+    backend = postgres_backend(config, store=replace(store, run_writes=runs))
     async with _seamed(server, api, backend) as (here, elsewhere):
         cids = [await _new(here) for _ in range(2)]
         api.then(Script(http_status=500), Script(http_status=500))

@@ -24,7 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.platform import migrate
-from service.store.postgres import PostgresStore
+from service.store.postgres import PostgresStore, StoreConfig
 from tests.cluster import (
     Replica,
     fake_api,
@@ -455,10 +455,10 @@ async def test_events_go_with_their_conversation_with_retention_and_once_expired
             text("UPDATE conversations SET updated_at = now() - interval '31 days' WHERE id = :id"),
             {"id": uuid.UUID(retired[1])},
         )
-    assert await PostgresStore(engine, retention_days=30).purge() == 1
+    assert await PostgresStore.over(engine, StoreConfig(retention_days=30)).ops.purge() == 1
     assert set(await runs_of(engine)) == {kept[0]}
     assert (await runs_of(engine))[kept[0]] >= 2  # a delta and message.done, until they expire
     async with engine.begin() as conn:
         await conn.execute(text("UPDATE turn_runs SET expires_at = now()"))
-    await PostgresStore(engine).purge()
+    await PostgresStore.over(engine).ops.purge()
     assert await runs_of(engine) == {}

@@ -39,7 +39,14 @@ from service.platform.crypto import KeyFileError, read_master_keys
 from service.platform.settings import Settings
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
-from service.store.postgres import ClearRows, Keyring, PostgresRuns, destroy_key, owner_digests
+from service.store.postgres import (
+    ClearRows,
+    Keyring,
+    PostgresStore,
+    StoreConfig,
+    destroy_key,
+    owner_digests,
+)
 from service.store.postgres.keyring import CACHE_S, tombstone_name
 from tests.conftest import ClientFactory
 from tests.database import REPO, asyncpg_dsn, fresh_database
@@ -367,7 +374,8 @@ async def test_an_interrupted_runs_last_event_is_sealed_too(
 ) -> None:
     masters = Settings(encryption_keys_file=keys).master_keys()
     assert masters is not None
-    runs = PostgresRuns(engine, events_ttl_s=60, keyring=Keyring(engine, masters))
+    store = PostgresStore.over(engine, StoreConfig(events_ttl_s=60), Keyring(engine, masters))
+    runs = store.run_writes
     run = NewRun(uuid.uuid4(), uuid.uuid4(), "alice", background=True)
     await runs.create_run(run, heartbeat_s=0.001)
     await runs.log_events(run.id, "alice", [RunEvent(1, "message.delta", '{"delta": "x"}')])
@@ -379,7 +387,7 @@ async def test_an_interrupted_runs_last_event_is_sealed_too(
     async with engine.connect() as conn:
         clear = await conn.scalar(text("SELECT count(*) FROM turn_events WHERE events IS NOT NULL"))
     assert clear == 0
-    found = await runs.run_events(run.id, "alice", 0)
+    found = await store.run_reads.run_events(run.id, "alice", 0)
     assert found is not None
     assert [(e.seq, e.name, e.data) for e in found[1]] == [
         (1, "message.delta", '{"delta": "x"}'),

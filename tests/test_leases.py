@@ -11,6 +11,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.app import create_app, postgres_backend
 from service.platform import migrate
 from service.platform.settings import Settings
-from service.store.postgres import PostgresStore
+from service.store.postgres import Adapter, PostgresStore
+from service.store.postgres.leases import PostgresPlaces
 from service.store.postgres.tx import sql
 from service.usecases.leases import RELEASE_RETRY_S
 from tests.cluster import fake_api, provider_env, replica, replicas, turnstore_env, wait_ready
 from tests.database import fresh_database
 from tests.fakeapi import FakeResponsesAPI, Script, output_items
-from tests.helpers import CHAT, FailingRenewals, assert_error, serve, start, until_lease_expired
+from tests.helpers import CHAT, assert_error, failing_renewals, serve, start, until_lease_expired
 
 FAST_S = 0.1  # "at once": a refusal comes back within this
 
@@ -148,7 +150,7 @@ async def test_a_holder_whose_lease_expired_loses_to_the_turn_that_took_it(
     settings = Settings(database_url=database_url, turn_lease_s=1)
     stale = create_app(
         settings,
-        backend=postgres_backend(settings, store=FailingRenewals(engine)),
+        backend=postgres_backend(settings, store=failing_renewals(engine)),
         provider=api.provider(),
     )
     fresh = create_app(settings, provider=api.provider())
@@ -215,16 +217,16 @@ async def test_many_clients_on_two_replicas_queue_every_turn_into_its_place(
     )
 
 
-class RefusedReleases(PostgresStore):
+class RefusedReleases(PostgresPlaces):
     """A seam: this replica's lease release is a statement the server refuses for good (an
     undefined table, SQLSTATE 42P01, as Citus refuses what it does not support with 0A000);
     the tries are counted."""
 
     tries = 0
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        super().__init__(engine)
-        self._sql.release_lease = sql(
+    def __init__(self, db: Adapter) -> None:
+        super().__init__(db)
+        db.sql.release_lease = sql(
             "UPDATE no_such_table SET lease_holder = NULL"
             " WHERE id = :cid AND lease_holder = :holder RETURNING lease_wanted"
         )
@@ -239,7 +241,9 @@ async def test_a_release_the_database_refuses_for_good_is_not_retried_and_logged
 ) -> None:
     api = FakeResponsesAPI()
     settings = Settings(database_url=database_url)
-    store = RefusedReleases(engine)
+    store = PostgresStore.over(engine)
+    refused = RefusedReleases(store.db)
+    store = replace(store, places=refused)
     app = create_app(
         settings, backend=postgres_backend(settings, store=store), provider=api.provider()
     )
@@ -250,6 +254,6 @@ async def test_a_release_the_database_refuses_for_good_is_not_retried_and_logged
             failed = await client.post(CHAT, json={"message": "fails", "conversation_id": cid})
             assert failed.status_code == 502, failed.text
         await asyncio.sleep(4 * RELEASE_RETRY_S)  # a retry would have come meanwhile
-    assert store.tries == 2
+    assert refused.tries == 2
     logged = [r for r in caplog.records if "refuses to give turn leases back" in r.getMessage()]
     assert len(logged) == 1 and "42P01" in logged[0].getMessage()

@@ -614,7 +614,7 @@ async def test_a_size_counted_before_an_older_releases_item_removal_is_counted_a
             stored = (await conn.exec_driver_sql(
                 "SELECT counted_bytes FROM conversations WHERE id = $1", (cid,)
             )).scalar_one()  # fmt: skip
-    whole = await PostgresStore(engine).load(cid)
+    whole = await PostgresStore.over(engine).history.load(cid)
     assert whole is not None and stored == held_bytes(whole.turns)
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import (
     JWT_SETTINGS,
-    FailingRenewals,
+    failing_renewals,
     jwt_bearer,
     sdk,
     until_lease_expired,
@@ -217,7 +217,7 @@ async def test_a_stale_writer_gets_one_conflict_and_the_sdk_does_not_retry_it(
 ) -> None:
     api = FakeResponsesAPI()
     common = {"turn_lease_s": 1}
-    stale_store = FailingRenewals(engine)
+    stale_store = failing_renewals(engine)
     async with (
         sdk(database_url, api.provider(), store=stale_store, max_retries=2, **common) as (
             a,

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.core.errors import ConversationNotFound
 from service.core.items import user_input_item
 from service.core.model import Append, Turn
-from service.store.postgres import PostgresStore
+from service.store.postgres import PostgresStore, StoreConfig
 from tests.conftest import ClientFactory
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import CHAT, assert_error, snapshot
@@ -26,28 +26,28 @@ def turn(text_: str) -> Turn:
 
 async def test_another_owners_conversation_is_not_found_everywhere(store: PostgresStore) -> None:
     cid = uuid.uuid4()
-    await store.append(Append(cid, turn("alice's"), 0, owner="alice"))
-    loaded = await store.load(cid, "alice")
+    await store.history.append(Append(cid, turn("alice's"), 0, owner="alice"))
+    loaded = await store.history.load(cid, "alice")
     assert loaded is not None and loaded.owner == "alice"
     with pytest.raises(ConversationNotFound):
-        await store.append(Append(cid, turn("bob's"), 1, owner="bob"))
+        await store.history.append(Append(cid, turn("bob's"), 1, owner="bob"))
     with pytest.raises(ConversationNotFound):
-        await store.delete(cid, "bob")
-    page, _ = await store.list_conversations("bob", 10)
+        await store.history.delete(cid, "bob")
+    page, _ = await store.reads.list_conversations("bob", 10)
     assert page == []
-    await store.delete(cid, "alice")
-    assert await store.load(cid, "alice") is None
+    await store.history.delete(cid, "alice")
+    assert await store.history.load(cid, "alice") is None
 
 
 async def test_listing_pages_newest_first_with_a_cursor(store: PostgresStore) -> None:
     ids = [uuid.uuid4() for _ in range(5)]
     for cid in ids:  # created one after another: created_at increases
-        await store.append(Append(cid, turn("x"), 0, owner="carol"))
-    await store.append(Append(uuid.uuid4(), turn("not carol's"), 0, owner="dave"))
+        await store.history.append(Append(cid, turn("x"), 0, owner="carol"))
+    await store.history.append(Append(uuid.uuid4(), turn("not carol's"), 0, owner="dave"))
     seen: list[uuid.UUID] = []
     cursor: str | None = None
     for _ in range(5):
-        page, cursor = await store.list_conversations("carol", 2, cursor)
+        page, cursor = await store.reads.list_conversations("carol", 2, cursor)
         seen += [s.id for s in page]
         if cursor is None:
             break
@@ -156,11 +156,11 @@ async def test_retention_hides_expired_conversations_at_once_and_purge_removes_o
         assert_error(continued, 404, "conversation_not_found")
         listed = (await client.get("/api/v1/conversations")).json()["conversations"]
         assert [c["conversation_id"] for c in listed] == [fresh]
-    store = PostgresStore(engine, retention_days=30)
-    assert await store.purge(batch=1) == 1
+    store = PostgresStore.over(engine, StoreConfig(retention_days=30))
+    assert await store.ops.purge(batch=1) == 1
     rows: Any = await snapshot(engine)
     assert str(old) not in str(rows) and str(fresh) in str(rows)  # turns and replay items too
-    assert await store.purge() == 0
+    assert await store.ops.purge() == 0
 
 
 def test_the_purge_command(

@@ -469,7 +469,9 @@ async def test_a_shredded_owner_writes_nothing(
     the owner commits, on any route, whatever a replica holds in memory."""
     async with app_client(database_url) as client:
         ctx = await prepare(client)
-        await PostgresStore(engine).tombstone("anonymous")  # AUTH_MODE=none: the one owner
+        await PostgresStore.over(engine).owners.tombstone(
+            "anonymous"
+        )  # AUTH_MODE=none: the one owner
         before = await stored(engine), await owned(engine)
         refused = await call(client, route, ctx, key="after-the-shred")
         assert not succeeded(refused), refused.text

@@ -34,8 +34,8 @@ async def test_a_client_leaving_after_message_done_does_not_end_the_run_again() 
     committed run is only winding down and must not be cancelled into a second end (which
     cost an END and a READ_EVENTS per streamed turn)."""
     store = CountingStore()
-    turns = TurnService(store, FakeProvider(), leases=Leases(store, store.notifications))
-    runs = TurnRuns(turns, store, store.notifications, heartbeat_s=30)
+    turns = TurnService(store, FakeProvider(), leases=Leases(store, store, store.notifications))
+    runs = TurnRuns(turns, store, store, store.notifications, heartbeat_s=30)
     plan = make_plan(PlanRules(), chat_request(ANONYMOUS, "hi", None, None))
     started = await runs.start(plan, correlation_id="cid")
     run = started.run

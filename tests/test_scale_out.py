@@ -19,7 +19,7 @@ import pytest
 
 from service.core.model import Append, LeaseRequest, Turn
 from service.platform.db import create_engine
-from service.store.postgres import PostgresStore, places
+from service.store.postgres import PostgresStore, StoreConfig, places
 from service.store.postgres import idempotency as idem
 from service.store.postgres.rows import Rows
 from service.store.postgres.statements import Statements
@@ -102,20 +102,22 @@ async def _turns_and_2pc(url: str) -> tuple[int, int]:
     among the owner's running turns: the two-phase commits of the first, and of the later
     ones."""
     engine = create_engine(url, pool_size=2)
-    store = PostgresStore(engine, running_turns=16)
+    store = PostgresStore.over(engine, StoreConfig(running_turns=16))
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
         cid, turn = uuid.uuid4(), Turn("hi", "hello", [msgspec.Raw(b'{"type":"message"}')])
         before = await _prepared(conn)
         first_turn = uuid.uuid4()
-        assert await store.take_turn("owner", first_turn, 30)
-        await store.append(Append(cid, turn, 0, owner="owner", lease=first_turn))
+        assert await store.places.take_turn("owner", first_turn, 30)
+        await store.history.append(Append(cid, turn, 0, owner="owner", lease=first_turn))
         first = await _prepared(conn) - before
         for revision in (1, 2, 3):
             holder = uuid.uuid4()
-            leased = await store.lease(LeaseRequest(cid, "owner", holder, lease_s=30, queue=False))
+            leased = await store.history.lease(
+                LeaseRequest(cid, "owner", holder, lease_s=30, queue=False)
+            )
             assert leased.acquired
-            await store.append(Append(cid, turn, revision, owner="owner", lease=holder))
+            await store.history.append(Append(cid, turn, revision, owner="owner", lease=holder))
         return first, await _prepared(conn) - before - first
     finally:
         await conn.close()

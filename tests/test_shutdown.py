@@ -16,6 +16,7 @@ import httpx
 import pytest
 from httpx_sse import ServerSentEvent, aconnect_sse
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.sse import TurnEvents, sse_events
 from service.app import build_services
@@ -26,7 +27,7 @@ from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.platform.shutdown import SHUTDOWN
 from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
-from service.store.postgres import PostgresNotifications, PostgresStore
+from service.store.postgres import PostgresNotifications
 from service.usecases.leases import Leases
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService
@@ -181,9 +182,9 @@ class Stalling:
 
 async def _stream(provider: Stalling, *, background: bool = False) -> AsyncIterator[Any]:
     store = MemoryStore()
-    leases = Leases(store, store.notifications)
+    leases = Leases(store, store, store.notifications)
     turns = TurnService(store, provider, leases=leases)
-    runs = TurnRuns(turns, store, store.notifications, heartbeat_s=30)
+    runs = TurnRuns(turns, store, store, store.notifications, heartbeat_s=30)
     plan = make_plan(
         PlanRules(max_message_chars=100),
         chat_request(ANONYMOUS, "hi", None, None, background=background),
@@ -218,6 +219,6 @@ async def test_the_pool_is_closed_after_everything_that_uses_it(database_url: st
     try:
         owners = [getattr(close, "__self__", None) for close in reversed(services.closers)]
         kinds = [type(owner) for owner in owners]
-        assert kinds.index(PostgresNotifications) < kinds.index(PostgresStore)
+        assert kinds.index(PostgresNotifications) < kinds.index(AsyncEngine)  # the pool's
     finally:
         await services.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -14,14 +15,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.app import create_app, postgres_backend
 from service.core.model import Append, Commit
 from service.platform.settings import Settings
-from service.store.postgres import PostgresStore
+from service.store.postgres import Adapter, PostgresStore
+from service.store.postgres.history import PostgresHistory
 from tests.conftest import ClientFactory
 from tests.database import admin
 from tests.fakeapi import FakeResponsesAPI, Script
 from tests.helpers import (
     CHAT,
-    FailingRenewals,
     assert_error,
+    failing_renewals,
     serve,
     snapshot,
     until_lease_expired,
@@ -157,11 +159,12 @@ async def test_client_disconnect_mid_stream_leaves_nothing_and_closes_upstream(
         assert events[-1] == ("message.done", {**events[-1][1], "revision": 2})
 
 
-class PausingStore(PostgresStore):
-    """The real store, paused at the start of a commit until the test lets it go on."""
+class PausingStore(PostgresHistory):
+    """The real store's History, paused at the start of a commit until the test lets it go
+    on."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        super().__init__(engine)
+    def __init__(self, db: Adapter) -> None:
+        super().__init__(db)
         self.committing = asyncio.Event()
         self.proceed = asyncio.Event()
         self.committed = asyncio.Event()
@@ -180,10 +183,12 @@ async def test_disconnect_during_the_commit_lets_the_commit_finish(
     """The documented resolution of the disconnect/commit race: once the reply is accepted and
     the commit has started, it runs to completion (all or nothing) and the turn is kept, as if
     message.done had been lost on the wire; then the conversation lock is released."""
-    store = PausingStore(engine)
+    postgres = PostgresStore.over(engine)
+    store = PausingStore(postgres.db)
     store.proceed.set()
     settings = Settings(database_url=database_url)
-    app = create_app(settings, backend=postgres_backend(settings, store=store))
+    seamed = replace(postgres, history=store)
+    app = create_app(settings, backend=postgres_backend(settings, store=seamed))
     async with serve(app) as base, httpx.AsyncClient(base_url=base) as client:
         _, events = await stream(client, message="start")
         cid = events[-1][1]["conversation_id"]
@@ -282,7 +287,7 @@ async def test_across_replicas_the_stale_stream_ends_with_conflict(
     settings = Settings(database_url=database_url, turn_lease_s=1)
     stale = create_app(
         settings,
-        backend=postgres_backend(settings, store=FailingRenewals(engine)),
+        backend=postgres_backend(settings, store=failing_renewals(engine)),
         provider=slow.provider(),
     )
     async with (

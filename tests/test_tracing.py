@@ -22,7 +22,7 @@ from service.platform.logs import JSONFormatter
 from service.platform.settings import Settings
 from tests.conftest import ClientFactory
 from tests.fakeapi import FakeResponsesAPI, Script
-from tests.helpers import CHAT, FailingRenewals, serve, until_lease_expired
+from tests.helpers import CHAT, failing_renewals, serve, until_lease_expired
 
 EXPORTER = InMemorySpanExporter()
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -82,7 +82,7 @@ async def test_a_conflicted_turn(database_url: str, engine: AsyncEngine) -> None
     settings = Settings(database_url=database_url, turn_lease_s=1)
     stale = create_app(
         settings,
-        backend=postgres_backend(settings, store=FailingRenewals(engine)),
+        backend=postgres_backend(settings, store=failing_renewals(engine)),
         provider=api.provider(),
     )
     fresh_app = create_app(settings, provider=api.provider())

@@ -90,7 +90,7 @@ def service(
     provider: Any, store: MemoryStore | None = None, policy: LeasePolicy | None = None, **kw: Any
 ) -> TurnService:
     store = store or MemoryStore()
-    leases = Leases(store, store.notifications, policy)
+    leases = Leases(store, store, store.notifications, policy)
     return TurnService(store, provider, leases=leases, **kw)
 
 
@@ -104,11 +104,11 @@ async def turn(turns: TurnService, text: str, cid: uuid.UUID | None = None, **kw
 
 
 async def test_a_completed_reply_commits_the_user_item_and_every_output_item() -> None:
-    provider = Scripted(reply("hello"))
-    turns = service(provider)
+    provider, store = Scripted(reply("hello")), MemoryStore()
+    turns = service(provider, store)
     done = await turn(turns, "hi")
     assert (done.message, done.status, done.revision) == ("hello", "completed", 1)
-    loaded = await turns.store.load(done.conversation_id)
+    loaded = await store.load(done.conversation_id)
     assert loaded is not None
     assert loaded.turns[0].replay_items == [user_input_item("hi"), *reply("hello").output_items]
     assert loaded.turns[0].origin == ORIGIN

@@ -212,9 +212,9 @@ async def test_stored_responses_expire_and_are_purged(
         with pytest.raises(openai.BadRequestError) as chaining:
             await client.responses.create(previous_response_id=old.id, input="too late")
         assert chaining.value.code == "previous_response_not_found"
-        store = PostgresStore(engine)  # without RETENTION_DAYS, too
-        assert await store.purge() == 1
-        assert await store.purge() == 0
+        store = PostgresStore.over(engine)  # without RETENTION_DAYS, too
+        assert await store.ops.purge() == 1
+        assert await store.ops.purge() == 0
         async with engine.connect() as conn:
             stored = set((await conn.scalars(text("SELECT id FROM conversations"))).all())
         assert conversation_of(ids, old.id) not in stored

@@ -302,7 +302,7 @@ class Append:
     holder's id, is released by it. With ``fork_of``, the conversation is first made as that
     fork (at ``expected_revision``), in the same transaction: a turn that fails leaves no
     fork behind (its place among its owner's forks was taken before its provider call:
-    ConversationStore.take_fork)."""
+    Places.take_fork)."""
 
     conversation_id: UUID
     turn: Turn

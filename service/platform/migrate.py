@@ -26,6 +26,12 @@ DATA_VERSIONS = str(Path(migrations.__file__).parent / "versions")
 LOCK_TIMEOUT_S: float = Settings.migration_lock_timeout_s  # its default
 
 
+class Refused(RuntimeError):
+    """A `turnstore db` command that cannot do what it was asked here (the placement on Citus,
+    service/store/postgres/placement.py); the message says why, in one line, and the command
+    line prints it as it is."""
+
+
 def alembic_config(
     database_url: str | None = None,
     *,

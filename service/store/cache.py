@@ -16,7 +16,6 @@ keeps them all.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
@@ -33,16 +32,12 @@ from service.core.model import (
     IdempotencyKey,
     LeaseAttempt,
     LeaseRequest,
-    Metadata,
-    PageRequest,
     Precondition,
-    Summary,
-    TranscriptPage,
     Turn,
     since,
 )
 from service.core.sizes import turn_bytes
-from service.store.ports import ConversationStore
+from service.store.ports import History
 
 
 @dataclass(frozen=True)
@@ -65,10 +60,11 @@ def turn_size(turn: Turn) -> int:
 
 
 class CachedStore:
-    """The ConversationStore port over ``inner``, remembering up to ``max_bytes`` of turns
-    (0 switches caching off: every call goes straight through)."""
+    """The History port over ``inner``, remembering up to ``max_bytes`` of turns (0 switches
+    caching off: every call goes straight through). The other ports pass it by: the wiring
+    hands them to their callers as the backend made them."""
 
-    def __init__(self, inner: ConversationStore, max_bytes: int) -> None:
+    def __init__(self, inner: History, max_bytes: int) -> None:
         self._inner = inner
         self._max_bytes = max_bytes
         self._entries: OrderedDict[UUID, _Entry] = OrderedDict()
@@ -117,26 +113,6 @@ class CachedStore:
         if merged is False:  # (read from its window start: as it is, not kept)
             return attempt
         return replace(attempt, conversation=merged)  # (a copy field by field would drop a new one)
-
-    async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
-        await self._inner.release_lease(conversation_id, holder)
-
-    async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
-        return await self._inner.renew_leases(leases, lease_s)
-
-    async def turn_sizes(
-        self, conversation_id: UUID, owner: str, low: int, high: int
-    ) -> list[tuple[int, int | None]]:
-        return await self._inner.turn_sizes(conversation_id, owner, low, high)
-
-    async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
-        return await self._inner.take_turn(owner, holder, lease_s)
-
-    async def free_turn(self, owner: str, holder: UUID) -> None:
-        await self._inner.free_turn(owner, holder)
-
-    async def renew_turns(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
-        await self._inner.renew_turns(turns, lease_s)
 
     def _merged(
         self, conversation_id: UUID, entry: _Entry | None, fresh: Conversation | None, since: int
@@ -191,11 +167,6 @@ class CachedStore:
             )
         return commit
 
-    async def transcript(
-        self, conversation_id: UUID, owner: str, page: PageRequest
-    ) -> TranscriptPage | None:
-        return await self._inner.transcript(conversation_id, owner, page)  # a page: not cached
-
     async def delete(
         self,
         conversation_id: UUID,
@@ -208,17 +179,6 @@ class CachedStore:
         finally:
             # Also after a failed delete: a load racing with it may have cached what is gone.
             self._evict(conversation_id)
-
-    async def turn(self, conversation_id: UUID, owner: str, revision: int) -> Turn | None:
-        return await self._inner.turn(conversation_id, owner, revision)  # one turn: not cached
-
-    async def turns(
-        self, conversation_id: UUID, owner: str, low: int, high: int, *, newest_first: bool,
-        limit: int,
-    ) -> list[tuple[int, Turn]]:  # fmt: skip
-        return await self._inner.turns(  # a page: not cached
-            conversation_id, owner, low, high, newest_first=newest_first, limit=limit
-        )
 
     async def delete_response(
         self,
@@ -242,35 +202,6 @@ class CachedStore:
             if erase:
                 self._evict(conversation_id)
 
-    async def list_conversations(
-        self, owner: str, limit: int, after: str | None = None
-    ) -> tuple[list[Summary], str | None]:
-        return await self._inner.list_conversations(owner, limit, after)
-
-    async def create_conversation(
-        self,
-        owner: str,
-        metadata: dict[str, str],
-        turn: Turn | None = None,
-        idempotency: IdempotencyKey | None = None,
-    ) -> ConversationInfo:
-        return await self._inner.create_conversation(owner, metadata, turn, idempotency)
-
-    async def fork(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        at_revision: int,
-        idempotency: IdempotencyKey | None = None,
-    ) -> ConversationInfo:
-        return await self._inner.fork(conversation_id, owner, at_revision, idempotency)
-
-    async def take_fork(self, owner: str, conversation_id: UUID) -> None:
-        await self._inner.take_fork(owner, conversation_id)
-
-    async def free_fork(self, owner: str, conversation_id: UUID) -> None:
-        await self._inner.free_fork(owner, conversation_id)
-
     async def pop_item(
         self,
         conversation_id: UUID,
@@ -283,26 +214,6 @@ class CachedStore:
             return await self._inner.pop_item(conversation_id, owner, if_match, idempotency)
         finally:
             self._evict(conversation_id)
-
-    async def describe(self, conversation_id: UUID, owner: str) -> ConversationInfo | None:
-        return await self._inner.describe(conversation_id, owner)
-
-    async def update_metadata(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        metadata: Metadata,
-        if_match: Precondition = None,
-        idempotency: IdempotencyKey | None = None,
-    ) -> ConversationInfo:
-        return await self._inner.update_metadata(
-            conversation_id, owner, metadata, if_match, idempotency
-        )
-
-    async def close(self) -> None:
-        self._entries.clear()
-        self._bytes = 0
-        await self._inner.close()
 
     def _remember(self, conversation_id: UUID, entry: _Entry) -> None:
         current = self._entries.get(conversation_id)

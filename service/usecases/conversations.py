@@ -33,7 +33,7 @@ from service.core.model import (
 )
 from service.core.plans import check_precondition
 from service.core.sizes import SizeLimit, turn_bytes
-from service.store.ports import ConversationStore
+from service.store.ports import Edits, History, Reads
 from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
 from service.usecases.write_gate import WriteGate
@@ -48,12 +48,15 @@ ITEMS_CONFLICT = (
 class Conversations:
     def __init__(
         self,
-        store: ConversationStore,
+        reads: Reads,
+        history: History,
+        edits: Edits,
         restorer: Restorer,
         size_limit: SizeLimit | None = None,
         gate: WriteGate | None = None,
     ) -> None:
-        self._store, self._restorer = store, restorer
+        self._reads, self._history, self._edits = reads, history, edits
+        self._restorer = restorer
         self._size = size_limit or SizeLimit()
         self._gate = gate or WriteGate(None)
 
@@ -66,7 +69,7 @@ class Conversations:
         return info
 
     async def info(self, cid: uuid.UUID, owner: str) -> ConversationInfo | None:
-        return await self._store.describe(cid, owner)
+        return await self._reads.describe(cid, owner)
 
     async def walk(
         self, cid: uuid.UUID, owner: str, *, newest_first: bool
@@ -75,11 +78,11 @@ class Conversations:
         a reader of its items holds is a page, whatever its size; the Limits section).
         ConversationNotFound before the first."""
         high = (await self.describe(cid, owner)).revision
-        async for numbered in walk(self._store, cid, owner, 1, high, newest_first=newest_first):
+        async for numbered in walk(self._reads, cid, owner, 1, high, newest_first=newest_first):
             yield numbered
 
     async def transcript(self, cid: uuid.UUID, owner: str, page: PageRequest) -> TranscriptPage:
-        found = await self._store.transcript(cid, owner, page)
+        found = await self._reads.transcript(cid, owner, page)
         if found is None:
             raise ConversationNotFound()
         return found
@@ -87,11 +90,11 @@ class Conversations:
     async def listing(
         self, owner: str, limit: int, after: str | None
     ) -> tuple[list[Summary], str | None]:
-        return await self._store.list_conversations(owner, limit, after)
+        return await self._reads.list_conversations(owner, limit, after)
 
     async def turn_at(self, cid: uuid.UUID, owner: str, revision: int) -> Turn | None:
         """The turn that made ``revision`` (None: no such turn of the owner's), read alone."""
-        return await self._store.turn(cid, owner, revision)
+        return await self._reads.turn(cid, owner, revision)
 
     # --- writing: each through the write gate (service/usecases/write_gate.py) --------------
 
@@ -106,7 +109,7 @@ class Conversations:
             turn = await self._restored(owner, items)
             size = self._size.check(0, turn_bytes(turn)) if turn is not None else 0
             with self._gate.budget.spending(owner, size) as spend:
-                info = await self._store.create_conversation(owner, metadata, turn, key)
+                info = await self._edits.create_conversation(owner, metadata, turn, key)
                 spend(size)
             return info
 
@@ -123,7 +126,7 @@ class Conversations:
         async def write() -> ConversationInfo:
             adding = sum(len(k) + len(v) for k, v in metadata.items())
             with self._gate.budget.spending(owner, adding) as spend:
-                info = await self._store.update_metadata(cid, owner, metadata, if_match, key)
+                info = await self._edits.update_metadata(cid, owner, metadata, if_match, key)
                 spend(adding)
             return info
 
@@ -139,8 +142,8 @@ class Conversations:
         erase: bool = False,
     ) -> bool:
         """Forget a response (its turn stays); ``erase``: its content too (the latest turn's:
-        ConversationStore.delete_response)."""
-        return await self._store.delete_response(cid, owner, revision, key, erase=erase)
+        History.delete_response)."""
+        return await self._history.delete_response(cid, owner, revision, key, erase=erase)
 
     async def delete(
         self,
@@ -159,7 +162,7 @@ class Conversations:
     ) -> None:
         """``delete`` for a caller that passed the write gate already (its ``key``, completed
         by the deletion's transaction)."""
-        await self._store.delete(cid, owner, if_match, key)
+        await self._history.delete(cid, owner, if_match, key)
 
     async def fork(
         self, cid: uuid.UUID, owner: str, at_revision: int, key: IdempotencyKey | None = None
@@ -171,10 +174,10 @@ class Conversations:
             source = await self.describe(cid, owner)
             if not 1 <= at_revision <= source.revision:
                 raise InvalidInput("at_revision must be a revision of the conversation.")
-            size = await held_bytes(self._store, cid, owner, at_revision, source)
+            size = await held_bytes(self._reads, cid, owner, at_revision, source)
             self._size.check(size, 0)
             with self._gate.budget.spending(owner, size) as spend:
-                info = await self._store.fork(cid, owner, at_revision, key)
+                info = await self._edits.fork(cid, owner, at_revision, key)
                 spend(size)
             return info
 
@@ -200,7 +203,7 @@ class Conversations:
             check_precondition(if_match, info.revision)
             held = 0
             if self._size.max_bytes is not None:
-                held = await held_bytes(self._store, cid, owner, info.revision, info)
+                held = await held_bytes(self._reads, cid, owner, info.revision, info)
             adding = turn_bytes(turn)
             size = self._size.check(held, adding)
             append = Append(
@@ -208,7 +211,7 @@ class Conversations:
             )
             with self._gate.budget.spending(owner, adding) as spend:
                 try:
-                    commit = await self._store.append(append)
+                    commit = await self._history.append(append)
                 except ConversationConflict:
                     raise ConversationConflict(ITEMS_CONFLICT) from None
                 spend(adding)
@@ -253,12 +256,12 @@ class Conversations:
             revision = (await self.describe(cid, owner)).revision
             check_precondition(if_match, revision)
             ids = await self._restorer.ids.get()
-            last = await self._store.turn(cid, owner, revision) if revision else None
+            last = await self._reads.turn(cid, owner, revision) if revision else None
             latest = listed_ids(ids, cid, revision, last) if last is not None else []
             if not latest or latest[-1] != item_id:
                 ref = ids.parse_item(item_id)  # names the one turn that holds it
                 if ref is not None and ref.conversation_id == cid and ref.revision < revision:
-                    earlier = await self._store.turn(cid, owner, ref.revision)
+                    earlier = await self._reads.turn(cid, owner, ref.revision)
                     if earlier is not None and item_id in listed_ids(
                         ids, cid, ref.revision, earlier
                     ):
@@ -268,7 +271,7 @@ class Conversations:
             rewritten = turn_bytes(last)  # (the last turn, written again without its item)
             with self._gate.budget.spending(owner, rewritten) as spend:
                 try:
-                    info, _ = await self._store.pop_item(cid, owner, frozenset({revision}), key)
+                    info, _ = await self._history.pop_item(cid, owner, frozenset({revision}), key)
                 except PreconditionFailed:
                     raise ConversationConflict() from None
                 spend(rewritten)

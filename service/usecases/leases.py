@@ -18,7 +18,9 @@ A running turn also holds a place among its owner's running turns (OWNER_MAX_RUN
 store/postgres/places.py): taken with the lease (a new conversation's turn, which has no
 lease, by ``take``), renewed with the leases, given back by the commit or on the way out. A
 turn that waits holds none; past the limit a turn is TooManyRequests before the provider is
-called. Provider calls outside a turn (a stateless call) hold one too (``place``).
+called. Provider calls outside a turn (a stateless call) hold one too (``place``). A turn that
+makes a fork takes the fork's place among its owner's forks of the minute before its provider
+call (``take_fork``), given back unless it commits.
 """
 
 from __future__ import annotations
@@ -39,10 +41,10 @@ from service.core.errors import (
     StorageError,
     TooManyRequests,
 )
-from service.core.model import Conversation, LeaseAttempt, LeaseRequest, Origin
+from service.core.model import Append, Commit, Conversation, LeaseAttempt, LeaseRequest, Origin
 from service.core.plans import TurnPlan
 from service.platform import metrics, tracing
-from service.store.ports import ConversationStore, Notifications
+from service.store.ports import History, Notifications, Places
 from service.usecases.heartbeat import Heartbeat
 from service.usecases.locks import KeyedLocks, settle
 from service.usecases.owner_limits import OwnerLimit
@@ -79,16 +81,18 @@ class Held:
 class Leases:
     def __init__(
         self,
-        store: ConversationStore,
+        history: History,
+        places: Places,
         notifications: Notifications,
         policy: LeasePolicy | None = None,
         locks: KeyedLocks | None = None,
     ) -> None:
-        self._store = store
+        self._history = history
+        self._places = places
         self._notifications = notifications
         self.policy = policy or LeasePolicy()
         self._locks = locks or KeyedLocks()
-        self._keeper = _Keeper(store, self.policy.lease_s)
+        self._keeper = _Keeper(places, self.policy.lease_s)
         most = self.policy.max_queued
         self._queued = OwnerLimit(most, "turns waiting for their conversations") if most else None
 
@@ -96,7 +100,7 @@ class Leases:
         """A place for ``holder`` among ``owner``'s running turns, kept (renewed) until
         ``free``; TooManyRequests when the owner runs OWNER_MAX_RUNNING_TURNS turns on the
         whole fleet. (A turn of an existing conversation takes its place with its lease.)"""
-        if not await self._store.take_turn(owner, holder, self.policy.lease_s):
+        if not await self._places.take_turn(owner, holder, self.policy.lease_s):
             raise TooManyRequests.running_turns()
         self._keeper.count(owner, holder)
 
@@ -128,11 +132,25 @@ class Leases:
         if committed:
             return
         try:
-            await settle(self._store.free_turn(owner, holder))
+            await settle(self._places.free_turn(owner, holder))
         except StorageError:
             pass  # the database failed: it expires
         except Exception:
             log.exception("could not give a running turn's place back; it expires")
+
+    async def take_fork(self, owner: str, conversation_id: uuid.UUID) -> None:
+        """The place of the fork a turn makes among its owner's forks of the minute
+        (OWNER_MAX_FORKS_PER_MINUTE), taken before its provider call; TooManyRequests past
+        it. Its commit makes the fork; a turn that does not commit gives it back."""
+        await self._places.take_fork(owner, conversation_id)
+
+    async def free_fork(self, owner: str, conversation_id: uuid.UUID) -> None:
+        await self._places.free_fork(owner, conversation_id)
+
+    async def commit(self, append: Append) -> Commit:
+        """The turn's commit (History.append), which gives its lease and its place back in
+        its own statement (the caller then marks its ``Held.committed``)."""
+        return await self._history.append(append)
 
     @asynccontextmanager
     async def hold(
@@ -207,7 +225,7 @@ class Leases:
         """The lease given back now, or (whatever failed) later by the keeper, or taken over by
         the next turn here; never kept until it expires because giving it back failed."""
         try:
-            await settle(self._store.release_lease(cid, holder))
+            await settle(self._places.release_lease(cid, holder))
         except StorageError as exc:
             self._keeper.abandon(cid, holder, exc)
         except Exception:
@@ -277,7 +295,7 @@ class Leases:
     ) -> LeaseAttempt:
         """One try; ConversationNotFound when there is no such conversation (of this owner)."""
         try:
-            attempt = await self._store.lease(LeaseRequest(
+            attempt = await self._history.lease(LeaseRequest(
                 plan.conversation_id, plan.owner, holder, lease_s=self.policy.lease_s,
                 queue=self.policy.queue,
                 replaces=self._keeper.abandoned_in(plan.conversation_id),
@@ -309,8 +327,8 @@ class _Keeper:
     gives back the leases its turns could not give back themselves (the database failed):
     turns queued for them elsewhere need not wait for them to expire."""
 
-    def __init__(self, store: ConversationStore, lease_s: float) -> None:
-        self._store = store
+    def __init__(self, places: Places, lease_s: float) -> None:
+        self._places = places
         self._lease_s = lease_s
         self._held: dict[uuid.UUID, uuid.UUID] = {}  # holder -> conversation
         self._counted: dict[uuid.UUID, str] = {}  # holder -> owner (OWNER_MAX_RUNNING_TURNS)
@@ -379,7 +397,7 @@ class _Keeper:
     async def _give_back(self) -> None:
         for cid, holder in list(self.abandoned):
             try:
-                await self._store.release_lease(cid, holder)
+                await self._places.release_lease(cid, holder)
             except StorageError as exc:
                 if not exc.hopeless:
                     continue
@@ -390,14 +408,14 @@ class _Keeper:
         places = [(owner, holder) for holder, owner in self._counted.items()]
         if places:
             try:
-                await self._store.renew_turns(places, self._lease_s)
+                await self._places.renew_turns(places, self._lease_s)
             except StorageError:
                 log.warning("could not renew %d running turns' places", len(places))
         leases = [(cid, holder) for holder, cid in self._held.items()]
         if not leases:
             return
         try:
-            renewed = await self._store.renew_leases(leases, self._lease_s)
+            renewed = await self._places.renew_leases(leases, self._lease_s)
         except StorageError:
             log.warning("could not renew %d turn leases; they expire if this lasts", len(leases))
             return

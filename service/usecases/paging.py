@@ -11,7 +11,7 @@ from typing import Protocol
 
 from service.core.model import Turn
 from service.core.sizes import turn_bytes
-from service.store.ports import ConversationStore
+from service.store.ports import Reads
 
 PAGE_TURNS = 4  # turns per read of a walk over a conversation's turns
 
@@ -28,7 +28,7 @@ class Stored(Protocol):
 
 
 async def walk(
-    store: ConversationStore, cid: uuid.UUID, owner: str, low: int, high: int, *,
+    store: Reads, cid: uuid.UUID, owner: str, low: int, high: int, *,
     newest_first: bool,
 ) -> AsyncGenerator[tuple[int, Turn], None]:  # fmt: skip
     """Turns ``low``..``high`` of ``owner``'s conversation with their revisions, oldest or
@@ -48,7 +48,7 @@ async def walk(
 
 
 async def held_bytes(
-    store: ConversationStore, cid: uuid.UUID, owner: str, revision: int, stored: Stored
+    store: Reads, cid: uuid.UUID, owner: str, revision: int, stored: Stored
 ) -> int:
     """What turns 1..``revision`` of the conversation hold (service/core/sizes.py): the size
     its row stores, counted up to ``stored_revision``, plus the turns after it (those an older

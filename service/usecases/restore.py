@@ -32,7 +32,7 @@ from service.core.errors import InvalidInput
 from service.core.ids import Ids, IdsSource, ItemRef
 from service.core.items import is_opaque, item_head
 from service.core.model import Origin
-from service.store.ports import ConversationStore
+from service.store.ports import Reads
 
 MAX_CONVERSATIONS = 20  # a request may name items of at most this many conversations
 MAX_TURNS = 1000  # and of at most this many turns (a request body holds no more, mostly)
@@ -41,7 +41,7 @@ Stored = tuple[msgspec.Raw, Origin | None]  # an item's stored bytes and its tur
 
 
 class Restorer:
-    def __init__(self, store: ConversationStore, ids: IdsSource) -> None:
+    def __init__(self, store: Reads, ids: IdsSource) -> None:
         self._store, self.ids = store, ids
 
     async def restore(

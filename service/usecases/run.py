@@ -18,7 +18,7 @@ from service.core.model import NewRun, RunCommit, RunEnd, RunStatus, Turn
 from service.core.plans import TurnPlan
 from service.core.usage import Usage
 from service.providers.base import ItemDone, TextDelta
-from service.store.ports import RunStore
+from service.store.ports import RunReads, RunWrites
 from service.usecases.exchange import ToolCalled
 from service.usecases.turns import TurnDone, TurnEvent
 
@@ -31,7 +31,9 @@ IDLE_FLUSH_S = 1.0  # an unwatched run's: what a replica that dies takes with it
 class Run:
     """A durable turn running in this process."""
 
-    def __init__(self, new: NewRun, plan: TurnPlan, correlation_id: str, store: RunStore) -> None:
+    def __init__(
+        self, new: NewRun, plan: TurnPlan, correlation_id: str, writes: RunWrites, reads: RunReads
+    ) -> None:
         self.new, self.id, self.plan = new, new.id, plan
         self.correlation_id = correlation_id
         self.events: list[RunEvent] = []
@@ -44,7 +46,7 @@ class Run:
         self.held.add_done_callback(_retrieved)
         self.message_id: str | None = None  # the provider's id of the streamed message
         self.result: TurnDone | None = None  # how the turn ended, when it did here
-        self._store = store
+        self._writes, self._reads = writes, reads
         self._logged = 0  # events[:_logged] are in the log
         self._flush_lock = asyncio.Lock()
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -53,7 +55,7 @@ class Run:
         self._watched = False
 
     async def begin(self, revision: int) -> None:
-        await self._store.begin_run(self.id, revision)
+        await self._writes.begin_run(self.id, revision)
         if not self.held.done():
             self.held.set_result(revision)
 
@@ -129,7 +131,7 @@ class Run:
             batch = self.events[self._logged :]
             if batch:
                 message_id = self.message_id if self._logged == 0 else None
-                await self._store.log_events(self.id, self.new.owner, batch, message_id)
+                await self._writes.log_events(self.id, self.new.owner, batch, message_id)
                 self._logged += len(batch)
 
     async def prepare_commit(self, turn: Turn) -> RunCommit:
@@ -159,7 +161,7 @@ class Run:
             batch = [*self.events[self._logged :], last]
             end = RunEnd(status, code, message, batch, revision)
             try:
-                ended = await self._store.end_run(self.id, self.new.owner, end)
+                ended = await self._writes.end_run(self.id, self.new.owner, end)
             except Exception:
                 # Its client here still gets its terminal event (the database failed, or its
                 # owner was shredded and nothing more is written for them); readers elsewhere
@@ -178,7 +180,7 @@ class Run:
 
     async def catch_up(self) -> None:
         """Publish what the log holds beyond what this process published."""
-        found = await self._store.run_events(self.id, self.new.owner, len(self.events))
+        found = await self._reads.run_events(self.id, self.new.owner, len(self.events))
         for event in found[1] if found else ():
             self._add(event)
         self._logged = len(self.events)

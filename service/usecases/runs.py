@@ -44,7 +44,7 @@ from service.core.model import Committed, NewRun, Renewed, RunStatus, RunView
 from service.core.plans import TurnPlan
 from service.platform.logs import correlation_id_var
 from service.platform.shutdown import SHUTDOWN
-from service.store.ports import Notifications, RunStore
+from service.store.ports import Notifications, RunReads, RunWrites
 from service.usecases.heartbeat import Heartbeat
 from service.usecases.locks import settle
 from service.usecases.owner_limits import OwnerLimit
@@ -90,7 +90,8 @@ class TurnRuns:
     def __init__(
         self,
         turns: TurnService,
-        store: RunStore,
+        writes: RunWrites,
+        reads: RunReads,
         notifications: Notifications,
         *,
         heartbeat_s: float,
@@ -98,7 +99,7 @@ class TurnRuns:
     ) -> None:
         self._readers = OwnerLimit(readers, "event readers")
         self._turns = turns
-        self._store = store
+        self._writes, self._reads = writes, reads
         self._notifications = notifications
         self._heartbeat_s = heartbeat_s
         self._live: dict[uuid.UUID, Run] = {}
@@ -126,14 +127,14 @@ class TurnRuns:
             return Started(committed.turn_id, committed.turn[0], "completed", None)
         replay = committed is not None  # of an earlier commit: no provider call, no place
         try:
-            if not await self._store.create_run(new, self._heartbeat_s, counted=not replay):
+            if not await self._writes.create_run(new, self._heartbeat_s, counted=not replay):
                 raise TooManyRequests.running_turns()  # a JSON answer, before any stream
         except BaseException:
             await self._turns.release(plan)
             raise
         if not replay:
             self._turns.leases.keep(plan.owner, new.id)
-        run = Run(new, plan, correlation_id, self._store)
+        run = Run(new, plan, correlation_id, self._writes, self._reads)
         self._live[new.id] = run
         run.task = asyncio.get_running_loop().create_task(self._execute(run, committed))
         self._heartbeat.start()
@@ -183,18 +184,18 @@ class TurnRuns:
         self, conversation_id: uuid.UUID, owner: str, base_revision: int
     ) -> uuid.UUID | None:
         """The run whose turn held the conversation at ``base_revision``, if any."""
-        return await self._store.find_run(conversation_id, owner, base_revision)
+        return await self._reads.find_run(conversation_id, owner, base_revision)
 
     async def forget(self, turn_id: uuid.UUID, owner: str) -> None:
         """A finished run is forgotten now (its events too), not after TURN_EVENTS_TTL_S."""
-        await self._store.forget_run(turn_id, owner)
+        await self._writes.forget_run(turn_id, owner)
 
     async def status(self, turn_id: uuid.UUID, owner: str) -> RunView:
-        view = await self._store.read_run(turn_id, owner)
+        view = await self._reads.read_run(turn_id, owner)
         if view is None:
             raise TurnNotFound()
         if view.stalled and await self._interrupt(view.id, owner):
-            view = await self._store.read_run(turn_id, owner) or view
+            view = await self._reads.read_run(turn_id, owner) or view
         return view
 
     def reader(self, owner: str) -> Callable[[], None]:
@@ -218,7 +219,7 @@ class TurnRuns:
     async def cancel(self, turn_id: uuid.UUID, owner: str) -> RunView:
         """Ask the run to stop, wherever it runs; its status once it stopped (or after a
         while: a turn whose commit began completes)."""
-        if not await self._store.cancel_run(turn_id, owner):
+        if not await self._writes.cancel_run(turn_id, owner):
             return await self.status(turn_id, owner)  # unknown (raises), or finished
         run = self.live(turn_id, owner)
         if run is not None:
@@ -237,7 +238,7 @@ class TurnRuns:
         async with self._notifications.subscribe(f"events:{turn_id}") as woken:
             while True:
                 woken.clear()
-                found = await self._store.run_events(turn_id, owner, after)
+                found = await self._reads.run_events(turn_id, owner, after)
                 if found is None:
                     raise TurnNotFound()
                 view, logged = found
@@ -249,7 +250,7 @@ class TurnRuns:
                     if not sent and view.last_event and _missed_end(view, after):
                         # The client saw more than the log holds (its replica died before
                         # logging it): its terminal event is still news to it.
-                        terminal = await self._store.run_events(turn_id, owner, view.last_event - 1)
+                        terminal = await self._reads.run_events(turn_id, owner, view.last_event - 1)
                         if terminal is not None:
                             for event in terminal[1]:
                                 yield event
@@ -258,7 +259,7 @@ class TurnRuns:
                     await self._interrupt(turn_id, owner)
                     continue
                 if not watching:
-                    await self._store.watch_run(turn_id)
+                    await self._writes.watch_run(turn_id)
                     watching = True
                     continue  # events may have come before the watch: look once more
                 healthy = self._notifications.healthy
@@ -288,7 +289,7 @@ class TurnRuns:
         event names the request that found it (the run's own request is gone with its
         replica)."""
         error = events.failure(0, TurnInterrupted(), correlation_id_var.get() or "")
-        ended = await self._store.interrupt_run(turn_id, owner, events.INTERRUPTED, error.data)
+        ended = await self._writes.interrupt_run(turn_id, owner, events.INTERRUPTED, error.data)
         if ended:
             await self._turns.release_run(turn_id, owner)
         return ended
@@ -310,7 +311,7 @@ class TurnRuns:
                 cancelled.clear()
                 try:
                     # settle: a query cut short mid-connect would leave its connection open.
-                    if await settle(self._store.cancel_requested([run.id])):
+                    if await settle(self._reads.cancel_requested([run.id])):
                         run.stop(Cancelled())
                         return
                 except StorageError:
@@ -335,7 +336,7 @@ class TurnRuns:
         """Heartbeats; the runs asked to stop or followed from elsewhere meanwhile."""
         ids = list(self._live)
         try:
-            renewed = await settle(self._store.renew_runs(ids, self._heartbeat_s))
+            renewed = await settle(self._writes.renew_runs(ids, self._heartbeat_s))
         except StorageError:
             log.warning("could not renew the heartbeats of %d turns", len(ids))
             return
@@ -346,7 +347,7 @@ class TurnRuns:
         if self._notifications.healthy or not self._live:
             return
         with contextlib.suppress(StorageError):
-            asked = await settle(self._store.cancel_requested(list(self._live)))
+            asked = await settle(self._reads.cancel_requested(list(self._live)))
             self._act_on(Renewed(frozenset(asked)))
 
     def _act_on(self, renewed: Renewed) -> None:

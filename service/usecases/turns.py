@@ -53,7 +53,7 @@ from service.providers.base import (
     TextDelta,
     request_overhead,
 )
-from service.store.ports import ConversationStore
+from service.store.ports import Reads
 from service.usecases import compaction
 from service.usecases.exchange import (
     Answer,
@@ -104,7 +104,7 @@ class DurableRun(Protocol):
 class TurnService:
     def __init__(
         self,
-        store: ConversationStore,
+        reads: Reads,
         provider: Provider,
         *,
         leases: Leases,
@@ -114,7 +114,7 @@ class TurnService:
         gate: WriteGate | None = None,
         size_limit: SizeLimit | None = None,
     ) -> None:
-        self.store = store
+        self._reads = reads
         self.provider = provider
         self.leases = leases
         self._prompt = system_prompt
@@ -139,7 +139,7 @@ class TurnService:
         before its provider call)."""
         self.gate.budget.check(plan.owner, sum(map(len, plan.input_items)))
         if not plan.is_new:
-            info = await self.store.describe(plan.conversation_id, plan.owner)
+            info = await self._reads.describe(plan.conversation_id, plan.owner)
             if info is None:
                 raise ConversationNotFound()
             check_precondition(plan.if_match, info.revision)
@@ -196,7 +196,7 @@ class TurnService:
                 await self.release(plan)
                 if plan.fork_of is not None:  # it made no fork: its place is given back
                     with contextlib.suppress(StorageError):  # it leaves the minute anyway
-                        await settle(self.store.free_fork(plan.owner, plan.conversation_id))
+                        await settle(self.leases.free_fork(plan.owner, plan.conversation_id))
 
     async def release_run(self, turn_id: uuid.UUID, owner: str) -> None:
         """A run that ended without its commit (its replica vanished) frees its key."""
@@ -229,7 +229,7 @@ class TurnService:
                 copied = (held_size or 0) if plan.fork_of is not None else 0
                 spend = budget.enter_context(self.gate.budget.spending(plan.owner, copied + adding))
                 if plan.fork_of is not None:  # its place among the owner's forks, taken now
-                    await self.store.take_fork(plan.owner, plan.conversation_id)
+                    await self.leases.take_fork(plan.owner, plan.conversation_id)
                 window = self._window(conversation, [*new_items, *plan.client_tools], asked)
                 if plan.asked and not plan.asked.truncate and window.start > 1:
                     raise ContextLengthExceeded(
@@ -281,11 +281,11 @@ class TurnService:
         and ``start``. ConversationNotFound when there is no such turn of the owner's."""
         if revision < 1:
             return [], 1
-        last = await self.store.turn(cid, owner, revision)
+        last = await self._reads.turn(cid, owner, revision)
         if last is None:
             raise ConversationNotFound()
         start = min(last.context_from, revision)
-        earlier = await self.store.turns(
+        earlier = await self._reads.turns(
             cid, owner, start, revision - 1, newest_first=False, limit=revision - start
         )
         return [*(turn for _, turn in earlier), last], start
@@ -297,7 +297,7 @@ class TurnService:
 
         async def compacted(done: Committed) -> tuple[int, Usage | None]:
             cid, revision = done.turn
-            turn = await self.store.turn(cid, plan.owner, revision)
+            turn = await self._reads.turn(cid, plan.owner, revision)
             if turn is None:
                 raise ConversationNotFound()  # deleted or expired since
             return revision, turn.usage
@@ -386,7 +386,7 @@ class TurnService:
             return None  # no limit asks (a fork's copy counts against the write budget)
         point = plan.fork_of
         cid = point.source if point is not None else plan.conversation_id
-        return await held_bytes(self.store, cid, plan.owner, conversation.revision, conversation)
+        return await held_bytes(self._reads, cid, plan.owner, conversation.revision, conversation)
 
     def _stored_with(self, held: int | None, turn: Turn) -> int | None:
         """The conversation's size with ``turn`` (None: not counted), or ConversationFull."""
@@ -446,7 +446,7 @@ class TurnService:
         point = plan.fork_of
         if point is None:
             return None
-        source = await self.store.describe(point.source, plan.owner)
+        source = await self._reads.describe(point.source, plan.owner)
         if source is None:
             raise ConversationNotFound()
         if source.revision < point.revision:
@@ -464,7 +464,7 @@ class TurnService:
         run: DurableRun | None, stored_bytes: int | None,
     ) -> int:  # fmt: skip
         ending = await run.prepare_commit(turn) if run else None
-        append = self.store.append(
+        append = self.leases.commit(
             Append(
                 conversation_id=plan.conversation_id,
                 turn=turn,
@@ -495,7 +495,7 @@ class TurnService:
     ) -> AsyncGenerator[TurnEvent, None]:
         """The committed result of an earlier attempt with the same Idempotency-Key."""
         cid, revision = committed.turn
-        turn = await self.store.turn(cid, plan.owner, revision)
+        turn = await self._reads.turn(cid, plan.owner, revision)
         if turn is None:
             raise ConversationNotFound()  # deleted or expired since
         if run is not None:

@@ -1,68 +1,74 @@
-"""What every part of PostgresStore shares: the engine, the statements compiled for its
-retention, the keyring and the time limits it was made with."""
+"""The one value every PostgreSQL class of a port holds (each is composed over it, none
+inherits it): the engine, the statements compiled for its retention, the keyring, the limits
+it was made with and the running turns' places; and the three things several ports do with
+it: complete a write's Idempotency-Key in its transaction, read a conversation's info back,
+wake waiters on other replicas."""
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core.errors import StorageError
 from service.core.model import ConversationInfo, IdempotencyKey
 from service.store.postgres import idempotency as idem
 from service.store.postgres.keyring import Keyring
-from service.store.postgres.places import Places
+from service.store.postgres.places import RunningTurns
 from service.store.postgres.rows import reading
 from service.store.postgres.statements import Statements
+from service.store.postgres.tx import driver
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The limits of a PostgreSQL store (each a setting's: service/app.py postgres_adapter)."""
+
+    retention_days: float | None = None  # RETENTION_DAYS (None: idle conversations stay)
+    idempotency_ttl_s: float = 86_400  # IDEMPOTENCY_TTL_S
+    idempotency_lease_s: float = 600  # a claimed key whose replica died is taken over then
+    events_ttl_s: float = 600  # TURN_EVENTS_TTL_S
+    stored_response_ttl_s: float = 30 * 86_400  # STORED_RESPONSE_TTL_DAYS
+    forks_per_minute: int | None = None  # OWNER_MAX_FORKS_PER_MINUTE (None: any)
+    running_turns: int | None = None  # OWNER_MAX_RUNNING_TURNS (None: any)
 
 
 class Adapter:
+    """One PostgreSQL database as the ports' classes reach it."""
+
     def __init__(
         self,
         engine: AsyncEngine,
-        *,
-        retention_days: float | None = None,
-        idempotency_ttl_s: float = 86_400,
-        idempotency_lease_s: float = 600,
-        events_ttl_s: float = 600,
-        stored_response_ttl_s: float = 30 * 86_400,
+        config: StoreConfig | None = None,
         keyring: Keyring | None = None,
-        forks_per_minute: int | None = None,
-        running_turns: int | None = None,
     ) -> None:
-        self._engine = engine
+        self.engine = engine
+        self.config = config or StoreConfig()
         # With a keyring (ENCRYPTION_KEYS_FILE), what users said is written sealed.
-        self._keyring = keyring
-        self._sql = Statements(retention_days)
-        self._retention = retention_days
-        self._idempotency_ttl_s = idempotency_ttl_s
-        self._events_ttl_s = events_ttl_s
-        self._stored_response_ttl_s = stored_response_ttl_s
-        # A claimed key whose replica died is taken over after this long.
-        self._idempotency_lease_s = idempotency_lease_s
-        self._forks_per_minute = forks_per_minute  # OWNER_MAX_FORKS_PER_MINUTE (None: any)
-        self._places = Places(engine, running_turns)  # OWNER_MAX_RUNNING_TURNS (None: any)
+        self.keyring = keyring
+        self.sql = Statements(self.config.retention_days)
+        self.places = RunningTurns(engine, self.config.running_turns)
 
-    @property
-    def engine(self) -> AsyncEngine:
-        return self._engine
-
-    @property
-    def places(self) -> Places:
-        return self._places
-
-    @property
-    def keyring(self) -> Keyring | None:
-        return self._keyring
-
-    async def _completed(
+    async def completed(
         self, conn: asyncpg.Connection, key: IdempotencyKey | None, cid: Any, revision: int | None
     ) -> None:
         """In a write's transaction: its Idempotency-Key, if it came with one, names what it
         did (the conversation it made or changed, the revision it left; a deletion: none)."""
-        await idem.complete(conn, key, cid, revision, self._idempotency_ttl_s)
+        await idem.complete(conn, key, cid, revision, self.config.idempotency_ttl_s)
 
-    async def _info_of(self, row: asyncpg.Record, owner: str) -> ConversationInfo:
+    async def info_of(self, row: asyncpg.Record, owner: str) -> ConversationInfo:
         """A conversation read back (statements.INFO), its metadata opened if sealed."""
-        codec = await reading(self._keyring, owner, row["id"], [row], ["metadata"])
+        codec = await reading(self.keyring, owner, row["id"], [row], ["metadata"])
         return codec.info(row)
+
+    async def wake(self, topics: list[str]) -> None:
+        """Wake those waiting on ``topics`` elsewhere (a released lease, a run's events)."""
+        # In a transaction of its own: a NOTIFY takes a global lock until its transaction has
+        # committed, replication wait included, so inside the commit it would line all commits
+        # up behind each other.
+        with contextlib.suppress(StorageError):  # those woken look again by themselves
+            async with driver(self.engine, write=False) as conn:
+                await self.sql.wake.execute(conn, {"topics": topics})

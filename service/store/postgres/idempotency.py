@@ -8,7 +8,7 @@ each only while the attempt still holds its claim. A claim whose lease or TTL ra
 out is taken over, so a crashed replica blocks a key for a lease at most. A done key goes
 with its conversation (foreign key, ON DELETE CASCADE)
 and with its TTL (``turnstore purge``). These are the statements and what a record means;
-``PostgresStore`` runs them.
+claims.py (PostgresIdempotency) runs them.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import asyncpg
 from migrations import commit_function
 from service.platform import migrate
 from service.platform.db import driver_connect_args
+from service.platform.migrate import Refused
 
 DEFAULT_SHARD_COUNT = 64  # per co-location group, fixed: several times the most workers planned
 LOCK_ID = 0x7475726E  # the migrations' advisory lock (migrations/env.py): never both at once
@@ -155,10 +156,6 @@ FUNCTIONS: dict[str, DistributedFunction] = {
         colocate_with="idempotency_keys",
     ),
 }
-
-
-class Refused(RuntimeError):
-    """The placement cannot be applied here; the message says why, in one line."""
 
 
 async def distribute(

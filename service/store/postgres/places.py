@@ -40,9 +40,10 @@ def clock(lease_s: float) -> Params:
     return {"now": now, "until": now + timedelta(seconds=lease_s)}
 
 
-class Places:
+class RunningTurns:
     """The running turns' places over one engine; ``most`` per owner (None: no limit, and on
-    Citus no statement)."""
+    Citus no statement). One per adapter value (adapter.py): the lease, the commit, a run's
+    creation and the Places port take and give back the same places."""
 
     def __init__(self, engine: AsyncEngine, most: int | None) -> None:
         self._engine = engine

@@ -1,5 +1,6 @@
-"""Durable turns in PostgreSQL: runs and their events (the RunStore port); the statements are
-run_statements.py's, the commit's part is PostgresStore.append's."""
+"""Durable turns in PostgreSQL: runs and their events, the RunWrites and RunReads ports, each
+over one adapter value and what this process knows of its runs (``KnownRuns``); the
+statements are run_statements.py's, the commit's part is commit.py's."""
 
 from __future__ import annotations
 
@@ -10,15 +11,13 @@ from uuid import UUID
 
 import asyncpg
 import msgspec
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.errors import OwnerShredded, StorageError
 from service.core.events import ERROR, RunEvent
 from service.core.model import NewRun, Renewed, RunEnd, RunView
 from service.platform.crypto import DataKey
 from service.store.postgres import run_statements as sql
-from service.store.postgres.keyring import Keyring
-from service.store.postgres.places import Places
+from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import Events
 from service.store.postgres.sealed import (
     get,
@@ -54,36 +53,30 @@ def view(row: Any, key: DataKey | None, message: str | None = None) -> RunView:
     )
 
 
-class PostgresRuns:
-    """The RunStore port over one engine."""
+class KnownRuns:
+    """The conversation of each run this process made or read, so that its statements name it
+    too (see run_statements.HERE); bounded, the oldest forgotten first."""
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        *,
-        events_ttl_s: float,
-        keyring: Keyring | None = None,
-        places: Places | None = None,
-    ) -> None:
-        self._engine = engine
-        self._places = places or Places(engine, None)  # OWNER_MAX_RUNNING_TURNS
-        self._ttl_s = events_ttl_s
-        self._keyring = keyring  # events are sealed under their owner's key with one
-        # The conversation of each run this process made or read, so that its statements name
-        # it too (see run_statements.HERE); bounded, the oldest forgotten first.
+    def __init__(self) -> None:
         self._conversations: dict[UUID, UUID] = {}
 
-    def _learn(self, run_id: UUID, conversation_id: UUID) -> None:
+    def learn(self, run_id: UUID, conversation_id: UUID) -> None:
         self._conversations[run_id] = conversation_id
         if len(self._conversations) > KNOWN_RUNS:
             del self._conversations[next(iter(self._conversations))]
 
-    def _at(self, run_id: UUID) -> dict[str, Any]:
+    def at(self, run_id: UUID) -> dict[str, Any]:
         """The run's id, and its conversation's if known (None: found by the id alone)."""
         return {"id": run_id, "cid": self._conversations.get(run_id)}
 
+
+class PostgresRunWrites:
+    def __init__(self, db: Adapter, known: KnownRuns) -> None:
+        self._db = db  # events are sealed under their owner's key with a keyring
+        self._known = known
+
     async def create_run(self, run: NewRun, heartbeat_s: float, *, counted: bool = True) -> bool:
-        key = await writing_key(self._keyring, run.owner) if run.response else None
+        key = await writing_key(self._db.keyring, run.owner) if run.response else None
         text = bytes(run.response).decode() if run.response else None
         clear, sealed = put(key, run_response_place(run.id), text)
         params = {
@@ -91,112 +84,79 @@ class PostgresRuns:
             "background": run.background, "hb": heartbeat_s, "response": clear,
             "sealed_response": sealed,
         }  # fmt: skip
-        if counted and await self._places.folded():
-            place = {**params, **self._places.params(run.owner, run.id, heartbeat_s)}
+        places = self._db.places
+        if counted and await places.folded():
+            place = {**params, **places.params(run.owner, run.id, heartbeat_s)}
             if not (await self._rows(sql.CREATE_COUNTED, place))[0]["taken"]:
                 return False
         else:  # Citus: the place first, on the owner's worker
-            apart = counted and await self._places.apart()
-            if apart and not await self._places.take(run.owner, run.id, heartbeat_s):
+            apart = counted and await places.apart()
+            if apart and not await places.take(run.owner, run.id, heartbeat_s):
                 return False
             if not await self._write(sql.CREATE, params):
                 raise OwnerShredded()
-        self._learn(run.id, run.conversation_id)
+        self._known.learn(run.id, run.conversation_id)
         return True
 
     async def begin_run(self, run_id: UUID, revision: int) -> None:
-        await self._write(sql.BEGIN, {**self._at(run_id), "base": revision})
+        await self._write(sql.BEGIN, {**self._known.at(run_id), "base": revision})
 
     async def log_events(
         self, run_id: UUID, owner: str, events: Sequence[RunEvent], message_id: str | None = None
     ) -> None:
         batch = (await self._events(owner, run_id)).batch_columns(events)
-        params = {**self._at(run_id), "last": events[-1].seq, "message_id": message_id, **batch}
+        at = self._known.at(run_id)
+        params = {**at, "last": events[-1].seq, "message_id": message_id, **batch}
         await self._logged(run_id, await self._rows(sql.LOG, params))
-
-    async def find_run(self, conversation_id: UUID, owner: str, base_revision: int) -> UUID | None:
-        params = {"cid": conversation_id, "owner": owner, "base": base_revision}
-        async with driver(self._engine, write=False) as conn:
-            found: UUID | None = await sql.RUN_AT.fetchval(conn, params)
-        if found is not None:
-            self._learn(found, conversation_id)
-        return found
 
     async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
         batch = (await self._events(owner, run_id)).batch_columns(end.events)
         params = {
-            **self._at(run_id), "status": end.status, "code": end.error_code,
-            "message": end.error_message, "last": end.events[-1].seq, "ttl": self._ttl_s,
-            "revision": end.revision, **batch,
+            **self._known.at(run_id), "status": end.status, "code": end.error_code,
+            "message": end.error_message, "last": end.events[-1].seq,
+            "ttl": self._db.config.events_ttl_s, "revision": end.revision, **batch,
         }  # fmt: skip
         return await self._logged(run_id, await self._rows(sql.END, params))
 
-    async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
-        async with driver(self._engine, write=False) as conn:
-            row = await sql.READ.fetchrow(conn, {**self._at(run_id), "owner": owner})
-        if row is None:
-            return None
-        self._learn(run_id, row["conversation_id"])
-        key = await reading_key(self._keyring, owner, [row], ["assistant_message", "response"])
-        where = turn_place(row["conversation_id"], row["seq"] or 0, "assistant_message")
-        message = get(key, where, row["assistant_message"], row["sealed_assistant_message"])
-        return view(row, key, message)
-
-    async def run_events(
-        self, run_id: UUID, owner: str, after: int
-    ) -> tuple[RunView, list[RunEvent]] | None:
-        params = {**self._at(run_id), "owner": owner, "after": after}
-        async with driver(self._engine, write=False) as conn:
-            rows = await sql.READ_EVENTS.fetch(conn, params)
-        if not rows:
-            return None
-        self._learn(run_id, rows[0]["conversation_id"])
-        key = await reading_key(self._keyring, owner, rows, ["events", "response"])
-        return view(rows[0], key), Events(key, run_id).after(rows, after)
-
-    async def forget_run(self, run_id: UUID, owner: str) -> None:
-        await self._write(sql.FORGET, {**self._at(run_id), "owner": owner})
-
-    async def watch_run(self, run_id: UUID) -> None:
-        if await self._rows(sql.WATCH, self._at(run_id)):
-            await self._notify(f"watch:{run_id}")
-
-    async def cancel_run(self, run_id: UUID, owner: str) -> bool:
-        if not await self._rows(sql.CANCEL, {**self._at(run_id), "owner": owner}):
-            return False
-        await self._notify(f"cancel:{run_id}")
-        return True
-
     async def renew_runs(self, run_ids: Sequence[UUID], heartbeat_s: float) -> Renewed:
-        async with driver(self._engine, write=False) as conn:
+        async with driver(self._db.engine, write=False) as conn:
             rows = await sql.RENEW.fetch(conn, {"ids": list(run_ids), "hb": heartbeat_s})
         return Renewed(
             frozenset(row["id"] for row in rows if row["cancel_requested"]),
             frozenset(row["id"] for row in rows if row["watched"]),
         )
 
-    async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
-        async with driver(self._engine, write=False) as conn:
-            rows = await sql.CANCEL_REQUESTED.fetch(conn, {"ids": list(run_ids)})
-        return {row["id"] for row in rows}
+    async def cancel_run(self, run_id: UUID, owner: str) -> bool:
+        if not await self._rows(sql.CANCEL, {**self._known.at(run_id), "owner": owner}):
+            return False
+        await self._notify(f"cancel:{run_id}")
+        return True
+
+    async def watch_run(self, run_id: UUID) -> None:
+        if await self._rows(sql.WATCH, self._known.at(run_id)):
+            await self._notify(f"watch:{run_id}")
 
     async def interrupt_run(self, run_id: UUID, owner: str, message: str, event_data: str) -> bool:
         events = await self._events(owner, run_id)
 
         async def interrupt() -> list[asyncpg.Record]:
-            async with driver(self._engine, write=False) as conn:
-                last = await sql.STALLED.fetchval(conn, self._at(run_id))
+            async with driver(self._db.engine, write=False) as conn:
+                last = await sql.STALLED.fetchval(conn, self._known.at(run_id))
                 if last is None:
                     return []  # alive, or ended meanwhile
                 batch = events.batch_columns([RunEvent(last, ERROR, event_data)])
-                params = {**self._at(run_id), "message": message, "ttl": self._ttl_s, "last": last}
+                ttl = self._db.config.events_ttl_s
+                params = {**self._known.at(run_id), "message": message, "ttl": ttl, "last": last}
                 return await sql.INTERRUPT.fetch(conn, {**params, **batch})
 
         return await self._logged(run_id, await written(interrupt))
 
+    async def forget_run(self, run_id: UUID, owner: str) -> None:
+        await self._write(sql.FORGET, {**self._known.at(run_id), "owner": owner})
+
     async def _events(self, owner: str, run_id: UUID) -> Events:
         """The run's batches as ``owner``'s new values are written: sealed with a keyring."""
-        return Events(await writing_key(self._keyring, owner), run_id)
+        return Events(await writing_key(self._db.keyring, owner), run_id)
 
     async def _write(self, statement: Compiled, params: dict[str, Any]) -> int:
         """One statement (autocommit), retried on a stale read-only session; its rows."""
@@ -204,7 +164,7 @@ class PostgresRuns:
 
     async def _rows(self, statement: Compiled, params: dict[str, Any]) -> list[asyncpg.Record]:
         async def once() -> list[asyncpg.Record]:
-            async with driver(self._engine, write=False) as conn:
+            async with driver(self._db.engine, write=False) as conn:
                 return await statement.fetch(conn, params)
 
         return await written(once)
@@ -220,5 +180,47 @@ class PostgresRuns:
         """Wake readers elsewhere, after the statement that made the news (a NOTIFY inside it
         would, on Citus, be sent by the worker that ran it, where no one listens)."""
         with contextlib.suppress(StorageError):  # those woken look again by themselves
-            async with driver(self._engine, write=False) as conn:
+            async with driver(self._db.engine, write=False) as conn:
                 await sql.NOTIFY.execute(conn, {"topics": [topic]})
+
+
+class PostgresRunReads:
+    def __init__(self, db: Adapter, known: KnownRuns) -> None:
+        self._db = db
+        self._known = known
+
+    async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
+        async with driver(self._db.engine, write=False) as conn:
+            row = await sql.READ.fetchrow(conn, {**self._known.at(run_id), "owner": owner})
+        if row is None:
+            return None
+        self._known.learn(run_id, row["conversation_id"])
+        key = await reading_key(self._db.keyring, owner, [row], ["assistant_message", "response"])
+        where = turn_place(row["conversation_id"], row["seq"] or 0, "assistant_message")
+        message = get(key, where, row["assistant_message"], row["sealed_assistant_message"])
+        return view(row, key, message)
+
+    async def run_events(
+        self, run_id: UUID, owner: str, after: int
+    ) -> tuple[RunView, list[RunEvent]] | None:
+        params = {**self._known.at(run_id), "owner": owner, "after": after}
+        async with driver(self._db.engine, write=False) as conn:
+            rows = await sql.READ_EVENTS.fetch(conn, params)
+        if not rows:
+            return None
+        self._known.learn(run_id, rows[0]["conversation_id"])
+        key = await reading_key(self._db.keyring, owner, rows, ["events", "response"])
+        return view(rows[0], key), Events(key, run_id).after(rows, after)
+
+    async def find_run(self, conversation_id: UUID, owner: str, base_revision: int) -> UUID | None:
+        params = {"cid": conversation_id, "owner": owner, "base": base_revision}
+        async with driver(self._db.engine, write=False) as conn:
+            found: UUID | None = await sql.RUN_AT.fetchval(conn, params)
+        if found is not None:
+            self._known.learn(found, conversation_id)
+        return found
+
+    async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
+        async with driver(self._db.engine, write=False) as conn:
+            rows = await sql.CANCEL_REQUESTED.fetch(conn, {"ids": list(run_ids)})
+        return {row["id"] for row in rows}

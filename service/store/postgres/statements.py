@@ -180,7 +180,7 @@ TURN_SIZES = f"""
 # first turn, :expected 0), its row at the new revision and its Idempotency-Key completed
 # (:idem_key NULL: none); none of it if the conversation moved on, is gone, or another turn's
 # lease is live. The commit releases the lease; the turns queued for it are woken after it
-# (see PostgresStore.append). It is a function (migration 0017) so that on Citus, called on
+# (see commit.py). It is a function (migration 0017) so that on Citus, called on
 # its own, it runs whole on the worker that holds the conversation (one round trip, no
 # two-phase commit); :idle_s is the retention (NULL: none).
 COMMIT_ARGUMENTS = tuple(name for name, _ in commit_function.ARGUMENTS_V2)

@@ -27,7 +27,7 @@ from service.core.errors import StorageError
 from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
-from service.store.postgres.leases import PostgresPlaces
+from service.store.postgres.places import PostgresPlaces
 
 CHAT = "/api/v1/chat"
 

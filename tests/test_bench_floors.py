@@ -15,8 +15,8 @@ from service.core.items import user_input_item
 from service.providers.base import ProviderRequest, TextDelta
 from service.providers.base import Reply as ProviderReply
 from service.providers.fake import FakeProvider
-from service.store.postgres import places
 from service.store.postgres import run_statements as runs
+from service.store.postgres import running_turns
 from service.store.postgres.statements import Statements
 
 
@@ -31,7 +31,7 @@ def test_the_floors_run_the_stores_own_statements() -> None:
         store.commit[True].sql,
         store.describe.sql,
     ]
-    assert floor.take is places.TAKE and floor.run_create is runs.CREATE_COUNTED
+    assert floor.take is running_turns.TAKE and floor.run_create is runs.CREATE_COUNTED
     assert floor.run_log is runs.LOG and floor.run_commit is runs.COMMIT
 
 

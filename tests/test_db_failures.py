@@ -41,8 +41,8 @@ from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.store.ports import Backend
 from service.store.postgres import ApiKeyStore, PostgresStore, StoreConfig
-from service.store.postgres.leases import PostgresPlaces
 from service.store.postgres.listener import PostgresNotifications
+from service.store.postgres.places import PostgresPlaces
 from service.store.postgres.run_store import KnownRuns, PostgresRunWrites
 from service.store.postgres.tx import driver
 from tests.cluster import TURNSTORE, free_port, process, turnstore_env, wait_until

@@ -23,7 +23,7 @@ from service.app import create_app, postgres_backend
 from service.platform import migrate
 from service.platform.settings import Settings
 from service.store.postgres import Adapter, PostgresStore
-from service.store.postgres.leases import PostgresPlaces
+from service.store.postgres.places import PostgresPlaces
 from service.store.postgres.tx import sql
 from service.usecases.leases import RELEASE_RETRY_S
 from tests.cluster import fake_api, provider_env, replica, replicas, turnstore_env, wait_ready

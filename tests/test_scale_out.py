@@ -19,7 +19,7 @@ import pytest
 
 from service.core.model import Append, LeaseRequest, Turn
 from service.platform.db import create_engine
-from service.store.postgres import PostgresStore, StoreConfig, places
+from service.store.postgres import PostgresStore, StoreConfig, running_turns
 from service.store.postgres import idempotency as idem
 from service.store.postgres.rows import Rows
 from service.store.postgres.statements import Statements
@@ -34,8 +34,8 @@ HOT_PATH = {
     # statements (the places live on the owner's worker): the variants that do.
     "lease (lease + revalidate: a turn's first round trip)": STATEMENTS.lease[False],
     "commit of a turn, or of a conversation's first (turnstore_commit)": STATEMENTS.commit[False],
-    "a running turn's place taken (turnstore_take_turn)": places.TAKE,
-    "a running turn's place given back": places.FREE,
+    "a running turn's place taken (turnstore_take_turn)": running_turns.TAKE,
+    "a running turn's place given back": running_turns.FREE,
     "why a commit found no row": STATEMENTS.exists,
     "lease release": STATEMENTS.release_lease,
     "the check before a streamed turn's stream": STATEMENTS.describe,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from service.store.postgres import places
 from service.store.postgres import run_statements as runs
+from service.store.postgres import running_turns
 from service.store.postgres.statements import Statements
 from service.store.postgres.tx import Compiled as Statement
 
@@ -46,7 +46,7 @@ def turn_statements() -> TurnStatements:
     sql = Statements(retention_days=None)  # RETENTION_DAYS unset, as the bench serves
     return TurnStatements(
         lease=sql.lease[True],  # plain PostgreSQL: the places taken in the turn's statements
-        take=places.TAKE,
+        take=running_turns.TAKE,
         commit=sql.commit[True],
         check=sql.describe,
         create_empty=sql.new_conversation,

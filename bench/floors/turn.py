@@ -26,7 +26,7 @@ import msgspec
 
 from bench.floors.statements import Nulls, Statement, TurnStatements, turn_statements
 from bench.server import ONE_OWNER
-from service.store.postgres.places import clock
+from service.store.postgres.running_turns import clock
 
 OWNER = "anonymous"  # AUTH_MODE=none, as the bench serves turnstore
 MOST = int(ONE_OWNER["OWNER_MAX_RUNNING_TURNS"])  # as the bench serves turnstore

@@ -15,7 +15,7 @@ traffic for them), with the same outcomes: ``reject`` refuses at once, ``queue``
 the same deadline.
 
 A running turn also holds a place among its owner's running turns (OWNER_MAX_RUNNING_TURNS,
-store/postgres/places.py): taken with the lease (a new conversation's turn, which has no
+store/postgres/running_turns.py): taken with the lease (a new conversation's turn, which has no
 lease, by ``take``), renewed with the leases, given back by the commit or on the way out. A
 turn that waits holds none; past the limit a turn is TooManyRequests before the provider is
 called. Provider calls outside a turn (a stateless call) hold one too (``place``). A turn that

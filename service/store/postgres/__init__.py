@@ -6,7 +6,7 @@ adapter.py    that value (engine, statements, keyring, StoreConfig's limits, run
 reads.py      Reads: the conversation, the listing, transcript pages, turns and their sizes
 history.py    History: load, a turn's lease and window read, the removals; commit.py its commit
 edits.py      Edits: new conversations, forks (forks.py, shared with the commit), metadata
-leases.py     Places: leases, running turns' places (places.py), forks' places
+places.py     Places: leases, running turns' places (running_turns.py), forks' places
 run_store.py  RunWrites and RunReads: durable turns' runs and events
 claims.py     IdempotencyStore; housekeeping.py Operations; owners.py the owners' shred
 listener.py   PostgresNotifications; keys.py ApiKeyStore (API keys)

@@ -17,8 +17,8 @@ from service.core.errors import StorageError
 from service.core.model import ConversationInfo, IdempotencyKey
 from service.store.postgres import idempotency as idem
 from service.store.postgres.keyring import Keyring
-from service.store.postgres.places import RunningTurns
 from service.store.postgres.rows import reading
+from service.store.postgres.running_turns import RunningTurns
 from service.store.postgres.statements import Statements
 from service.store.postgres.tx import driver
 

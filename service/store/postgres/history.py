@@ -24,9 +24,10 @@ from service.core.model import (
     Precondition,
 )
 from service.core.plans import check_precondition
-from service.store.postgres import commit, leases, run_statements
+from service.store.postgres import commit, run_statements
 from service.store.postgres import idempotency as idem
 from service.store.postgres.adapter import Adapter
+from service.store.postgres.places import release
 from service.store.postgres.rows import Rows, reading
 from service.store.postgres.sealed import writing_key
 from service.store.postgres.tx import Params, driver, written
@@ -71,7 +72,7 @@ class PostgresHistory:
         if first["acquired"] and await places.apart():  # on the owner's worker
             first = dict(first) | {"counted": await places.take(owner, ask.holder, ask.lease_s)}
             if not first["counted"]:
-                await leases.release(self._db, conversation_id, ask.holder)
+                await release(self._db, conversation_id, ask.holder)
         if first["counted"] is False:  # the owner runs OWNER_MAX_RUNNING_TURNS turns
             return LeaseAttempt(conversation=None, acquired=False, crowded=True)
         busy_until = None if first["acquired"] else first["lease_expires_at"]

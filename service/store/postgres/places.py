@@ -1,16 +1,7 @@
-"""OWNER_MAX_RUNNING_TURNS in PostgreSQL: each running turn holds a place among its owner's
-running turns (a row of ``owner_turns``, migration 0018), for every replica to count.
-
-There are as many places as the limit, numbered; a turn takes a free one before the provider
-is called (``turnstore_take_turn()``: the primary key (owner, place) lets no two turns hold
-one, so no more than the limit can run, and turns of one owner never queue for each other)
-and gives it back when it ends; a replica that dies leaves places that stop counting at their
-``until`` (renewed while their turns run). On plain PostgreSQL the place is taken and given
-back inside statements the turn makes anyway (its lease, its run's creation, its commit:
-``folded``); on Citus the places live on the owner's worker and those statements run on the
-conversation's, so there the places have statements of their own (the store asks the server
-once which it is).
-"""
+"""The Places port in PostgreSQL: what a running turn holds besides what it reads. Its lease on
+its conversation (taken with its window read, History.lease; released by its commit or here;
+renewed here), its place among its owner's running turns (running_turns.py) and its fork's place
+among its owner's forks of the minute (forks.py)."""
 
 from __future__ import annotations
 
@@ -18,71 +9,60 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from service.store.postgres.statements import FREE_TURN, TAKE_TURN_CALL
-from service.store.postgres.tx import Params, driver, sql, written
-
-TAKE = sql(f"SELECT taken FROM {TAKE_TURN_CALL}")
-FREE = sql(FREE_TURN)
-RENEW = sql("""
-    UPDATE owner_turns SET until = CAST(:until AS timestamptz)
-    FROM unnest(CAST(:owners AS text[]), CAST(:holders AS uuid[])) AS held (owner, holder)
-    WHERE owner_turns.owner = held.owner AND owner_turns.holder = held.holder
-""")
-CITUS = sql("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
+from service.store.postgres import forks
+from service.store.postgres.adapter import Adapter
+from service.store.postgres.tx import driver, written
 
 
-def clock(lease_s: float) -> Params:
-    """Now, and when something taken now runs out, by this replica's clock (Citus refuses
-    now() where the statements need it)."""
-    now = datetime.now(UTC)
-    return {"now": now, "until": now + timedelta(seconds=lease_s)}
+async def release(db: Adapter, conversation_id: UUID, holder: UUID) -> None:
+    """The lease given up, if ``holder`` holds it; turns queued for it are woken."""
+
+    async def release() -> bool:
+        async with driver(db.engine, write=False) as conn:
+            params = {"cid": conversation_id, "holder": holder}
+            return bool(await db.sql.release_lease.fetchval(conn, params))
+
+    if await written(release):  # turns wait for it
+        await db.wake([f"lease:{conversation_id}"])
 
 
-class RunningTurns:
-    """The running turns' places over one engine; ``most`` per owner (None: no limit, and on
-    Citus no statement). One per adapter value (adapter.py): the lease, the commit, a run's
-    creation and the Places port take and give back the same places."""
+class PostgresPlaces:
+    def __init__(self, db: Adapter) -> None:
+        self._db = db
 
-    def __init__(self, engine: AsyncEngine, most: int | None) -> None:
-        self._engine = engine
-        self.most = most
-        self._citus: bool | None = None
+    async def release_lease(self, conversation_id: UUID, holder: UUID) -> None:
+        await release(self._db, conversation_id, holder)
 
-    async def folded(self) -> bool:
-        """Whether the places are taken and given back inside the turn's own statements
-        (plain PostgreSQL), not by statements of their own (Citus)."""
-        if self._citus is None:
-            async with driver(self._engine, write=False) as conn:
-                self._citus = bool(await CITUS.fetchval(conn, {}))
-        return not self._citus
+    async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
+        cids, holders = [cid for cid, _ in leases], [holder for _, holder in leases]
+        until = datetime.now(UTC) + timedelta(seconds=lease_s)
+        params = {"cids": cids, "holders": holders, "until": until}
+        async with driver(self._db.engine, write=False) as conn:
+            return {row["id"] for row in await self._db.sql.renew_leases.fetch(conn, params)}
 
-    async def apart(self) -> bool:
-        """Whether this turn's place needs a statement of its own (Citus, with a limit)."""
-        return self.most is not None and not await self.folded()
+    async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
+        return await self._db.places.take(owner, holder, lease_s)
 
-    def params(self, owner: str, holder: UUID, lease_s: float) -> Params:
-        """What a statement that takes a place (TAKE_TURN_CALL) is given."""
-        return {"caller": owner, "holder": holder, "most": self.most, **clock(lease_s)}
+    async def free_turn(self, owner: str, holder: UUID) -> None:
+        await self._db.places.free(owner, holder)
 
-    async def take(self, owner: str, holder: UUID, lease_s: float) -> bool:
-        params = self.params(owner, holder, lease_s)
+    async def renew_turns(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
+        await self._db.places.renew(turns, lease_s)
 
-        async def take() -> bool:
-            async with driver(self._engine, write=False) as conn:
-                return bool(await TAKE.fetchval(conn, params))
+    async def take_fork(self, owner: str, conversation_id: UUID) -> None:
+        most = self._db.config.forks_per_minute
+        if most is None:
+            return
+        fork = {"caller": owner, "new": conversation_id}
 
-        return await written(take)
+        async def take() -> None:
+            async with driver(self._db.engine, write=True) as conn:
+                await forks.take_slot(self._db, conn, fork, most)
 
-    async def free(self, owner: str, holder: UUID) -> None:
-        async def free() -> None:
-            async with driver(self._engine, write=False) as conn:
-                await FREE.execute(conn, {"caller": owner, "holder": holder})
+        await written(take)
 
-        await written(free)
-
-    async def renew(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
-        params = {"owners": [o for o, _ in turns], "holders": [h for _, h in turns]}
-        async with driver(self._engine, write=False) as conn:
-            await RENEW.execute(conn, {**params, "until": clock(lease_s)["until"]})
+    async def free_fork(self, owner: str, conversation_id: UUID) -> None:
+        if self._db.config.forks_per_minute is None:
+            return
+        async with driver(self._db.engine, write=False) as conn:
+            await self._db.sql.free_fork.execute(conn, {"caller": owner, "new": conversation_id})

@@ -49,7 +49,7 @@ CREATE = sql(
     f"INSERT INTO turn_runs ({RUN_COLUMNS}) SELECT {RUN_VALUES} WHERE NOT {shredded(':owner')}"
     " RETURNING 1"
 )
-# The same, when the run's turn has its place among its owner's running turns (places.py), in
+# The same, when the run's turn has its place among its owner's running turns (running_turns.py), in
 # the same statement; whether it had (nothing is made when not). Plain PostgreSQL only: on
 # Citus the place is on the owner's worker, taken by a statement of its own before CREATE.
 CREATE_COUNTED = sql(f"""

@@ -139,7 +139,7 @@ TURNS_OF = f"""
     ORDER BY turns.seq {{order}} LIMIT :n
 """
 
-# OWNER_MAX_RUNNING_TURNS (migration 0018, places.py): a turn's place among its owner's
+# OWNER_MAX_RUNNING_TURNS (migration 0018, running_turns.py): a turn's place among its owner's
 # running turns, taken before the provider is called (:most NULL: no limit); ``taken`` false:
 # the owner runs that many already. The commit (COMMIT_COUNTED) or FREE_TURN gives it back.
 TAKE_TURN_CALL = """turnstore_take_turn(:caller, :holder, CAST(:now AS timestamptz),

@@ -25,8 +25,8 @@ from service.store.postgres.edits import PostgresEdits
 from service.store.postgres.history import PostgresHistory
 from service.store.postgres.housekeeping import PostgresOperations
 from service.store.postgres.keyring import Keyring
-from service.store.postgres.leases import PostgresPlaces
 from service.store.postgres.owners import PostgresOwners
+from service.store.postgres.places import PostgresPlaces
 from service.store.postgres.reads import PostgresReads
 from service.store.postgres.run_store import KnownRuns, PostgresRunReads, PostgresRunWrites
 

@@ -30,6 +30,7 @@ def driver_connect_args(url: str) -> dict[str, Any]:
 
 
 POOL_TIMEOUT_S = 10  # how long a statement waits for a connection of the pool
+APPLICATION_NAME = "turnstore"  # the pool's sessions, as pg_stat_activity names them
 
 
 def _unnamed() -> str:
@@ -51,7 +52,7 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
         "statement_cache_size": statement_cache_size,
         "prepared_statement_cache_size": statement_cache_size,
         "command_timeout": 30,
-        "server_settings": {"application_name": "turnstore"},
+        "server_settings": {"application_name": APPLICATION_NAME},
     }
     if statement_cache_size == 0:
         connect_args["prepared_statement_name_func"] = _unnamed

@@ -16,11 +16,11 @@ from typing import Any
 import asyncpg
 
 from migrations import commit_function
+from migrations.runner import LOCK_ID
 from service.platform import migrate
 from service.platform.db import driver_connect_args
 
 DEFAULT_SHARD_COUNT = 64  # per co-location group, fixed: several times the most workers planned
-LOCK_ID = 0x7475726E  # the migrations' advisory lock (migrations/env.py): never both at once
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,7 @@ async def distribute(
     try:
         await _check_server(conn)
         async with conn.transaction():
+            # The migrations' advisory lock: a placement and a migration never run at once.
             await conn.execute("SELECT pg_advisory_xact_lock($1)", LOCK_ID)
             await _check_schema(conn, placement, functions)
             await conn.execute(f"SET LOCAL citus.shard_count = {int(shard_count)}")

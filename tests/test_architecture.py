@@ -190,3 +190,29 @@ def test_no_import_circle() -> None:
 def test_the_circle_check_finds_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert {m for m in graph if m in reachable(graph, m)} == {"a", "b", "c"}
+
+
+MIGRATIONS = SERVICE.parent / "migrations"
+
+
+def test_a_migration_imports_nothing_live_but_the_helpers() -> None:
+    """A migration carries the SQL it runs (migrations/__init__.py): of the shipped modules it
+    imports migrations/live.py only, so no later edit changes what an old migration does."""
+    allowed = {"migrations.live"}
+    imported = {
+        module: sorted(targets - allowed)
+        for module, targets in every_import().items()
+        if module.startswith(("migrations.versions.", "migrations.keyring."))
+    }
+    assert imported and {module: t for module, t in imported.items() if t} == {}
+
+
+def test_each_package_of_the_platform_and_the_migrations_names_its_modules() -> None:
+    """The docstring of each package's __init__.py names every module and folder in it."""
+    unnamed = {}
+    for init in [SERVICE / "platform" / "__init__.py", *sorted(MIGRATIONS.rglob("__init__.py"))]:
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        inside = [p.name for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+        inside += [f"{p.name}/" for p in init.parent.iterdir() if (p / "__init__.py").exists()]
+        unnamed[init.parent.name] = sorted(name for name in inside if name not in doc)
+    assert unnamed == {name: [] for name in unnamed}

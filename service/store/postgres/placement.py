@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 
-from migrations import commit_function
+from migrations.commit_function import COMMIT, COMMIT_V2
 from migrations.runner import LOCK_ID
 from service.platform import migrate
 from service.platform.db import driver_connect_args
@@ -138,15 +138,11 @@ class DistributedFunction:
 FUNCTIONS: dict[str, DistributedFunction] = {
     # A turn's commit: the plain turn's one round trip, on one worker, without 2PC (v2 is this
     # release's; the first is the previous release's, during a rolling upgrade).
-    "turnstore_commit": DistributedFunction(
-        f"turnstore_commit({commit_function.SIGNATURE})",
-        argument="p_cid",
-        colocate_with="conversations",
+    COMMIT.name: DistributedFunction(
+        COMMIT.signature, argument="p_cid", colocate_with="conversations"
     ),
-    "turnstore_commit_v2": DistributedFunction(
-        f"turnstore_commit_v2({commit_function.SIGNATURE_V2})",
-        argument="p_cid",
-        colocate_with="conversations",
+    COMMIT_V2.name: DistributedFunction(
+        COMMIT_V2.signature, argument="p_cid", colocate_with="conversations"
     ),
     # A turn's place among its owner's running turns: on the worker of the owner's rows.
     "turnstore_take_turn": DistributedFunction(

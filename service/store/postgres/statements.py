@@ -183,10 +183,9 @@ TURN_SIZES = f"""
 # (see PostgresStore.append). It is a function (migration 0017) so that on Citus, called on
 # its own, it runs whole on the worker that holds the conversation (one round trip, no
 # two-phase commit); :idle_s is the retention (NULL: none).
-COMMIT_ARGUMENTS = tuple(name for name, _ in commit_function.ARGUMENTS_V2)
 COMMIT = f"""
     SELECT revision, created_at, updated_at, lease_wanted
-    FROM turnstore_commit_v2({", ".join(f":{name}" for name in COMMIT_ARGUMENTS)})
+    FROM {commit_function.COMMIT_V2.call()}
 """
 # The same, giving the turn's place among its owner's running turns back in the same
 # statement (on Citus, where the place lives on the owner's worker, FREE_TURN follows it).

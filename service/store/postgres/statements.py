@@ -13,8 +13,7 @@ setting and are compiled where they are written.
 
 from __future__ import annotations
 
-from migrations import commit_function
-from migrations.commit_function import shredded
+from migrations.commit_function import COMMIT_V2, shredded
 from service.platform.crypto import OVERHEAD
 from service.store.postgres.tx import Compiled, sql
 
@@ -185,7 +184,7 @@ TURN_SIZES = f"""
 # two-phase commit); :idle_s is the retention (NULL: none).
 COMMIT = f"""
     SELECT revision, created_at, updated_at, lease_wanted
-    FROM {commit_function.COMMIT_V2.call()}
+    FROM {COMMIT_V2.call()}
 """
 # The same, giving the turn's place among its owner's running turns back in the same
 # statement (on Citus, where the place lives on the owner's worker, FREE_TURN follows it).

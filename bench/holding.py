@@ -17,6 +17,7 @@ import psutil
 from bench.database import libpq_url, sqlalchemy_url
 from bench.http import Connection
 from bench.server import free_port, running
+from service.platform.db import APPLICATION_NAME
 from service.platform.settings import Settings
 
 STREAM = "/api/v1/chat/stream"
@@ -61,12 +62,12 @@ async def _sample(pid: int, url: str, result: HoldingResult, stop: asyncio.Event
     conn = await asyncpg.connect(libpq_url(url))
     query = (
         "SELECT count(*), count(*) FILTER (WHERE state <> 'idle') FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name = 'turnstore'"
+        " WHERE datname = current_database() AND application_name = $1"
     )
     try:
         while not stop.is_set():
             result.rss_peak_mb = max(result.rss_peak_mb, process.memory_info().rss / 2**20)
-            opened, busy = await conn.fetchrow(query)
+            opened, busy = await conn.fetchrow(query, APPLICATION_NAME)
             result.connections_open_max = max(result.connections_open_max, opened)
             result.connections_busy_max = max(result.connections_busy_max, busy)
             await asyncio.sleep(SAMPLE_S)

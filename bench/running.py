@@ -22,10 +22,11 @@ from bench import e2e
 from bench.database import admin, libpq_url
 from bench.e2e import E2EResult
 from service.platform import migrate
+from service.store.postgres.placement import FUNCTIONS
 
 ROUNDS = 3
-# The shipped function's signature (migration 0018), and one that takes every place at once.
-SIGNATURE = "text, uuid, timestamptz, timestamptz, integer"
+# The shipped function's signature, and one that takes every place at once.
+SIGNATURE = FUNCTIONS["turnstore_take_turn"].signature
 UNCOUNTED = """
 CREATE OR REPLACE FUNCTION turnstore_take_turn(p_owner text, p_holder uuid, p_now timestamptz,
     p_until timestamptz, p_most integer, OUT taken boolean)
@@ -42,9 +43,7 @@ class RunningResult:
 async def _definition(url: str) -> str:
     conn = await asyncpg.connect(libpq_url(url))
     try:
-        found: str = await conn.fetchval(
-            f"SELECT pg_get_functiondef('turnstore_take_turn({SIGNATURE})'::regprocedure)"
-        )
+        found: str = await conn.fetchval("SELECT pg_get_functiondef($1::regprocedure)", SIGNATURE)
         return found
     finally:
         await conn.close()

@@ -29,7 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-LOCK_ID = 0x7475726E  # "turn": the advisory lock every runner takes
+LOCK_ID = 0x7475726E  # "turn": the advisory lock every runner (and `db distribute`) takes
 APPLICATION_NAME = "turnstore-migrate"
 ATTEMPTS = 12  # per migration; with the backoff below about three minutes in all
 RETRIED = {"55P03": "a lock wait ran out", "40P01": "a deadlock"}

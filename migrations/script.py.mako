@@ -20,6 +20,7 @@ depends_on: str | Sequence[str] | None = ${repr(depends_on)}
 
 
 # Runs while the previous release serves: follow "Writing a migration" in deploy/README.md.
+# Frozen once released: the SQL it runs is written here, never imported (migrations/__init__.py).
 def upgrade() -> None:
     ${upgrades if upgrades else "pass"}
 

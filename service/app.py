@@ -48,10 +48,11 @@ from service.core.plans import PlanRules
 from service.core.sizes import SizeLimit
 from service.core.window import Budget, SystemPrompt
 from service.platform import heap, tracing
-from service.platform.db import create_engine, resolve_database
+from service.platform.db import create_engine
 from service.platform.logs import configure as configure_logging
 from service.platform.settings import Settings, SettingsError
 from service.platform.shutdown import shutdown_on_signals
+from service.platform.startup import resolve_database
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.openai_responses import Endpoint, ResponsesProvider

@@ -22,9 +22,10 @@ from service.core.errors import StorageError
 from service.core.model import key_id
 from service.platform import migrate
 from service.platform.crypto import MasterKeys
-from service.platform.db import create_engine, resolve_database
+from service.platform.db import create_engine
 from service.platform.logs import configure as configure_logging
 from service.platform.settings import Settings, SettingsError
+from service.platform.startup import resolve_database
 from service.store.postgres import (
     KEY_CACHE_S,
     ApiKeyStore,

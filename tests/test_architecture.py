@@ -9,6 +9,9 @@ own layer or lower ones, never a higher one.
     api/         HTTP: controllers, rendering (api/compat/), errors -> responses, auth
     wiring       app.py and cli.py, the only modules that build adapters
 
+And no import circle, among service/ and migrations/ both, counting the imports inside
+functions too.
+
 Read from the source with ast (no imports run).
 """
 
@@ -130,3 +133,86 @@ def test_nothing_in_service_imports_the_tests() -> None:
             node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
         } | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
         assert not any(name.split(".")[0] == "tests" for name in names), path
+
+
+# The packages the product ships: the service and its migrations (platform/migrate.py drives
+# migrations/, whose environment connects through platform/db.py).
+SHIPPED = (SERVICE, SERVICE.parent / "migrations")
+
+
+@functools.cache
+def every_import() -> dict[str, set[str]]:
+    """Module -> the shipped modules it imports, at module level or inside a function (a
+    deferred import is a dependency all the same). ``from a import b`` names ``a.b`` when that
+    is a module, else ``a``; the package ``__init__`` a submodule's import runs is not counted."""
+    known = {module_name(p): p for root in SHIPPED for p in sorted(root.rglob("*.py"))}
+    found: dict[str, set[str]] = {}
+    for name, path in known.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                assert node.level == 0, f"{name}: a relative import"
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    targets.add(sub if sub in known else node.module)
+        found[name] = {target for target in targets if target in known and target != name}
+    return found
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    return seen
+
+
+def test_no_import_circle() -> None:
+    """No module of service/ or migrations/ reaches itself through its imports: each circle
+    found is listed once, as the modules on it."""
+    graph = every_import()
+    reach = {module: reachable(graph, module) for module in graph}
+    circles = sorted(
+        {
+            tuple(sorted(other for other in reach[module] if module in reach[other]))
+            for module in graph
+            if module in reach[module]
+        }
+    )
+    assert circles == []
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert {m for m in graph if m in reachable(graph, m)} == {"a", "b", "c"}
+
+
+MIGRATIONS = SERVICE.parent / "migrations"
+
+
+def test_a_migration_imports_nothing_live_but_the_helpers() -> None:
+    """A migration carries the SQL it runs (migrations/__init__.py): of the shipped modules it
+    imports migrations/live.py only, so no later edit changes what an old migration does."""
+    allowed = {"migrations.live"}
+    imported = {
+        module: sorted(targets - allowed)
+        for module, targets in every_import().items()
+        if module.startswith(("migrations.versions.", "migrations.keyring."))
+    }
+    assert imported and {module: t for module, t in imported.items() if t} == {}
+
+
+def test_each_package_of_the_platform_and_the_migrations_names_its_modules() -> None:
+    """The docstring of each package's __init__.py names every module and folder in it."""
+    unnamed = {}
+    for init in [SERVICE / "platform" / "__init__.py", *sorted(MIGRATIONS.rglob("__init__.py"))]:
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        inside = [p.name for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+        inside += [f"{p.name}/" for p in init.parent.iterdir() if (p / "__init__.py").exists()]
+        unnamed[init.parent.name] = sorted(name for name in inside if name not in doc)
+    assert unnamed == {name: [] for name in unnamed}

@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from migrations.commit_function import COMMIT, COMMIT_V2
 from service import cli
 from service.platform import migrate
 from service.store.postgres.placement import (
@@ -78,6 +79,18 @@ def test_every_function_of_the_schema_is_placed_with_its_signature(database_url:
     for name, function in FUNCTIONS.items():
         signature = fetch(database_url, "SELECT $1::regprocedure::text AS s", function.signature)
         assert signature[0]["s"] == found[name], name
+
+
+def test_the_commit_functions_take_the_arguments_the_code_binds(database_url: str) -> None:
+    """The migrations carry their own text of each commit function; the code binds its
+    arguments by the names and order migrations/commit_function.py gives: the two agree."""
+    for function in (COMMIT, COMMIT_V2):
+        rows = fetch(
+            database_url,
+            "SELECT proargnames[1:pronargs] AS names FROM pg_proc WHERE oid = $1::regprocedure",
+            function.signature,
+        )
+        assert rows[0]["names"] == [f"p_{name}" for name, _ in function.arguments]
 
 
 def test_the_function_check_catches_a_function_a_migration_added(database_url: str) -> None:

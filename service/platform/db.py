@@ -1,17 +1,16 @@
-"""The async engine: one pool per process, recovering by itself after database restarts."""
+"""Connecting: the async engine (one pool per process, recovering by itself after database
+restarts), the URL as asyncpg takes it, and the arguments of a connection outside the pool.
+Which database to connect to, and whether it is migrated first, is platform/startup.py's."""
 
 from __future__ import annotations
 
 import select
-from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-
-from service.platform.settings import Settings
 
 
 def async_url(url: str) -> str:
@@ -31,6 +30,7 @@ def driver_connect_args(url: str) -> dict[str, Any]:
 
 
 POOL_TIMEOUT_S = 10  # how long a statement waits for a connection of the pool
+APPLICATION_NAME = "turnstore"  # the pool's sessions, as pg_stat_activity names them
 
 
 def _unnamed() -> str:
@@ -52,7 +52,7 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
         "statement_cache_size": statement_cache_size,
         "prepared_statement_cache_size": statement_cache_size,
         "command_timeout": 30,
-        "server_settings": {"application_name": "turnstore"},
+        "server_settings": {"application_name": APPLICATION_NAME},
     }
     if statement_cache_size == 0:
         connect_args["prepared_statement_name_func"] = _unnamed
@@ -104,18 +104,3 @@ def readable(driver: Any) -> bool:
     poll = select.poll()
     poll.register(sock.fileno(), select.POLLIN)
     return bool(poll.poll(0))
-
-
-def resolve_database(settings: Settings, *, migrate: bool = True) -> tuple[str, Callable[[], None]]:
-    """DATABASE_URL, or the embedded server under the data dir (started on first use, and
-    migrated when ``migrate``: only the embedded database is migrated automatically).
-    Returns the URL and what to call at shutdown (stops the server if this call started it)."""
-    if settings.database_url:
-        return settings.database_url, lambda: None
-    from service.platform.embedded import ensure_embedded_postgres
-    from service.platform.migrate import upgrade
-
-    server = ensure_embedded_postgres(settings.data_dir)
-    if migrate:
-        upgrade(server.url)
-    return server.url, server.stop

@@ -25,6 +25,10 @@ class SettingsError(ValueError):
     """A variable is malformed or out of range; the message names it and what it accepts."""
 
 
+class Above(float):
+    """A lower bound that is not allowed itself: ``low=Above(0)`` accepts any number above 0."""
+
+
 def _setting(
     env: str,
     default: Any,
@@ -32,15 +36,16 @@ def _setting(
     *,
     low: float | None = None,
     high: float | None = None,
-    above: float | None = None,
     choices: tuple[str, ...] = (),
     secret: bool = False,
     shown: str | None = None,
 ) -> Any:
-    """A field of Settings. ``low``/``high`` bound a number inclusively, ``above`` exclusively;
-    ``shown`` is the default as the README states it (when the value itself says little)."""
-    meta: dict[str, Any] = {"env": env, "doc": doc, "low": low, "high": high, "above": above}
-    meta |= {"choices": choices, "shown": shown}
+    """A field of Settings. ``low``/``high`` bound a number inclusively (``low=Above(x)``:
+    exclusively); ``shown`` is the default as the README states it (when the value itself says
+    little)."""
+    above = low if isinstance(low, Above) else None
+    meta: dict[str, Any] = {"env": env, "doc": doc, "high": high, "choices": choices}
+    meta |= {"low": None if above is not None else low, "above": above, "shown": shown}
     return field(default=default, repr=not secret, metadata=meta)
 
 
@@ -100,10 +105,14 @@ class Settings:
         "AZURE_OPENAI_DEPLOYMENT", None, "for `azure`: the deployment (the model)"
     )
     upstream_connect_timeout_s: float = _setting(
-        "UPSTREAM_CONNECT_TIMEOUT_S", 10.0, "provider connect timeout (seconds)", above=0, high=600
+        "UPSTREAM_CONNECT_TIMEOUT_S",
+        10.0,
+        "provider connect timeout (seconds)",
+        low=Above(0),
+        high=600,
     )
     upstream_read_timeout_s: float = _setting(
-        "UPSTREAM_READ_TIMEOUT_S", 90.0, "provider read timeout (seconds)", above=0, high=3600
+        "UPSTREAM_READ_TIMEOUT_S", 90.0, "provider read timeout (seconds)", low=Above(0), high=3600
     )
     upstream_max_body_bytes: int = _setting(
         "UPSTREAM_MAX_BODY_BYTES",
@@ -251,7 +260,7 @@ class Settings:
         high=64,
     )
     tool_timeout_s: float = _setting(
-        "TOOL_TIMEOUT_S", 5.0, "how long one tool call is waited for", above=0, high=3600
+        "TOOL_TIMEOUT_S", 5.0, "how long one tool call is waited for", low=Above(0), high=3600
     )
     tool_workers: int = _setting(
         "TOOL_WORKERS", 1, "tool executor threads per process (no queue)", low=1, high=1024
@@ -293,7 +302,7 @@ class Settings:
         None,
         "idle conversations older than this are gone (404) at once and removed by "
         "`turnstore purge`",
-        above=0,
+        low=Above(0),
         high=36_500,
     )
     stored_response_ttl_days: float = _setting(
@@ -301,14 +310,14 @@ class Settings:
         30.0,
         "a stored `/v1` response (one made without a conversation) is gone this long after its "
         "conversation's last turn, and removed by `turnstore purge`",
-        above=0,
+        low=Above(0),
         high=36_500,
     )
     idempotency_ttl_s: float = _setting(
         "IDEMPOTENCY_TTL_S",
         86_400.0,
         "how long an `Idempotency-Key` is remembered",
-        above=0,
+        low=Above(0),
         high=365 * 86_400,
     )
     data_dir: Path = _setting(
@@ -334,7 +343,7 @@ class Settings:
         2.0,
         "`turnstore db upgrade`/`downgrade`: the longest a migration waits for a lock (so the "
         "turns queued behind it) before it is rolled back, backs off and retries",
-        above=0,
+        low=Above(0),
         high=600,
     )
     sse_keepalive_s: float = _setting(
@@ -349,7 +358,7 @@ class Settings:
         30.0,
         "a response (or stream event) a client does not take within this long ends its request, "
         "as a disconnect does",
-        above=0,
+        low=Above(0),
         high=3600,
     )
     http_header_timeout_s: float = _setting(
@@ -357,14 +366,14 @@ class Settings:
         10.0,
         "a connection whose request head has not fully arrived this long after it began is "
         "closed (slow clients)",
-        above=0,
+        low=Above(0),
         high=600,
     )
     http_keepalive_s: float = _setting(
         "HTTP_KEEPALIVE_S",
         5.0,
         "an idle kept-alive connection is closed after this long",
-        above=0,
+        low=Above(0),
         high=600,
     )
     shutdown_grace_s: float = _setting(

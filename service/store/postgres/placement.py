@@ -15,13 +15,13 @@ from typing import Any
 
 import asyncpg
 
-from migrations import commit_function
+from migrations.commit_function import COMMIT, COMMIT_V2
+from migrations.runner import LOCK_ID
 from service.platform import migrate
 from service.platform.db import driver_connect_args
 from service.platform.migrate import Refused
 
 DEFAULT_SHARD_COUNT = 64  # per co-location group, fixed: several times the most workers planned
-LOCK_ID = 0x7475726E  # the migrations' advisory lock (migrations/env.py): never both at once
 
 
 @dataclass(frozen=True)
@@ -139,15 +139,11 @@ class DistributedFunction:
 FUNCTIONS: dict[str, DistributedFunction] = {
     # A turn's commit: the plain turn's one round trip, on one worker, without 2PC (v2 is this
     # release's; the first is the previous release's, during a rolling upgrade).
-    "turnstore_commit": DistributedFunction(
-        f"turnstore_commit({commit_function.SIGNATURE})",
-        argument="p_cid",
-        colocate_with="conversations",
+    COMMIT.name: DistributedFunction(
+        COMMIT.signature, argument="p_cid", colocate_with="conversations"
     ),
-    "turnstore_commit_v2": DistributedFunction(
-        f"turnstore_commit_v2({commit_function.SIGNATURE_V2})",
-        argument="p_cid",
-        colocate_with="conversations",
+    COMMIT_V2.name: DistributedFunction(
+        COMMIT_V2.signature, argument="p_cid", colocate_with="conversations"
     ),
     # A turn's place among its owner's running turns: on the worker of the owner's rows.
     "turnstore_take_turn": DistributedFunction(
@@ -173,6 +169,7 @@ async def distribute(
     try:
         await _check_server(conn)
         async with conn.transaction():
+            # The migrations' advisory lock: a placement and a migration never run at once.
             await conn.execute("SELECT pg_advisory_xact_lock($1)", LOCK_ID)
             await _check_schema(conn, placement, functions)
             await conn.execute(f"SET LOCAL citus.shard_count = {int(shard_count)}")

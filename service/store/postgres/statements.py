@@ -13,8 +13,7 @@ setting and are compiled where they are written.
 
 from __future__ import annotations
 
-from migrations import commit_function
-from migrations.commit_function import shredded
+from migrations.commit_function import COMMIT_V2, shredded
 from service.platform.crypto import OVERHEAD
 from service.store.postgres.tx import Compiled, sql
 
@@ -183,10 +182,9 @@ TURN_SIZES = f"""
 # (see commit.py). It is a function (migration 0017) so that on Citus, called on
 # its own, it runs whole on the worker that holds the conversation (one round trip, no
 # two-phase commit); :idle_s is the retention (NULL: none).
-COMMIT_ARGUMENTS = tuple(name for name, _ in commit_function.ARGUMENTS_V2)
 COMMIT = f"""
     SELECT revision, created_at, updated_at, lease_wanted
-    FROM turnstore_commit_v2({", ".join(f":{name}" for name in COMMIT_ARGUMENTS)})
+    FROM {COMMIT_V2.call()}
 """
 # The same, giving the turn's place among its owner's running turns back in the same
 # statement (on Citus, where the place lives on the owner's worker, FREE_TURN follows it).

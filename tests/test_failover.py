@@ -54,6 +54,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
+from migrations.commit_function import COMMIT_V2
 from tests.cluster import (
     TURNSTORE,
     Replica,
@@ -483,12 +484,12 @@ async def _until(check: Callable[[], bool], what: str) -> None:
 async def _wait_commits_in_flight(node: Node, count: int) -> None:
     """Until ``count`` turn commits of ``node`` wait for their synchronous standby (an
     observer's connection to that node alone). Lease statements wait there too: not those.
-    A plain turn commits in one statement (``turnstore_commit()``), a durable one with
-    COMMIT."""
+    A plain turn commits in one statement (the commit function's, migrations/commit_function.py),
+    a durable one with COMMIT."""
     conn = await asyncpg.connect(node.dsn, timeout=5)
     query = (
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
-        "AND (query LIKE 'COMMIT%' OR query LIKE '%FROM turnstore_commit(%')"
+        f"AND (query LIKE 'COMMIT%' OR query LIKE '%FROM {COMMIT_V2.name}(%')"
     )
     try:
 

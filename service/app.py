@@ -88,8 +88,10 @@ def build_endpoint(settings: Settings) -> Endpoint:
     """The Responses API endpoint the settings name; ValueError naming what is missing."""
     if settings.llm_provider == "azure":
         endpoint, key, deployment = (
-            settings.azure_endpoint, settings.azure_api_key, settings.azure_deployment
-        )  # fmt: skip
+            settings.azure_endpoint,
+            settings.azure_api_key,
+            settings.azure_deployment,
+        )
         if not (endpoint and key and deployment):
             raise ValueError("azure needs AZURE_OPENAI_ENDPOINT, _API_KEY and _DEPLOYMENT")
         return Endpoint.azure(endpoint, key, deployment)
@@ -245,9 +247,13 @@ def build_services(
         size_limit=SizeLimit(settings.max_conversation_bytes),
     )
     runs = TurnRuns(
-        turns, stores.run_writes, stores.run_reads, backend.notifications,
-        heartbeat_s=settings.turn_lease_s, readers=settings.owner_max_event_readers,
-    )  # fmt: skip
+        turns,
+        stores.run_writes,
+        stores.run_reads,
+        backend.notifications,
+        heartbeat_s=settings.turn_lease_s,
+        readers=settings.owner_max_event_readers,
+    )
     closers.append(lambda: runs.close(settings.shutdown_grace_s))  # first: runs use the rest
     rules = PlanRules(
         max_message_chars=settings.max_message_chars,
@@ -372,9 +378,12 @@ def _openapi(components: Components) -> OpenAPIConfig:
     # /schema/swagger (its assets served by turnstore: it works offline).
     plugins = [JsonRenderPlugin(path=["/", "/openapi.json"]), console.swagger_plugin("/swagger")]
     return OpenAPIConfig(
-        title="turnstore", version="1", path="/schema", components=components,
+        title="turnstore",
+        version="1",
+        path="/schema",
+        components=components,
         render_plugins=plugins,
-    )  # fmt: skip
+    )
 
 
 def _rules(settings: Settings, app: Litestar) -> RequestRules:

@@ -137,8 +137,10 @@ class CachedStore:
 
     async def append(self, append: Append) -> Commit:
         conversation_id, turn, expected_revision = (
-            append.conversation_id, append.turn, append.expected_revision
-        )  # fmt: skip
+            append.conversation_id,
+            append.turn,
+            append.expected_revision,
+        )
         try:
             commit = await self._inner.append(append)
         except BaseException:

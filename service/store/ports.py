@@ -71,9 +71,15 @@ class Reads(Protocol):
         for History.load, or when there is no such turn. Raises StorageError."""
 
     async def turns(
-        self, conversation_id: UUID, owner: str, low: int, high: int, *, newest_first: bool,
+        self,
+        conversation_id: UUID,
+        owner: str,
+        low: int,
+        high: int,
+        *,
+        newest_first: bool,
         limit: int,
-    ) -> list[tuple[int, Turn]]:  # fmt: skip
+    ) -> list[tuple[int, Turn]]:
         """At most ``limit`` of its turns with revisions ``low``..``high``, each with its
         revision, oldest or newest first (a paged read: memory bounded by the page); none
         for a conversation History.load would not find. Raises StorageError."""

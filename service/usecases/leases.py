@@ -295,12 +295,18 @@ class Leases:
     ) -> LeaseAttempt:
         """One try; ConversationNotFound when there is no such conversation (of this owner)."""
         try:
-            attempt = await self._history.lease(LeaseRequest(
-                plan.conversation_id, plan.owner, holder, lease_s=self.policy.lease_s,
-                queue=self.policy.queue,
-                replaces=self._keeper.abandoned_in(plan.conversation_id),
-                window_bytes=self.policy.window_bytes, window_origin=origin,
-            ))  # fmt: skip
+            attempt = await self._history.lease(
+                LeaseRequest(
+                    plan.conversation_id,
+                    plan.owner,
+                    holder,
+                    lease_s=self.policy.lease_s,
+                    queue=self.policy.queue,
+                    replaces=self._keeper.abandoned_in(plan.conversation_id),
+                    window_bytes=self.policy.window_bytes,
+                    window_origin=origin,
+                )
+            )
         except Exception:
             # It may have taken the lease before its answer was lost: give it back.
             self._keeper.abandon(plan.conversation_id, holder)

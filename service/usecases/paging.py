@@ -28,9 +28,14 @@ class Stored(Protocol):
 
 
 async def walk(
-    store: Reads, cid: uuid.UUID, owner: str, low: int, high: int, *,
+    store: Reads,
+    cid: uuid.UUID,
+    owner: str,
+    low: int,
+    high: int,
+    *,
     newest_first: bool,
-) -> AsyncGenerator[tuple[int, Turn], None]:  # fmt: skip
+) -> AsyncGenerator[tuple[int, Turn], None]:
     """Turns ``low``..``high`` of ``owner``'s conversation with their revisions, oldest or
     newest first, a page at a time (none for a conversation the store would not find)."""
     while low <= high:

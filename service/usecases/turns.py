@@ -322,11 +322,16 @@ class TurnService:
             making = conversation.revision + 1
             compacted = await compaction.compact(self.provider, window, asked.template, making)
             turn = Turn(
-                user_message="", assistant_message="", replay_items=[], transcript=(),
-                origin=asked.origin, context_from=making, usage=compacted.usage,
+                user_message="",
+                assistant_message="",
+                replay_items=[],
+                transcript=(),
+                origin=asked.origin,
+                context_from=making,
+                usage=compacted.usage,
                 prompt_version=asked.prompt.version if asked.prompt else None,
                 compacted=compacted.window.compacted,
-            )  # fmt: skip
+            )
             size = self._stored_with(await self._held(plan, conversation), turn)
             revision = await self._commit(plan, conversation, held, turn, None, size)
             spend(turn_bytes(turn))
@@ -352,9 +357,13 @@ class TurnService:
         ask = plan.asked or Asked()
         prompt = instructions_for(self._prompt, ask.instructions, server_first=plan.server_prompt)
         template = ProviderRequest(
-            [], prompt.text if prompt else None, advertised(self._tooling, ask.tools),
-            ask.model, ask.fields, ask.include,
-        )  # fmt: skip
+            [],
+            prompt.text if prompt else None,
+            advertised(self._tooling, ask.tools),
+            ask.model,
+            ask.fields,
+            ask.include,
+        )
         overhead = request_overhead(self.provider.origin.model, template, stream=stream)
         origin = self.provider.origin.with_model(ask.model)
         client_names = tool_names(ask.tools)
@@ -401,9 +410,14 @@ class TurnService:
         stream: bool,
     ) -> AsyncGenerator[ItemDone | TextDelta | ToolCalled | Answer, None]:
         exchange = Exchange(
-            self.provider, window, new_items, asked, tooling=self._tooling, stream=stream,
+            self.provider,
+            window,
+            new_items,
+            asked,
+            tooling=self._tooling,
+            stream=stream,
             max_request_bytes=self._budget.max_request_bytes,
-        )  # fmt: skip
+        )
         return exchange.events()
 
     def _accept(
@@ -453,16 +467,28 @@ class TurnService:
             raise InvalidInput("The fork point is not a revision of the conversation.")
         turns, start = await self._window_before(point.source, plan.owner, point.revision)
         return Conversation(
-            plan.conversation_id, point.revision, source.created_at, source.updated_at, turns,
-            context_start=start, owner=plan.owner, first=start,
-            stored_bytes=source.stored_bytes, stored_revision=source.stored_revision,
+            plan.conversation_id,
+            point.revision,
+            source.created_at,
+            source.updated_at,
+            turns,
+            context_start=start,
+            owner=plan.owner,
+            first=start,
+            stored_bytes=source.stored_bytes,
+            stored_revision=source.stored_revision,
             rewritten_at=source.rewritten_at,
-        )  # fmt: skip
+        )
 
     async def _commit(
-        self, plan: TurnPlan, conversation: Conversation | None, held: Held, turn: Turn,
-        run: DurableRun | None, stored_bytes: int | None,
-    ) -> int:  # fmt: skip
+        self,
+        plan: TurnPlan,
+        conversation: Conversation | None,
+        held: Held,
+        turn: Turn,
+        run: DurableRun | None,
+        stored_bytes: int | None,
+    ) -> int:
         ending = await run.prepare_commit(turn) if run else None
         append = self.leases.commit(
             Append(

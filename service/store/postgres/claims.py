@@ -43,9 +43,11 @@ class PostgresIdempotency:
     async def renew(self, keys: Sequence[IdempotencyKey], lease_s: float) -> None:
         until = datetime.now(UTC) + timedelta(seconds=lease_s)
         params = {
-            "owners": [key.owner for key in keys], "keys": [key.key for key in keys],
-            "claims": [key.claim for key in keys], "until": until,
-        }  # fmt: skip
+            "owners": [key.owner for key in keys],
+            "keys": [key.key for key in keys],
+            "claims": [key.claim for key in keys],
+            "until": until,
+        }
         async with driver(self._db.engine, write=False) as conn:  # one statement: autocommit
             await idem.RENEW.execute(conn, params)
 

@@ -31,20 +31,29 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
     revision = expected + 1  # the commit's, if it happens (the turn's place for sealing)
     params = {
         **codec.turn_columns(revision, append.turn, run.run_id if run else None),
-        "cid": cid, "expected": expected, "context_start": append.turn.context_from,
-        "caller": append.owner, "holder": append.lease, "idle_s": db.sql.idle_s,
+        "cid": cid,
+        "expected": expected,
+        "context_start": append.turn.context_from,
+        "caller": append.owner,
+        "holder": append.lease,
+        "idle_s": db.sql.idle_s,
         "ttl_s": db.config.idempotency_ttl_s,
         "idem_key": append.idempotency.key if append.idempotency else None,
         "claim": append.idempotency.claim if append.idempotency else None,
-        "expires_at": _expiry(db, append), "stored_bytes": append.stored_bytes,
-    }  # fmt: skip
+        "expires_at": _expiry(db, append),
+        "stored_bytes": append.stored_bytes,
+    }
     wake: list[str] = []  # topics to notify once committed
     plain = append.fork_of is None and run is None
     folded = await db.places.folded()
     async with driver(db.engine, write=not plain) as conn:
         if append.fork_of is not None:
-            fork = {"src": append.fork_of.source, "at": append.fork_of.revision,
-                    "caller": append.owner, "new": cid}  # fmt: skip
+            fork = {
+                "src": append.fork_of.source,
+                "at": append.fork_of.revision,
+                "caller": append.owner,
+                "new": cid,
+            }
             if await forks.copy(db, conn, fork, codec.key, counted=False) is None:
                 raise await forks.why_not(db, conn, fork)  # the source went meanwhile
         row = await db.sql.commit[folded].fetchrow(conn, params)
@@ -82,11 +91,18 @@ async def _end_run(
     elsewhere follows it. TurnInterrupted (the whole commit rolled back) if the run was
     interrupted meanwhile."""
     batch = Events(key, run.run_id).batch_columns([run.done.event(run.done_seq, revision)])
-    ended = await run_statements.COMMIT.fetchrow(conn, {
-        "id": run.run_id, "cid": cid, "status": run.status, "revision": revision,
-        "seq": run.done_seq,
-        "ttl": db.config.events_ttl_s, **batch,
-    })  # fmt: skip
+    ended = await run_statements.COMMIT.fetchrow(
+        conn,
+        {
+            "id": run.run_id,
+            "cid": cid,
+            "status": run.status,
+            "revision": revision,
+            "seq": run.done_seq,
+            "ttl": db.config.events_ttl_s,
+            **batch,
+        },
+    )
     if ended is None:
         raise TurnInterrupted()
     return bool(ended[0])

@@ -45,10 +45,14 @@ class PostgresEdits:
         codec = Rows(key, uuid.uuid4())
         revision = 0 if turn is None else 1
         params = {
-            "cid": codec.conversation_id, "caller": owner, "revision": revision,
-            "context_start": 1, "expires_at": None, **codec.metadata_columns(metadata),
+            "cid": codec.conversation_id,
+            "caller": owner,
+            "revision": revision,
+            "context_start": 1,
+            "expires_at": None,
+            **codec.metadata_columns(metadata),
             "stored_bytes": turn_bytes(turn) if turn is not None else 0,
-        }  # fmt: skip
+        }
         async with driver(self._db.engine, write=True) as conn:
             row = await self._db.sql.new_conversation.fetchrow(conn, params)
             if row is None:
@@ -66,8 +70,11 @@ class PostgresEdits:
         idempotency: IdempotencyKey | None = None,
     ) -> ConversationInfo:
         params: Params = {
-            "src": conversation_id, "caller": owner, "at": at_revision, "new": uuid.uuid4()
-        }  # fmt: skip
+            "src": conversation_id,
+            "caller": owner,
+            "at": at_revision,
+            "new": uuid.uuid4(),
+        }
         key = await writing_key(self._db.keyring, owner)
 
         async def fork() -> ConversationInfo:

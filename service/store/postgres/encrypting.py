@@ -35,10 +35,11 @@ _CLEAR_TURNS = sql(
     " WHERE t.sealed_replay_items IS NULL LIMIT :batch"
 )
 _SEAL_TURN = sql(
-    "UPDATE turns SET " + ", ".join(f"{n} = :{n}, sealed_{n} = :sealed_{n}" for n in TURN_FIELDS)
+    "UPDATE turns SET "
+    + ", ".join(f"{n} = :{n}, sealed_{n} = :sealed_{n}" for n in TURN_FIELDS)
     + " WHERE conversation_id = :conversation_id AND seq = :seq"
     + " AND sealed_replay_items IS NULL RETURNING 1"
-)  # fmt: skip
+)
 _CLEAR_METADATA = sql(
     "SELECT id, owner, CAST(metadata AS text) AS metadata FROM conversations"
     " WHERE metadata IS NOT NULL AND sealed_metadata IS NULL"
@@ -111,11 +112,14 @@ class ClearRows:
 
     async def _events(self, conn: asyncpg.Connection, batch: int) -> int:
         rows = await _CLEAR_EVENTS.fetch(conn, {"batch": batch})
-        return sum([
-            await self._seal(conn, _SEAL_EVENTS, row, events_place(row["turn_id"], row["seq"]),
-                             row["events"])
-            for row in rows
-        ])  # fmt: skip
+        return sum(
+            [
+                await self._seal(
+                    conn, _SEAL_EVENTS, row, events_place(row["turn_id"], row["seq"]), row["events"]
+                )
+                for row in rows
+            ]
+        )
 
     async def _seal(
         self, conn: asyncpg.Connection, statement: Compiled, row: Any, where: bytes, text: str

@@ -50,12 +50,18 @@ async def copy(
         return None
     old, new = Rows(key, fork["src"]), Rows(key, fork["new"])
     turns = [(row, old.turn(row)) for row in await db.sql.fork_turns.fetch(conn, fork)]
-    row = await db.sql.new_conversation.fetchrow(conn, {
-        "cid": new.conversation_id, "revision": fork["at"], "caller": fork["caller"],
-        "context_start": source["context_from"] or 1, "expires_at": source["expires_at"],
-        **new.metadata_columns(old.metadata(source)),
-        "stored_bytes": held_bytes(turn for _, turn in turns),
-    })  # fmt: skip
+    row = await db.sql.new_conversation.fetchrow(
+        conn,
+        {
+            "cid": new.conversation_id,
+            "revision": fork["at"],
+            "caller": fork["caller"],
+            "context_start": source["context_from"] or 1,
+            "expires_at": source["expires_at"],
+            **new.metadata_columns(old.metadata(source)),
+            "stored_bytes": held_bytes(turn for _, turn in turns),
+        },
+    )
     if row is None:  # the owner was shredded (see why_not)
         return None
     copies = [
@@ -71,10 +77,16 @@ async def take_slot(db: Adapter, conn: asyncpg.Connection, fork: Params, most: i
     TooManyRequests with the seconds until the oldest of them leaves the minute."""
     now = datetime.now(UTC)
     await db.sql.fork_turnstile.execute(conn, {"caller": fork["caller"]})
-    slot = await db.sql.fork_slot.fetchrow(conn, {
-        "caller": fork["caller"], "new": fork["new"], "now": now,
-        "since": now - FORK_WINDOW, "max": most,
-    })  # fmt: skip
+    slot = await db.sql.fork_slot.fetchrow(
+        conn,
+        {
+            "caller": fork["caller"],
+            "new": fork["new"],
+            "now": now,
+            "since": now - FORK_WINDOW,
+            "max": most,
+        },
+    )
     assert slot is not None  # the statement answers one row
     if not slot["made"]:
         wait = slot["oldest"] + FORK_WINDOW - now if slot["oldest"] else FORK_WINDOW

@@ -51,10 +51,13 @@ class PostgresHistory:
         conversation_id, owner, after_revision = ask.conversation_id, ask.owner, ask.after_revision
         places = self._db.places
         params = {
-            "cid": conversation_id, "replaces": ask.replaces, "queue": ask.queue,
-            "after": after_revision, **_window_params(ask),
+            "cid": conversation_id,
+            "replaces": ask.replaces,
+            "queue": ask.queue,
+            "after": after_revision,
+            **_window_params(ask),
             **places.params(owner, ask.holder, ask.lease_s),
-        }  # fmt: skip
+        }
         folded = await places.folded()
 
         async def take() -> list[asyncpg.Record]:
@@ -92,9 +95,11 @@ class PostgresHistory:
     ) -> Conversation | None:
         """The conversation with the turns a turn reads (as ``lease``), without the lease."""
         params = {
-            "cid": conversation_id, "caller": owner, "after": after_revision,
+            "cid": conversation_id,
+            "caller": owner,
+            "after": after_revision,
             **_window_params(ask),
-        }  # fmt: skip
+        }
         async with driver(self._db.engine, write=False) as conn:
             rows = await self._db.sql.load_window.fetch(conn, params)
         if not rows:

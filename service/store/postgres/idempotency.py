@@ -111,9 +111,16 @@ async def complete(
     holds the key's claim (it ran out, and another attempt took it over)."""
     if key is None:
         return
-    completed = await COMPLETE.fetchval(conn, {
-        "caller": key.owner, "idem_key": key.key, "claim": key.claim, "done_cid": cid,
-        "done_revision": revision, "ttl_s": ttl_s,
-    })  # fmt: skip
+    completed = await COMPLETE.fetchval(
+        conn,
+        {
+            "caller": key.owner,
+            "idem_key": key.key,
+            "claim": key.claim,
+            "done_cid": cid,
+            "done_revision": revision,
+            "ttl_s": ttl_s,
+        },
+    )
     if completed is None:
         raise RequestInProgress()

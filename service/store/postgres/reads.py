@@ -69,9 +69,15 @@ class PostgresReads:
         return (await reading(self._db.keyring, owner, conversation_id, [row])).turn(row)
 
     async def turns(
-        self, conversation_id: UUID, owner: str, low: int, high: int, *, newest_first: bool,
+        self,
+        conversation_id: UUID,
+        owner: str,
+        low: int,
+        high: int,
+        *,
+        newest_first: bool,
         limit: int,
-    ) -> list[tuple[int, Turn]]:  # fmt: skip
+    ) -> list[tuple[int, Turn]]:
         params = {"cid": conversation_id, "caller": owner, "low": low, "high": high, "n": limit}
         async with driver(self._db.engine, write=False) as conn:
             rows = await self._db.sql.turns_of[newest_first].fetch(conn, params)

@@ -80,10 +80,14 @@ class PostgresRunWrites:
         text = bytes(run.response).decode() if run.response else None
         clear, sealed = put(key, run_response_place(run.id), text)
         params = {
-            "id": run.id, "cid": run.conversation_id, "owner": run.owner,
-            "background": run.background, "hb": heartbeat_s, "response": clear,
+            "id": run.id,
+            "cid": run.conversation_id,
+            "owner": run.owner,
+            "background": run.background,
+            "hb": heartbeat_s,
+            "response": clear,
             "sealed_response": sealed,
-        }  # fmt: skip
+        }
         places = self._db.places
         if counted and await places.folded():
             place = {**params, **places.params(run.owner, run.id, heartbeat_s)}
@@ -112,10 +116,15 @@ class PostgresRunWrites:
     async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
         batch = (await self._events(owner, run_id)).batch_columns(end.events)
         params = {
-            **self._known.at(run_id), "status": end.status, "code": end.error_code,
-            "message": end.error_message, "last": end.events[-1].seq,
-            "ttl": self._db.config.events_ttl_s, "revision": end.revision, **batch,
-        }  # fmt: skip
+            **self._known.at(run_id),
+            "status": end.status,
+            "code": end.error_code,
+            "message": end.error_message,
+            "last": end.events[-1].seq,
+            "ttl": self._db.config.events_ttl_s,
+            "revision": end.revision,
+            **batch,
+        }
         return await self._logged(run_id, await self._rows(sql.END, params))
 
     async def renew_runs(self, run_ids: Sequence[UUID], heartbeat_s: float) -> Renewed:

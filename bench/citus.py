@@ -33,8 +33,8 @@ from service.platform import migrate
 from service.platform.db import create_engine
 from service.store.postgres import PostgresStore
 from service.store.postgres.placement import distribute
-from tests.citus import citus_cluster, citus_database, citus_missing
-from tests.database import asyncpg_dsn
+from tests.support.citus import citus_cluster, citus_database, citus_missing
+from tests.support.database import asyncpg_dsn
 
 SHARDS = 32  # per co-location group
 # As durable as the plain server: the test cluster's fsync and full-page writes are off.

@@ -36,7 +36,7 @@ from sqlalchemy.engine import make_url
 from bench.database import admin, libpq_url, sqlalchemy_url
 from migrations import runner
 from service.platform import migrate
-from tests.previous_release import prepare, previous_commit
+from tests.support.previous_release import prepare, previous_commit
 
 CONVERSATIONS = 200_000
 BATCH = 20_000

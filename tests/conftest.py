@@ -1,9 +1,28 @@
+"""The fixtures every layer shares (tests/unit, tests/integration, tests/system), each defined
+once (tests/unit/test_layers.py checks it). Where the database comes from:
+
+    server_url            the PostgreSQL server (tests/support/database.py: TEST_DATABASE_URL,
+                          else a container, else the embedded server), for the session
+    template_url          a database migrated once per session with the real `alembic upgrade
+                          head`: the template every other database of the session is copied from
+    database_url          the database in-process apps and `engine` use, one for the session
+                          (copied from the template); on Citus (a module marked `citus`) the
+                          cluster's
+    database              a database of the test's own (``CREATE DATABASE … TEMPLATE``: no
+                          migration), dropped afterwards; on Citus the cluster's, emptied
+    empty_database        a database of the test's own with no schema at all
+    engine                an engine on ``database_url`` whose tables start empty
+
+The unit layer needs none of them: a unit test that asks for one fails (pytest_fixture_setup).
+"""
+
 from __future__ import annotations
 
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,15 +40,105 @@ from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
 from service.store.postgres.placement import distribute
 from service.store.postgres.secrets import SecretsReader
-from tests.citus import CitusCluster, citus_cluster, citus_database, require_citus
-from tests.database import fresh_database, postgres_server
-from tests.helpers import serve
-from tests.previous_release import Release, Unavailable, prepare, previous_commit
+from tests.support.backends import CITUS_TABLES, TABLES
+from tests.support.citus import CitusCluster, citus_cluster, citus_database, require_citus
+from tests.support.database import admin, copied_database, fresh_database, postgres_server
+from tests.support.helpers import serve
+from tests.support.previous_release import Release, Unavailable, prepare, previous_commit
+
+UNIT = Path(__file__).resolve().parent / "unit"
+
+# What a unit test may not ask for: each reaches a database server.
+DATABASE_FIXTURES = frozenset(
+    {
+        "server_url", "template_url", "shared_database_url", "database_url", "database",
+        "empty_database", "engine", "store", "ids", "make_client", "client", "citus",
+        "citus_url", "previous_release",
+    }
+)  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+) -> None:
+    """A unit test that needs the database fails, whether it names the fixture or a fixture
+    asks for it at run time (``request.getfixturevalue``)."""
+    item = getattr(request, "_pyfuncitem", None)
+    if fixturedef.argname in DATABASE_FIXTURES and item is not None and UNIT in item.path.parents:
+        pytest.fail(
+            f"{item.nodeid} is a unit test but needs `{fixturedef.argname}` (a database):"
+            " it belongs in tests/integration",
+            pytrace=False,
+        )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A contract suite (tests/contracts/) runs over the backends the module that imports it
+    names in ``BACKENDS``: ``memory`` (unit), ``postgres``, ``postgres-encrypted``, ``citus``,
+    ``citus-encrypted``. Places among the running turns are never sealed: in clear only."""
+    for name in ("contract_store", "stores", "counting_store"):
+        if name in metafunc.fixturenames:
+            backends = getattr(metafunc.module, "BACKENDS", None)
+            assert backends, f"{metafunc.module.__name__} runs a contract: name its BACKENDS"
+            if name == "counting_store":
+                backends = [b for b in backends if not b.endswith("-encrypted")]
+            metafunc.parametrize(name, backends, indirect=True)
+
+
+def on_citus(request: pytest.FixtureRequest) -> bool:
+    return request.node.get_closest_marker("citus") is not None
 
 
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def template_url(server_url: str) -> Iterator[str]:
+    """Migrated once for the session (the real `alembic upgrade head`); no test connects to
+    it, so that it can be copied."""
+    with fresh_database(server_url) as url:
+        migrate.upgrade(url)
+        yield url
+
+
+@pytest.fixture(scope="session")
+def shared_database_url(server_url: str, template_url: str) -> Iterator[str]:
+    with copied_database(server_url, template_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def database_url(request: pytest.FixtureRequest) -> str:
+    """What in-process apps (``make_client``) and ``engine`` use: the session's database, or
+    the Citus cluster's for a module marked ``citus``."""
+    return str(request.getfixturevalue("citus_url" if on_citus(request) else "shared_database_url"))
+
+
+@pytest.fixture
+def database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A migrated database of this test's own (what replicas in other processes serve from),
+    copied from the template and dropped afterwards; on Citus the cluster's, emptied."""
+    if on_citus(request):
+        url = str(request.getfixturevalue("citus_url"))
+        asyncio.run(admin(url, f"TRUNCATE {CITUS_TABLES} CASCADE"))
+        yield url
+        return
+    server, template = (
+        request.getfixturevalue("server_url"),
+        request.getfixturevalue("template_url"),
+    )
+    with copied_database(server, template) as url:
+        yield url
+
+
+@pytest.fixture
+def empty_database(server_url: str) -> Iterator[str]:
+    """A database of this test's own with no schema (not migrated)."""
+    with fresh_database(server_url) as url:
         yield url
 
 
@@ -45,14 +154,6 @@ def previous_release() -> Release:
         pytest.skip(str(exc))
 
 
-@pytest.fixture(scope="session")
-def database_url(server_url: str) -> Iterator[str]:
-    """One database for the session, migrated with the real `alembic upgrade head`."""
-    with fresh_database(server_url) as url:
-        migrate.upgrade(url)
-        yield url
-
-
 # Shards per co-location group in the tests: routing shows with any count above one, and
 # each shard costs time to make and to truncate (production: placement.DEFAULT_SHARD_COUNT).
 CITUS_SHARD_COUNT = 8
@@ -60,8 +161,8 @@ CITUS_SHARD_COUNT = 8
 
 @pytest.fixture(scope="session")
 def citus() -> Iterator[CitusCluster]:
-    """A local Citus cluster, a coordinator and two workers (tests/citus.py), for the session;
-    the test skips, with the reason, where Citus is not installed."""
+    """A local Citus cluster, a coordinator and two workers (tests/support/citus.py), for the
+    session; the test skips, with the reason, where Citus is not installed."""
     require_citus()
     with citus_cluster() as cluster:
         yield cluster
@@ -78,15 +179,12 @@ def citus_url(citus: CitusCluster) -> Iterator[str]:
 
 
 @pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+async def engine(request: pytest.FixtureRequest, database_url: str) -> AsyncIterator[AsyncEngine]:
     """Committed data (race tests need it), so every test starts from empty tables."""
     engine = create_engine(database_url, pool_size=5)
     async with engine.begin() as conn:
         await conn.execute(
-            text(
-                "TRUNCATE conversations, idempotency_keys, turn_runs, owner_keys,"
-                " owner_tombstones, owner_forks, owner_turns CASCADE"
-            )
+            text(f"TRUNCATE {CITUS_TABLES if on_citus(request) else TABLES} CASCADE")
         )
     yield engine
     await engine.dispose()

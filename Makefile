@@ -78,8 +78,11 @@ browser-deps: $(BROWSER_STAMP) ## install playwright-core for the browser tests 
 test: $(STAMP) system-deps citus-deps js-deps browser-deps ## run the whole test suite against real PostgreSQL
 	$(BIN)/python -m pytest
 
+# Plugins of installed packages the unit layer does not use (Faker's, schemathesis', LangSmith's):
+# loading them takes seconds of the inner loop.
+UNIT_PLUGINS_OFF := -p no:faker -p no:schemathesis -p no:langsmith_plugin
 test-fast: $(STAMP) ## the inner loop: tests/unit, the rules over the in-memory fake (no database, seconds)
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q $(UNIT_PLUGINS_OFF)
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict service
 	$(BIN)/ruff check .

@@ -12,6 +12,8 @@ once (tests/unit/test_layers.py checks it). Where the database comes from:
                           migration), dropped afterwards; on Citus the cluster's, emptied
     empty_database        a database of the test's own with no schema at all
     engine                an engine on ``database_url`` whose tables start empty
+    target                where the test's apps keep their state: in tests/unit in memory, else
+                          ``database_url`` (emptied); ``make_client`` and ``client`` serve on it
 
 The unit layer needs none of them: a unit test that asks for one fails (pytest_fixture_setup).
 """
@@ -30,20 +32,17 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
 from service.core.ids import Ids
 from service.platform import migrate
 from service.platform.db import create_engine
-from service.platform.settings import Settings
 from service.providers.base import Provider
-from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
 from service.store.postgres.placement import distribute
 from service.store.postgres.secrets import SecretsReader
 from tests.support.backends import CITUS_TABLES, TABLES
 from tests.support.citus import CitusCluster, citus_cluster, citus_database, require_citus
 from tests.support.database import admin, copied_database, fresh_database, postgres_server
-from tests.support.helpers import serve
+from tests.support.helpers import TLS, Target, serve
 from tests.support.previous_release import Release, Unavailable, prepare, previous_commit
 
 UNIT = Path(__file__).resolve().parent / "unit"
@@ -52,7 +51,7 @@ UNIT = Path(__file__).resolve().parent / "unit"
 DATABASE_FIXTURES = frozenset(
     {
         "server_url", "template_url", "shared_database_url", "database_url", "database",
-        "empty_database", "engine", "store", "ids", "make_client", "client", "citus",
+        "empty_database", "engine", "store", "citus",
         "citus_url", "previous_release",
     }
 )  # fmt: skip
@@ -63,11 +62,17 @@ def pytest_fixture_setup(
     fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
 ) -> None:
     """A unit test that needs the database fails, whether it names the fixture or a fixture
-    asks for it at run time (``request.getfixturevalue``)."""
-    item = getattr(request, "_pyfuncitem", None)
-    if fixturedef.argname in DATABASE_FIXTURES and item is not None and UNIT in item.path.parents:
+    asks for it at run time (``request.getfixturevalue``). Session-scoped fixtures are set up
+    outside this folder's hooks: they ask ``refuse_in_unit`` themselves."""
+    if fixturedef.argname in DATABASE_FIXTURES:
+        refuse_in_unit(request, fixturedef.argname)
+
+
+def refuse_in_unit(request: pytest.FixtureRequest, name: str) -> None:
+    item = getattr(request, "_pyfuncitem", None)  # the test that asked, at any scope
+    if item is not None and UNIT in item.path.parents:
         pytest.fail(
-            f"{item.nodeid} is a unit test but needs `{fixturedef.argname}` (a database):"
+            f"{item.nodeid} is a unit test but needs `{name}` (a database):"
             " it belongs in tests/integration",
             pytrace=False,
         )
@@ -91,22 +96,27 @@ def on_citus(request: pytest.FixtureRequest) -> bool:
 
 
 @pytest.fixture(scope="session")
-def server_url() -> Iterator[str]:
+def server_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    refuse_in_unit(request, "server_url")
     with postgres_server() as url:
         yield url
 
 
 @pytest.fixture(scope="session")
-def template_url(server_url: str) -> Iterator[str]:
+def template_url(request: pytest.FixtureRequest, server_url: str) -> Iterator[str]:
     """Migrated once for the session (the real `alembic upgrade head`); no test connects to
     it, so that it can be copied."""
+    refuse_in_unit(request, "template_url")
     with fresh_database(server_url) as url:
         migrate.upgrade(url)
         yield url
 
 
 @pytest.fixture(scope="session")
-def shared_database_url(server_url: str, template_url: str) -> Iterator[str]:
+def shared_database_url(
+    request: pytest.FixtureRequest, server_url: str, template_url: str
+) -> Iterator[str]:
+    refuse_in_unit(request, "shared_database_url")
     with copied_database(server_url, template_url) as url:
         yield url
 
@@ -143,9 +153,10 @@ def empty_database(server_url: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def previous_release() -> Release:
+def previous_release(request: pytest.FixtureRequest) -> Release:
     """The release deploy/PREVIOUS_RELEASE names, checked out and installed (cached under
     .turnstore/releases/). A clone without that commit skips, except in CI."""
+    refuse_in_unit(request, "previous_release")
     try:
         return prepare(previous_commit())
     except Unavailable as exc:
@@ -160,18 +171,20 @@ CITUS_SHARD_COUNT = 8
 
 
 @pytest.fixture(scope="session")
-def citus() -> Iterator[CitusCluster]:
+def citus(request: pytest.FixtureRequest) -> Iterator[CitusCluster]:
     """A local Citus cluster, a coordinator and two workers (tests/support/citus.py), for the
     session; the test skips, with the reason, where Citus is not installed."""
+    refuse_in_unit(request, "citus")
     require_citus()
     with citus_cluster() as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="session")
-def citus_url(citus: CitusCluster) -> Iterator[str]:
+def citus_url(request: pytest.FixtureRequest, citus: CitusCluster) -> Iterator[str]:
     """A database on that cluster, migrated and placed as `turnstore db upgrade` and
     `turnstore db distribute` do it: the coordinator's URL."""
+    refuse_in_unit(request, "citus_url")
     with citus_database(citus) as url:
         migrate.upgrade(url)
         asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT))
@@ -199,25 +212,42 @@ ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 
 @pytest.fixture
-def make_client(database_url: str, engine: AsyncEngine) -> ClientFactory:
-    """A served app with its own pool on the test database:
-    ``async with make_client(provider=..., **settings) as client``."""
+def target(request: pytest.FixtureRequest) -> Target:
+    """Where this test's apps keep their state: in tests/unit a fresh in-memory store, else
+    ``database_url`` with empty tables (``engine``)."""
+    if UNIT in request.path.parents:
+        return Target()
+    request.getfixturevalue("engine")
+    return Target(str(request.getfixturevalue("database_url")))
+
+
+@pytest.fixture
+def make_client(target: Target) -> ClientFactory:
+    """A served app (over loopback, in this test's event loop) on the test's ``target``, with
+    its own pool on a database: ``async with make_client(provider=..., **settings) as
+    client``."""
 
     @asynccontextmanager
     async def factory(
         provider: Provider | None = None, **settings: Any
     ) -> AsyncIterator[httpx.AsyncClient]:
-        config = Settings(database_url=database_url, **settings)
-        app = create_app(config, provider=provider or FakeProvider())
-        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+        app = target.app(provider, **settings)
+        async with (
+            serve(app) as url,
+            httpx.AsyncClient(base_url=url, timeout=30, verify=TLS) as client,
+        ):
             yield client
 
     return factory
 
 
 @pytest.fixture
-async def ids(engine: AsyncEngine) -> Ids:
-    """The test database's own ids (its ``ids`` secret, as every app on it reads it)."""
+async def ids(request: pytest.FixtureRequest, target: Target) -> Ids:
+    """The ids every app of the test shows: under the test database's ``ids`` secret, as every
+    app on it reads it, or the in-memory target's."""
+    if target.database_url is None:
+        return Ids(target.secret)
+    engine: AsyncEngine = request.getfixturevalue("engine")
     return Ids((await SecretsReader(engine).get()).ids)
 
 

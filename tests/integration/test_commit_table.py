@@ -39,34 +39,6 @@ FAILURES = {
 }
 
 
-@pytest.mark.parametrize(("script", "status", "code"), FAILURES.values(), ids=FAILURES.keys())
-async def test_failed_turn_leaves_no_trace(
-    make_client: ClientFactory, engine: AsyncEngine, script: Script, status: int, code: str
-) -> None:
-    api = FakeResponsesAPI()
-    async with make_client(provider=api.provider()) as client:
-        first = await client.post(CHAT, json={"message": "one"})
-        cid = first.json()["conversation_id"]
-        before = await snapshot(engine)
-
-        api.then(script)
-        failed = await client.post(CHAT, json={"message": "two", "conversation_id": cid})
-        assert_error(failed, status, code)
-        assert await snapshot(engine) == before
-        if code == "rate_limited":
-            assert failed.headers["retry-after"] == "7"
-
-        api.then(script)
-        failed_first = await client.post(CHAT, json={"message": "new"})
-        assert_error(failed_first, status, code)
-        assert await snapshot(engine) == before  # no conversation row for a failed first turn
-
-        # No automatic retries: one provider call per attempt.
-        assert len(api.requests) == 3
-        again = await client.post(CHAT, json={"message": "two", "conversation_id": cid})
-        assert again.status_code == 200 and again.json()["revision"] == 2
-
-
 async def test_max_output_tokens_commits_the_text_received(
     make_client: ClientFactory,
 ) -> None:
@@ -118,3 +90,31 @@ async def test_client_cannot_see_provider_error_bodies(make_client: ClientFactor
         response: httpx.Response = await client.post(CHAT, json={"message": "x"})
     assert_error(response, 502, "upstream_error")
     assert "sk-secret" not in response.text and "sk-test" not in response.text
+
+
+@pytest.mark.parametrize(("script", "status", "code"), FAILURES.values(), ids=FAILURES.keys())
+async def test_failed_turn_leaves_no_trace(
+    make_client: ClientFactory, engine: AsyncEngine, script: Script, status: int, code: str
+) -> None:
+    api = FakeResponsesAPI()
+    async with make_client(provider=api.provider()) as client:
+        first = await client.post(CHAT, json={"message": "one"})
+        cid = first.json()["conversation_id"]
+        before = await snapshot(engine)
+
+        api.then(script)
+        failed = await client.post(CHAT, json={"message": "two", "conversation_id": cid})
+        assert_error(failed, status, code)
+        assert await snapshot(engine) == before
+        if code == "rate_limited":
+            assert failed.headers["retry-after"] == "7"
+
+        api.then(script)
+        failed_first = await client.post(CHAT, json={"message": "new"})
+        assert_error(failed_first, status, code)
+        assert await snapshot(engine) == before  # no conversation row for a failed first turn
+
+        # No automatic retries: one provider call per attempt.
+        assert len(api.requests) == 3
+        again = await client.post(CHAT, json={"message": "two", "conversation_id": cid})
+        assert again.status_code == 200 and again.json()["revision"] == 2

@@ -43,7 +43,7 @@ async def test_two_replicas_racing_one_wins_the_other_gets_409(
 ) -> None:
     """Two replicas, each with its own pool: the turn that holds the lease runs; the other is
     refused at once (TURN_CONCURRENCY=reject) and writes nothing. (A holder whose lease expired
-    and lost to a newer commit: tests/test_leases.py.)"""
+    and lost to a newer commit: tests/integration/test_leases.py.)"""
     slow, fast = FakeResponsesAPI(), FakeResponsesAPI()
     async with (
         make_client(provider=slow.provider(), turn_concurrency="reject") as replica_a,

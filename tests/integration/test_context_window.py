@@ -136,6 +136,18 @@ async def test_a_long_reply_forces_whole_turns_out_and_they_never_come_back(
         assert (await conversation(client, cid))["context_start"] == 2
 
 
+@pytest.mark.parametrize("max_turns", [0, 1, 3])
+async def test_max_turns_caps_earlier_turns(make_client: ClientFactory, max_turns: int) -> None:
+    api = FakeResponsesAPI()
+    async with make_client(provider=api.provider(), context_max_turns=max_turns) as client:
+        cid = (await client.post(CHAT, json={"message": "m0"})).json()["conversation_id"]
+        for n in range(1, 5):
+            await client.post(CHAT, json={"message": f"m{n}", "conversation_id": cid})
+    for number, request in enumerate(api.requests):
+        users = [i for i in request["input"] if i.get("role") == "user"]
+        assert len(users) - 1 == min(number, max_turns)
+
+
 async def test_a_failed_turn_after_trimming_changes_nothing_then_the_next_commits_what_it_sent(
     make_client: ClientFactory, engine: AsyncEngine
 ) -> None:
@@ -185,15 +197,3 @@ async def test_the_system_prompt_is_sent_counted_and_versioned_but_never_stored(
             await client.post(CHAT, json={"message": "hi"}), 400, "context_length_exceeded"
         )
     assert small.requests == []
-
-
-@pytest.mark.parametrize("max_turns", [0, 1, 3])
-async def test_max_turns_caps_earlier_turns(make_client: ClientFactory, max_turns: int) -> None:
-    api = FakeResponsesAPI()
-    async with make_client(provider=api.provider(), context_max_turns=max_turns) as client:
-        cid = (await client.post(CHAT, json={"message": "m0"})).json()["conversation_id"]
-        for n in range(1, 5):
-            await client.post(CHAT, json={"message": f"m{n}", "conversation_id": cid})
-    for number, request in enumerate(api.requests):
-        users = [i for i in request["input"] if i.get("role") == "user"]
-        assert len(users) - 1 == min(number, max_turns)

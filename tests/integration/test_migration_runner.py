@@ -5,7 +5,7 @@ with one line; concurrent runners wait without queueing; a killed runner leaves 
 behind; CREATE INDEX CONCURRENTLY runs outside the migration's transaction and survives an
 interrupted attempt; a revision of a newer release is refused in one line.
 
-The migrations are scratch ones on top of this release's head (tests/scratch.py), so this
+The migrations are scratch ones on top of this release's head (tests/support/scratch.py), so this
 holds whether or not the release brings a migration of its own."""
 
 from __future__ import annotations

@@ -25,16 +25,6 @@ def types(request: dict[str, Any]) -> list[str]:
     return [item.get("type", "message") for item in request["input"]]
 
 
-async def test_each_turn_records_its_origin(
-    make_client: ClientFactory, engine: AsyncEngine
-) -> None:
-    async with make_client(provider=FakeResponsesAPI().provider()) as client:
-        await client.post(CHAT, json={"message": "hi"})
-    async with engine.connect() as conn:
-        row = (await conn.execute(text("SELECT provider, endpoint, model FROM turns"))).one()
-    assert tuple(row) == ("openai", "https://fake.invalid/v1/responses", "gpt-test")
-
-
 async def test_reasoning_sealed_by_another_model_is_left_out(make_client: ClientFactory) -> None:
     first, second = FakeResponsesAPI(), FakeResponsesAPI()
     async with make_client(provider=first.provider(model="model-a")) as client:
@@ -67,6 +57,16 @@ async def test_invalid_encrypted_content_gets_one_retry_without_sealed_reasoning
     assert api.requests[2]["input"] == [
         item for item in api.requests[1]["input"] if item.get("type") != "reasoning"
     ]
+
+
+async def test_each_turn_records_its_origin(
+    make_client: ClientFactory, engine: AsyncEngine
+) -> None:
+    async with make_client(provider=FakeResponsesAPI().provider()) as client:
+        await client.post(CHAT, json={"message": "hi"})
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT provider, endpoint, model FROM turns"))).one()
+    assert tuple(row) == ("openai", "https://fake.invalid/v1/responses", "gpt-test")
 
 
 async def test_the_retry_happens_once_and_only_when_something_can_be_dropped(

@@ -96,6 +96,63 @@ FAILED_STREAMS = {
 }
 
 
+async def test_problems_before_the_stream_are_json_errors(client: httpx.AsyncClient) -> None:
+    assert_error(await client.post(STREAM, json={"message": ""}), 400, "invalid_input")
+    unknown = {"message": "x", "conversation_id": "6a1f8f5e-0000-4000-8000-000000000000"}
+    assert_error(await client.post(STREAM, json=unknown), 404, "conversation_not_found")
+
+
+class PausingStore(PostgresStore):
+    """The real store, paused at the start of a commit until the test lets it go on."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        self.committing = asyncio.Event()
+        self.proceed = asyncio.Event()
+        self.committed = asyncio.Event()
+
+    async def append(self, append: Append) -> Commit:
+        self.committing.set()
+        await self.proceed.wait()
+        commit = await super().append(append)
+        self.committed.set()
+        return commit
+
+
+async def test_keepalive_comments_during_long_silences(make_client: ClientFactory) -> None:
+    api = FakeResponsesAPI()
+    gate = asyncio.Event()
+    api.then(Script(gate=gate))
+    async with (
+        make_client(provider=api.provider(), sse_keepalive_s=0.05) as client,
+        client.stream("POST", STREAM, json={"message": "slow"}) as response,
+    ):
+        lines = response.aiter_lines()
+        assert await anext(lines) == ": keep-alive"
+        gate.set()
+        rest = [line async for line in lines]
+    assert "event: message.done" in rest
+
+
+async def test_two_streams_on_one_conversation_in_one_replica_are_serialised(
+    make_client: ClientFactory,
+) -> None:
+    api = FakeResponsesAPI()
+    async with make_client(provider=api.provider()) as client:
+        _, events = await stream(client, message="start")
+        cid = events[-1][1]["conversation_id"]
+        gate = asyncio.Event()
+        held = Script(gate=gate)
+        api.then(held)
+        first = asyncio.create_task(stream(client, message="a", conversation_id=cid))
+        await held.started.wait()
+        second = asyncio.create_task(stream(client, message="b", conversation_id=cid))
+        gate.set()
+        results = [await first, await second]
+    assert [terminal(events)[1]["revision"] for _, events in results] == [2, 3]
+    assert len(api.requests[2]["input"]) == len(api.requests[1]["input"]) + 3
+
+
 async def test_failed_streams_leave_nothing(
     make_client: ClientFactory, engine: AsyncEngine
 ) -> None:
@@ -128,12 +185,6 @@ async def test_failed_streams_leave_nothing(
                     )  # fmt: skip
 
 
-async def test_problems_before_the_stream_are_json_errors(client: httpx.AsyncClient) -> None:
-    assert_error(await client.post(STREAM, json={"message": ""}), 400, "invalid_input")
-    unknown = {"message": "x", "conversation_id": "6a1f8f5e-0000-4000-8000-000000000000"}
-    assert_error(await client.post(STREAM, json=unknown), 404, "conversation_not_found")
-
-
 async def test_client_disconnect_mid_stream_leaves_nothing_and_closes_upstream(
     make_client: ClientFactory, engine: AsyncEngine
 ) -> None:
@@ -155,23 +206,6 @@ async def test_client_disconnect_mid_stream_leaves_nothing_and_closes_upstream(
         # The conversation lock was released: the next turn goes through.
         _, events = await stream(client, message="next", conversation_id=cid)
         assert events[-1] == ("message.done", {**events[-1][1], "revision": 2})
-
-
-class PausingStore(PostgresStore):
-    """The real store, paused at the start of a commit until the test lets it go on."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        super().__init__(engine)
-        self.committing = asyncio.Event()
-        self.proceed = asyncio.Event()
-        self.committed = asyncio.Event()
-
-    async def append(self, append: Append) -> Commit:
-        self.committing.set()
-        await self.proceed.wait()
-        commit = await super().append(append)
-        self.committed.set()
-        return commit
 
 
 async def test_disconnect_during_the_commit_lets_the_commit_finish(
@@ -237,40 +271,6 @@ async def test_storage_failure_at_commit_is_an_error_event_and_nothing_is_writte
         name, data = terminal(events)
         assert (name, data["error"]["code"]) == ("error", "storage_error")
         assert await snapshot(engine) == before
-
-
-async def test_keepalive_comments_during_long_silences(make_client: ClientFactory) -> None:
-    api = FakeResponsesAPI()
-    gate = asyncio.Event()
-    api.then(Script(gate=gate))
-    async with (
-        make_client(provider=api.provider(), sse_keepalive_s=0.05) as client,
-        client.stream("POST", STREAM, json={"message": "slow"}) as response,
-    ):
-        lines = response.aiter_lines()
-        assert await anext(lines) == ": keep-alive"
-        gate.set()
-        rest = [line async for line in lines]
-    assert "event: message.done" in rest
-
-
-async def test_two_streams_on_one_conversation_in_one_replica_are_serialised(
-    make_client: ClientFactory,
-) -> None:
-    api = FakeResponsesAPI()
-    async with make_client(provider=api.provider()) as client:
-        _, events = await stream(client, message="start")
-        cid = events[-1][1]["conversation_id"]
-        gate = asyncio.Event()
-        held = Script(gate=gate)
-        api.then(held)
-        first = asyncio.create_task(stream(client, message="a", conversation_id=cid))
-        await held.started.wait()
-        second = asyncio.create_task(stream(client, message="b", conversation_id=cid))
-        gate.set()
-        results = [await first, await second]
-    assert [terminal(events)[1]["revision"] for _, events in results] == [2, 3]
-    assert len(api.requests[2]["input"]) == len(api.requests[1]["input"]) + 3
 
 
 async def test_across_replicas_the_stale_stream_ends_with_conflict(

@@ -76,32 +76,6 @@ async def test_a_tool_turn_commits_every_item_in_order_and_replays_it(
     assert kinds(api.requests[2])[len(round_two) :] == ["reasoning", "message", "message"]
 
 
-async def test_a_failed_second_round_leaves_no_trace_of_the_first(
-    make_client: ClientFactory, engine: AsyncEngine
-) -> None:
-    api = FakeResponsesAPI()
-    async with make_client(provider=api.provider(), tools=TOOLS) as client:
-        cid = (await client.post(CHAT, json={"message": "start"})).json()["conversation_id"]
-        before = await snapshot(engine)
-        api.then(Script(calls=[("shout", '{"text": "x"}')]), Script(http_status=500))
-        failed = await client.post(CHAT, json={"message": "tool then fail", "conversation_id": cid})
-        assert_error(failed, 502, "upstream_error")
-        assert await snapshot(engine) == before
-
-
-async def test_too_many_rounds_is_upstream_error_and_commits_nothing(
-    make_client: ClientFactory, engine: AsyncEngine
-) -> None:
-    api = FakeResponsesAPI()
-    again = Script(calls=[("shout", '{"text": "x"}')])
-    api.then(again, Script(calls=[("shout", '{"text": "y"}')]))
-    async with make_client(provider=api.provider(), tools=TOOLS, tool_max_rounds=2) as client:
-        before = await snapshot(engine)
-        assert_error(await client.post(CHAT, json={"message": "loop"}), 502, "upstream_error")
-        assert await snapshot(engine) == before
-    assert len(api.requests) == 2  # TOOL_MAX_ROUNDS provider calls, no more
-
-
 async def test_streaming_reports_each_tool_call(make_client: ClientFactory) -> None:
     api = FakeResponsesAPI().then(
         Script(
@@ -161,6 +135,32 @@ async def test_the_fake_provider_uses_the_lookup_tool(
         assert "Paris" in body["message"] and '"status": "OK"' in body["message"]
         view = (await client.get(f"/api/v1/conversations/{body['conversation_id']}")).json()
     assert view["turns"][0]["tool_calls"][0]["status"] == "OK"
+
+
+async def test_a_failed_second_round_leaves_no_trace_of_the_first(
+    make_client: ClientFactory, engine: AsyncEngine
+) -> None:
+    api = FakeResponsesAPI()
+    async with make_client(provider=api.provider(), tools=TOOLS) as client:
+        cid = (await client.post(CHAT, json={"message": "start"})).json()["conversation_id"]
+        before = await snapshot(engine)
+        api.then(Script(calls=[("shout", '{"text": "x"}')]), Script(http_status=500))
+        failed = await client.post(CHAT, json={"message": "tool then fail", "conversation_id": cid})
+        assert_error(failed, 502, "upstream_error")
+        assert await snapshot(engine) == before
+
+
+async def test_too_many_rounds_is_upstream_error_and_commits_nothing(
+    make_client: ClientFactory, engine: AsyncEngine
+) -> None:
+    api = FakeResponsesAPI()
+    again = Script(calls=[("shout", '{"text": "x"}')])
+    api.then(again, Script(calls=[("shout", '{"text": "y"}')]))
+    async with make_client(provider=api.provider(), tools=TOOLS, tool_max_rounds=2) as client:
+        before = await snapshot(engine)
+        assert_error(await client.post(CHAT, json={"message": "loop"}), 502, "upstream_error")
+        assert await snapshot(engine) == before
+    assert len(api.requests) == 2  # TOOL_MAX_ROUNDS provider calls, no more
 
 
 async def test_tool_results_that_outgrow_the_byte_budget_end_the_turn(

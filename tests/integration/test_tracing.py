@@ -77,6 +77,29 @@ async def test_a_committed_turn(make_client: ClientFactory) -> None:
     assert "secret" not in everything
 
 
+async def test_a_tool_turn(make_client: ClientFactory) -> None:
+    api = FakeResponsesAPI().then(Script(calls=[("shout", '{"text": "hi"}')]))
+    async with make_client(
+        provider=api.provider(), tools="tests.integration.test_tool_turns:shout"
+    ) as client:
+        assert (await client.post(CHAT, json={"message": "use tools"})).status_code == 200
+    spans = tree("POST /api/v1/chat")
+    assert len(spans["provider.round"]) == 2
+    assert [s.attributes for s in spans["tool.call"]] == [
+        {"tool.name": "shout", "tool.status": "OK"}
+    ]
+    assert "turn.lease" not in spans  # a new conversation has nothing to lease
+
+
+def test_log_lines_join_their_trace() -> None:
+    record = logging.LogRecord("turnstore.api", logging.INFO, "", 0, "inside", None, None)
+    outside = json.loads(JSONFormatter().format(record))
+    assert "trace_id" not in outside
+    with trace.get_tracer("test").start_as_current_span("request") as span:
+        inside = json.loads(JSONFormatter().format(record))
+    assert inside["trace_id"] == format(span.get_span_context().trace_id, "032x")
+
+
 async def test_a_conflicted_turn(database_url: str, engine: AsyncEngine) -> None:
     api = FakeResponsesAPI()
     settings = Settings(database_url=database_url, turn_lease_s=1)
@@ -107,26 +130,3 @@ async def test_a_conflicted_turn(database_url: str, engine: AsyncEngine) -> None
         assert (await loser).status_code == 409
     commits = [s for s in EXPORTER.get_finished_spans() if s.name == "turn.commit"]
     assert [s.attributes["turnstore.outcome"] for s in commits] == ["conversation_conflict"]  # type: ignore[index]
-
-
-async def test_a_tool_turn(make_client: ClientFactory) -> None:
-    api = FakeResponsesAPI().then(Script(calls=[("shout", '{"text": "hi"}')]))
-    async with make_client(
-        provider=api.provider(), tools="tests.integration.test_tool_turns:shout"
-    ) as client:
-        assert (await client.post(CHAT, json={"message": "use tools"})).status_code == 200
-    spans = tree("POST /api/v1/chat")
-    assert len(spans["provider.round"]) == 2
-    assert [s.attributes for s in spans["tool.call"]] == [
-        {"tool.name": "shout", "tool.status": "OK"}
-    ]
-    assert "turn.lease" not in spans  # a new conversation has nothing to lease
-
-
-def test_log_lines_join_their_trace() -> None:
-    record = logging.LogRecord("turnstore.api", logging.INFO, "", 0, "inside", None, None)
-    outside = json.loads(JSONFormatter().format(record))
-    assert "trace_id" not in outside
-    with trace.get_tracer("test").start_as_current_span("request") as span:
-        inside = json.loads(JSONFormatter().format(record))
-    assert inside["trace_id"] == format(span.get_span_context().trace_id, "032x")

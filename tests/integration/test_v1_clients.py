@@ -5,7 +5,7 @@ streamed) and LangChain's ``ChatOpenAI(use_responses_api=True)`` (a system messa
 conversation, invoke and stream, tools, structured output).
 
 Where a test must see what reached the provider it runs over the fake Responses API
-(tests/fakeapi.py, which records each request the real adapter sends and reports 10 input and
+(tests/support/fakeapi.py, which records each request the real adapter sends and reports 10 input and
 5 output tokens per call); elsewhere over the built-in fake, which refuses fields the Responses
 API does not have, checks sealed reasoning and answers tools and schemas itself.
 """

@@ -8,6 +8,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.platform.crypto import MasterKeys
+from service.platform.settings import Settings
 from service.store.ports import Backend
 from service.store.postgres import Keyring
 from tests.support.memory import MemoryStore
@@ -28,8 +29,25 @@ def keyring_for(engine: AsyncEngine, backend: str) -> Keyring | None:
     return Keyring(engine, MasterKeys({"k1": AESGCM(AESGCM.generate_key(bit_length=256))}, "k1"))
 
 
-def memory_backend(store: MemoryStore | None = None) -> Backend:
+def memory_store(settings: Settings) -> MemoryStore:
+    """A MemoryStore kept as the settings say (what ``service.app.postgres_store`` reads)."""
+    return MemoryStore(
+        retention_days=settings.retention_days,
+        idempotency_ttl_s=settings.idempotency_ttl_s,
+        idempotency_lease_s=settings.turn_lease_s,
+        events_ttl_s=settings.turn_events_ttl_s,
+        stored_response_ttl_s=settings.stored_response_ttl_days * 86_400,
+        forks_per_minute=settings.owner_max_forks_per_minute,
+        running_turns=settings.owner_max_running_turns,
+    )
+
+
+def memory_backend(store: MemoryStore, ids_secret: bytes) -> Backend:
     """Every store port over one MemoryStore (no database): what the unit layer hands to
-    ``create_app(backend=...)``."""
-    store = store or MemoryStore()
-    return Backend(store, store, store.notifications, store, store)
+    ``create_app(backend=...)``. Apps on the same store and secret are replicas of one
+    deployment: each reads the other's conversations, runs and response ids."""
+
+    async def secret() -> bytes:
+        return ids_secret
+
+    return Backend(store, store, store.notifications, store, store, ids_secret=secret)

@@ -167,7 +167,7 @@ async def wait_ready(replica: Replica, status: int = 200, timeout_s: float = 60.
 
 
 class FakeAPIApp:
-    """tests/fakeapi.py's FakeResponsesAPI as an ASGI app, so replicas in other processes
+    """tests/support/fakeapi.py's FakeResponsesAPI as an ASGI app, so replicas in other processes
     call it over HTTP and this process sees every request. ``delay_s`` holds each answer back
     a little, so that turns overlap. A client that hangs up closes the upstream response (and
     so sets its script's ``closed``)."""

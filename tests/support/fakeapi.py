@@ -2,7 +2,7 @@
 code runs against it, and each call answers what a test scripted for it.
 
 Every call records the decoded request body; ``Script`` says how one call answers. Bodies and
-stream events follow the wire format: ``tests/test_fakeapi_wire_format.py`` checks them
+stream events follow the wire format: ``tests/unit/test_fakeapi_wire_format.py`` checks them
 against the ``openai`` SDK's models. Like the real API, a response echoes ``store``.
 """
 

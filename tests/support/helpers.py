@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
+import os
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -18,6 +22,7 @@ import jwt
 import openai
 import uvicorn
 from httpx_sse import aconnect_sse
+from litestar import Litestar
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,6 +31,8 @@ from service.core.errors import StorageError
 from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
+from tests.support.backends import memory_backend, memory_store
+from tests.support.memory import MemoryStore
 
 CHAT = "/api/v1/chat"
 
@@ -73,11 +80,14 @@ async def serve(app: Any, **config: Any) -> AsyncIterator[str]:
     test can pause a fake provider with an asyncio.Event), over real HTTP with real
     disconnects. ``config`` overrides uvicorn options."""
     sock = socket.socket()
+    # Each answer at once (accepted sockets inherit it): without, a response written in two
+    # parts waits for the client's delayed ACK, 40 ms a request on loopback.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
     options: dict[str, Any] = {
         "lifespan": "on", "log_level": "warning", "timeout_graceful_shutdown": 5, **config,
     }  # fmt: skip
-    server = uvicorn.Server(uvicorn.Config(app, **options))
+    server = _Server(uvicorn.Config(app, **options))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
@@ -87,8 +97,45 @@ async def serve(app: Any, **config: Any) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
+        server.stopping.set()
         await task
         sock.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which stops as soon as it is told and its connections and tasks are
+    done: uvicorn's own looks every 0.1 s and then sleeps 0.1 s more, two tenths of a second
+    for each app a test serves. The steps of its shutdown are uvicorn 0.55's."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.stopping = asyncio.Event()
+
+    async def main_loop(self) -> None:
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864_000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 0.1)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        try:
+            async with asyncio.timeout(self.config.timeout_graceful_shutdown):
+                # uvicorn's state has no event to wait on
+                while self.server_state.connections or self.server_state.tasks:  # noqa: ASYNC110
+                    await asyncio.sleep(0.005)
+        except TimeoutError:
+            for task in self.server_state.tasks:
+                task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        for server in self.servers:
+            await server.wait_closed()
+        await self.lifespan.shutdown()
 
 
 class FailingRenewals(PostgresStore):
@@ -148,21 +195,46 @@ def jwt_bearer(sub: str) -> dict[str, str]:
 
 Wire = list[httpx.Request]
 
+# One TLS context for every client of the tests (each new one would read the CA bundle again,
+# some 15 ms a client); they speak plain HTTP on loopback anyway.
+TLS = ssl.create_default_context()
+
+
+@dataclass
+class Target:
+    """Where the apps a test builds keep their state: the database at ``database_url`` (each
+    app with its own pool), or, without one, one in-memory store for the test (the unit layer:
+    tests/support/memory.py) that every app of the test shares, as replicas share a database.
+    The ``target`` fixture (tests/conftest.py) gives the one of the test's layer."""
+
+    database_url: str | None = None
+    memory: MemoryStore | None = field(default=None, repr=False)
+    secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
+
+    def app(self, provider: Any = None, *, store: Any = None, **settings: Any) -> Litestar:
+        """The app with ``settings`` (Settings' field names) and ``provider`` (the built-in
+        fake unless one is handed in); ``store``: a PostgreSQL store of the test's own."""
+        config = Settings(database_url=self.database_url, **settings)
+        backend = None
+        if self.database_url is None:
+            self.memory = self.memory or memory_store(config)
+            backend = memory_backend(self.memory, self.secret)
+        elif store is not None:
+            backend = postgres_backend(config, store=store)
+        return create_app(config, provider=provider or FakeProvider(), backend=backend)
+
 
 @asynccontextmanager
 async def sdk(
-    database_url: str, provider: Any = None, *, store: Any = None, **settings: Any
+    target: Target | str, provider: Any = None, *, store: Any = None, **settings: Any
 ) -> AsyncIterator[tuple[openai.AsyncOpenAI, Wire, httpx.AsyncClient]]:
-    """An app served over loopback, the SDK pointed at its /v1 (no retries unless asked),
-    every request the SDK sent, and a plain client for /api/v1."""
+    """An app served over loopback (on ``target``, or the database at that URL), the SDK
+    pointed at its /v1 (no retries unless asked), every request the SDK sent, and a plain
+    client for /api/v1."""
     retries = settings.pop("max_retries", 0)
     headers = settings.pop("headers", {})
-    config = Settings(database_url=database_url, **settings)
-    app = create_app(
-        config,
-        provider=provider or FakeProvider(),
-        backend=postgres_backend(config, store=store) if store is not None else None,
-    )
+    target = Target(target) if isinstance(target, str) else target
+    app = target.app(provider, store=store, **settings)
     wire: Wire = []
 
     async def record(request: httpx.Request) -> None:
@@ -170,8 +242,8 @@ async def sdk(
 
     async with (
         serve(app) as url,
-        httpx.AsyncClient(event_hooks={"request": [record]}, timeout=30) as http,
-        httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as plain,
+        httpx.AsyncClient(event_hooks={"request": [record]}, timeout=30, verify=TLS) as http,
+        httpx.AsyncClient(base_url=url, timeout=30, headers=headers, verify=TLS) as plain,
     ):
         client = openai.AsyncOpenAI(
             base_url=f"{url}/v1", api_key=headers.get("Authorization", "Bearer x")[7:],

@@ -1,7 +1,7 @@
 """A fake of the store ports, in memory, that keeps the same contracts as the PostgreSQL adapter.
 
 For the fast layer of tests (the turn rules in milliseconds) and nothing else: one process,
-no durability. ``tests/test_store.py`` runs the same contract tests against both stores.
+no durability. ``tests/contracts/store.py`` runs the same contract tests against both stores.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ restarted while replicas use it, made to refuse logins or to run out of connecti
 touching the shared server the other tests use.
 
 ``private_postgres()`` runs ``initdb`` into a temporary directory and starts one postmaster on a
-free loopback port, with the binaries and the run-as-another-user rules of tests/replication.py
+free loopback port, with the binaries and the run-as-another-user rules of tests/support/replication.py
 (as root, the server runs as the ``turnstore-pg`` system user). Everything is stopped and the
 directory removed on the way out, also when the test failed.
 

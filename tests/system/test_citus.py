@@ -1,5 +1,5 @@
 """turnstore on Citus (deploy/SCALE-OUT.md): the store contract, the run store's, the lease,
-durable-turn, owner, Idempotency-Key and retention tests run again, unchanged, against the local Citus cluster (tests/citus.py:
+durable-turn, owner, Idempotency-Key and retention tests run again, unchanged, against the local Citus cluster (tests/support/citus.py:
 a coordinator and two workers, migrated with `turnstore db upgrade` and placed with `turnstore
 db distribute`). Where Citus is not installed they skip with one line (in CI they fail).
 

@@ -1,5 +1,5 @@
 """Each kind of database failure that is not a query error (issue 28), provoked on a private
-server (tests/pgserver.py): a refused login (pg_hba.conf ``reject``, 28000), too many clients
+server (tests/support/pgserver.py): a refused login (pg_hba.conf ``reject``, 28000), too many clients
 (every connection slot taken, 53300), a server starting up (a standby that may not serve
 reads stays in recovery: 57P03), a server shutting down (a smart shutdown waits for the
 sessions open and refuses new ones: 57P03), and a connection lost at checkout (the server

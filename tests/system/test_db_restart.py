@@ -1,5 +1,5 @@
 """Fast restarts of PostgreSQL under load (issue 28): two real `turnstore serve` replicas on a
-private server (tests/pgserver.py), restarted three times (``pg_ctl restart -m fast``; ``-m
+private server (tests/support/pgserver.py), restarted three times (``pg_ctl restart -m fast``; ``-m
 immediate``, which adds crash recovery; and a start that takes a while, the server answering
 57P03 "starting up" meanwhile) while clients send plain, streamed and ``/v1`` streamed turns
 to shared conversations and poll ``/readyz``.

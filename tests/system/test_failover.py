@@ -1,5 +1,5 @@
 """Failover of the database under load (issue 17): two real `turnstore serve` replicas on a
-synchronous primary/standby pair (tests/replication.py), reached through the contract's
+synchronous primary/standby pair (tests/support/replication.py), reached through the contract's
 multi-host ``DATABASE_URL`` with ``target_session_attrs=read-write``.
 
 Eight clients send turns, each to one replica and one of four shared conversations (every
@@ -21,7 +21,7 @@ What must hold afterwards, read back through both replicas:
   ``conversation_conflict``) left no trace;
 - a turn answered 500 ``storage_error`` may be there, but only if it was sent before the
   primary died: its commit was cut off, and whether the standby had it is unknowable (see
-  tests/replication.py); those are counted, not failed (and the commits that waited for the
+  tests/support/replication.py); those are counted, not failed (and the commits that waited for the
   paused standby must be among them: the kill did cut commits off);
 - storage_error only from the kill until the replica's /readyz is 200 again;
 - no other answer than these (no ``internal_error``, no broken stream);

@@ -2,7 +2,7 @@
 statement support): DB_STATEMENT_CACHE_SIZE=0 leaves no prepared statement on any server
 connection, the default cache breaks (the reason for the setting, and proof that the pooler
 here really shares server connections), and a connection a pooler restart closed is replaced at checkout.
-The whole service through PgBouncer is in tests/test_cluster.py."""
+The whole service through PgBouncer is in tests/system/test_cluster.py."""
 
 from __future__ import annotations
 

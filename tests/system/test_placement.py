@@ -1,6 +1,6 @@
 """Every table has a placement on Citus (service/store/postgres/placement.py), and `turnstore db
 distribute` applies it: once, completely, and never twice. The first tests run on plain
-PostgreSQL; the rest on the local Citus cluster (tests/citus.py), skipped without it."""
+PostgreSQL; the rest on the local Citus cluster (tests/support/citus.py), skipped without it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The failover harness (tests/replication.py) and what a SQLAlchemy + asyncpg client sees
+"""The failover harness (tests/support/replication.py) and what a SQLAlchemy + asyncpg client sees
 across a failover: the facts the turnstore failover test builds on.
 
 - SQLAlchemy passes the multi-host URL through unchanged: ``create_connect_args`` gives asyncpg

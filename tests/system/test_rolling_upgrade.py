@@ -1,5 +1,5 @@
 """A rolling upgrade as an operator runs it, with the previous release (deploy/PREVIOUS_RELEASE,
-tests/previous_release.py) as real processes.
+tests/support/previous_release.py) as real processes.
 
 The database is built by the previous release's own `turnstore db upgrade`. A replica of the
 previous release serves a turn every half second while a read transaction holds ``turns``
@@ -7,7 +7,7 @@ previous release serves a turn every half second while a read transaction holds 
 MIGRATION_LOCK_TIMEOUT_S plus a little, none fails, nothing deadlocks, and the upgrade
 finishes once the reader ends. Run twice: to this release's head (nothing to do while the
 release brings no migration), and to a scratch migration on top of it that needs ACCESS
-EXCLUSIVE on ``turns`` (tests/scratch.py), which is what makes the lock handling visible.
+EXCLUSIVE on ``turns`` (tests/support/scratch.py), which is what makes the lock handling visible.
 
 Then the migrate Job with a mismatched image: the previous release's `db current` and
 `db upgrade` on a schema a newer release wrote.
@@ -178,7 +178,7 @@ async def test_the_previous_releases_tools_on_a_newer_schema(
     current = await asyncio.to_thread(previous_release.run, "db", "current", DATABASE_URL=url)
     # 58b2f86: Alembic's "Can't locate revision identified by '0999'" and a traceback, so
     # the Job's wait for the database never ends before its deadline. Releases from this
-    # one on name it and exit 0 (tests/test_migration_runner.py).
+    # one on name it and exit 0 (tests/integration/test_migration_runner.py).
     assert "0999" in current.stdout + current.stderr
     if current.returncode == 0:
         assert "unknown to this release" in current.stdout

@@ -1,4 +1,4 @@
-"""deploy/SCALE-OUT.md's promise, kept honest on a real Citus cluster (tests/citus.py: a
+"""deploy/SCALE-OUT.md's promise, kept honest on a real Citus cluster (tests/support/citus.py: a
 coordinator and two workers, migrated and placed as `turnstore db upgrade` and `turnstore db
 distribute` do): every statement of a turn's hot path is planned by the coordinator as one
 task, on the worker that holds the conversation (``EXPLAIN``: ``Task Count: 1``), and a plain

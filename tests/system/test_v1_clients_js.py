@@ -3,7 +3,7 @@
 the Vercel AI SDK (tests/js/ai-sdk.test.mjs) and the openai package's helpers
 (tests/js/openai-helpers.test.mjs).
 
-The provider is the fake Responses API (tests/fakeapi.py), reached by the real adapter. The
+The provider is the fake Responses API (tests/support/fakeapi.py), reached by the real adapter. The
 node tests talk to it through two routes this test process adds beside the app (see
 tests/js/fake.mjs): ``POST /_fake/answers`` scripts the next calls' answers and forgets the
 requests seen so far, ``GET /_fake/requests`` gives the bodies the provider received since.

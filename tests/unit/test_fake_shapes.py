@@ -2,7 +2,7 @@
 and 48 hex digits (as OpenAI's: a fake with shorter ids hid that turnstore read such ids as its
 own), every item parses as the SDK's type, and a stream announces the reasoning item before
 the text. For the built-in fake (``make run``'s provider) and the fake Responses API of the
-tests (tests/fakeapi.py), whose wire format tests/test_fakeapi_wire_format.py checks whole.
+tests (tests/support/fakeapi.py), whose wire format tests/unit/test_fakeapi_wire_format.py checks whole.
 """
 
 from __future__ import annotations

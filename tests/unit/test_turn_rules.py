@@ -1,7 +1,7 @@
 """The turn rules against the in-memory store: the use case alone, in milliseconds.
 
 TurnService and Exchange built directly, with MemoryStore (which passes the same store
-contract as PostgreSQL, tests/test_store.py) and a scripted provider. Everything that touches
+contract as PostgreSQL, tests/contracts/store.py) and a scripted provider. Everything that touches
 the database or HTTP is tested for real elsewhere; this layer is where a new rule gets its
 first, fast test.
 """

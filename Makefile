@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps citus-deps js-deps browser-deps run test test-fast lint bench clean
+.PHONY: help install system-deps citus-deps js-deps browser-deps run test test-fast coverage-unit lint bench clean
 
 help: ## show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,10 @@ test: $(STAMP) system-deps citus-deps js-deps browser-deps ## run the whole test
 UNIT_PLUGINS_OFF := -p no:faker -p no:schemathesis -p no:langsmith_plugin
 test-fast: $(STAMP) ## the inner loop: tests/unit, the rules over the in-memory fake (no database, seconds)
 	$(BIN)/python -m pytest tests/unit -q $(UNIT_PLUGINS_OFF)
+
+coverage-unit: $(STAMP) ## tests/unit alone: its coverage of service/usecases/ (fails under 75%)
+	COVERAGE_FILE=$(VENV)/.coverage-unit $(BIN)/python -m pytest tests/unit -q $(UNIT_PLUGINS_OFF) \
+		--cov=service/usecases --cov-report=term --cov-fail-under=75
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict service
 	$(BIN)/ruff check .

@@ -12,23 +12,14 @@ from typing import Any
 
 import openai
 import pytest
-from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+from agents import Agent, OpenAIResponsesModel, Runner
 from agents.memory import OpenAIConversationsSession
 
 from service.app import create_app
 from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
+from tests.support.agents_sdk import get_weather, ran
 from tests.support.helpers import serve
-
-set_tracing_disabled(True)
-ran: list[str] = []
-
-
-@function_tool
-def get_weather(city: str) -> str:
-    """The weather in a city."""
-    ran.append(city)
-    return f"sunny in {city}"
 
 
 @asynccontextmanager

@@ -8,7 +8,7 @@ import asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import ClientFactory
-from tests.support.database import admin
+from tests.support.database import read_only
 from tests.support.fakeapi import FakeResponsesAPI, Script
 from tests.support.helpers import CHAT, assert_error, snapshot
 
@@ -84,19 +84,9 @@ async def test_database_failure_at_commit_is_storage_error_then_recovers(
         )
         await held.started.wait()
         # The database turns read-only and every session of it is cut while the model works.
-        await admin(
-            server_url,
-            f'ALTER DATABASE "{database}" SET default_transaction_read_only = on',
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = '{database}' AND pid <> pg_backend_pid()",
-        )
-        try:
+        async with read_only(server_url, database):
             gate.set()
             assert_error(await turn, 500, "storage_error")
-        finally:
-            await admin(
-                server_url, f'ALTER DATABASE "{database}" RESET default_transaction_read_only'
-            )
         assert await snapshot(engine) == before
         after = await client.post(CHAT, json={"message": "recovered", "conversation_id": cid})
         assert after.status_code == 200, after.text

@@ -27,7 +27,7 @@ from service.providers.base import ProviderEvent, ProviderRequest, TextDelta
 from service.providers.fake import FakeProvider
 from tests.conftest import ClientFactory
 from tests.integration.test_auth import AUDIENCE, ISSUER, SECRET, bearer, claims, hs256, turnstore
-from tests.support.database import admin
+from tests.support.database import read_only
 from tests.support.fakeapi import FakeResponsesAPI, Script
 from tests.support.helpers import CHAT, assert_error, serve
 
@@ -252,21 +252,11 @@ async def test_readiness_and_recovery_follow_a_read_only_database(
     database = database_url.rsplit("/", 1)[1].split("?")[0]
     async with make_client() as client:
         cid = (await client.post(CHAT, json={"message": "start"})).json()["conversation_id"]
-        await admin(
-            server_url,
-            f'ALTER DATABASE "{database}" SET default_transaction_read_only = on',
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = '{database}' AND pid <> pg_backend_pid()",
-        )
-        try:
+        async with read_only(server_url, database):
             assert_error(await client.get("/readyz"), 503, "not_ready")
             # Reads work on read-only sessions: the pool fills with them.
             reads = [client.get(f"{CONVERSATIONS}/{cid}") for _ in range(6)]
             assert all(r.status_code == 200 for r in await asyncio.gather(*reads))
-        finally:
-            await admin(
-                server_url, f'ALTER DATABASE "{database}" RESET default_transaction_read_only'
-            )
         # Writable again: the very first turn succeeds, and the replica is ready.
         turn = await client.post(CHAT, json={"message": "again", "conversation_id": cid})
         assert turn.status_code == 200, turn.text

@@ -20,9 +20,9 @@ from service.usecases.leases import RELEASE_RETRY_S
 from tests.support.fakeapi import FakeResponsesAPI, Script
 from tests.support.helpers import (
     CHAT,
-    FailingRenewals,
     assert_error,
     serve,
+    stale_and_fresh,
     start,
     until_lease_expired,
 )
@@ -37,19 +37,7 @@ async def test_a_holder_whose_lease_expired_loses_to_the_turn_that_took_it(
     database_url: str, engine: AsyncEngine
 ) -> None:
     api = FakeResponsesAPI()
-    settings = Settings(database_url=database_url, turn_lease_s=1)
-    stale = create_app(
-        settings,
-        backend=postgres_backend(settings, store=FailingRenewals(engine)),
-        provider=api.provider(),
-    )
-    fresh = create_app(settings, provider=api.provider())
-    async with (
-        serve(stale) as stale_url,
-        serve(fresh) as fresh_url,
-        httpx.AsyncClient(base_url=stale_url, timeout=60) as a,
-        httpx.AsyncClient(base_url=fresh_url, timeout=60) as b,
-    ):
+    async with stale_and_fresh(database_url, engine, api, turn_lease_s=1) as (a, b):
         cid = await start(a)
         a_gate, b_gate = asyncio.Event(), asyncio.Event()
         a_slow, b_slow = Script(gate=a_gate), Script(gate=b_gate)

@@ -9,7 +9,6 @@ import json
 import logging
 from collections.abc import Iterator
 
-import httpx
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -17,12 +16,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app, postgres_backend
 from service.platform.logs import JSONFormatter
-from service.platform.settings import Settings
 from tests.conftest import ClientFactory
 from tests.support.fakeapi import FakeResponsesAPI, Script
-from tests.support.helpers import CHAT, FailingRenewals, serve, until_lease_expired
+from tests.support.helpers import CHAT, stale_and_fresh, until_lease_expired
 
 EXPORTER = InMemorySpanExporter()
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -102,19 +99,7 @@ def test_log_lines_join_their_trace() -> None:
 
 async def test_a_conflicted_turn(database_url: str, engine: AsyncEngine) -> None:
     api = FakeResponsesAPI()
-    settings = Settings(database_url=database_url, turn_lease_s=1)
-    stale = create_app(
-        settings,
-        backend=postgres_backend(settings, store=FailingRenewals(engine)),
-        provider=api.provider(),
-    )
-    fresh_app = create_app(settings, provider=api.provider())
-    async with (
-        serve(stale) as stale_url,
-        serve(fresh_app) as fresh_url,
-        httpx.AsyncClient(base_url=stale_url, timeout=30) as a,
-        httpx.AsyncClient(base_url=fresh_url, timeout=30) as b,
-    ):
+    async with stale_and_fresh(database_url, engine, api, turn_lease_s=1) as (a, b):
         cid = (await a.post(CHAT, json={"message": "one"})).json()["conversation_id"]
         gate = asyncio.Event()
         slow = Script(gate=gate)

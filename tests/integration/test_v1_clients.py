@@ -27,8 +27,6 @@ from agents import (
     OpenAIProvider,
     RunConfig,
     Runner,
-    function_tool,
-    set_tracing_disabled,
 )
 from agents.memory import OpenAIConversationsSession
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
@@ -39,19 +37,9 @@ from pydantic_ai.models.openai import OpenAIResponsesModel
 from pydantic_ai.providers.openai import OpenAIProvider as PydanticOpenAI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.support.agents_sdk import get_weather, ran
 from tests.support.fakeapi import FakeResponsesAPI, Script
 from tests.support.helpers import sdk
-
-set_tracing_disabled(True)
-ran: list[str] = []
-
-
-@function_tool
-def get_weather(city: str) -> str:
-    """Weather in a city."""
-    ran.append(city)
-    return f"sunny in {city}"
-
 
 # Model settings a client sets on an agent, and the request fields they become.
 SETTINGS = ModelSettings(

@@ -20,10 +20,10 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import ExitStack, asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -166,6 +166,16 @@ async def wait_ready(replica: Replica, status: int = 200, timeout_s: float = 60.
 # --- the fake Responses API over HTTP ------------------------------------------------------
 
 
+async def read_body(receive: Any) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 class FakeAPIApp:
     """tests/support/fakeapi.py's FakeResponsesAPI as an ASGI app, so replicas in other processes
     call it over HTTP and this process sees every request. ``delay_s`` holds each answer back
@@ -178,12 +188,7 @@ class FakeAPIApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         request = httpx.Request(
             scope["method"], f"http://fake.invalid{scope['path']}", headers=headers, content=body
@@ -360,6 +365,30 @@ def _unprivileged_user() -> pwd.struct_passwd:
     raise AssertionError("no unprivileged user to run PgBouncer as")
 
 
+class Served(NamedTuple):
+    replica: Replica
+    client: httpx.AsyncClient
+
+
+@asynccontextmanager
+async def served(env: dict[str, str], tmp_path: Path, *names: str) -> AsyncIterator[list[Served]]:
+    """A replica with ``env`` for each name (its log ``tmp_path/<name>.log``), all ready, each
+    with a client: ``async with served(env, tmp_path, "a", "b") as ((a, one), (b, two))``."""
+    with ExitStack() as stack:
+        started = [stack.enter_context(replica(env, tmp_path / f"{name}.log")) for name in names]
+        await asyncio.gather(*(wait_ready(r) for r in started))
+        async with AsyncExitStack() as clients:
+            yield [
+                Served(
+                    r,
+                    await clients.enter_async_context(
+                        httpx.AsyncClient(base_url=r.url, timeout=60)
+                    ),
+                )
+                for r in started
+            ]
+
+
 @asynccontextmanager
 async def replicas(
     database: str, tmp_path: Path, api: FakeResponsesAPI, count: int = 2, **settings: str
@@ -367,15 +396,6 @@ async def replicas(
     """``count`` replicas on ``database`` calling ``api``; a client for each."""
     async with fake_api(api) as base_url:
         env = turnstore_env(DATABASE_URL=database, **provider_env(base_url), **settings)
-        with ExitStack() as stack:
-            started: list[Replica] = [
-                stack.enter_context(replica(env, tmp_path / f"replica-{n}.log"))
-                for n in range(count)
-            ]
-            await asyncio.gather(*(wait_ready(r) for r in started))
-            clients = [httpx.AsyncClient(base_url=r.url, timeout=60) for r in started]
-            try:
-                yield clients
-            finally:
-                for client in clients:
-                    await client.aclose()
+        names = [f"replica-{n}" for n in range(count)]
+        async with served(env, tmp_path, *names) as started:
+            yield [each.client for each in started]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import asyncpg
@@ -54,6 +54,22 @@ async def admin(url: str, *statements: str) -> None:
             await conn.execute(statement)
     finally:
         await conn.close()
+
+
+@asynccontextmanager
+async def read_only(server_url: str, database: str) -> AsyncIterator[None]:
+    """The database ``database`` turns read-only and every session of it is cut (as a primary
+    that became a standby); writable again on the way out."""
+    await admin(
+        server_url,
+        f'ALTER DATABASE "{database}" SET default_transaction_read_only = on',
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        f"WHERE datname = '{database}' AND pid <> pg_backend_pid()",
+    )
+    try:
+        yield
+    finally:
+        await admin(server_url, f'ALTER DATABASE "{database}" RESET default_transaction_read_only')
 
 
 @contextmanager

@@ -145,6 +145,28 @@ class FailingRenewals(PostgresStore):
         raise StorageError()
 
 
+@asynccontextmanager
+async def stale_and_fresh(
+    database_url: str, engine: AsyncEngine, api: Any, **settings: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """Two replicas on the database calling ``api`` (a FakeResponsesAPI), a client of each:
+    the first's turn-lease renewals cannot reach the database (FailingRenewals), the second's
+    can."""
+    config = Settings(database_url=database_url, **settings)
+    store = FailingRenewals(engine)
+    stale = create_app(
+        config, backend=postgres_backend(config, store=store), provider=api.provider()
+    )
+    fresh = create_app(config, provider=api.provider())
+    async with (
+        serve(stale) as stale_url,
+        serve(fresh) as fresh_url,
+        httpx.AsyncClient(base_url=stale_url, timeout=60, verify=TLS) as a,
+        httpx.AsyncClient(base_url=fresh_url, timeout=60, verify=TLS) as b,
+    ):
+        yield a, b
+
+
 async def until_lease_expired(engine: AsyncEngine, cid: str, timeout_s: float = 10) -> None:
     """Poll (with a deadline) until the conversation's turn lease has run out."""
     query = text("SELECT lease_expires_at <= now() FROM conversations WHERE id = :id")

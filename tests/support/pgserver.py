@@ -25,10 +25,10 @@ import pytest
 
 from service.platform.embedded import _check_reachable, _free_port, _run_as_ids
 from tests.support.cluster import wait_until
-from tests.support.replication import TIMEOUT_S, pg_bin_dir, run_tool
+from tests.support.replication import TIMEOUT_S, OnLoopback, pg_bin_dir, run_tool
 
 
-class PrivatePostgres:
+class PrivatePostgres(OnLoopback):
     """One postmaster on a data dir of its own; see the module docstring."""
 
     def __init__(self, root: Path, bin_dir: Path, settings: str = "") -> None:
@@ -36,16 +36,6 @@ class PrivatePostgres:
         self.port = _free_port()
         self.data_dir = root / "data"
         self.log = root / "postgres.log"
-
-    @property
-    def url(self) -> str:
-        """SQLAlchemy URL of the maintenance database."""
-        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
-
-    @property
-    def dsn(self) -> str:
-        """asyncpg (libpq) DSN of the maintenance database."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def init(self) -> None:
         """``initdb`` (as the PostgreSQL user when we are root)."""

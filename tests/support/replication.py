@@ -78,23 +78,29 @@ def pg_bin_dir() -> Path:
     raise RuntimeError(f"no PostgreSQL binaries with {', '.join(TOOLS)} found")
 
 
+class OnLoopback:
+    """A server of the tests' own on a loopback port: its maintenance database's URLs."""
+
+    port: int
+
+    @property
+    def url(self) -> str:
+        """SQLAlchemy URL of the maintenance database (of this server alone)."""
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def dsn(self) -> str:
+        """asyncpg (libpq) DSN of the maintenance database (of this server alone)."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+
 @dataclass
-class Node:
+class Node(OnLoopback):
     name: str
     port: int
     data_dir: Path
     log: Path
     dead: bool = False
-
-    @property
-    def url(self) -> str:
-        """SQLAlchemy URL of this node alone."""
-        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
-
-    @property
-    def dsn(self) -> str:
-        """asyncpg (libpq) DSN of this node alone."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import signal
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -19,10 +18,9 @@ from tests.support.cluster import (
     Replica,
     fake_api,
     provider_env,
-    replica,
     replicas,
+    served,
     turnstore_env,
-    wait_ready,
     wait_until,
 )
 from tests.support.events import (
@@ -145,44 +143,40 @@ async def test_a_background_turn_whose_replica_stops_ends_interrupted_for_every_
             SHUTDOWN_GRACE_S="1",
             **provider_env(base_url),
         )
-        with ExitStack() as stack:
-            doomed = stack.enter_context(replica(env, tmp_path / "doomed.log"))
-            survivor = stack.enter_context(replica(env, tmp_path / "survivor.log"))
-            await asyncio.gather(wait_ready(doomed), wait_ready(survivor))
-            async with (
-                httpx.AsyncClient(base_url=doomed.url, timeout=60) as a,
-                httpx.AsyncClient(base_url=survivor.url, timeout=60) as b,
-            ):
-                cid = await start(a)
-                stall = asyncio.Event()  # never let go: the replica stops first
-                stalled = Script(text="lost with its replica", deltas=3, stall=stall)
-                api.then(stalled)
-                key = {"Idempotency-Key": f"doomed-{how}"}
-                asked = {"message": "doomed", "conversation_id": cid, "background": True}
-                first = await a.post(CHAT, json=asked, headers=key)
-                assert first.status_code == 202, first.text
-                turn_id = first.json()["turn_id"]
-                reader = asyncio.ensure_future(follow(b, turn_id))
-                await stalled.started.wait()
-                doomed.process.signal(getattr(signal, how))
-                stopped = time.monotonic()
-                events = await asyncio.wait_for(reader, lease_s + 10)
-                took = time.monotonic() - stopped
-                stall.set()
-                end = assert_one_terminal(events)
-                assert end.name == "error" and end.data["error"]["code"] == "turn_interrupted"
-                # A request's correlation id, never the owner's name (it was, once).
-                assert end.data["error"]["correlation_id"] not in ("", "anonymous")
-                assert took < lease_s + 3, took
-                view = (await b.get(f"{TURNS}/{turn_id}")).json()
-                assert (view["status"], view["error"]["code"]) == ("failed", "turn_interrupted")
-                # Its Idempotency-Key was freed when it ended: a retry runs the turn anew.
-                retried = await b.post(CHAT, json=asked, headers=key)
-                assert retried.status_code == 202, retried.text
-                assert retried.json()["turn_id"] != turn_id
-                assert retried.json()["conversation_id"] == cid
-                done = await status_becomes(b, retried.json()["turn_id"], "completed")
-                assert done["revision"] == 2  # nothing of the interrupted turn was kept
+        async with served(env, tmp_path, "doomed", "survivor") as (
+            (doomed, a),
+            (_, b),
+        ):
+            cid = await start(a)
+            stall = asyncio.Event()  # never let go: the replica stops first
+            stalled = Script(text="lost with its replica", deltas=3, stall=stall)
+            api.then(stalled)
+            key = {"Idempotency-Key": f"doomed-{how}"}
+            asked = {"message": "doomed", "conversation_id": cid, "background": True}
+            first = await a.post(CHAT, json=asked, headers=key)
+            assert first.status_code == 202, first.text
+            turn_id = first.json()["turn_id"]
+            reader = asyncio.ensure_future(follow(b, turn_id))
+            await stalled.started.wait()
+            doomed.process.signal(getattr(signal, how))
+            stopped = time.monotonic()
+            events = await asyncio.wait_for(reader, lease_s + 10)
+            took = time.monotonic() - stopped
+            stall.set()
+            end = assert_one_terminal(events)
+            assert end.name == "error" and end.data["error"]["code"] == "turn_interrupted"
+            # A request's correlation id, never the owner's name (it was, once).
+            assert end.data["error"]["correlation_id"] not in ("", "anonymous")
+            assert took < lease_s + 3, took
+            view = (await b.get(f"{TURNS}/{turn_id}")).json()
+            assert (view["status"], view["error"]["code"]) == ("failed", "turn_interrupted")
+            # Its Idempotency-Key was freed when it ended: a retry runs the turn anew.
+            retried = await b.post(CHAT, json=asked, headers=key)
+            assert retried.status_code == 202, retried.text
+            assert retried.json()["turn_id"] != turn_id
+            assert retried.json()["conversation_id"] == cid
+            done = await status_becomes(b, retried.json()["turn_id"], "completed")
+            assert done["revision"] == 2  # nothing of the interrupted turn was kept
 
 
 async def test_a_plain_turns_key_is_free_again_soon_after_its_replica_dies(
@@ -197,34 +191,30 @@ async def test_a_plain_turns_key_is_free_again_soon_after_its_replica_dies(
         env = turnstore_env(
             DATABASE_URL=database, TURN_LEASE_S=str(lease_s), **provider_env(base_url)
         )
-        with ExitStack() as stack:
-            doomed = stack.enter_context(replica(env, tmp_path / "doomed.log"))
-            survivor = stack.enter_context(replica(env, tmp_path / "survivor.log"))
-            await asyncio.gather(wait_ready(doomed), wait_ready(survivor))
-            async with (
-                httpx.AsyncClient(base_url=doomed.url, timeout=60) as a,
-                httpx.AsyncClient(base_url=survivor.url, timeout=60) as b,
-            ):
-                cid = await start(a)
-                held = Script(text="never answered", gate=asyncio.Event())
-                api.then(held)
-                key, asked = {"Idempotency-Key": "plain"}, {"message": "x", "conversation_id": cid}
-                lost = asyncio.ensure_future(a.post(CHAT, json=asked, headers=key))
-                await held.started.wait()
-                doomed.process.signal(signal.SIGKILL)
-                killed = time.monotonic()
-                with contextlib.suppress(httpx.HTTPError):
-                    await lost
-                busy = await b.post(CHAT, json=asked, headers=key)
-                assert busy.status_code == 409 and busy.json()["error"]["code"] == (
-                    "request_in_progress"
-                )
-                while (retried := await b.post(CHAT, json=asked, headers=key)).status_code == 409:
-                    assert time.monotonic() - killed < lease_s + 5, "the key stayed claimed"
-                    await asyncio.sleep(0.1)
-                took = time.monotonic() - killed
-                assert retried.status_code == 200, retried.text
-                assert took < lease_s + 5, took
+        async with served(env, tmp_path, "doomed", "survivor") as (
+            (doomed, a),
+            (_, b),
+        ):
+            cid = await start(a)
+            held = Script(text="never answered", gate=asyncio.Event())
+            api.then(held)
+            key, asked = {"Idempotency-Key": "plain"}, {"message": "x", "conversation_id": cid}
+            lost = asyncio.ensure_future(a.post(CHAT, json=asked, headers=key))
+            await held.started.wait()
+            doomed.process.signal(signal.SIGKILL)
+            killed = time.monotonic()
+            with contextlib.suppress(httpx.HTTPError):
+                await lost
+            busy = await b.post(CHAT, json=asked, headers=key)
+            assert busy.status_code == 409 and busy.json()["error"]["code"] == (
+                "request_in_progress"
+            )
+            while (retried := await b.post(CHAT, json=asked, headers=key)).status_code == 409:
+                assert time.monotonic() - killed < lease_s + 5, "the key stayed claimed"
+                await asyncio.sleep(0.1)
+            took = time.monotonic() - killed
+            assert retried.status_code == 200, retried.text
+            assert took < lease_s + 5, took
 
 
 async def test_on_sigterm_a_background_turn_may_finish_within_the_grace_period(
@@ -233,26 +223,22 @@ async def test_on_sigterm_a_background_turn_may_finish_within_the_grace_period(
     api = FakeResponsesAPI()
     async with fake_api(api) as base_url:
         env = turnstore_env(DATABASE_URL=database, SHUTDOWN_GRACE_S="20", **provider_env(base_url))
-        with ExitStack() as stack:
-            stopping = stack.enter_context(replica(env, tmp_path / "stopping.log"))
-            other = stack.enter_context(replica(env, tmp_path / "other.log"))
-            await asyncio.gather(wait_ready(stopping), wait_ready(other))
-            async with (
-                httpx.AsyncClient(base_url=stopping.url, timeout=60) as a,
-                httpx.AsyncClient(base_url=other.url, timeout=60) as b,
-            ):
-                cid = await start(a)
-                gate = asyncio.Event()
-                held = Script(text="finished while stopping", gate=gate)
-                api.then(held)
-                turn_id = (await background(a, message="deploy", conversation_id=cid))["turn_id"]
-                reader = asyncio.ensure_future(follow(b, turn_id))
-                await held.started.wait()
-                stopping.process.signal(signal.SIGTERM)
-                await wait_until(lambda: logged(stopping, "Shutting down"), "SIGTERM heard", 10)
-                gate.set()
-                events = await asyncio.wait_for(reader, 20)
-                assert await stopping.process.wait(20) == 0
+        async with served(env, tmp_path, "stopping", "other") as (
+            (stopping, a),
+            (_, b),
+        ):
+            cid = await start(a)
+            gate = asyncio.Event()
+            held = Script(text="finished while stopping", gate=gate)
+            api.then(held)
+            turn_id = (await background(a, message="deploy", conversation_id=cid))["turn_id"]
+            reader = asyncio.ensure_future(follow(b, turn_id))
+            await held.started.wait()
+            stopping.process.signal(signal.SIGTERM)
+            await wait_until(lambda: logged(stopping, "Shutting down"), "SIGTERM heard", 10)
+            gate.set()
+            events = await asyncio.wait_for(reader, 20)
+            assert await stopping.process.wait(20) == 0
         done = assert_one_terminal(events)
         assert done.name == "message.done" and done.data["revision"] == 2, done
         assert text_of(events) == "finished while stopping"

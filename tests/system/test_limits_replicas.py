@@ -3,16 +3,15 @@ hold. The rest of the limits are in tests/integration/test_limits.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 
 from tests.integration.test_limits import MIB
-from tests.support.cluster import fake_api, provider_env, replica, turnstore_env, wait_ready
+from tests.support.cluster import fake_api, provider_env, served, turnstore_env
 from tests.support.fakeapi import FakeResponsesAPI
 from tests.support.helpers import CHAT
 
@@ -39,15 +38,11 @@ async def writer_and_reader(
     one that reads, and the reader's pid (whose peak memory is measured)."""
     async with fake_api(api) as base_url:
         env = turnstore_env(DATABASE_URL=database, **provider_env(base_url), **settings)
-        with ExitStack() as stack:
-            writer = stack.enter_context(replica(env, tmp_path / "writer.log"))
-            reader = stack.enter_context(replica(env, tmp_path / "reader.log"))
-            await asyncio.gather(wait_ready(writer), wait_ready(reader))
-            async with (
-                httpx.AsyncClient(base_url=writer.url, timeout=60) as w,
-                httpx.AsyncClient(base_url=reader.url, timeout=60) as r,
-            ):
-                yield w, r, reader.process.popen.pid
+        async with served(env, tmp_path, "writer", "reader") as (
+            (_, w),
+            (reader, r),
+        ):
+            yield w, r, reader.process.popen.pid
 
 
 # What the conversations of ~60 MB of items below hold: their items, and each message's text

@@ -19,9 +19,9 @@ from service.app import create_app
 from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
 from tests.support.helpers import serve
+from tests.support.node import JS
 
 REPO = Path(__file__).resolve().parents[2]
-JS = REPO / "tests" / "js"
 SECTION = "### Use it from the OpenAI SDK"
 
 

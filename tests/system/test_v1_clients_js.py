@@ -11,9 +11,7 @@ requests seen so far, ``GET /_fake/requests`` gives the bodies the provider rece
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 from typing import Any
 
@@ -22,9 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app
 from service.platform.settings import Settings
+from tests.support.cluster import read_body
 from tests.support.fakeapi import FakeResponsesAPI, Script
-from tests.support.helpers import serve
-from tests.system.test_openai_js import JS, node
+from tests.support.node import node_test
 
 FAKE = "/_fake/"
 
@@ -39,12 +37,7 @@ class WithFake:
         if scope["type"] != "http" or not scope["path"].startswith(FAKE):
             await self.app(scope, receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         route = (scope["method"], scope["path"].removeprefix(FAKE))
         answer: Any
         if route == ("POST", "answers"):
@@ -67,18 +60,10 @@ def script(answer: dict[str, Any]) -> Script:
 
 @pytest.mark.parametrize("name", ["agents", "ai-sdk", "openai-helpers"])
 async def test_the_npm_clients(database_url: str, engine: AsyncEngine, name: str) -> None:
-    executable = node()
     api = FakeResponsesAPI()
     settings = Settings(database_url=database_url, models="gpt-other")
     app = WithFake(create_app(settings, provider=api.provider()), api)
-    async with serve(app) as url:
-        process = await asyncio.create_subprocess_exec(
-            executable, "--test", str(JS / f"{name}.test.mjs"),
-            env={**os.environ, "TURNSTORE_URL": url},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        output, _ = await asyncio.wait_for(process.communicate(), 120)
-    report = output.decode()
-    assert process.returncode == 0, report
+    status, report = await node_test(app, name)
+    assert status == 0, report
     counts = dict(re.findall(r"^# (tests|pass|fail) (\d+)$", report, re.MULTILINE))
     assert counts["fail"] == "0" and counts["pass"] == counts["tests"] != "0", report

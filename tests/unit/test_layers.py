@@ -93,8 +93,15 @@ def test_no_unit_test_needs_the_database(request: pytest.FixtureRequest) -> None
     assert {k: v for k, v in needing.items() if v} == {}
 
 
+@pytest.mark.parametrize("fixture", ["database", "target"])
 def test_a_unit_test_asking_for_the_database_at_run_time_fails(
-    request: pytest.FixtureRequest,
+    request: pytest.FixtureRequest, fixture: str
 ) -> None:
-    with pytest.raises(pytest.fail.Exception, match="is a unit test but needs `server_url`"):
-        request.getfixturevalue("server_url")
+    """Refused before the fixture runs. (A session-scoped one, ``server_url`` and the like, is
+    refused when a unit test is the first to ask, as in `make test-fast`; asked for by name,
+    any is caught by the test above.)"""
+    if fixture == "target":  # in tests/unit, in memory: no database
+        assert request.getfixturevalue("target").database_url is None
+        return
+    with pytest.raises(pytest.fail.Exception, match="is a unit test but needs `"):
+        request.getfixturevalue(fixture)

@@ -78,9 +78,10 @@ browser-deps: $(BROWSER_STAMP) ## install playwright-core for the browser tests 
 test: $(STAMP) system-deps citus-deps js-deps browser-deps ## run the whole test suite against real PostgreSQL
 	$(BIN)/python -m pytest
 
-# Plugins of installed packages the unit layer does not use (Faker's, schemathesis', LangSmith's):
-# loading them takes seconds of the inner loop.
-UNIT_PLUGINS_OFF := -p no:faker -p no:schemathesis -p no:langsmith_plugin
+# Plugins of installed packages the unit layer does not use (Faker's, schemathesis', LangSmith's,
+# Hypothesis', anyio's, platformdirs'): loading them takes seconds of the inner loop.
+UNIT_PLUGINS_OFF := -p no:faker -p no:schemathesis -p no:langsmith_plugin -p no:hypothesispytest \
+	-p no:anyio -p no:platformdirs
 test-fast: $(STAMP) ## the inner loop: tests/unit, the rules over the in-memory fake (no database, seconds)
 	$(BIN)/python -m pytest tests/unit -q $(UNIT_PLUGINS_OFF)
 

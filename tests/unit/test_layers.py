@@ -13,6 +13,7 @@ database fails (tests/conftest.py refuses the fixture).
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def _fixture_name(node: ast.AST) -> str | None:
     return None
 
 
+@functools.cache
 def fixtures_by_name() -> dict[str, list[str]]:
     found: dict[str, list[str]] = defaultdict(list)
     for path in sorted(TESTS.rglob("*.py")):

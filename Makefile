@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps citus-deps js-deps browser-deps run test test-fast lint bench clean
+.PHONY: help install system-deps citus-deps js-deps browser-deps run test test-fast coverage-unit lint bench clean
 
 help: ## show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,8 @@ install: $(STAMP) ## create .venv and install turnstore with its dev tools
 run: $(STAMP) ## serve on http://127.0.0.1:8000 (fake provider, embedded PostgreSQL in .turnstore/)
 	$(BIN)/turnstore serve --host 127.0.0.1 --port 8000
 
-# The multi-process tests (tests/test_cluster.py) put nginx and PgBouncer in front of real
-# replicas; the browser tests (tests/test_console.py) drive Debian's Chromium. Installed from
+# The multi-process tests (tests/system/test_cluster.py) put nginx and PgBouncer in front of real
+# replicas; the browser tests (tests/system/test_console.py) drive Debian's Chromium. Installed from
 # Debian when missing and possible (root); else those tests skip.
 system-deps: ## install nginx-light, pgbouncer and chromium with apt-get when missing
 	@export PATH="$$PATH:/usr/sbin:/sbin"; pkgs=""; \
@@ -39,7 +39,7 @@ system-deps: ## install nginx-light, pgbouncer and chromium with apt-get when mi
 		echo "note:$$pkgs not installed (needs root and apt-get): the tests using them skip"; \
 	fi
 
-# The Citus tests (tests/citus.py) start a coordinator and two workers of the system
+# The Citus tests (tests/support/citus.py) start a coordinator and two workers of the system
 # PostgreSQL 15 with Citus, built from source by CITUS_BUILD when missing and possible
 # (root, apt-get; 2-4 minutes once). Otherwise those tests skip; this never fails `make test`.
 CITUS_BUILD ?= /work/shared/citus/build.sh
@@ -53,7 +53,7 @@ citus-deps: ## build and install Citus into PostgreSQL 15 when missing (needs ro
 		"$(CITUS_BUILD)" || echo "note: building Citus failed (above): the Citus tests skip"; \
 	fi
 
-# The official openai npm package, for tests/test_openai_js.py (skipped without Node.js).
+# The official openai npm package, for tests/system/test_openai_js.py (skipped without Node.js).
 JS_STAMP := tests/js/node_modules/.installed
 $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	@if command -v npm >/dev/null; then \
@@ -64,7 +64,7 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 
 js-deps: $(JS_STAMP) ## install the openai npm package for the JavaScript SDK test (needs npm)
 
-# playwright-core drives Debian's Chromium in tests/test_console.py (it downloads no browser).
+# playwright-core drives Debian's Chromium in tests/system/test_console.py (it downloads no browser).
 BROWSER_STAMP := tests/browser/node_modules/.installed
 $(BROWSER_STAMP): tests/browser/package.json tests/browser/package-lock.json
 	@if command -v npm >/dev/null; then \
@@ -78,8 +78,16 @@ browser-deps: $(BROWSER_STAMP) ## install playwright-core for the browser tests 
 test: $(STAMP) system-deps citus-deps js-deps browser-deps ## run the whole test suite against real PostgreSQL
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP) ## the inner loop: the use-case rules over the in-memory fake (no database, seconds)
-	$(BIN)/python -m pytest -m fast -q
+# Plugins of installed packages the unit layer does not use (Faker's, schemathesis', LangSmith's,
+# Hypothesis', anyio's, platformdirs'): loading them takes seconds of the inner loop.
+UNIT_PLUGINS_OFF := -p no:faker -p no:schemathesis -p no:langsmith_plugin -p no:hypothesispytest \
+	-p no:anyio -p no:platformdirs
+test-fast: $(STAMP) ## the inner loop: tests/unit, the rules over the in-memory fake (no database, seconds)
+	$(BIN)/python -m pytest tests/unit -q $(UNIT_PLUGINS_OFF)
+
+coverage-unit: $(STAMP) ## tests/unit alone: its coverage of service/usecases/ (fails under 75%)
+	COVERAGE_FILE=$(VENV)/.coverage-unit $(BIN)/python -m pytest tests/unit -q $(UNIT_PLUGINS_OFF) \
+		--cov=service/usecases --cov-report=term --cov-fail-under=75
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict service
 	$(BIN)/ruff check .

@@ -1,13 +1,13 @@
-"""Part "citus": turnstore's store on a Citus coordinator with two workers (tests/citus.py, all
-on this machine) against one plain PostgreSQL server, the same workload through the same
+"""Part "citus": turnstore's store on a Citus coordinator with two workers (tests/support/citus.py,
+all on this machine) against one plain PostgreSQL server, the same workload through the same
 PostgresStore: plain turns (the lease, then the commit; each turn's place among its owner's
-running turns taken and given back as served), 32 conversations x 10 turns at
-concurrency 16, best of the rounds. Per turn: turns/s, round trips (every statement the
-store's connections sent, counted by asyncpg's query logger: checkout pings, BEGIN and COMMIT
-included), and two-phase commits (the coordinator's pg_dist_transaction, with 2PC recovery
-off so none is forgotten meanwhile: 0 for a plain turn, which commits on one worker). The
-cluster's nodes write as durably as the plain server (fsync, full-page writes), and all of
-them share this machine's cores with the load generator.
+running turns taken and given back as served), 32 conversations x 10 turns at concurrency 16,
+best of the rounds. Per turn: turns/s, round trips (every statement the store's connections
+sent, counted by asyncpg's query logger: checkout pings, BEGIN and COMMIT included), and
+two-phase commits (the coordinator's pg_dist_transaction, with 2PC recovery off so none is
+forgotten meanwhile: 0 for a plain turn, which commits on one worker). The cluster's nodes write
+as durably as the plain server (fsync, full-page writes), and all of them share this machine's
+cores with the load generator.
 
 The cluster needs Citus in the system PostgreSQL 15 (`make citus-deps`); without it the part
 says why and measures nothing.
@@ -33,8 +33,8 @@ from service.platform import migrate
 from service.platform.db import create_engine
 from service.store.postgres import PostgresStore, StoreConfig
 from service.store.postgres.placement import distribute
-from tests.citus import citus_cluster, citus_database, citus_missing
-from tests.database import asyncpg_dsn
+from tests.support.citus import citus_cluster, citus_database, citus_missing
+from tests.support.database import asyncpg_dsn
 
 SHARDS = 32  # per co-location group
 # As durable as the plain server: the test cluster's fsync and full-page writes are off.

@@ -1,16 +1,17 @@
 """Part 8, migrations: `turnstore db upgrade` from the previous release (deploy/PREVIOUS_RELEASE)
 to this release's head, on 200,000 conversations.
 
-The previous release is checked out and installed as the tests do it (tests/previous_release.py,
-cached under .turnstore/releases/). A database is built at its schema by its own `turnstore db
-upgrade` and filled by SQL: per conversation two turns of a small workload and a completed
-Idempotency-Key record (only columns every release since 0011 has; a later release's
-migrations must cope with such rows anyway). Then this release's `turnstore db upgrade` runs as
-a process while a sampler reads ``pg_locks`` every few milliseconds for the runner's sessions
-(``application_name = turnstore-migrate``): per migration, how long it ran (from the runner's
-log) and the longest time it held a lock on a table, the longest of the modes that stop a turn
-(SHARE and stronger: a turn writes with ROW EXCLUSIVE) and of any mode, and its longest wait
-in a lock queue. Locks shorter than the sampling interval may be missed.
+The previous release is checked out and installed as the tests do it
+(tests/support/previous_release.py, cached under .turnstore/releases/). A database is built at
+its schema by its own `turnstore db upgrade` and filled by SQL: per conversation two turns of a
+small workload and a completed Idempotency-Key record (only columns every release since 0011
+has; a later release's migrations must cope with such rows anyway). Then this release's
+`turnstore db upgrade` runs as a process while a sampler reads ``pg_locks`` every few
+milliseconds for the runner's sessions (``application_name = turnstore-migrate``): per
+migration, how long it ran (from the runner's log) and the longest time it held a lock on a
+table, the longest of the modes that stop a turn (SHARE and stronger: a turn writes with ROW
+EXCLUSIVE) and of any mode, and its longest wait in a lock queue. Locks shorter than the
+sampling interval may be missed.
 
 While this release brings no migration, it says "nothing to upgrade" and builds nothing.
 """
@@ -36,7 +37,7 @@ from sqlalchemy.engine import make_url
 from bench.database import admin, libpq_url, sqlalchemy_url
 from migrations import runner
 from service.platform import migrate
-from tests.previous_release import prepare, previous_commit
+from tests.support.previous_release import prepare, previous_commit
 
 CONVERSATIONS = 200_000
 BATCH = 20_000
@@ -273,7 +274,7 @@ def run(
     version_locations: Sequence[str] = (),
 ) -> Result:
     """``version_locations``: migrations beside this release's (to try the part while the
-    release brings none, e.g. tests/scratch.py's)."""
+    release brings none, e.g. tests/support/scratch.py's)."""
     release = prepare(previous_commit())
     result = Result(release.short, release.head(), migrate.head_revision() or "")
     if result.previous_head == result.head and not version_locations:

@@ -1,0 +1,5 @@
+"""tests/contracts/compaction.py over the in-memory backend: the app served in-process, no database."""
+
+from __future__ import annotations
+
+from tests.contracts.compaction import *  # noqa: F403

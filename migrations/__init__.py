@@ -19,6 +19,6 @@ nothing of this package but live.py (helpers that take everything they write as 
 So an edit of a module here never changes what an old migration does to a database, and the
 database a fresh install migrates is the one an upgraded fleet has. A function's next version
 is a new migration that copies the previous text and changes it; the code then reads its
-name and arguments from commit_function.py (tests/test_architecture.py holds migrations to
-the imports, tests/test_placement.py the code to the functions the migrations made).
+name and arguments from commit_function.py (tests/unit/test_architecture.py holds migrations to
+the imports, tests/system/test_placement.py the code to the functions the migrations made).
 """

@@ -3,7 +3,7 @@ release calls (store/postgres/statements.py), and ``turnstore_commit()``, which 
 before it calls during a rolling upgrade; store/postgres/placement.py places both on Citus.
 Each is named here once with its arguments, in order, and its call and its signature are read
 from that. The migrations that made them (0017, 0018, 0019) carry their own text
-(migrations/__init__.py); tests/test_placement.py checks that the two agree.
+(migrations/__init__.py); tests/system/test_placement.py checks that the two agree.
 
 ``shredded(owner)`` is the one test of a shred's tombstone (migration 0019) in SQL, as the
 commit functions make it: the statements that make a conversation or a running turn's place

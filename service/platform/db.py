@@ -46,7 +46,7 @@ def create_engine(url: str, *, pool_size: int = 10, statement_cache_size: int = 
     name them ``__asyncpg_stmt_<n>__``, counting per connection, so two clients collide on one
     server connection. SQLAlchemy's documented recipe, unique names from
     ``prepared_statement_name_func``, avoids the collision but leaves every statement behind
-    on the server connection until PgBouncer closes it. tests/test_pgbouncer.py checks that
+    on the server connection until PgBouncer closes it. tests/system/test_pgbouncer.py checks that
     nothing is left behind, and that the default cache does break under transaction pooling."""
     connect_args: dict[str, Any] = {
         "statement_cache_size": statement_cache_size,

@@ -18,8 +18,8 @@ deleted, its metadata, a response forgotten. Each asks the gate for two things, 
 The rest of the promises live where no write can go around them: the shred's refusal and
 the revision inside the commit statement (store/postgres), the size a conversation holds
 counted over every column a write stores (core/sizes.py), every database failure mapped once
-(store/postgres/tx.py). ``tests/test_promises.py`` holds every writing route of the OpenAPI
-document to all of them.
+(store/postgres/tx.py). ``tests/integration/test_promises.py`` holds every writing route of
+the OpenAPI document to all of them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where each table lives on Citus (deploy/SCALE-OUT.md, "Placement"), and applying it:
 ``turnstore db distribute``, on the coordinator after ``turnstore db upgrade``.
 
-Every table the migrations make is named here, and tests/test_placement.py fails on one that
+Every table the migrations make is named here, and tests/system/test_placement.py fails on one that
 is not: a migration that adds a table says how it is placed. Citus does not place a new table
 by itself (it stays on the coordinator), so ``db distribute`` places what is not placed yet,
 checks what is, and changes nothing when all is in place: run it after every ``db upgrade``.

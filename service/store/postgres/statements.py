@@ -1,7 +1,7 @@
 """The statements about conversations and turns, as the PostgreSQL adapter runs them.
 
 Every statement about a conversation names it by its id (the future shard key, see
-tests/test_scale_out.py) and, where it reads or writes one the client names, checks its owner
+tests/system/test_scale_out.py) and, where it reads or writes one the client names, checks its owner
 and keeps to the living: ``{live}`` stands for the retention filter, filled in once per store
 by ``Statements`` (RETENTION_DAYS: a conversation idle for longer is gone at once for every
 reader and writer, before ``turnstore purge`` deletes it).

@@ -24,7 +24,7 @@ from service.platform.db import POOL_TIMEOUT_S, readable
 
 # What a database failure looks like, from SQLAlchemy or from the driver underneath it, by
 # class: every error of either (and of the network under them) that says the database failed,
-# whatever the reason (tests/test_db_failures.py provokes each kind on a real server).
+# whatever the reason (tests/system/test_db_failures.py provokes each kind on a real server).
 FAILURES: tuple[type[BaseException], ...] = (
     # SQLAlchemy's wrapper of a driver error (a statement run through an Engine's Connection).
     sa.exc.DBAPIError,

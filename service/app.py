@@ -43,7 +43,6 @@ from service.api.errors import error_response
 from service.api.limits import RequestRules, allowed_hosts, route_pattern
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
-from service.core.ids import IdsSource
 from service.core.plans import PlanRules
 from service.core.sizes import SizeLimit
 from service.core.window import Budget, SystemPrompt
@@ -78,6 +77,7 @@ from service.usecases.relay import Relay
 from service.usecases.responses import Responses
 from service.usecases.restore import Restorer
 from service.usecases.runs import TurnRuns
+from service.usecases.secret_ids import IdsSource
 from service.usecases.turns import TurnService
 from service.usecases.write_gate import WriteGate
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
-from service.core.ids import Ids, IdsSource
+from service.core.ids import Ids
 from service.core.model import IdempotencyKey
 from service.core.plans import PlanRules
 from service.store.ports import Operations
@@ -18,6 +18,7 @@ from service.usecases.conversations import Conversations
 from service.usecases.kept_responses import KeptResponses
 from service.usecases.responses import Responses
 from service.usecases.runs import TurnRuns
+from service.usecases.secret_ids import IdsSource
 from service.usecases.turns import TurnService
 from service.usecases.write_gate import WriteGate
 

@@ -24,14 +24,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import os
 import re
 import struct
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -214,24 +212,6 @@ class Ids:
 def prefix_of(kind: str | None) -> str:
     """The prefix OpenAI gives an item of type ``kind`` (None: a message)."""
     return _PREFIXES.get(kind or "message", "item")
-
-
-class IdsSource:
-    """The deployment's Ids, made on first use from its secret (``secret``: reads it; once
-    per process), or at once from a secret in hand."""
-
-    def __init__(self, secret: Callable[[], Awaitable[bytes]] | bytes) -> None:
-        self._read = secret if callable(secret) else None
-        self._ids = Ids(secret) if isinstance(secret, bytes) else None
-        self._lock = asyncio.Lock()
-
-    async def get(self) -> Ids:
-        if self._ids is None:
-            async with self._lock:
-                if self._ids is None:
-                    assert self._read is not None
-                    self._ids = Ids(await self._read())
-        return self._ids
 
 
 SEALED = "tsc1_"  # what content turnstore sealed begins with

@@ -10,6 +10,7 @@ responses.py        POST /v1/responses: a turn asked the OpenAI way (the command
 kept_responses.py   a kept response's life after it: found, replayed, cancelled, deleted
 relay.py            store: false calls, relayed with nothing kept
 restore.py          items a client sends back, made the provider's stored bytes again
+secret_ids.py       the deployment's own ids, made once from its secret on first use
 conversations.py    reads, forks and item edits of a conversation
 paging.py           turns read a page at a time, and what a conversation holds
 write_gate.py       what every write passes through: its Idempotency-Key, the write budget

@@ -29,10 +29,11 @@ from uuid import UUID
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.ids import Ids, IdsSource, ItemRef
+from service.core.ids import Ids, ItemRef
 from service.core.items import is_opaque, item_head
 from service.core.model import Origin
 from service.store.ports import Reads
+from service.usecases.secret_ids import IdsSource
 
 MAX_CONVERSATIONS = 20  # a request may name items of at most this many conversations
 MAX_TURNS = 1000  # and of at most this many turns (a request body holds no more, mostly)

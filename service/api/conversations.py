@@ -7,18 +7,16 @@ from typing import Annotated, Any
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from service.api.bodies import strict
 from service.api.deps import Caller
-from service.api.errors import WRITE_ERRORS, documented
+from service.api.errors import WRITE_ERRORS
 from service.api.headers import (
-    CORRELATION_ID,
     DELETE_CONVERSATION,
-    ETAG,
     IdempotencyKey,
     IfMatch,
     etag,
     parse_if_match,
 )
+from service.api.routes import route
 from service.api.schemas import (
     Compaction,
     CompactRequest,
@@ -82,18 +80,26 @@ class ConversationController(Controller):
 
     @get(
         "/",
-        summary="The caller's conversations, newest first, with cursor pagination.",
-        response_headers=[CORRELATION_ID],
-        responses=documented(InvalidInput, Unauthorized, StorageError),
+        **route(
+            "The caller's conversations, newest first, with cursor pagination.",
+            InvalidInput,
+            Unauthorized,
+            StorageError,
+        ),
     )
     async def page(self, api: Caller, limit: Limit = 20, after: After = None) -> ConversationList:
         return ConversationList.of(*await api.conversations.listing(api.owner, limit, after))
 
     @get(
         "/{conversation_id:str}",
-        summary="The conversation's transcript (a page of turns) and revision.",
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=documented(InvalidInput, Unauthorized, ConversationNotFound, StorageError),
+        **route(
+            "The conversation's transcript (a page of turns) and revision.",
+            InvalidInput,
+            Unauthorized,
+            ConversationNotFound,
+            StorageError,
+            etag=True,
+        ),
     )
     async def read(
         self,
@@ -111,14 +117,19 @@ class ConversationController(Controller):
 
     @post(
         "/{conversation_id:str}/fork",
-        status_code=201,
-        summary="Fork: a new conversation holding turns 1..at_revision of this one.",
-        description="The turns are copied as they are (replay items byte for byte, with their "
-        "provider, window start and prompt version), in one statement; the source is "
-        "untouched, and each conversation goes on (and is deleted or expires) on its own.",
-        before_request=strict(ForkRequest),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=documented(InvalidInput, Unauthorized, ConversationFull, *WRITE_ERRORS),
+        **route(
+            "Fork: a new conversation holding turns 1..at_revision of this one.",
+            InvalidInput,
+            Unauthorized,
+            ConversationFull,
+            *WRITE_ERRORS,
+            body=ForkRequest,
+            etag=True,
+            status_code=201,
+            description="The turns are copied as they are (replay items byte for byte, with their "
+            "provider, window start and prompt version), in one statement; the source is "
+            "untouched, and each conversation goes on (and is deleted or expires) on its own.",
+        ),
     )
     async def fork(
         self,
@@ -137,14 +148,8 @@ class ConversationController(Controller):
 
     @post(
         "/{conversation_id:str}/compact",
-        status_code=200,
-        summary="Compact the conversation now: one commit (revision + 1), If-Match honoured.",
-        description="The provider turns the context a turn would send into its kept user "
-        "messages and one opaque compaction item; later turns start from it. The transcript "
-        "keeps every turn.",
-        before_request=strict(CompactRequest),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=documented(
+        **route(
+            "Compact the conversation now: one commit (revision + 1), If-Match honoured.",
             InvalidInput,
             Unauthorized,
             PreconditionFailed,
@@ -154,6 +159,12 @@ class ConversationController(Controller):
             UpstreamError,
             UpstreamTimeout,
             *WRITE_ERRORS,
+            body=CompactRequest,
+            etag=True,
+            status_code=200,
+            description="The provider turns the context a turn would send into its kept user "
+            "messages and one opaque compaction item; later turns start from it. The transcript "
+            "keeps every turn.",
         ),
     )
     async def compact(
@@ -174,9 +185,12 @@ class ConversationController(Controller):
 
     @delete(
         "/{conversation_id:str}",
-        summary="Delete the conversation: transcript and replay items.",
-        response_headers=[CORRELATION_ID],
-        responses=documented(Unauthorized, PreconditionFailed, *WRITE_ERRORS),
+        **route(
+            "Delete the conversation: transcript and replay items.",
+            Unauthorized,
+            PreconditionFailed,
+            *WRITE_ERRORS,
+        ),
     )
     async def remove(
         self,

@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from service.api.bodies import strict
 from service.api.compat import item_views as views
 from service.api.compat.objects import (
     ConversationCreate,
@@ -23,16 +22,15 @@ from service.api.compat.objects import (
     deleted_object,
 )
 from service.api.deps import Caller
-from service.api.errors import WRITE_ERRORS, openai_documented
+from service.api.errors import WRITE_ERRORS
 from service.api.headers import (
-    CORRELATION_ID,
     DELETE_CONVERSATION,
-    ETAG,
     IdempotencyKey,
     IfMatch,
     etag,
     parse_if_match,
 )
+from service.api.routes import openai_route
 from service.core.errors import (
     ConversationConflict,
     ConversationFull,
@@ -63,11 +61,13 @@ class OpenAIConversations(Controller):
 
     @post(
         "/",
-        status_code=200,
-        summary="Create a conversation (metadata, up to 20 items).",
-        before_request=strict(ConversationCreate),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(ConversationFull, *WRITE_ERRORS),
+        **openai_route(
+            "Create a conversation (metadata, up to 20 items).",
+            ConversationFull,
+            *WRITE_ERRORS,
+            body=ConversationCreate,
+            etag=True,
+        ),
     )
     async def create(
         self,
@@ -83,9 +83,9 @@ class OpenAIConversations(Controller):
 
     @get(
         "/{conversation_id:str}",
-        summary="A conversation: id, created_at, metadata.",
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(ConversationNotFound),
+        **openai_route(
+            "A conversation: id, created_at, metadata.", ConversationNotFound, etag=True
+        ),
     )
     async def retrieve(
         self, conversation_id: FromPath[str], api: Caller
@@ -95,11 +95,13 @@ class OpenAIConversations(Controller):
 
     @post(
         "/{conversation_id:str}",
-        status_code=200,
-        summary="Replace its metadata (no commit).",
-        before_request=strict(ConversationUpdate),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(PreconditionFailed, *WRITE_ERRORS),
+        **openai_route(
+            "Replace its metadata (no commit).",
+            PreconditionFailed,
+            *WRITE_ERRORS,
+            body=ConversationUpdate,
+            etag=True,
+        ),
     )
     async def update(
         self,
@@ -120,10 +122,7 @@ class OpenAIConversations(Controller):
 
     @delete(
         "/{conversation_id:str}",
-        status_code=200,
-        summary="Delete it and all its turns.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(PreconditionFailed, *WRITE_ERRORS),
+        **openai_route("Delete it and all its turns.", PreconditionFailed, *WRITE_ERRORS),
     )
     async def remove(
         self,
@@ -139,9 +138,7 @@ class OpenAIConversations(Controller):
 
     @get(
         "/{conversation_id:str}/items",
-        summary="Its items, newest first by default.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(ConversationNotFound),
+        **openai_route("Its items, newest first by default.", ConversationNotFound),
     )
     async def items(
         self,
@@ -172,12 +169,14 @@ class OpenAIConversations(Controller):
 
     @post(
         "/{conversation_id:str}/items",
-        status_code=200,
-        summary="Append up to 20 items without calling the model: one commit.",
-        before_request=strict(ItemsCreate),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(
-            ConversationConflict, PreconditionFailed, ConversationFull, *WRITE_ERRORS
+        **openai_route(
+            "Append up to 20 items without calling the model: one commit.",
+            ConversationConflict,
+            PreconditionFailed,
+            ConversationFull,
+            *WRITE_ERRORS,
+            body=ItemsCreate,
+            etag=True,
         ),
     )
     async def append(
@@ -200,11 +199,13 @@ class OpenAIConversations(Controller):
 
     @delete(
         "/{conversation_id:str}/items/{item_id:str}",
-        status_code=200,
-        summary="Remove the latest item (a commit); any other item: 400.",
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(
-            ItemNotFound, ConversationConflict, PreconditionFailed, *WRITE_ERRORS
+        **openai_route(
+            "Remove the latest item (a commit); any other item: 400.",
+            ItemNotFound,
+            ConversationConflict,
+            PreconditionFailed,
+            *WRITE_ERRORS,
+            etag=True,
         ),
     )
     async def pop(
@@ -224,9 +225,7 @@ class OpenAIConversations(Controller):
 
     @get(
         "/{conversation_id:str}/items/{item_id:str}",
-        summary="One of its items.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(ConversationNotFound, ItemNotFound),
+        **openai_route("One of its items.", ConversationNotFound, ItemNotFound),
     )
     async def item(
         self,

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any
 
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from service.api.deps import Caller
+from service.api.deps import Api, Caller
 from service.api.errors import WRITE_ERRORS
 from service.api.headers import (
-    DELETE_CONVERSATION,
     IdempotencyKey,
     IfMatch,
-    etag,
     parse_if_match,
+    with_etag,
 )
 from service.api.routes import route
 from service.api.schemas import (
@@ -113,7 +113,7 @@ class ConversationController(Controller):
         cid = parse_conversation_id(conversation_id)
         found = await api.conversations.transcript(cid, api.owner, page)
         view = ConversationView.of(found, api.ids)
-        return Response(view, headers={"ETag": etag(view.revision)})
+        return with_etag(view, view.revision)
 
     @post(
         "/{conversation_id:str}/fork",
@@ -142,9 +142,7 @@ class ConversationController(Controller):
         source = parse_conversation_id(conversation_id)
         key = api.key(idempotency_key, "fork", str(source), await request.body())
         info = await api.conversations.fork(source, api.owner, data.at_revision, key)
-        return Response(
-            Forked.of(info, source, data.at_revision), headers={"ETag": etag(info.revision)}
-        )
+        return with_etag(Forked.of(info, source, data.at_revision), info.revision)
 
     @post(
         "/{conversation_id:str}/compact",
@@ -181,7 +179,7 @@ class ConversationController(Controller):
         plan = compaction_plan(cid, api.owner, parse_if_match(if_match), key)
         revision, usage = await api.turns.compact(plan)
         body = Compaction(str(cid), revision, UsageView.of(usage))
-        return Response(body, headers={"ETag": etag(revision)})
+        return with_etag(body, revision)
 
     @delete(
         "/{conversation_id:str}",
@@ -199,6 +197,15 @@ class ConversationController(Controller):
         if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
     ) -> None:
-        cid = parse_conversation_id(conversation_id)
-        key = api.key(idempotency_key, DELETE_CONVERSATION, str(cid))
-        await api.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
+        await delete_conversation(api, conversation_id, if_match, idempotency_key)
+
+
+async def delete_conversation(
+    api: Api, conversation_id: str, if_match: str | None, idempotency_key: str | None
+) -> uuid.UUID:
+    """Deleting a conversation, on either surface: one write under one route name, so a retry
+    may switch surfaces."""
+    cid = parse_conversation_id(conversation_id)
+    key = api.key(idempotency_key, "conversation.delete", str(cid))
+    await api.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
+    return cid

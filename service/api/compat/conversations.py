@@ -21,14 +21,15 @@ from service.api.compat.objects import (
     conversation_object,
     deleted_object,
 )
+from service.api.compat.queries import AfterItem, Include, ItemLimit
+from service.api.conversations import delete_conversation
 from service.api.deps import Caller
 from service.api.errors import WRITE_ERRORS
 from service.api.headers import (
-    DELETE_CONVERSATION,
     IdempotencyKey,
     IfMatch,
-    etag,
     parse_if_match,
+    with_etag,
 )
 from service.api.routes import openai_route
 from service.core.errors import (
@@ -40,19 +41,9 @@ from service.core.errors import (
 )
 from service.core.ids import parse_conversation_id
 
-Include = Annotated[
-    list[str] | None,
-    QueryParameter(name="include[]", required=False, description="reasoning.encrypted_content"),
-]
-ItemLimit = Annotated[int, QueryParameter(ge=1, le=100, description="Items per page (1-100).")]
-AfterItem = Annotated[str | None, QueryParameter(description="Items after this one (in order).")]
 Order = Annotated[
     Literal["asc", "desc"], QueryParameter(description="Commit order or newest first.")
 ]
-
-
-def with_etag(body: dict[str, Any], revision: int) -> Response[dict[str, Any]]:
-    return Response(body, headers={"ETag": etag(revision)})
 
 
 class OpenAIConversations(Controller):
@@ -131,10 +122,9 @@ class OpenAIConversations(Controller):
         if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
-        cid = parse_conversation_id(conversation_id)
-        key = api.key(idempotency_key, DELETE_CONVERSATION, str(cid))
-        await api.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
-        return deleted_object(cid)
+        return deleted_object(
+            await delete_conversation(api, conversation_id, if_match, idempotency_key)
+        )
 
     @get(
         "/{conversation_id:str}/items",

@@ -23,6 +23,7 @@ from service.api.compat.objects import (
     TokensCount,
     compaction_object,
 )
+from service.api.compat.queries import AfterItem, Include, ItemLimit
 from service.api.compat.response_views import input_items, resumed, shown
 from service.api.deps import Caller
 from service.api.errors import TURN_ERRORS, WRITE_ERRORS, openai_documented
@@ -45,13 +46,7 @@ from service.core.errors import (
     UpstreamTimeout,
 )
 
-Include = Annotated[
-    list[str] | None,
-    QueryParameter(name="include[]", required=False, description="reasoning.encrypted_content"),
-]
-Limit = Annotated[int, QueryParameter(ge=1, le=100, description="Items per page (1-100).")]
 Order = Annotated[Literal["asc", "desc"], QueryParameter(description="Input order or reversed.")]
-AfterItem = Annotated[str | None, QueryParameter(description="Items after this one (in order).")]
 Streamed = Annotated[bool, QueryParameter(description="Replay its events, then follow it.")]
 StartingAfter = Annotated[
     int | None,
@@ -177,7 +172,7 @@ class OpenAIResponses(Controller):
         api: Caller,
         include: Include = None,
         after: AfterItem = None,
-        limit: Limit = 20,
+        limit: ItemLimit = 20,
         order: Order = "desc",
     ) -> dict[str, Any]:
         found = await api.kept.find(api.owner, response_id)

@@ -16,28 +16,27 @@ keeps them all.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Literal
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 from uuid import UUID
-
-import msgspec
 
 from service.core.model import (
     ANONYMOUS,
     Append,
     Commit,
     Conversation,
-    ConversationInfo,
-    IdempotencyKey,
     LeaseAttempt,
     LeaseRequest,
-    Precondition,
     Turn,
     since,
 )
 from service.core.sizes import turn_bytes
 from service.store.ports import History
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -69,6 +68,11 @@ class CachedStore:
         self._max_bytes = max_bytes
         self._entries: OrderedDict[UUID, _Entry] = OrderedDict()
         self._bytes = 0
+        # The writes that take committed content away pass through, the conversation forgotten
+        # around each (History names the conversation first in each of them).
+        self.delete = self._forgetting(inner.delete)
+        self.pop_item = self._forgetting(inner.pop_item)
+        self.delete_response = self._forgetting(inner.delete_response)
 
     @property
     def cached_bytes(self) -> int:
@@ -169,53 +173,20 @@ class CachedStore:
             )
         return commit
 
-    async def delete(
-        self,
-        conversation_id: UUID,
-        owner: str = ANONYMOUS,
-        if_match: Precondition = None,
-        idempotency: IdempotencyKey | None = None,
-    ) -> None:
-        try:
-            await self._inner.delete(conversation_id, owner, if_match, idempotency)
-        finally:
-            # Also after a failed delete: a load racing with it may have cached what is gone.
-            self._evict(conversation_id)
+    def _forgetting(
+        self, write: Callable[Concatenate[UUID, P], Awaitable[R]]
+    ) -> Callable[Concatenate[UUID, P], Coroutine[Any, Any, R]]:
+        """``write``, forgetting its conversation before it (nothing of it is served from here
+        meanwhile) and after it, failed too (a load racing it may have kept what is gone)."""
 
-    async def delete_response(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        revision: int,
-        idempotency: IdempotencyKey | None = None,
-        *,
-        erase: bool = False,
-    ) -> bool:
-        # Cached turns may keep saying their response is there: nothing reads that from here
-        # (a response is read with after_revision, which this cache passes through). An
-        # erased turn's content is not kept here either.
-        if erase:
+        async def forgetting(conversation_id: UUID, /, *args: P.args, **kwargs: P.kwargs) -> R:
             self._evict(conversation_id)
-        try:
-            return await self._inner.delete_response(
-                conversation_id, owner, revision, idempotency, erase=erase
-            )
-        finally:
-            if erase:
+            try:
+                return await write(conversation_id, *args, **kwargs)
+            finally:
                 self._evict(conversation_id)
 
-    async def pop_item(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        if_match: Precondition = None,
-        idempotency: IdempotencyKey | None = None,
-    ) -> tuple[ConversationInfo, msgspec.Raw]:
-        self._evict(conversation_id)
-        try:
-            return await self._inner.pop_item(conversation_id, owner, if_match, idempotency)
-        finally:
-            self._evict(conversation_id)
+        return forgetting
 
     def _remember(self, conversation_id: UUID, entry: _Entry) -> None:
         current = self._entries.get(conversation_id)

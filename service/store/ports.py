@@ -122,6 +122,7 @@ class History(Protocol):
     async def delete(
         self,
         conversation_id: UUID,
+        /,
         owner: str = ANONYMOUS,
         if_match: Precondition = None,
         idempotency: IdempotencyKey | None = None,
@@ -133,6 +134,7 @@ class History(Protocol):
     async def pop_item(
         self,
         conversation_id: UUID,
+        /,
         owner: str,
         if_match: Precondition = None,
         idempotency: IdempotencyKey | None = None,
@@ -146,6 +148,7 @@ class History(Protocol):
     async def delete_response(
         self,
         conversation_id: UUID,
+        /,
         owner: str,
         revision: int,
         idempotency: IdempotencyKey | None = None,

@@ -28,7 +28,6 @@ class PostgresReads:
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None
     ) -> tuple[list[Summary], str | None]:
-        """The owner's conversations, newest first, and the cursor of the next page."""
         before_at, before_id = decode_cursor(after)
         params = {"caller": owner, "limit": limit, "before_at": before_at, "before_id": before_id}
         async with driver(self._db.engine, write=False) as conn:

@@ -54,6 +54,13 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
             "at once; a /chat/stream client may drop and resume (GET /api/v1/turns/{id}/events)."
         ),
     ] = False
+    model: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="The model that answers this turn, which picks its provider (GET "
+            "/v1/models lists them); omit or null for the configured default model."
+        ),
+    ] = None
 
 
 class InputTokens(msgspec.Struct):

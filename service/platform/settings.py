@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from service.platform.crypto import KeyFileError, MasterKeys, read_master_keys
+from service.platform.providers_file import ProvidersFile, ProvidersFileError, read_providers_file
 
 
 class SettingsError(ValueError):
@@ -87,6 +88,12 @@ class Settings:
     )
     llm_provider: str = _setting(
         "LLM_PROVIDER", "fake", "`fake`, `openai` or `azure`", choices=("fake", "openai", "azure")
+    )
+    providers_file: Path | None = _setting(
+        "PROVIDERS_FILE",
+        None,
+        "a TOML file of named providers, each serving its own models, routed by a request's "
+        "model (README: Providers); instead of `LLM_PROVIDER` and its variables",
     )
     openai_base_url: str = _setting(
         "OPENAI_BASE_URL",
@@ -436,14 +443,29 @@ class Settings:
             raise SettingsError("OPENAI_BASE_URL must not carry credentials (user:password@)")
         if self.encryption_keys_file is not None:
             self.master_keys()  # a malformed or short key stops the process at start-up
+        if self.providers_file is not None:
+            self.providers()  # so does a bad providers file
 
     def compact_threshold(self) -> int | None:
         """The threshold every turn compacts at (None: CONTEXT_STRATEGY=drop)."""
         return self.compact_threshold_tokens if self.context_strategy == "compact" else None
 
+    def providers(self) -> ProvidersFile | None:
+        """PROVIDERS_FILE read, its keys from the variables it names (None: unset)."""
+        if self.providers_file is None:
+            return None
+        try:
+            return read_providers_file(self.providers_file, os.environ)
+        except ProvidersFileError as exc:
+            raise SettingsError(f"PROVIDERS_FILE: {exc}") from None
+
     def served_models(self) -> frozenset[str] | None:
         """MODELS as a set (None: any model, `*`, or unset with the built-in fake, which
-        answers for any model: a client's default model name works on `make run`)."""
+        answers for any model: a client's default model name works on `make run`); with
+        PROVIDERS_FILE, the models it names."""
+        named = self.providers()
+        if named is not None:
+            return frozenset(model for spec in named.providers for model in spec.models)
         if self.models is None and self.llm_provider == "fake":
             return None
         names = {name.strip() for name in (self.models or "").split(",") if name.strip()}

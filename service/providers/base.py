@@ -121,7 +121,10 @@ def request_overhead(model: str, request: ProviderRequest, *, stream: bool) -> i
 
 
 class Provider(Protocol):
-    origin: Origin  # recorded with each turn whose replay items this provider produced
+    origin: Origin  # its configured model's: recorded with each turn whose items it produced
+
+    def origin_for(self, model: str | None) -> Origin:
+        """The origin of what it answers for ``model`` (None: its configured model)."""
 
     def respond(
         self, request: ProviderRequest, *, stream: bool

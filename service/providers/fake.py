@@ -125,10 +125,12 @@ def _seal(model: str, item_id: str) -> str:
 
 
 class FakeProvider:
-    origin = Origin("fake", "builtin", MODEL)
-
-    def __init__(self, *, deltas: int = 4) -> None:
+    def __init__(self, *, deltas: int = 4, name: str = "fake") -> None:
         self._deltas = deltas
+        self.origin = Origin(name, "builtin", MODEL)
+
+    def origin_for(self, model: str | None) -> Origin:
+        return self.origin.with_model(model)
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool

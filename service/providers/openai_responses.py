@@ -79,20 +79,23 @@ _RETRY_AFTER = re.compile(
 
 @dataclass(frozen=True)
 class Endpoint:
-    name: str  # "openai" or "azure"
+    name: str  # the provider's: "openai" or "azure", or its name in PROVIDERS_FILE
     url: str
     headers: dict[str, str] = field(repr=False)  # they hold the API key
     model: str
 
     @classmethod
-    def openai(cls, base_url: str, api_key: str, model: str) -> Endpoint:
+    def openai(
+        cls, base_url: str, api_key: str | None, model: str, name: str = "openai"
+    ) -> Endpoint:
+        """OpenAI's API or a server speaking it (without a key: no Authorization header)."""
         url = base_url.rstrip("/") + "/responses"
-        return cls("openai", url, {"Authorization": f"Bearer {api_key}"}, model)
+        return cls(name, url, {"Authorization": f"Bearer {api_key}"} if api_key else {}, model)
 
     @classmethod
-    def azure(cls, endpoint: str, api_key: str, deployment: str) -> Endpoint:
+    def azure(cls, endpoint: str, api_key: str, deployment: str, name: str = "azure") -> Endpoint:
         url = endpoint.rstrip("/") + "/openai/v1/responses"
-        return cls("azure", url, {"api-key": api_key}, deployment)
+        return cls(name, url, {"api-key": api_key}, deployment)
 
 
 class _ErrorDetail(msgspec.Struct):
@@ -206,6 +209,9 @@ class ResponsesProvider:
         timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+
+    def origin_for(self, model: str | None) -> Origin:
+        return self.origin.with_model(model)
 
     async def close(self) -> None:
         await self._client.aclose()

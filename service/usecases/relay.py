@@ -49,7 +49,7 @@ class Relay:
 
     def origin(self, model: str | None) -> Origin:
         """Who answers a call for ``model``."""
-        return self._provider.origin.with_model(model)
+        return self._provider.origin_for(model)
 
     async def resolve(
         self, owner: str, items: Sequence[dict[str, Any]], model: str | None

@@ -1,0 +1,209 @@
+"""Responses items and Anthropic content blocks: one translation each way.
+
+A conversation's replay items are kept in the form of the provider that made them: the
+Responses API's items (``message``, ``function_call``, ``function_call_output``, ``reasoning``)
+and, for a turn Anthropic answered, the assistant's content blocks exactly as Anthropic sent
+them, one item a block (``thinking`` with its ``signature``, ``redacted_thinking``, ``text``,
+``tool_use``). The user's input is always a Responses ``message`` (turnstore writes it).
+
+- ``to_messages``: the items a request carries, as the Messages API takes them. Anthropic's
+  blocks go as they are (bytes untouched), consecutive blocks into one assistant message;
+  everything else is translated (a ``function_call`` and its output become a ``tool_use``
+  and a ``tool_result`` of the same id, the result first in the next user message); system
+  and developer messages join the system prompt. Opaque items of another provider never get
+  here (the window leaves them out: service/core/window.py).
+- ``to_items``: Anthropic blocks among a request's items, as the Responses API takes them
+  (text as an assistant message, ``tool_use`` as a ``function_call``); thinking is left out,
+  as it is readable by its issuer alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from service.core.errors import InvalidInput
+
+# The block types of an Anthropic assistant message that turnstore keeps (and replays).
+BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
+OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
+
+class _Head(msgspec.Struct):
+    type: str | None = None
+    role: str | None = None
+
+
+class _Message(msgspec.Struct):
+    role: str
+    content: str | list[dict[str, Any]] = ""
+
+
+class _Call(msgspec.Struct):
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+
+class _Output(msgspec.Struct):
+    call_id: str
+    output: str | list[dict[str, Any]] = ""
+
+
+class _Block(msgspec.Struct):
+    type: str
+    text: str = ""
+    id: str = ""
+    name: str = ""
+    input: Any = None
+
+
+def is_block(item: msgspec.Raw) -> bool:
+    """An Anthropic content block (kept as Anthropic sent it), not a Responses item."""
+    head = msgspec.json.decode(item, type=_Head)
+    return head.role is None and head.type in BLOCK_TYPES
+
+
+@dataclass
+class Messages:
+    """A request's conversation as the Messages API takes it."""
+
+    system: list[str] = field(default_factory=list)  # system and developer messages' texts
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, role: str, *blocks: Any) -> None:
+        """Blocks of ``role``, appended to the last message when it is that role's (the API
+        merges consecutive same-role messages; a request sends them merged)."""
+        if self.messages and self.messages[-1]["role"] == role:
+            self.messages[-1]["content"].extend(blocks)
+        else:
+            self.messages.append({"role": role, "content": list(blocks)})
+
+
+def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
+    out = Messages()
+    for item in items:
+        head = msgspec.json.decode(item, type=_Head)
+        if head.role is None and head.type in BLOCK_TYPES:
+            out.add("assistant", item)  # verbatim: signatures bind its exact content
+        elif head.type in (None, "message") and head.role is not None:
+            _message(out, msgspec.json.decode(item, type=_Message))
+        elif head.type == "function_call":
+            call = msgspec.json.decode(item, type=_Call)
+            block = {"type": "tool_use", "id": call.call_id, "name": call.name}
+            out.add("assistant", block | {"input": _arguments(call.arguments)})
+        elif head.type == "function_call_output":
+            result = msgspec.json.decode(item, type=_Output)
+            content = result.output if isinstance(result.output, str) else _parts(result.output)
+            _tool_result(out, {"type": "tool_result", "tool_use_id": result.call_id}, content)
+        elif head.type in ("reasoning", "compaction"):
+            continue  # another provider's reasoning: readable by its issuer alone
+        else:
+            raise InvalidInput(
+                f"An item of type {head.type!r} cannot be sent to an Anthropic model.",
+                param="input",
+            )
+    return out
+
+
+def _message(out: Messages, message: _Message) -> None:
+    if message.role in ("system", "developer"):
+        text = message.content if isinstance(message.content, str) else _text(message.content)
+        out.system.append(text)
+        return
+    if message.role not in ("user", "assistant"):
+        raise InvalidInput(f"A message of role {message.role!r} is not supported.", param="input")
+    if isinstance(message.content, str):
+        blocks = [{"type": "text", "text": message.content}] if message.content else []
+    else:
+        blocks = _parts(message.content)
+    if blocks:
+        out.add(message.role, *blocks)
+
+
+def _tool_result(out: Messages, block: dict[str, Any], content: Any) -> None:
+    if content:
+        block["content"] = content
+    last = out.messages[-1] if out.messages else None
+    if last is not None and last["role"] == "user":
+        # A result goes before any text of the same user turn, as the API requires.
+        texts = [b for b in last["content"] if _type(b) != "tool_result"]
+        results = [b for b in last["content"] if _type(b) == "tool_result"]
+        last["content"] = [*results, block, *texts]
+    else:
+        out.add("user", block)
+
+
+def _type(block: Any) -> str | None:
+    if isinstance(block, msgspec.Raw):
+        return msgspec.json.decode(block, type=_Head).type
+    return block.get("type") if isinstance(block, dict) else None
+
+
+def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses content parts as Anthropic blocks: text, and images by URL or data URL."""
+    blocks: list[dict[str, Any]] = []
+    for part in parts:
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text"):
+            if part.get("text"):
+                blocks.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            blocks.append({"type": "image", "source": _image_source(part["image_url"])})
+        elif kind == "refusal":
+            if part.get("refusal"):
+                blocks.append({"type": "text", "text": part["refusal"]})
+        else:
+            raise InvalidInput(
+                f"A content part of type {kind!r} cannot be sent to an Anthropic model.",
+                param="input",
+            )
+    return blocks
+
+
+def _image_source(url: str) -> dict[str, str]:
+    if url.startswith("data:"):
+        meta, _, data = url[5:].partition(",")
+        media_type, _, encoding = meta.partition(";")
+        if encoding != "base64" or not data:
+            raise InvalidInput("An image data URL must be base64.", param="input")
+        return {"type": "base64", "media_type": media_type, "data": data}
+    return {"type": "url", "url": url}
+
+
+def _text(parts: list[dict[str, Any]]) -> str:
+    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+
+
+def _arguments(arguments: str) -> Any:
+    try:
+        value = msgspec.json.decode(arguments)
+    except msgspec.DecodeError:
+        return {"arguments": arguments}  # a model's malformed call, kept readable
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def to_items(items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
+    """``items`` with Anthropic blocks made Responses items (others as they are)."""
+    out: list[msgspec.Raw] = []
+    for item in items:
+        if not is_block(item):
+            out.append(item)
+            continue
+        block = msgspec.json.decode(item, type=_Block)
+        if block.type == "text" and block.text:
+            content = [{"type": "output_text", "text": block.text, "annotations": []}]
+            message = {"type": "message", "role": "assistant", "content": content}
+            out.append(msgspec.Raw(msgspec.json.encode(message)))
+        elif block.type == "tool_use":
+            call = {
+                "type": "function_call",
+                "call_id": block.id,
+                "name": block.name,
+                "arguments": msgspec.json.encode(block.input or {}).decode(),
+            }
+            out.append(msgspec.Raw(msgspec.json.encode(call)))
+    return out

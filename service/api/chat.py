@@ -21,8 +21,8 @@ from service.api.headers import (
     TURN_ID,
     IdempotencyKey,
     IfMatch,
-    etag,
     parse_if_match,
+    with_etag,
 )
 from service.api.schemas import ChatRequest, ChatResponse, TurnAccepted
 from service.api.sse import TurnEvents, run_stream
@@ -76,7 +76,7 @@ class ChatController(Controller):
         if data.background:
             return accepted(await api.runs.start(plan, correlation_id=cid(request)))
         body = ChatResponse.of(await api.turns.run(plan), cid(request))
-        return Response(body, headers={"ETag": etag(body.revision)})
+        return with_etag(body, body.revision)
 
     @post(
         "/stream",

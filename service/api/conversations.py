@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any
 
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from service.api.bodies import strict
-from service.api.deps import Caller
-from service.api.errors import WRITE_ERRORS, documented
+from service.api.deps import Api, Caller
+from service.api.errors import WRITE_ERRORS
 from service.api.headers import (
-    CORRELATION_ID,
-    DELETE_CONVERSATION,
-    ETAG,
     IdempotencyKey,
     IfMatch,
-    etag,
     parse_if_match,
+    with_etag,
 )
+from service.api.routes import route
 from service.api.schemas import (
     Compaction,
     CompactRequest,
@@ -82,18 +80,26 @@ class ConversationController(Controller):
 
     @get(
         "/",
-        summary="The caller's conversations, newest first, with cursor pagination.",
-        response_headers=[CORRELATION_ID],
-        responses=documented(InvalidInput, Unauthorized, StorageError),
+        **route(
+            "The caller's conversations, newest first, with cursor pagination.",
+            InvalidInput,
+            Unauthorized,
+            StorageError,
+        ),
     )
     async def page(self, api: Caller, limit: Limit = 20, after: After = None) -> ConversationList:
         return ConversationList.of(*await api.conversations.listing(api.owner, limit, after))
 
     @get(
         "/{conversation_id:str}",
-        summary="The conversation's transcript (a page of turns) and revision.",
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=documented(InvalidInput, Unauthorized, ConversationNotFound, StorageError),
+        **route(
+            "The conversation's transcript (a page of turns) and revision.",
+            InvalidInput,
+            Unauthorized,
+            ConversationNotFound,
+            StorageError,
+            etag=True,
+        ),
     )
     async def read(
         self,
@@ -107,18 +113,23 @@ class ConversationController(Controller):
         cid = parse_conversation_id(conversation_id)
         found = await api.conversations.transcript(cid, api.owner, page)
         view = ConversationView.of(found, api.ids)
-        return Response(view, headers={"ETag": etag(view.revision)})
+        return with_etag(view, view.revision)
 
     @post(
         "/{conversation_id:str}/fork",
-        status_code=201,
-        summary="Fork: a new conversation holding turns 1..at_revision of this one.",
-        description="The turns are copied as they are (replay items byte for byte, with their "
-        "provider, window start and prompt version), in one statement; the source is "
-        "untouched, and each conversation goes on (and is deleted or expires) on its own.",
-        before_request=strict(ForkRequest),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=documented(InvalidInput, Unauthorized, ConversationFull, *WRITE_ERRORS),
+        **route(
+            "Fork: a new conversation holding turns 1..at_revision of this one.",
+            InvalidInput,
+            Unauthorized,
+            ConversationFull,
+            *WRITE_ERRORS,
+            body=ForkRequest,
+            etag=True,
+            status_code=201,
+            description="The turns are copied as they are (replay items byte for byte, with their "
+            "provider, window start and prompt version), in one statement; the source is "
+            "untouched, and each conversation goes on (and is deleted or expires) on its own.",
+        ),
     )
     async def fork(
         self,
@@ -131,20 +142,12 @@ class ConversationController(Controller):
         source = parse_conversation_id(conversation_id)
         key = api.key(idempotency_key, "fork", str(source), await request.body())
         info = await api.conversations.fork(source, api.owner, data.at_revision, key)
-        return Response(
-            Forked.of(info, source, data.at_revision), headers={"ETag": etag(info.revision)}
-        )
+        return with_etag(Forked.of(info, source, data.at_revision), info.revision)
 
     @post(
         "/{conversation_id:str}/compact",
-        status_code=200,
-        summary="Compact the conversation now: one commit (revision + 1), If-Match honoured.",
-        description="The provider turns the context a turn would send into its kept user "
-        "messages and one opaque compaction item; later turns start from it. The transcript "
-        "keeps every turn.",
-        before_request=strict(CompactRequest),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=documented(
+        **route(
+            "Compact the conversation now: one commit (revision + 1), If-Match honoured.",
             InvalidInput,
             Unauthorized,
             PreconditionFailed,
@@ -154,6 +157,12 @@ class ConversationController(Controller):
             UpstreamError,
             UpstreamTimeout,
             *WRITE_ERRORS,
+            body=CompactRequest,
+            etag=True,
+            status_code=200,
+            description="The provider turns the context a turn would send into its kept user "
+            "messages and one opaque compaction item; later turns start from it. The transcript "
+            "keeps every turn.",
         ),
     )
     async def compact(
@@ -170,13 +179,16 @@ class ConversationController(Controller):
         plan = compaction_plan(cid, api.owner, parse_if_match(if_match), key)
         revision, usage = await api.turns.compact(plan)
         body = Compaction(str(cid), revision, UsageView.of(usage))
-        return Response(body, headers={"ETag": etag(revision)})
+        return with_etag(body, revision)
 
     @delete(
         "/{conversation_id:str}",
-        summary="Delete the conversation: transcript and replay items.",
-        response_headers=[CORRELATION_ID],
-        responses=documented(Unauthorized, PreconditionFailed, *WRITE_ERRORS),
+        **route(
+            "Delete the conversation: transcript and replay items.",
+            Unauthorized,
+            PreconditionFailed,
+            *WRITE_ERRORS,
+        ),
     )
     async def remove(
         self,
@@ -185,6 +197,15 @@ class ConversationController(Controller):
         if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
     ) -> None:
-        cid = parse_conversation_id(conversation_id)
-        key = api.key(idempotency_key, DELETE_CONVERSATION, str(cid))
-        await api.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
+        await delete_conversation(api, conversation_id, if_match, idempotency_key)
+
+
+async def delete_conversation(
+    api: Api, conversation_id: str, if_match: str | None, idempotency_key: str | None
+) -> uuid.UUID:
+    """Deleting a conversation, on either surface: one write under one route name, so a retry
+    may switch surfaces."""
+    cid = parse_conversation_id(conversation_id)
+    key = api.key(idempotency_key, "conversation.delete", str(cid))
+    await api.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
+    return cid

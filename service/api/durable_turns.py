@@ -15,8 +15,8 @@ from litestar.response import ServerSentEvent
 
 from service.api.correlation import correlation_id
 from service.api.deps import Caller
-from service.api.errors import documented
-from service.api.headers import CORRELATION_ID, LastEventId
+from service.api.headers import LastEventId
+from service.api.routes import route
 from service.api.schemas import TurnView
 from service.api.sse import (
     EventStream,
@@ -59,9 +59,12 @@ class TurnController(Controller):
 
     @get(
         "/{turn_id:str}",
-        summary="A turn's status: queued, in_progress, completed, incomplete, failed, cancelled.",
-        response_headers=[CORRELATION_ID],
-        responses=documented(Unauthorized, TurnNotFound, StorageError),
+        **route(
+            "A turn's status: queued, in_progress, completed, incomplete, failed, cancelled.",
+            Unauthorized,
+            TurnNotFound,
+            StorageError,
+        ),
     )
     async def status(self, turn_id: FromPath[str], api: Caller) -> TurnView:
         return TurnView.of(await api.runs.status(parse_turn_id(turn_id), api.owner))
@@ -69,12 +72,16 @@ class TurnController(Controller):
     @get(
         "/{turn_id:str}/events",
         media_type="text/event-stream",
-        summary="The turn's events after Last-Event-ID (or ?after=N), then live to its end.",
-        description="Server-Sent Events, each with its id; the same events as the turn's "
-        "stream, ending with message.done or error. Readable for TURN_EVENTS_TTL_S after the "
-        "turn ended.",
-        response_headers=[CORRELATION_ID],
-        responses=documented(InvalidInput, Unauthorized, TurnNotFound, StorageError),
+        **route(
+            "The turn's events after Last-Event-ID (or ?after=N), then live to its end.",
+            InvalidInput,
+            Unauthorized,
+            TurnNotFound,
+            StorageError,
+            description="Server-Sent Events, each with its id; the same events as the turn's "
+            "stream, ending with message.done or error. Readable for TURN_EVENTS_TTL_S after the "
+            "turn ended.",
+        ),
     )
     async def events(
         self,
@@ -97,10 +104,13 @@ class TurnController(Controller):
 
     @post(
         "/{turn_id:str}/cancel",
-        status_code=200,
-        summary="Stop the turn wherever it runs (nothing is kept; a commit that began ends).",
-        response_headers=[CORRELATION_ID],
-        responses=documented(Unauthorized, TurnNotFound, StorageError),
+        **route(
+            "Stop the turn wherever it runs (nothing is kept; a commit that began ends).",
+            Unauthorized,
+            TurnNotFound,
+            StorageError,
+            status_code=200,
+        ),
     )
     async def cancel(self, turn_id: FromPath[str], api: Caller) -> TurnView:
         return TurnView.of(await api.runs.cancel(parse_turn_id(turn_id), api.owner))

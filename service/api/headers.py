@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, TypeVar
 
+from litestar import Response
 from litestar.datastructures import ResponseHeader
 from litestar.params import HeaderParameter
 
 from service.core.model import Precondition
+
+T = TypeVar("T")
 
 IdempotencyKey = Annotated[
     str | None,
@@ -25,9 +28,6 @@ IdempotencyKey = Annotated[
         "request_in_progress. Requests that fail do not use the key up.",
     ),
 ]
-# What deleting a conversation asks, on either surface (a retry may switch surfaces).
-DELETE_CONVERSATION = "conversation.delete"
-
 IfMatch = Annotated[
     str | None,
     HeaderParameter(
@@ -77,8 +77,9 @@ RETRY_AFTER = ResponseHeader(
 )
 
 
-def etag(revision: int) -> str:
-    return f'"{revision}"'
+def with_etag(body: T, revision: int) -> Response[T]:
+    """``body`` with its conversation's revision as a strong ETag, as If-Match quotes it back."""
+    return Response(body, headers={"ETag": f'"{revision}"'})
 
 
 _REVISION_TAG = re.compile(r'"([0-9]{1,18})"')  # ASCII digits only; revisions fit 63 bits

@@ -112,6 +112,12 @@ class Origin:
 Said = tuple[str, str]  # one message of a transcript: (role, text)
 
 
+def plain(user_message: str, assistant_message: str) -> tuple[Said, ...]:
+    """The messages of a plain turn: its user message and the reply. Such a turn stores no
+    transcript (``Turn.transcript`` None): its messages are derived from the two."""
+    return (("user", user_message), ("assistant", assistant_message))
+
+
 @dataclass(frozen=True)
 class Turn:
     """One user message and the accepted reply, as it is committed."""
@@ -148,11 +154,6 @@ class Turn:
         """Its replay items' bytes, counted once per turn (a turn is read into memory once and
         then sent with every turn of its window: its size is asked each time)."""
         return sum(map(len, self.replay_items))
-
-    def said(self) -> tuple[Said, ...]:
-        if self.transcript is not None:
-            return self.transcript
-        return (("user", self.user_message), ("assistant", self.assistant_message))
 
 
 @dataclass(frozen=True)
@@ -233,9 +234,9 @@ class TranscriptTurn:
     model: str | None = None  # that made its reply (None: recorded before origins were)
 
     def messages(self) -> tuple[Said, ...]:
-        if self.said is not None:
-            return self.said
-        return (("user", self.user_message), ("assistant", self.assistant_message))
+        if self.said is None:
+            return plain(self.user_message, self.assistant_message)
+        return self.said
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,11 @@ def _setting(
 ) -> Any:
     """A field of Settings. ``low``/``high`` bound a number inclusively (``low=Above(x)``:
     exclusively); ``shown`` is the default as the README states it (when the value itself says
-    little)."""
+    little). ``{choices}`` in ``doc`` names the ``choices``, so they are written once."""
     above = low if isinstance(low, Above) else None
+    if choices:
+        *rest, last = (f"`{choice}`" for choice in choices)
+        doc = doc.replace("{choices}", f"{', '.join(rest)} or {last}" if rest else last)
     meta: dict[str, Any] = {"env": env, "doc": doc, "high": high, "choices": choices}
     meta |= {"low": None if above is not None else low, "above": above, "shown": shown}
     return field(default=default, repr=not secret, metadata=meta)
@@ -87,7 +90,7 @@ class Settings:
         shown="`DATABASE_URL`",
     )
     llm_provider: str = _setting(
-        "LLM_PROVIDER", "fake", "`fake`, `openai` or `azure`", choices=("fake", "openai", "azure")
+        "LLM_PROVIDER", "fake", "{choices}", choices=("fake", "openai", "azure")
     )
     providers_file: Path | None = _setting(
         "PROVIDERS_FILE",
@@ -406,15 +409,12 @@ class Settings:
     log_level: str = _setting(
         "LOG_LEVEL",
         "info",
-        "`debug`, `info`, `warning` or `error`: the least severe log lines written",
+        "{choices}: the least severe log lines written",
         choices=("debug", "info", "warning", "error"),
     )
     # Authentication (service/auth.py). Secrets stay out of repr, so out of any log line.
     auth_mode: str = _setting(
-        "AUTH_MODE",
-        "none",
-        "`none`, `api_key` or `jwt` (Security, below)",
-        choices=("none", "api_key", "jwt"),
+        "AUTH_MODE", "none", "{choices} (Security, below)", choices=("none", "api_key", "jwt")
     )
     allowed_hosts: str | None = _setting(
         "ALLOWED_HOSTS",

@@ -78,33 +78,27 @@ def encode_request(model: str, request: ProviderRequest, *, stream: bool) -> byt
     """A Responses API request: always ``store: false`` and with encrypted reasoning included;
     ``input`` holds raw items, which msgspec splices as they are, and so are a client's own
     fields."""
-    body: dict[str, object] = {
-        "model": request.model or model,
-        "input": request.input_items,
-        "store": False,
-        "include": [ENCRYPTED_REASONING, *(i for i in request.include if i != ENCRYPTED_REASONING)],
-        "stream": stream,
-    }
-    if request.instructions is not None:
-        body["instructions"] = request.instructions
-    if request.tools is not None:
-        body["tools"] = request.tools
-    body.update(request.fields)
-    return msgspec.json.encode(body)
+    include = [ENCRYPTED_REASONING, *(i for i in request.include if i != ENCRYPTED_REASONING)]
+    return _encode(model, request, {"store": False, "include": include, "stream": stream})
 
 
 def encode_compaction(model: str, request: ProviderRequest) -> bytes:
-    """A ``POST /responses/compact`` request: the fields that endpoint takes."""
-    body: dict[str, object] = {"model": request.model or model, "input": request.input_items}
-    if request.instructions is not None:
-        body["instructions"] = request.instructions
-    return msgspec.json.encode(body)
+    """A ``POST /responses/compact`` request: the fields that endpoint takes (no tools, no
+    client fields)."""
+    return _encode(model, replace(request, tools=None, fields={}), {})
 
 
 def encode_count(model: str, request: ProviderRequest) -> bytes:
     """A ``POST /responses/input_tokens`` request: what a create would send, less what only a
     create takes (``store``, ``stream``, ``include``)."""
+    return _encode(model, request, {})
+
+
+def _encode(model: str, request: ProviderRequest, create: dict[str, object]) -> bytes:
+    """The one body every endpoint's request is cut from: model and input, what only its
+    endpoint takes (``create``), then instructions, tools and a client's own fields."""
     body: dict[str, object] = {"model": request.model or model, "input": request.input_items}
+    body |= create
     if request.instructions is not None:
         body["instructions"] = request.instructions
     if request.tools is not None:

@@ -8,9 +8,9 @@ write budget) with its bytes counted as a turn's are (core/sizes.py).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from service.core.errors import (
     ConversationConflict,
@@ -43,6 +43,8 @@ ITEMS_CONFLICT = (
     "A turn of this conversation is running or was committed meanwhile; the items were not "
     "appended. Retry once it is done."
 )
+
+T = TypeVar("T")
 
 
 class Conversations:
@@ -108,10 +110,9 @@ class Conversations:
         async def write() -> ConversationInfo:
             turn = await self._restored(owner, items)
             size = self._size.check(0, turn_bytes(turn)) if turn is not None else 0
-            with self._gate.budget.spending(owner, size) as spend:
-                info = await self._edits.create_conversation(owner, metadata, turn, key)
-                spend(size)
-            return info
+            return await self._charged(
+                owner, size, lambda: self._edits.create_conversation(owner, metadata, turn, key)
+            )
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))
 
@@ -125,10 +126,11 @@ class Conversations:
     ) -> ConversationInfo:
         async def write() -> ConversationInfo:
             adding = sum(len(k) + len(v) for k, v in metadata.items())
-            with self._gate.budget.spending(owner, adding) as spend:
-                info = await self._edits.update_metadata(cid, owner, metadata, if_match, key)
-                spend(adding)
-            return info
+            return await self._charged(
+                owner,
+                adding,
+                lambda: self._edits.update_metadata(cid, owner, metadata, if_match, key),
+            )
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))
 
@@ -176,10 +178,9 @@ class Conversations:
                 raise InvalidInput("at_revision must be a revision of the conversation.")
             size = await held_bytes(self._reads, cid, owner, at_revision, source)
             self._size.check(size, 0)
-            with self._gate.budget.spending(owner, size) as spend:
-                info = await self._edits.fork(cid, owner, at_revision, key)
-                spend(size)
-            return info
+            return await self._charged(
+                owner, size, lambda: self._edits.fork(cid, owner, at_revision, key)
+            )
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))
 
@@ -209,12 +210,10 @@ class Conversations:
             append = Append(
                 cid, turn, info.revision, owner=owner, stored_bytes=size, idempotency=key
             )
-            with self._gate.budget.spending(owner, adding) as spend:
-                try:
-                    commit = await self._history.append(append)
-                except ConversationConflict:
-                    raise ConversationConflict(ITEMS_CONFLICT) from None
-                spend(adding)
+            try:
+                commit = await self._charged(owner, adding, lambda: self._history.append(append))
+            except ConversationConflict:
+                raise ConversationConflict(ITEMS_CONFLICT) from None
             return turn, commit.revision
 
         async def appended(done: Committed) -> tuple[Turn, int]:
@@ -225,6 +224,14 @@ class Conversations:
             return turn, revision
 
         return await self._gate.once(key, write, appended)
+
+    async def _charged(self, owner: str, size: int, write: Callable[[], Awaitable[T]]) -> T:
+        """``write``, its ``size`` bytes admitted against the owner's write budget first (else
+        TooManyRequests) and charged once it committed (given back when it did not)."""
+        with self._gate.budget.spending(owner, size) as spend:
+            done = await write()
+            spend(size)
+        return done
 
     async def _now(self, done: Committed, owner: str) -> ConversationInfo:
         """The conversation an earlier attempt with the same key made or changed, as it is
@@ -269,12 +276,13 @@ class Conversations:
                 raise ItemNotFound()
             assert last is not None  # its latest item is named: it has a last turn
             rewritten = turn_bytes(last)  # (the last turn, written again without its item)
-            with self._gate.budget.spending(owner, rewritten) as spend:
-                try:
-                    info, _ = await self._history.pop_item(cid, owner, frozenset({revision}), key)
-                except PreconditionFailed:
-                    raise ConversationConflict() from None
-                spend(rewritten)
+            removal = frozenset({revision})
+            try:
+                info, _ = await self._charged(
+                    owner, rewritten, lambda: self._history.pop_item(cid, owner, removal, key)
+                )
+            except PreconditionFailed:
+                raise ConversationConflict() from None
             return info
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))

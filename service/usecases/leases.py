@@ -85,13 +85,12 @@ class Leases:
         places: Places,
         notifications: Notifications,
         policy: LeasePolicy | None = None,
-        locks: KeyedLocks | None = None,
     ) -> None:
         self._history = history
         self._places = places
         self._notifications = notifications
         self.policy = policy or LeasePolicy()
-        self._locks = locks or KeyedLocks()
+        self._locks = KeyedLocks()  # this process's turns of a conversation, one at a time
         self._keeper = _Keeper(places, self.policy.lease_s)
         most = self.policy.max_queued
         self._queued = OwnerLimit(most, "turns waiting for their conversations") if most else None

@@ -39,7 +39,15 @@ from service.core.items import (
     input_count,
     open_calls,
 )
-from service.core.model import Append, Committed, Conversation, ReplyStatus, RunCommit, Turn
+from service.core.model import (
+    Append,
+    Committed,
+    Conversation,
+    ReplyStatus,
+    RunCommit,
+    Turn,
+    plain,
+)
 from service.core.plans import TurnPlan, check_precondition
 from service.core.sizes import SizeLimit, turn_bytes
 from service.core.strictjson import is_encodable
@@ -437,12 +445,12 @@ class TurnService:
         if "\x00" in reply.text or not is_encodable(reply.text):
             raise UpstreamError("The provider's reply holds text that cannot be stored.")
         said = (*plan.input_said, ("assistant", reply.text))
-        plain = said == (("user", plan.message), ("assistant", reply.text))
+        derived = said == plain(plan.message, reply.text)
         return Turn(
             user_message=plan.message,
             assistant_message=reply.text,
             replay_items=[*new_items, *answer.items],
-            transcript=None if plain else said,  # a plain pair is derived from the two
+            transcript=None if derived else said,
             response=plan.response,
             origin=asked.origin,
             context_from=window.start,

@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from service.api.bodies import strict
 from service.api.compat import item_views as views
 from service.api.compat.objects import (
     ConversationCreate,
@@ -22,17 +21,17 @@ from service.api.compat.objects import (
     conversation_object,
     deleted_object,
 )
+from service.api.compat.queries import AfterItem, Include, ItemLimit
+from service.api.conversations import delete_conversation
 from service.api.deps import Caller
-from service.api.errors import WRITE_ERRORS, openai_documented
+from service.api.errors import WRITE_ERRORS
 from service.api.headers import (
-    CORRELATION_ID,
-    DELETE_CONVERSATION,
-    ETAG,
     IdempotencyKey,
     IfMatch,
-    etag,
     parse_if_match,
+    with_etag,
 )
+from service.api.routes import openai_route
 from service.core.errors import (
     ConversationConflict,
     ConversationFull,
@@ -42,19 +41,9 @@ from service.core.errors import (
 )
 from service.core.ids import parse_conversation_id
 
-Include = Annotated[
-    list[str] | None,
-    QueryParameter(name="include[]", required=False, description="reasoning.encrypted_content"),
-]
-ItemLimit = Annotated[int, QueryParameter(ge=1, le=100, description="Items per page (1-100).")]
-AfterItem = Annotated[str | None, QueryParameter(description="Items after this one (in order).")]
 Order = Annotated[
     Literal["asc", "desc"], QueryParameter(description="Commit order or newest first.")
 ]
-
-
-def with_etag(body: dict[str, Any], revision: int) -> Response[dict[str, Any]]:
-    return Response(body, headers={"ETag": etag(revision)})
 
 
 class OpenAIConversations(Controller):
@@ -63,11 +52,13 @@ class OpenAIConversations(Controller):
 
     @post(
         "/",
-        status_code=200,
-        summary="Create a conversation (metadata, up to 20 items).",
-        before_request=strict(ConversationCreate),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(ConversationFull, *WRITE_ERRORS),
+        **openai_route(
+            "Create a conversation (metadata, up to 20 items).",
+            ConversationFull,
+            *WRITE_ERRORS,
+            body=ConversationCreate,
+            etag=True,
+        ),
     )
     async def create(
         self,
@@ -83,9 +74,9 @@ class OpenAIConversations(Controller):
 
     @get(
         "/{conversation_id:str}",
-        summary="A conversation: id, created_at, metadata.",
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(ConversationNotFound),
+        **openai_route(
+            "A conversation: id, created_at, metadata.", ConversationNotFound, etag=True
+        ),
     )
     async def retrieve(
         self, conversation_id: FromPath[str], api: Caller
@@ -95,11 +86,13 @@ class OpenAIConversations(Controller):
 
     @post(
         "/{conversation_id:str}",
-        status_code=200,
-        summary="Replace its metadata (no commit).",
-        before_request=strict(ConversationUpdate),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(PreconditionFailed, *WRITE_ERRORS),
+        **openai_route(
+            "Replace its metadata (no commit).",
+            PreconditionFailed,
+            *WRITE_ERRORS,
+            body=ConversationUpdate,
+            etag=True,
+        ),
     )
     async def update(
         self,
@@ -120,10 +113,7 @@ class OpenAIConversations(Controller):
 
     @delete(
         "/{conversation_id:str}",
-        status_code=200,
-        summary="Delete it and all its turns.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(PreconditionFailed, *WRITE_ERRORS),
+        **openai_route("Delete it and all its turns.", PreconditionFailed, *WRITE_ERRORS),
     )
     async def remove(
         self,
@@ -132,16 +122,13 @@ class OpenAIConversations(Controller):
         if_match: IfMatch = None,
         idempotency_key: IdempotencyKey = None,
     ) -> dict[str, Any]:
-        cid = parse_conversation_id(conversation_id)
-        key = api.key(idempotency_key, DELETE_CONVERSATION, str(cid))
-        await api.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
-        return deleted_object(cid)
+        return deleted_object(
+            await delete_conversation(api, conversation_id, if_match, idempotency_key)
+        )
 
     @get(
         "/{conversation_id:str}/items",
-        summary="Its items, newest first by default.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(ConversationNotFound),
+        **openai_route("Its items, newest first by default.", ConversationNotFound),
     )
     async def items(
         self,
@@ -172,12 +159,14 @@ class OpenAIConversations(Controller):
 
     @post(
         "/{conversation_id:str}/items",
-        status_code=200,
-        summary="Append up to 20 items without calling the model: one commit.",
-        before_request=strict(ItemsCreate),
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(
-            ConversationConflict, PreconditionFailed, ConversationFull, *WRITE_ERRORS
+        **openai_route(
+            "Append up to 20 items without calling the model: one commit.",
+            ConversationConflict,
+            PreconditionFailed,
+            ConversationFull,
+            *WRITE_ERRORS,
+            body=ItemsCreate,
+            etag=True,
         ),
     )
     async def append(
@@ -200,11 +189,13 @@ class OpenAIConversations(Controller):
 
     @delete(
         "/{conversation_id:str}/items/{item_id:str}",
-        status_code=200,
-        summary="Remove the latest item (a commit); any other item: 400.",
-        response_headers=[ETAG, CORRELATION_ID],
-        responses=openai_documented(
-            ItemNotFound, ConversationConflict, PreconditionFailed, *WRITE_ERRORS
+        **openai_route(
+            "Remove the latest item (a commit); any other item: 400.",
+            ItemNotFound,
+            ConversationConflict,
+            PreconditionFailed,
+            *WRITE_ERRORS,
+            etag=True,
         ),
     )
     async def pop(
@@ -224,9 +215,7 @@ class OpenAIConversations(Controller):
 
     @get(
         "/{conversation_id:str}/items/{item_id:str}",
-        summary="One of its items.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(ConversationNotFound, ItemNotFound),
+        **openai_route("One of its items.", ConversationNotFound, ItemNotFound),
     )
     async def item(
         self,

@@ -9,8 +9,7 @@ from litestar import Controller, get
 from litestar.params import FromPath
 
 from service.api.deps import Caller
-from service.api.errors import openai_documented
-from service.api.headers import CORRELATION_ID
+from service.api.routes import openai_route
 from service.core.errors import ModelNotFound, UnknownModel
 
 CREATED = 1_700_000_000  # OpenAI's shape needs a creation time; turnstore does not know one
@@ -24,23 +23,13 @@ class OpenAIModels(Controller):
     path = "/v1/models"
     tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
-    @get(
-        "/",
-        summary="The models a request may name.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(),
-    )
+    @get("/", **openai_route("The models a request may name."))
     async def listing(self, api: Caller) -> dict[str, Any]:
         served = api.responses
         data = [model_object(model, served.served_by(model)) for model in served.models]
         return {"object": "list", "data": data}
 
-    @get(
-        "/{model:str}",
-        summary="One model a request may name.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(UnknownModel),
-    )
+    @get("/{model:str}", **openai_route("One model a request may name.", UnknownModel))
     async def retrieve(self, model: FromPath[str], api: Caller) -> dict[str, Any]:
         try:
             api.responses.check_model(model)

@@ -23,6 +23,7 @@ from service.api.compat.objects import (
     TokensCount,
     compaction_object,
 )
+from service.api.compat.queries import AfterItem, Include, ItemLimit
 from service.api.compat.response_views import input_items, resumed, shown
 from service.api.deps import Caller
 from service.api.errors import TURN_ERRORS, WRITE_ERRORS, openai_documented
@@ -33,6 +34,7 @@ from service.api.headers import (
     IfMatch,
     parse_if_match,
 )
+from service.api.routes import openai_route
 from service.core.asks import Asked
 from service.core.errors import (
     ConversationNotFound,
@@ -44,13 +46,7 @@ from service.core.errors import (
     UpstreamTimeout,
 )
 
-Include = Annotated[
-    list[str] | None,
-    QueryParameter(name="include[]", required=False, description="reasoning.encrypted_content"),
-]
-Limit = Annotated[int, QueryParameter(ge=1, le=100, description="Items per page (1-100).")]
 Order = Annotated[Literal["asc", "desc"], QueryParameter(description="Input order or reversed.")]
-AfterItem = Annotated[str | None, QueryParameter(description="Items after this one (in order).")]
 Streamed = Annotated[bool, QueryParameter(description="Replay its events, then follow it.")]
 StartingAfter = Annotated[
     int | None,
@@ -88,14 +84,16 @@ class OpenAIResponses(Controller):
 
     @post(
         "/compact",
-        status_code=200,
-        summary="The provider's compaction of a history (input and/or previous_response_id).",
-        description="Relayed as OpenAI serves it: items turnstore showed are restored to their "
-        "stored bytes first; nothing is kept.",
-        before_request=strict(CompactCreate),
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(
-            PreviousResponseNotFound, ResponseNotFound, RateLimited, UpstreamError, UpstreamTimeout
+        **openai_route(
+            "The provider's compaction of a history (input and/or previous_response_id).",
+            PreviousResponseNotFound,
+            ResponseNotFound,
+            RateLimited,
+            UpstreamError,
+            UpstreamTimeout,
+            body=CompactCreate,
+            description="Relayed as OpenAI serves it: items turnstore showed are restored to their "
+            "stored bytes first; nothing is kept.",
         ),
     )
     async def compact(self, data: JSONBody[CompactCreate], api: Caller) -> dict[str, Any]:
@@ -107,17 +105,15 @@ class OpenAIResponses(Controller):
 
     @post(
         "/input_tokens",
-        status_code=200,
-        summary="How many input tokens a create with this body would send.",
-        description="Counted by the provider's own endpoint, stored items restored and the "
-        "window applied; nothing is kept.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(
+        **openai_route(
+            "How many input tokens a create with this body would send.",
             PreviousResponseNotFound,
             ConversationNotFound,
             RateLimited,
             UpstreamError,
             UpstreamTimeout,
+            description="Counted by the provider's own endpoint, stored items restored and the "
+            "window applied; nothing is kept.",
         ),
     )
     async def input_tokens(
@@ -128,9 +124,9 @@ class OpenAIResponses(Controller):
 
     @get(
         "/{response_id:str}",
-        summary="A response as it is now, or (stream) its events.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(ResponseNotFound, MethodNotAllowed),
+        **openai_route(
+            "A response as it is now, or (stream) its events.", ResponseNotFound, MethodNotAllowed
+        ),
     )
     async def retrieve(
         self,
@@ -148,20 +144,16 @@ class OpenAIResponses(Controller):
 
     @post(
         "/{response_id:str}/cancel",
-        status_code=200,
-        summary="Stop a response wherever it runs.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(ResponseNotFound),
+        **openai_route("Stop a response wherever it runs.", ResponseNotFound),
     )
     async def cancel(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
         return shown(await api.kept.cancel(api.owner, response_id), api)
 
     @delete(
         "/{response_id:str}",
-        status_code=200,
-        summary="Forget a response (its turn stays).",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(ResponseNotFound, MethodNotAllowed, *WRITE_ERRORS),
+        **openai_route(
+            "Forget a response (its turn stays).", ResponseNotFound, MethodNotAllowed, *WRITE_ERRORS
+        ),
     )
     async def remove(
         self, response_id: FromPath[str], api: Caller, idempotency_key: IdempotencyKey = None
@@ -172,9 +164,7 @@ class OpenAIResponses(Controller):
 
     @get(
         "/{response_id:str}/input_items",
-        summary="The items a response was asked with.",
-        response_headers=[CORRELATION_ID],
-        responses=openai_documented(ResponseNotFound),
+        **openai_route("The items a response was asked with.", ResponseNotFound),
     )
     async def input_items(
         self,
@@ -182,7 +172,7 @@ class OpenAIResponses(Controller):
         api: Caller,
         include: Include = None,
         after: AfterItem = None,
-        limit: Limit = 20,
+        limit: ItemLimit = 20,
         order: Order = "desc",
     ) -> dict[str, Any]:
         found = await api.kept.find(api.owner, response_id)

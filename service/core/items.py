@@ -32,6 +32,7 @@ from service.core.strictjson import holds_nul, is_encodable
 class _ItemHead(msgspec.Struct):
     type: str | None = None
     encrypted_content: str | None = None
+    role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,20 @@ class _FunctionCallItem(msgspec.Struct):
     call_id: str = ""
     name: str = ""
     arguments: str = ""
+    id: str = ""  # an Anthropic tool_use block's call id
+    input: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))  # its arguments
 
 
 def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
-    """The ``function_call`` items among a reply's output items, in order."""
-    heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
-    return [
-        FunctionCall(h.call_id, h.name, h.arguments) for h in heads if h.type == "function_call"
-    ]
+    """The function calls among a reply's output items, in order: ``function_call`` items,
+    or Anthropic ``tool_use`` blocks."""
+    calls = []
+    for head in (msgspec.json.decode(item, type=_FunctionCallItem) for item in items):
+        if head.type == "function_call":
+            calls.append(FunctionCall(head.call_id, head.name, head.arguments))
+        elif head.type == "tool_use":
+            calls.append(FunctionCall(head.id, head.name, bytes(head.input).decode()))
+    return calls
 
 
 def function_outputs(items: Sequence[msgspec.Raw]) -> list[FunctionCall]:
@@ -97,11 +104,19 @@ def function_call_output(call_id: str, output: str) -> msgspec.Raw:
     return msgspec.Raw(msgspec.json.encode(item))
 
 
+# Anthropic's thinking blocks, kept as it sent them (one item a block: no role).
+_OPAQUE_BLOCKS = ("thinking", "redacted_thinking")
+
+
 def is_opaque(item: msgspec.Raw) -> bool:
     """An item only the provider, endpoint and model that made it can read: sealed reasoning,
-    or a compaction item."""
+    a compaction item, or Anthropic's thinking (signed, or redacted)."""
     head = msgspec.json.decode(item, type=_ItemHead)
-    return head.type == "compaction" or (head.type == "reasoning" and bool(head.encrypted_content))
+    return (
+        head.type == "compaction"
+        or (head.type == "reasoning" and bool(head.encrypted_content))
+        or (head.type in _OPAQUE_BLOCKS and head.role is None)
+    )
 
 
 def compaction_item(items: Sequence[msgspec.Raw]) -> msgspec.Raw | None:

@@ -186,11 +186,18 @@ def _arguments(arguments: str) -> Any:
     return value if isinstance(value, dict) else {"value": value}
 
 
-def to_items(items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
-    """``items`` with Anthropic blocks made Responses items (others as they are)."""
+_HEADS = msgspec.json.Decoder(list[_Head])
+
+
+def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
+    """``items`` with Anthropic blocks made Responses items (others as they are; ``items``
+    itself when it holds none, as most requests)."""
+    heads = _HEADS.decode(b"[" + b",".join(items) + b"]")  # in one call
+    if not any(h.role is None and h.type in BLOCK_TYPES for h in heads):
+        return items
     out: list[msgspec.Raw] = []
-    for item in items:
-        if not is_block(item):
+    for item, head in zip(items, heads, strict=True):
+        if head.role is not None or head.type not in BLOCK_TYPES:
             out.append(item)
             continue
         block = msgspec.json.decode(item, type=_Block)

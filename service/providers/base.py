@@ -18,8 +18,8 @@ import msgspec
 
 from service.core.errors import UpstreamError
 from service.core.model import Origin, ReplyStatus
+from service.core.translate import to_items
 from service.core.usage import Usage
-from service.providers.anthropic_items import to_items
 
 
 @dataclass(frozen=True)

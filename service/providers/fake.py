@@ -33,8 +33,8 @@ import msgspec
 
 from service.core.errors import InvalidEncryptedContent, ProviderRefused, UpstreamError
 from service.core.model import Origin
+from service.core.translate import to_items
 from service.core.usage import Usage
-from service.providers.anthropic_items import to_items
 from service.providers.base import (
     Compacted,
     ItemDone,

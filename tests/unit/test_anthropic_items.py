@@ -11,7 +11,7 @@ import pytest
 
 from service.core.errors import InvalidInput
 from service.core.items import function_calls, is_opaque
-from service.providers.anthropic_items import to_items, to_messages
+from service.core.translate import to_items, to_messages
 
 
 def raw(text: str) -> msgspec.Raw:

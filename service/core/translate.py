@@ -11,7 +11,7 @@ them, one item a block (``thinking`` with its ``signature``, ``redacted_thinking
   everything else is translated (a ``function_call`` and its output become a ``tool_use``
   and a ``tool_result`` of the same id, the result first in the next user message); system
   and developer messages join the system prompt. Opaque items of another provider never get
-  here (the window leaves them out: service/core/window.py).
+  here (the window leaves them out: window.py).
 - ``to_items``: Anthropic blocks among a request's items, as the Responses API takes them
   (text as an assistant message, ``tool_use`` as a ``function_call``); thinking is left out,
   as it is readable by its issuer alone.
@@ -29,7 +29,6 @@ from service.core.errors import InvalidInput
 
 # The block types of an Anthropic assistant message that turnstore keeps (and replays).
 BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
-OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
 class _Head(msgspec.Struct):

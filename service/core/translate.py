@@ -19,7 +19,8 @@ them, one item a block (``thinking`` with its ``signature``, ``redacted_thinking
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,7 @@ class _Output(msgspec.Struct):
 class _Block(msgspec.Struct):
     type: str
     text: str = ""
+    thinking: str = ""
     id: str = ""
     name: str = ""
     input: Any = None
@@ -199,17 +201,51 @@ def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
         if head.role is not None or head.type not in BLOCK_TYPES:
             out.append(item)
             continue
-        block = msgspec.json.decode(item, type=_Block)
-        if block.type == "text" and block.text:
-            content = [{"type": "output_text", "text": block.text, "annotations": []}]
-            message = {"type": "message", "role": "assistant", "content": content}
-            out.append(msgspec.Raw(msgspec.json.encode(message)))
-        elif block.type == "tool_use":
-            call = {
-                "type": "function_call",
-                "call_id": block.id,
-                "name": block.name,
-                "arguments": msgspec.json.encode(block.input or {}).decode(),
-            }
-            out.append(msgspec.Raw(msgspec.json.encode(call)))
+        kind = head.type
+        if kind == "tool_use" or (kind == "text" and msgspec.json.decode(item, type=_Block).text):
+            out.append(msgspec.Raw(msgspec.json.encode(as_item(item))))
     return out
+
+
+def as_item(block: msgspec.Raw, seal: Callable[[str], str] | None = None) -> dict[str, Any]:
+    """An Anthropic block as the OpenAI surface shows it: thinking (readable or redacted) as a
+    ``reasoning`` item, its text as ``summary_text`` and the block itself, sealed by ``seal``,
+    as its ``encrypted_content`` (left out without ``seal``: a client never sees it in clear);
+    text as an assistant ``message``; a ``tool_use`` as a ``function_call`` (its id the
+    ``call_id``). The item's ``id`` is the caller's to give."""
+    read = msgspec.json.decode(block, type=_Block)
+    if read.type == "text":
+        part = {"type": "output_text", "text": read.text, "annotations": []}
+        return {"type": "message", "role": "assistant", "content": [part]}
+    if read.type == "tool_use":
+        arguments = msgspec.json.encode(read.input or {}).decode()
+        return {
+            "type": "function_call",
+            "call_id": read.id,
+            "name": read.name,
+            "arguments": arguments,
+        }
+    summary = [{"type": "summary_text", "text": read.thinking}] if read.thinking else []
+    item: dict[str, Any] = {"type": "reasoning", "summary": summary}
+    if seal is not None:
+        item["encrypted_content"] = seal(bytes(block).decode())
+    return item
+
+
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "reasoning": "rs"}
+
+
+def provider_id(kind: str) -> str:
+    """An id for an item a provider sent without one, shaped as OpenAI's (a prefix and 48 hex
+    digits): a client that keeps its own history sends it back as a provider's, not as one
+    naming something turnstore stored."""
+    return f"{_ID_PREFIXES[kind]}_{os.urandom(24).hex()}"
+
+
+def opened_block(content: str) -> msgspec.Raw | None:
+    """The Anthropic block a reasoning item's opened ``encrypted_content`` holds (``as_item``
+    sealed it whole), or None: another provider's encrypted content."""
+    if not content.startswith("{"):
+        return None
+    raw = msgspec.Raw(content.encode())
+    return raw if is_block(raw) else None

@@ -408,6 +408,20 @@ async def test_same_role_messages_merge_and_an_assistant_may_speak_first() -> No
     assert (await post(api, request(messages=first))).status_code == 200
 
 
+async def test_an_assistant_reply_split_over_two_messages_is_one_turn() -> None:
+    api = FakeMessagesAPI()
+    messages = (await conversation(api))[:5]
+    reply = messages[3]["content"]
+    split = [*messages[:3], {"role": "assistant", "content": reply[:2]}]
+    split += [{"role": "assistant", "content": reply[2:]}, messages[4]]
+    answer = await post(api.then(Script()), request(messages=split))
+    assert answer.status_code == 200, answer.text
+    split = copy.deepcopy(split)
+    split[4]["content"][0]["id"] = "toolu_01other"  # paths name the request's own indexes
+    message = await refused(api, request(messages=split))
+    assert message.startswith("messages.5.content.0: unexpected `tool_use_id`")
+
+
 async def test_system_may_be_a_string_or_text_blocks() -> None:
     api = FakeMessagesAPI().then(Script(), Script())
     for system in ("be brief", [{"type": "text", "text": "be brief"}]):

@@ -32,7 +32,8 @@ from service.core.errors import (
 )
 from service.core.model import Origin
 from service.core.usage import Usage
-from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider, messages_body
+from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
+from service.providers.anthropic_request import messages_body
 from service.providers.base import ItemDone, ProviderEvent, ProviderRequest, Reply, TextDelta
 from tests.support.fake_anthropic import (
     API_KEY,

@@ -4,5 +4,7 @@ base.py              the port: a request, its events and reply, the provider's r
 openai_responses.py  OpenAI's (or Azure's) Responses API over httpx
 fake.py              the offline provider of PROVIDER=fake (fake_schema.py: what it accepts)
 routing.py           several providers behind the port, routed by model (PROVIDERS_FILE)
+anthropic.py         Anthropic's Messages API over httpx (anthropic_request.py: its request)
 anthropic_items.py   Responses items and Anthropic content blocks, one translation each way
+wire.py              what every HTTP adapter does alike: httpx's errors, Retry-After, trace
 """

@@ -266,6 +266,7 @@ class _EventStream:
     def __init__(self) -> None:
         self.finished = False
         self.items: dict[int, msgspec.Raw] = {}  # the finished blocks, by index
+        self.item_bytes = 0  # of the finished blocks
         self.text_bytes = 0  # of the text deltas so far
         self._open: dict[int, _Block] = {}
         self._stop_reason: str | None = None
@@ -310,6 +311,7 @@ class _EventStream:
             block = self._block(index)
             del self._open[index]
             self.items[index] = item = block.done()
+            self.item_bytes += len(item)
             if block.kind in OPAQUE_BLOCKS:
                 return ItemDone(item)  # announced before the text that follows it
         elif kind == "message_delta":
@@ -381,7 +383,7 @@ class AnthropicProvider:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
                     body = msgspec.json.decode(await self._read(response), type=_Message)
-                    self._check_reply(body.content, 0)
+                    self._check_size(sum(map(len, body.content)), 0)
                     yield _reply(body.content, body.stop_reason, body.usage)
                     return
                 events, size = _EventStream(), 0
@@ -389,7 +391,7 @@ class AnthropicProvider:
                     size = self._count(size, chunk)
                     for event in events.feed(chunk):
                         yield event
-                    self._check_reply(list(events.items.values()), events.text_bytes)
+                    self._check_size(events.item_bytes, events.text_bytes)
                     if events.finished:
                         return
         raise UpstreamError("The provider's stream ended before the message was complete.")
@@ -455,6 +457,7 @@ class AnthropicProvider:
             raise UpstreamError("The provider's response was too large.")
         return size
 
-    def _check_reply(self, items: list[msgspec.Raw], text_bytes: int) -> None:
-        if max(sum(map(len, items)), text_bytes) > self._max_body_bytes:
+    def _check_size(self, item_bytes: int, text_bytes: int) -> None:
+        """Refuse a reply whose blocks or streamed text outgrew the limit."""
+        if max(item_bytes, text_bytes) > self._max_body_bytes:
             raise UpstreamError("The provider's reply was too large.")

@@ -585,17 +585,24 @@ async def test_a_timeout_is_upstream_timeout(stream: bool) -> None:
     ("kind", "expected"),
     [
         ("overloaded_error", RateLimited),
+        ("rate_limit_error", RateLimited),
         ("api_error", UpstreamError),
+        ("invalid_request_error", ContextLengthExceeded),
     ],
 )
 async def test_an_error_event_mid_stream_is_a_domain_error(
     kind: str, expected: type[TurnstoreError]
 ) -> None:
-    api = FakeMessagesAPI().then(Script(blocks=[Text("partial"), Text("more")], error_type=kind))
+    message = (
+        "prompt is too long: 210000 tokens > 200000 maximum" if kind.startswith("inv") else None
+    )
+    script = Script(blocks=[Text("partial"), Text("more")], error_type=kind, message=message)
     received: list[ProviderEvent] = []
+    llm = provider(FakeMessagesAPI().then(script))
     with pytest.raises(expected):
-        async for event in provider(api).respond(hi(), stream=True):
+        async for event in llm.respond(hi(), stream=True):
             received.append(event)
+    await llm.close()
     assert received and not any(isinstance(e, Reply) for e in received)
 
 

@@ -212,7 +212,7 @@ def _mark(messages: list[dict[str, Any]]) -> int:
     for end in ends:
         block = _built_at_or_before(messages, end)
         if block is not None and "cache_control" not in block:
-            block["cache_control"] = EPHEMERAL
+            block["cache_control"] = dict(EPHEMERAL)
             placed += 1
     return placed
 
@@ -231,7 +231,7 @@ def _body(request: ProviderRequest, model: str, *, max_tokens: int) -> dict[str,
     texts = [request.instructions, *conversation.system]
     system: list[dict[str, Any]] = [{"type": "text", "text": t} for t in texts if t]
     if system:
-        system[-1]["cache_control"] = EPHEMERAL
+        system[-1]["cache_control"] = dict(EPHEMERAL)
     if "thinking" in fields and _answers_another(conversation.messages):
         # With thinking on, the API refuses a final assistant tool_use turn that does not
         # start with a thinking block: this one was answered without (by another provider,

@@ -88,7 +88,7 @@ class UsageView(msgspec.Struct):
             return None
         return cls(
             usage.input_tokens,
-            InputTokens(usage.cached_tokens, 0),
+            InputTokens(usage.cached_tokens, usage.cache_write_tokens),
             usage.output_tokens,
             OutputTokens(usage.reasoning_tokens),
             usage.total_tokens,

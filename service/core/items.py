@@ -25,6 +25,7 @@ from service.core.errors import InvalidInput
 from service.core.ids import Ids, prefix_of, unstored_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
+from service.core.translate import OPAQUE_BLOCKS
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
 
@@ -104,10 +105,6 @@ def function_call_output(call_id: str, output: str) -> msgspec.Raw:
     return msgspec.Raw(msgspec.json.encode(item))
 
 
-# Anthropic's thinking blocks, kept as it sent them (one item a block: no role).
-_OPAQUE_BLOCKS = ("thinking", "redacted_thinking")
-
-
 def is_opaque(item: msgspec.Raw) -> bool:
     """An item only the provider, endpoint and model that made it can read: sealed reasoning,
     a compaction item, or Anthropic's thinking (signed, or redacted)."""
@@ -115,7 +112,7 @@ def is_opaque(item: msgspec.Raw) -> bool:
     return (
         head.type == "compaction"
         or (head.type == "reasoning" and bool(head.encrypted_content))
-        or (head.type in _OPAQUE_BLOCKS and head.role is None)
+        or (head.type in OPAQUE_BLOCKS and head.role is None)  # Anthropic's, kept as sent
     )
 
 

@@ -30,6 +30,7 @@ from service.core.errors import InvalidInput
 
 # The block types of an Anthropic assistant message that turnstore keeps (and replays).
 BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
+OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})  # readable by their issuer alone
 
 
 class _Head(msgspec.Struct):

@@ -97,6 +97,8 @@ def calls_made(items: Sequence[msgspec.Raw]) -> set[str]:
 
 def _call_ids(items: Sequence[msgspec.Raw], kind: str) -> set[str]:
     heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
+    if kind == "function_call":  # Anthropic's tool_use blocks are calls too
+        return {h.call_id or h.id for h in heads if h.type in ("function_call", "tool_use")}
     return {h.call_id for h in heads if h.type == kind}
 
 

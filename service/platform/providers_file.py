@@ -5,7 +5,7 @@ A TOML file (read with ``tomllib``)::
     default_model = "gpt-5"            # optional: else the first model of the first provider
 
     [providers.openai]
-    kind = "openai"                    # openai | azure | fake (see KINDS)
+    kind = "openai"                    # openai | azure | anthropic | fake (see KINDS)
     base_url = "https://api.openai.com/v1"
     api_key_env = "OPENAI_API_KEY"     # the NAME of the variable holding the key
     models = ["gpt-5", "gpt-5-mini"]
@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-# The kinds this release serves. The contract's `anthropic`, `gemini` and `chat` kinds are
-# refused by name until their adapters land (issues 31 and 32).
-KINDS = ("openai", "azure", "fake")
-NOT_YET = ("anthropic", "gemini", "chat")
+# The kinds this release serves. The contract's `gemini` and `chat` kinds are refused by name
+# until their adapters land (issue 32).
+KINDS = ("openai", "azure", "anthropic", "fake")
+NOT_YET = ("gemini", "chat")
+_KEYED = ("azure", "anthropic")  # kinds that always need a key
 _FIELDS = {"kind", "base_url", "api_key_env", "models"}
 
 
@@ -110,8 +111,8 @@ def _spec(name: str, table: Any, environ: Mapping[str, str]) -> ProviderSpec:
 def _key(where: str, kind: str, table: dict[str, Any], environ: Mapping[str, str]) -> str | None:
     variable = table.get("api_key_env")
     if variable is None:
-        if kind == "azure":
-            raise ProvidersFileError(f"{where}: kind 'azure' needs api_key_env")
+        if kind in _KEYED:
+            raise ProvidersFileError(f"{where}: kind {kind!r} needs api_key_env")
         return None
     if not _named(variable):
         raise ProvidersFileError(f"{where}: api_key_env must name an environment variable")

@@ -90,7 +90,7 @@ class Settings:
         shown="`DATABASE_URL`",
     )
     llm_provider: str = _setting(
-        "LLM_PROVIDER", "fake", "{choices}", choices=("fake", "openai", "azure")
+        "LLM_PROVIDER", "fake", "{choices}", choices=("fake", "openai", "azure", "anthropic")
     )
     providers_file: Path | None = _setting(
         "PROVIDERS_FILE",
@@ -113,6 +113,23 @@ class Settings:
     )
     azure_deployment: str | None = _setting(
         "AZURE_OPENAI_DEPLOYMENT", None, "for `azure`: the deployment (the model)"
+    )
+    anthropic_base_url: str = _setting(
+        "ANTHROPIC_BASE_URL",
+        "https://api.anthropic.com",
+        "for `anthropic`: requests go to `{base}/v1/messages` with `x-api-key`",
+    )
+    anthropic_api_key: str | None = _setting(
+        "ANTHROPIC_API_KEY", None, "for `anthropic`", secret=True
+    )
+    anthropic_model: str | None = _setting("ANTHROPIC_MODEL", None, "for `anthropic`")
+    anthropic_max_tokens: int = _setting(
+        "ANTHROPIC_MAX_TOKENS",
+        8192,
+        "`max_tokens` of a Claude request whose client names none (`max_output_tokens`): "
+        "Anthropic requires one",
+        low=1,
+        high=1_000_000,
     )
     upstream_connect_timeout_s: float = _setting(
         "UPSTREAM_CONNECT_TIMEOUT_S",
@@ -438,6 +455,8 @@ class Settings:
     def __post_init__(self) -> None:
         for spec in fields(self):
             _check(spec.metadata, getattr(self, spec.name))
+        if urlsplit(self.anthropic_base_url).username is not None:
+            raise SettingsError("ANTHROPIC_BASE_URL must not carry credentials (user:password@)")
         if urlsplit(self.openai_base_url).username is not None:
             # httpx would turn them into Basic auth (replacing the key) and log them.
             raise SettingsError("OPENAI_BASE_URL must not carry credentials (user:password@)")

@@ -368,7 +368,7 @@ class TurnService:
             [],
             prompt.text if prompt else None,
             advertised(self._tooling, ask.tools),
-            ask.model,
+            plan.model,
             ask.fields,
             ask.include,
         )

@@ -38,15 +38,18 @@ def written(tmp_path: Path, text: str) -> Path:
 def test_the_example_file_reads_as_the_readme_says(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-example")
     monkeypatch.setenv("AZURE_OPENAI_API_KEY", "azure-example")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-example")
     named = Settings(providers_file=EXAMPLE).providers()
     assert named is not None and named.default_model == "gpt-5-mini"
     assert [(p.name, p.kind, p.models) for p in named.providers] == [
         ("openai", "openai", ("gpt-5", "gpt-5-mini")),
+        ("claude", "anthropic", ("claude-sonnet-4-5", "claude-haiku-4-5")),
         ("eu", "azure", ("my-deployment",)),
         ("offline", "fake", ("fake-llm",)),
     ]
     assert named.providers[0].api_key == "sk-example"  # read from the variable it names
-    served = {"gpt-5", "gpt-5-mini", "my-deployment", "fake-llm"}
+    served = {"gpt-5", "gpt-5-mini", "claude-sonnet-4-5", "claude-haiku-4-5"}
+    served |= {"my-deployment", "fake-llm"}
     assert Settings(providers_file=EXAMPLE).served_models() == served
 
 
@@ -58,11 +61,15 @@ def test_the_example_file_reads_as_the_readme_says(monkeypatch: pytest.MonkeyPat
             TWO_FAKES.replace(
                 'kind = "fake"\nmodels = ["fake-c"]', 'kind = "bard"\nmodels = ["x"]'
             ),
-            "kind must be one of openai, azure, fake, not 'bard'",
+            "kind must be one of openai, azure, anthropic, fake, not 'bard'",
+        ),
+        (
+            '[providers.g]\nkind = "gemini"\nmodels = ["gemini-3"]',
+            "kind 'gemini' is not served by this release yet",
         ),
         (
             '[providers.c]\nkind = "anthropic"\nmodels = ["claude"]',
-            "kind 'anthropic' is not served by this release yet",
+            "kind 'anthropic' needs api_key_env",
         ),
         (
             '[providers.o]\nkind = "openai"\napi_key_env = "TS_TEST_UNSET_KEY"\nmodels = ["m"]',
@@ -173,3 +180,25 @@ async def test_each_request_reaches_the_endpoint_of_its_models_provider() -> Non
     assert routed.origin_for("m-3").provider == "two"
     assert routed.origin_for("m-3").endpoint == "https://two.invalid/v1/responses"
     assert routed.origin_for(None) == one.origin
+
+
+async def test_the_example_file_builds_each_kind_on_its_own_endpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for variable in ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.setenv(variable, f"key-of-{variable}")
+    provider = build_provider(Settings(providers_file=EXAMPLE))
+    try:
+        assert isinstance(provider, Routed)
+        endpoints = {
+            model: (provider.origin_for(model).provider, provider.origin_for(model).endpoint)
+            for model, _ in provider.models
+        }
+        assert endpoints["claude-haiku-4-5"] == ("claude", "https://api.anthropic.com/v1/messages")
+        assert endpoints["gpt-5"] == ("openai", "https://api.openai.com/v1/responses")
+        eu = ("eu", "https://my-resource.openai.azure.com/openai/v1/responses")
+        assert endpoints["my-deployment"] == eu
+        assert endpoints["fake-llm"] == ("offline", "builtin")
+        assert "key-of" not in repr(provider.origin_for("claude-haiku-4-5"))
+    finally:
+        await provider.close()

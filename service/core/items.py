@@ -25,7 +25,7 @@ from service.core.errors import InvalidInput
 from service.core.ids import Ids, prefix_of, unstored_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
-from service.core.translate import OPAQUE_BLOCKS
+from service.core.translate import OPAQUE_BLOCKS, SHOWN_AS, own_id
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
 
@@ -130,6 +130,17 @@ class _Listed(msgspec.Struct):
     id: str | None = None
     call_id: str | None = None
     type: str | None = None
+    role: str | None = None
+
+
+def _own(raw: msgspec.Raw, head: _Listed) -> tuple[str | None, str | None, str | None]:
+    """An item's own id, its call id and the type it is shown as: Anthropic's blocks as the
+    Responses items they read as (a tool_use's id is its call id; thinking, which carries no
+    id, is known by a digest of its bytes)."""
+    if head.role is None and head.type in SHOWN_AS:
+        call_id = head.id if head.type == "tool_use" else None
+        return own_id(raw, head.type, head.id), call_id, SHOWN_AS[head.type]
+    return head.id, head.call_id, head.type
 
 
 def listed(
@@ -148,16 +159,28 @@ def listed(
     itself. Every other item is, whoever made it."""
     shown = []
     for index, raw in enumerate(items, start=first):
-        head = msgspec.json.decode(raw, type=_Listed)
-        if head.call_id is None or head.call_id not in own_calls:
-            shown.append((shown_id(ids, cid, revision, index, head.id, head.type), raw))
+        own, call_id, kind = _own(raw, msgspec.json.decode(raw, type=_Listed))
+        if call_id is None or call_id not in own_calls:
+            shown.append((shown_id(ids, cid, revision, index, own, kind), raw))
     return shown
+
+
+PLACED = "@"  # a streamed message its provider gave no id (Anthropic's): named by its place
+
+
+def placed(index: int) -> str:
+    """What a streamed message without an id of its own is known by before its turn commits:
+    its place in the turn, which is what the turn lists it by."""
+    return f"{PLACED}{index}"
 
 
 def shown_id(
     ids: Ids, cid: uuid.UUID | None, revision: int, index: int, own: str | None, kind: str | None
 ) -> str:
-    """The id an item shows (``own``: the one stored with it; see service/core/ids.py)."""
+    """The id an item shows (``own``: the one stored with it, or ``placed``; see
+    service/core/ids.py)."""
+    if own is not None and own.startswith(PLACED):
+        index, own = int(own[len(PLACED) :]), None
     if cid is None:
         return own or unstored_id(prefix_of(kind))
     return ids.item(cid, revision, index, own, kind)
@@ -165,8 +188,8 @@ def shown_id(
 
 def item_head(raw: msgspec.Raw) -> tuple[str | None, str | None]:
     """An item's own id and its type."""
-    head = msgspec.json.decode(raw, type=_Listed)
-    return head.id, head.type
+    own, _, kind = _own(raw, msgspec.json.decode(raw, type=_Listed))
+    return own, kind
 
 
 def listed_ids(ids: Ids, cid: uuid.UUID, revision: int, turn: Turn) -> list[str]:

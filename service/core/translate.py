@@ -19,6 +19,7 @@ them, one item a block (``thinking`` with its ``signature``, ``redacted_thinking
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,13 @@ from service.core.errors import InvalidInput
 # The block types of an Anthropic assistant message that turnstore keeps (and replays).
 BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
 OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})  # readable by their issuer alone
+# The Responses item each block is shown as on the OpenAI surface (as_item).
+SHOWN_AS = {
+    "text": "message",
+    "thinking": "reasoning",
+    "redacted_thinking": "reasoning",
+    "tool_use": "function_call",
+}
 
 
 class _Head(msgspec.Struct):
@@ -236,11 +244,21 @@ def as_item(block: msgspec.Raw, seal: Callable[[str], str] | None = None) -> dic
 _ID_PREFIXES = {"message": "msg", "function_call": "fc", "reasoning": "rs"}
 
 
-def provider_id(kind: str) -> str:
+def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | None:
+    """The id a block is known by wherever it is shown: its own (a tool_use's), or for
+    thinking, which carries none, a digest of its bytes (its signature makes it unique); a
+    text block has none (it is listed by its place in its turn)."""
+    if kind in OPAQUE_BLOCKS:
+        return provider_id("reasoning", block)
+    return given
+
+
+def provider_id(kind: str, block: msgspec.Raw | None = None) -> str:
     """An id for an item a provider sent without one, shaped as OpenAI's (a prefix and 48 hex
-    digits): a client that keeps its own history sends it back as a provider's, not as one
-    naming something turnstore stored."""
-    return f"{_ID_PREFIXES[kind]}_{os.urandom(24).hex()}"
+    digits: a client that keeps its own history sends it back as a provider's, not as one
+    naming something turnstore stored): a digest of ``block``, random without one."""
+    token = hashlib.sha256(block).hexdigest()[:48] if block is not None else os.urandom(24).hex()
+    return f"{_ID_PREFIXES[kind]}_{token}"
 
 
 def opened_block(content: str) -> msgspec.Raw | None:
@@ -250,3 +268,12 @@ def opened_block(content: str) -> msgspec.Raw | None:
         return None
     raw = msgspec.Raw(content.encode())
     return raw if is_block(raw) else None
+
+
+def shown_item(raw: msgspec.Raw) -> dict[str, Any]:
+    """An output item as a client is shown it before its turn ends: Anthropic's blocks as the
+    Responses items they read as, under the id they are listed by (others as they are)."""
+    if not is_block(raw):
+        return msgspec.json.decode(raw)  # type: ignore[no-any-return]
+    head = msgspec.json.decode(raw, type=_Block)
+    return {**as_item(raw), "id": own_id(raw, head.type, head.id or None)}

@@ -155,8 +155,8 @@ class _Sealing:
             item = as_item(raw, lambda block: self._ids.seal(self._origin, block))
             if item["type"] == "message" and self._message_id is not None:
                 item["id"], self._message_id = self._message_id, None  # its deltas' message
-            else:
-                item["id"] = provider_id(item["type"])
+            else:  # the same id for the same block, announced early or in the final output
+                item["id"] = provider_id(item["type"], raw)
             return msgspec.Raw(msgspec.json.encode(item))
         if not is_opaque(raw):
             return raw

@@ -168,3 +168,45 @@ async def test_a_claude_failure_commits_nothing_and_is_the_contracts_error(targe
         assert len(turns) == 1  # nothing of the failed turns was kept
         metrics = (await plain.get("/metrics")).text
         assert API_KEY not in metrics
+
+
+@pytest.mark.parametrize("stored", [True, False])
+async def test_a_streamed_claude_turn_is_openais_events_and_its_final_response(
+    target: Target, stored: bool
+) -> None:
+    """Streamed with OpenAI's events: each item announced at its place (thinking as reasoning,
+    then the message its deltas fill), and the final Response holds the same items; the
+    next turn replays them (stored: from the conversation; stateless: sent back)."""
+    api = FakeMessagesAPI()
+    async with sdk(target, claude_beside_the_fake(api), models=MODELS) as (client, _, _plain):
+        conversation = await client.conversations.create() if stored else None
+        history: list[Any] = [{"role": "user", "content": "Hello"}]
+        for n in (1, 2):
+            api.then(thinking_reply(n))
+            where: dict[str, Any] = {"conversation": conversation.id} if conversation else {}
+            stream = await client.responses.create(
+                model=CLAUDE,
+                input=history if not stored else f"Hello {n}",
+                store=stored,
+                reasoning=THINK,
+                include=["reasoning.encrypted_content"],
+                stream=True,
+                **where,
+            )
+            added, deltas, final = [], [], None
+            async for event in stream:
+                if event.type == "response.output_item.added":
+                    added.append((event.output_index, event.item.type, event.item.id))
+                elif event.type == "response.output_text.delta":
+                    deltas.append(event.delta)
+                elif event.type == "response.completed":
+                    final = event.response
+            assert final is not None and final.output_text == f"Answer {n}" == "".join(deltas)
+            shown = [(index, item.type, item.id) for index, item in enumerate(final.output)]
+            assert added == shown, (added, shown)  # announced at its place, under its final id
+            assert [kind for _, kind, _ in shown] == ["reasoning"] * 3 + ["message"]
+            output = [item.model_dump(exclude_none=True) for item in final.output]
+            history += [*output, {"role": "user", "content": f"And {n}?"}]
+    assert len(api.requests) == 2
+    replayed = api.requests[1]["messages"]
+    assert sum(b["type"] == "thinking" for m in replayed for b in m["content"]) == 2

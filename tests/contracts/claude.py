@@ -15,6 +15,7 @@ import pytest
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.fake import FakeProvider
 from service.providers.routing import Routed
+from tests.support import fake_anthropic
 from tests.support.fake_anthropic import API_KEY, FakeMessagesAPI, Redacted, Script, Text, Thinking
 from tests.support.fake_anthropic import ToolUse as Call
 from tests.support.helpers import Target, sdk
@@ -210,3 +211,37 @@ async def test_a_streamed_claude_turn_is_openais_events_and_its_final_response(
     assert len(api.requests) == 2
     replayed = api.requests[1]["messages"]
     assert sum(b["type"] == "thinking" for m in replayed for b in m["content"]) == 2
+
+
+async def test_a_refused_signature_is_retried_once_without_earlier_thinking_and_counted(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After Anthropic stops accepting the signatures it issued (as after an organisation
+    change), the next turn is sent once more without earlier thinking: it commits, and
+    /metrics counts the retry."""
+    api = FakeMessagesAPI()
+    async with sdk(target, claude_beside_the_fake(api), models=MODELS) as (client, _, plain):
+        conversation = await client.conversations.create()
+        before = retries((await plain.get("/metrics")).text)
+        for n in (1, 2):
+            if n == 2:
+                monkeypatch.setattr(fake_anthropic, "SECRET", b"another organisation's key")
+            api.then(thinking_reply(n))
+            answered = await client.responses.create(
+                model=CLAUDE, conversation=conversation.id, input=f"Q{n}", reasoning=THINK
+            )
+            assert answered.output_text == f"Answer {n}"
+        metrics = (await plain.get("/metrics")).text
+    assert len(api.requests) == 3  # turn 2 refused once, then sent without earlier thinking
+    retried = api.requests[2]["messages"]
+    assert all(
+        b["type"] not in ("thinking", "redacted_thinking") for m in retried for b in m["content"]
+    )
+    assert retries(metrics) == before + 1
+
+
+def retries(metrics: str) -> float:
+    """turnstore_provider_retries_total of Claude's model in a /metrics text (0 before any)."""
+    series = f'turnstore_provider_retries_total{{model="{CLAUDE}"}} '
+    found = [line for line in metrics.splitlines() if line.startswith(series)]
+    return float(found[0].removeprefix(series)) if found else 0.0

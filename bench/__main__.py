@@ -1,7 +1,7 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
 Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,
-compaction,citus,running
+compaction,citus,running,providers
 --subjects ...
 --rounds N  --flame, --realtime (floors: flame graphs into bench/flame/; servers under
 SCHED_FIFO)
@@ -29,6 +29,7 @@ from bench import (
     hostile,
     migrate,
     plots,
+    providers,
     report,
     responses,
     running,
@@ -50,7 +51,7 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,"
-        "compaction,citus,running",
+        "compaction,citus,running,providers",
     )
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
@@ -185,6 +186,14 @@ def main() -> None:
                 " (OWNER_MAX_RUNNING_TURNS) costs part 2's load, with the count and without"
             )
             for line in running.lines(running.run(url, logs)):
+                _say("   " + line)
+        if "providers" in parts:
+            _say(
+                f"\n14. Providers: a {providers.TURNS}-turn Claude conversation with thinking "
+                "(the strict fake Anthropic API, over HTTP), its prompt cache, and a Claude turn's "
+                "server CPU next to a fake-model turn's"
+            )
+            for line in providers.lines(providers.run(url, logs)):
                 _say("   " + line)
         _say("\nTargets (ratios from this run)")
         if floor is not None:

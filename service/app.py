@@ -49,12 +49,15 @@ from service.core.window import Budget, SystemPrompt
 from service.platform import heap, tracing
 from service.platform.db import create_engine
 from service.platform.logs import configure as configure_logging
+from service.platform.providers_file import ProviderSpec
 from service.platform.settings import Settings, SettingsError
 from service.platform.shutdown import shutdown_on_signals
 from service.platform.startup import resolve_database
+from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.openai_responses import Endpoint, ResponsesProvider
+from service.providers.routing import Routed
 from service.store.cache import CachedStore
 from service.store.ports import ApiKeys, Backend, Closer, History, Operations
 from service.store.postgres import (
@@ -101,10 +104,51 @@ def build_endpoint(settings: Settings) -> Endpoint:
 
 
 def build_provider(settings: Settings) -> Provider:
+    """The provider the settings name: PROVIDERS_FILE's, routed by model, or LLM_PROVIDER's."""
+    named = settings.providers()
+    if named is not None:
+        served = [(s.name, _named_provider(s, settings), s.models) for s in named.providers]
+        return Routed(served, named.default_model)
     if settings.llm_provider == "fake":
         return FakeProvider()
+    if settings.llm_provider == "anthropic":
+        key, model = settings.anthropic_api_key, settings.anthropic_model
+        if not (key and model):
+            raise ValueError("anthropic needs ANTHROPIC_API_KEY and ANTHROPIC_MODEL")
+        endpoint = AnthropicEndpoint("anthropic", settings.anthropic_base_url, key, model)
+        return _anthropic(endpoint, settings)
+    return _responses(build_endpoint(settings), settings)
+
+
+def _named_provider(spec: ProviderSpec, settings: Settings) -> Provider:
+    """One provider of PROVIDERS_FILE (its file was checked when the settings were made)."""
+    if spec.kind == "fake":
+        return FakeProvider(name=spec.name)
+    model = spec.models[0]
+    if spec.kind == "anthropic":
+        assert spec.api_key is not None
+        endpoint = AnthropicEndpoint(spec.name, spec.base_url, spec.api_key, model)
+        return _anthropic(endpoint, settings)
+    if spec.kind == "azure":
+        assert spec.base_url is not None and spec.api_key is not None
+        return _responses(Endpoint.azure(spec.base_url, spec.api_key, model, spec.name), settings)
+    base_url = spec.base_url or settings.openai_base_url
+    return _responses(Endpoint.openai(base_url, spec.api_key, model, spec.name), settings)
+
+
+def _anthropic(endpoint: AnthropicEndpoint, settings: Settings) -> Provider:
+    return AnthropicProvider(
+        endpoint,
+        max_tokens=settings.anthropic_max_tokens,
+        connect_timeout_s=settings.upstream_connect_timeout_s,
+        read_timeout_s=settings.upstream_read_timeout_s,
+        max_body_bytes=settings.upstream_max_body_bytes,
+    )
+
+
+def _responses(endpoint: Endpoint, settings: Settings) -> Provider:
     return ResponsesProvider(
-        build_endpoint(settings),
+        endpoint,
         connect_timeout_s=settings.upstream_connect_timeout_s,
         read_timeout_s=settings.upstream_read_timeout_s,
         max_body_bytes=settings.upstream_max_body_bytes,
@@ -260,6 +304,7 @@ def build_services(
         idempotency=stores.idempotency is not None,
         own_tools=turns.tool_names,
         models=settings.served_models(),
+        configured_model=provider.origin.model,
         instructions=settings.instructions,
         compact_threshold=settings.compact_threshold(),
         compact_default=settings.compact_threshold_tokens,

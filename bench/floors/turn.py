@@ -108,7 +108,7 @@ class Reply:
         tokens_out = -(-len(text) // 4) + 4  # its text, and its reasoning's four
         usage = {
             "input_tokens": tokens_in, "cached_tokens": 0, "output_tokens": tokens_out,
-            "reasoning_tokens": 4, "total_tokens": tokens_in + tokens_out,
+            "reasoning_tokens": 4, "total_tokens": tokens_in + tokens_out, "cache_write_tokens": 0,
         }  # fmt: skip
         size = sum(map(len, items))
         return cls(text, reasoning, reply, _JSON.encode(items).decode(), size, usage)

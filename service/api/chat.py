@@ -124,6 +124,7 @@ def chat_plan(
         parse_if_match(if_match),
         idempotency_key=idempotency_key,
         background=data.background,
+        model=data.model,
     )
     return make_plan(api.rules, asked)
 

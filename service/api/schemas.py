@@ -54,6 +54,13 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
             "at once; a /chat/stream client may drop and resume (GET /api/v1/turns/{id}/events)."
         ),
     ] = False
+    model: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="The model that answers this turn, which picks its provider (GET "
+            "/v1/models lists them); omit or null for the configured default model."
+        ),
+    ] = None
 
 
 class InputTokens(msgspec.Struct):
@@ -81,7 +88,7 @@ class UsageView(msgspec.Struct):
             return None
         return cls(
             usage.input_tokens,
-            InputTokens(usage.cached_tokens, 0),
+            InputTokens(usage.cached_tokens, usage.cache_write_tokens),
             usage.output_tokens,
             OutputTokens(usage.reasoning_tokens),
             usage.total_tokens,

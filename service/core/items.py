@@ -25,6 +25,7 @@ from service.core.errors import InvalidInput
 from service.core.ids import Ids, prefix_of, unstored_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
+from service.core.translate import OPAQUE_BLOCKS, SHOWN_AS, own_id
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
 
@@ -32,6 +33,7 @@ from service.core.strictjson import holds_nul, is_encodable
 class _ItemHead(msgspec.Struct):
     type: str | None = None
     encrypted_content: str | None = None
+    role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,14 +48,20 @@ class _FunctionCallItem(msgspec.Struct):
     call_id: str = ""
     name: str = ""
     arguments: str = ""
+    id: str = ""  # an Anthropic tool_use block's call id
+    input: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))  # its arguments
 
 
 def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
-    """The ``function_call`` items among a reply's output items, in order."""
-    heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
-    return [
-        FunctionCall(h.call_id, h.name, h.arguments) for h in heads if h.type == "function_call"
-    ]
+    """The function calls among a reply's output items, in order: ``function_call`` items,
+    or Anthropic ``tool_use`` blocks."""
+    calls = []
+    for head in (msgspec.json.decode(item, type=_FunctionCallItem) for item in items):
+        if head.type == "function_call":
+            calls.append(FunctionCall(head.call_id, head.name, head.arguments))
+        elif head.type == "tool_use":
+            calls.append(FunctionCall(head.id, head.name, bytes(head.input).decode()))
+    return calls
 
 
 def function_outputs(items: Sequence[msgspec.Raw]) -> list[FunctionCall]:
@@ -89,6 +97,8 @@ def calls_made(items: Sequence[msgspec.Raw]) -> set[str]:
 
 def _call_ids(items: Sequence[msgspec.Raw], kind: str) -> set[str]:
     heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
+    if kind == "function_call":  # Anthropic's tool_use blocks are calls too
+        return {h.call_id or h.id for h in heads if h.type in ("function_call", "tool_use")}
     return {h.call_id for h in heads if h.type == kind}
 
 
@@ -99,9 +109,13 @@ def function_call_output(call_id: str, output: str) -> msgspec.Raw:
 
 def is_opaque(item: msgspec.Raw) -> bool:
     """An item only the provider, endpoint and model that made it can read: sealed reasoning,
-    or a compaction item."""
+    a compaction item, or Anthropic's thinking (signed, or redacted)."""
     head = msgspec.json.decode(item, type=_ItemHead)
-    return head.type == "compaction" or (head.type == "reasoning" and bool(head.encrypted_content))
+    return (
+        head.type == "compaction"
+        or (head.type == "reasoning" and bool(head.encrypted_content))
+        or (head.type in OPAQUE_BLOCKS and head.role is None)  # Anthropic's, kept as sent
+    )
 
 
 def compaction_item(items: Sequence[msgspec.Raw]) -> msgspec.Raw | None:
@@ -116,6 +130,17 @@ class _Listed(msgspec.Struct):
     id: str | None = None
     call_id: str | None = None
     type: str | None = None
+    role: str | None = None
+
+
+def _own(raw: msgspec.Raw, head: _Listed) -> tuple[str | None, str | None, str | None]:
+    """An item's own id, its call id and the type it is shown as: Anthropic's blocks as the
+    Responses items they read as (a tool_use's id is its call id; thinking, which carries no
+    id, is known by a digest of its bytes)."""
+    if head.role is None and head.type in SHOWN_AS:
+        call_id = head.id if head.type == "tool_use" else None
+        return own_id(raw, head.type, head.id), call_id, SHOWN_AS[head.type]
+    return head.id, head.call_id, head.type
 
 
 def listed(
@@ -134,16 +159,28 @@ def listed(
     itself. Every other item is, whoever made it."""
     shown = []
     for index, raw in enumerate(items, start=first):
-        head = msgspec.json.decode(raw, type=_Listed)
-        if head.call_id is None or head.call_id not in own_calls:
-            shown.append((shown_id(ids, cid, revision, index, head.id, head.type), raw))
+        own, call_id, kind = _own(raw, msgspec.json.decode(raw, type=_Listed))
+        if call_id is None or call_id not in own_calls:
+            shown.append((shown_id(ids, cid, revision, index, own, kind), raw))
     return shown
+
+
+PLACED = "@"  # a streamed message its provider gave no id (Anthropic's): named by its place
+
+
+def placed(index: int) -> str:
+    """What a streamed message without an id of its own is known by before its turn commits:
+    its place in the turn, which is what the turn lists it by."""
+    return f"{PLACED}{index}"
 
 
 def shown_id(
     ids: Ids, cid: uuid.UUID | None, revision: int, index: int, own: str | None, kind: str | None
 ) -> str:
-    """The id an item shows (``own``: the one stored with it; see service/core/ids.py)."""
+    """The id an item shows (``own``: the one stored with it, or ``placed``; see
+    service/core/ids.py)."""
+    if own is not None and own.startswith(PLACED):
+        index, own = int(own[len(PLACED) :]), None
     if cid is None:
         return own or unstored_id(prefix_of(kind))
     return ids.item(cid, revision, index, own, kind)
@@ -151,8 +188,8 @@ def shown_id(
 
 def item_head(raw: msgspec.Raw) -> tuple[str | None, str | None]:
     """An item's own id and its type."""
-    head = msgspec.json.decode(raw, type=_Listed)
-    return head.id, head.type
+    own, _, kind = _own(raw, msgspec.json.decode(raw, type=_Listed))
+    return own, kind
 
 
 def listed_ids(ids: Ids, cid: uuid.UUID, revision: int, turn: Turn) -> list[str]:

@@ -38,19 +38,21 @@ class PlanRules:
     idempotency: bool = True  # Idempotency-Key is served (its claims are stored somewhere)
     own_tools: frozenset[str] = frozenset()  # TOOLS: names no client tool may take
     models: frozenset[str] | None = frozenset()  # MODELS besides the configured one (None: any)
+    configured_model: str = ""  # a request naming no model gets it (the provider's default)
     instructions: str = "append"  # INSTRUCTIONS: append, client, or server (client's refused)
     compact_threshold: int | None = None  # CONTEXT_STRATEGY=compact: every turn's threshold
     compact_default: int = 100_000  # COMPACT_THRESHOLD_TOKENS: a context_management's default
 
-    def check_model(self, model: str | None, configured: str) -> None:
-        """A model a request may name: the configured one, one of MODELS, or any with ``*``."""
+    def check_model(self, model: str | None) -> None:
+        """A model a request may name: the configured one, one of MODELS (or of
+        PROVIDERS_FILE), or any with ``*``."""
+        configured = self.configured_model
         if model is None or model == configured or self.models is None or model in self.models:
             return
         served = ", ".join(repr(name) for name in [configured, *sorted(self.models - {configured})])
         raise ModelNotFound(
             f"The model {model!r} does not exist or you do not have access to it. This server "
-            f"serves {served} (GET /v1/models); its MODELS setting adds others (comma-separated, "
-            "or * for any)."
+            f"serves {served} (GET /v1/models); its MODELS setting or PROVIDERS_FILE adds others."
         )
 
     def server_prompt_first(self, instructions: str | None) -> bool:
@@ -105,6 +107,7 @@ class TurnRequest:
     fork_of: ForkPoint | None = None
     asked: Asked | None = None
     stored_response: bool = False
+    model: str | None = None  # an /api/v1 turn's model (a /v1 turn's is asked.model)
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ class TurnPlan:
     # The input, in the provider's tokens, above which the turn compacts its window first
     # (service/usecases/compaction.py); None: it never does.
     compact_threshold: int | None = None
+    model: str | None = None  # the model asked for (None: the configured one), which routes it
 
     @property
     def message(self) -> str:
@@ -161,7 +165,7 @@ def make_plan(rules: PlanRules, request: TurnRequest) -> TurnPlan:
             raise InvalidInput("Idempotency-Key is not enabled on this server.")
         cid = request.conversation_id
         where = None if cid is None else str(cid)
-        subject = request.key_subject or _chat_subject(given.message, where, request.background)
+        subject = request.key_subject or _chat_subject(given.message, where, request)
         digest = hashlib.sha256(subject).hexdigest()
         idempotency = IdempotencyKey(request.owner, request.idempotency_key, digest)
     if request.conversation_id is None and request.if_match is not None:
@@ -173,6 +177,8 @@ def make_plan(rules: PlanRules, request: TurnRequest) -> TurnPlan:
     elif not isinstance(cid, uuid.UUID):
         cid = parse_conversation_id(cid)
     compact = asked.compact if asked and asked.compact is not None else rules.compact_threshold
+    model = asked.model if asked else request.model
+    rules.check_model(model)
     return TurnPlan(
         conversation_id=cid,
         is_new=new,
@@ -186,6 +192,7 @@ def make_plan(rules: PlanRules, request: TurnRequest) -> TurnPlan:
         server_prompt=rules.server_prompt_first(asked.instructions if asked else None),
         stored_response=request.stored_response,
         compact_threshold=compact,
+        model=model,
     )
 
 
@@ -223,11 +230,14 @@ def _check_message(rules: PlanRules, message: str, items: tuple[msgspec.Raw, ...
         raise InvalidInput("message must be valid text without NUL characters.")
 
 
-def _chat_subject(message: str, conversation_id: str | None, background: bool) -> bytes:
-    # Endpoint-agnostic: a retry may switch between /chat and /chat/stream. A plain turn
-    # hashes as before background turns existed, so keys claimed before an upgrade (or on a
-    # replica not yet upgraded) still match their retries.
-    return msgspec.json.encode([message, conversation_id, *([True] if background else [])])
+def _chat_subject(message: str, conversation_id: str | None, request: TurnRequest) -> bytes:
+    # Endpoint-agnostic: a retry may switch between /chat and /chat/stream. A plain turn on
+    # the default model hashes as before background turns and models existed, so keys claimed
+    # before an upgrade (or on a replica not yet upgraded) still match their retries.
+    more: list[object] = [True] if request.background else []
+    if request.model is not None:
+        more.append({"model": request.model})
+    return msgspec.json.encode([message, conversation_id, *more])
 
 
 def check_precondition(if_match: Precondition, revision: int) -> None:

@@ -15,6 +15,9 @@ class Usage:
     output_tokens: int = 0
     reasoning_tokens: int = 0  # of the output tokens
     total_tokens: int = 0
+    # of the input tokens, written to the provider's prompt cache (Anthropic reports them;
+    # last, so usage stored before it decodes with 0)
+    cache_write_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -23,13 +26,17 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.reasoning_tokens + other.reasoning_tokens,
             self.total_tokens + other.total_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
         )
 
     def as_openai(self) -> dict[str, object]:
         """The Responses API's shape (every field the SDKs' types require)."""
         return {
             "input_tokens": self.input_tokens,
-            "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
+            "input_tokens_details": {
+                "cached_tokens": self.cached_tokens,
+                "cache_write_tokens": self.cache_write_tokens,
+            },
             "output_tokens": self.output_tokens,
             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": self.total_tokens,

@@ -3,6 +3,7 @@ its keys and what it reports.
 
 - settings.py: every environment variable, declared once (its default, range and the README's
   sentence; the README's table is generated from it).
+- providers_file.py: PROVIDERS_FILE, several named providers and the models each serves.
 - db.py: connecting: the engine and its pool, the URL as asyncpg takes it, the arguments of a
   connection outside the pool.
 - startup.py: which database a process starts on (DATABASE_URL, or the embedded server, which

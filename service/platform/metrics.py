@@ -54,6 +54,13 @@ HTTP_REQUEST_SECONDS = Histogram(
 TURNS_COMMITTED = Counter(
     "turnstore_turns_committed_total", "Turns committed.", ["mode"], registry=REGISTRY
 )
+PROVIDER_RETRIES = Counter(
+    "turnstore_provider_retries_total",
+    "Provider calls made again without earlier turns' opaque content (sealed reasoning, signed "
+    "thinking) after the provider refused it, by model: the one retry a turn makes.",
+    ["model"],
+    registry=REGISTRY,
+)
 TURNS_NOT_COMMITTED = Counter(
     "turnstore_turns_not_committed_total",
     "Turns that ended without a commit, by reason (an error code, or disconnect).",

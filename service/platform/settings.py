@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from service.platform.crypto import KeyFileError, MasterKeys, read_master_keys
+from service.platform.providers_file import ProvidersFile, ProvidersFileError, read_providers_file
 
 
 class SettingsError(ValueError):
@@ -89,7 +90,13 @@ class Settings:
         shown="`DATABASE_URL`",
     )
     llm_provider: str = _setting(
-        "LLM_PROVIDER", "fake", "{choices}", choices=("fake", "openai", "azure")
+        "LLM_PROVIDER", "fake", "{choices}", choices=("fake", "openai", "azure", "anthropic")
+    )
+    providers_file: Path | None = _setting(
+        "PROVIDERS_FILE",
+        None,
+        "a TOML file of named providers, each serving its own models, routed by a request's "
+        "model (README: Providers); instead of `LLM_PROVIDER` and its variables",
     )
     openai_base_url: str = _setting(
         "OPENAI_BASE_URL",
@@ -106,6 +113,23 @@ class Settings:
     )
     azure_deployment: str | None = _setting(
         "AZURE_OPENAI_DEPLOYMENT", None, "for `azure`: the deployment (the model)"
+    )
+    anthropic_base_url: str = _setting(
+        "ANTHROPIC_BASE_URL",
+        "https://api.anthropic.com",
+        "for `anthropic`: requests go to `{base}/v1/messages` with `x-api-key`",
+    )
+    anthropic_api_key: str | None = _setting(
+        "ANTHROPIC_API_KEY", None, "for `anthropic`", secret=True
+    )
+    anthropic_model: str | None = _setting("ANTHROPIC_MODEL", None, "for `anthropic`")
+    anthropic_max_tokens: int = _setting(
+        "ANTHROPIC_MAX_TOKENS",
+        8192,
+        "`max_tokens` of a Claude request whose client names none (`max_output_tokens`): "
+        "Anthropic requires one",
+        low=1,
+        high=1_000_000,
     )
     upstream_connect_timeout_s: float = _setting(
         "UPSTREAM_CONNECT_TIMEOUT_S",
@@ -431,19 +455,36 @@ class Settings:
     def __post_init__(self) -> None:
         for spec in fields(self):
             _check(spec.metadata, getattr(self, spec.name))
+        if urlsplit(self.anthropic_base_url).username is not None:
+            raise SettingsError("ANTHROPIC_BASE_URL must not carry credentials (user:password@)")
         if urlsplit(self.openai_base_url).username is not None:
             # httpx would turn them into Basic auth (replacing the key) and log them.
             raise SettingsError("OPENAI_BASE_URL must not carry credentials (user:password@)")
         if self.encryption_keys_file is not None:
             self.master_keys()  # a malformed or short key stops the process at start-up
+        if self.providers_file is not None:
+            self.providers()  # so does a bad providers file
 
     def compact_threshold(self) -> int | None:
         """The threshold every turn compacts at (None: CONTEXT_STRATEGY=drop)."""
         return self.compact_threshold_tokens if self.context_strategy == "compact" else None
 
+    def providers(self) -> ProvidersFile | None:
+        """PROVIDERS_FILE read, its keys from the variables it names (None: unset)."""
+        if self.providers_file is None:
+            return None
+        try:
+            return read_providers_file(self.providers_file, os.environ)
+        except ProvidersFileError as exc:
+            raise SettingsError(f"PROVIDERS_FILE: {exc}") from None
+
     def served_models(self) -> frozenset[str] | None:
         """MODELS as a set (None: any model, `*`, or unset with the built-in fake, which
-        answers for any model: a client's default model name works on `make run`)."""
+        answers for any model: a client's default model name works on `make run`); with
+        PROVIDERS_FILE, the models it names."""
+        named = self.providers()
+        if named is not None:
+            return frozenset(model for spec in named.providers for model in spec.models)
         if self.models is None and self.llm_provider == "fake":
             return None
         names = {name.strip() for name in (self.models or "").split(",") if name.strip()}

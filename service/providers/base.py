@@ -18,6 +18,7 @@ import msgspec
 
 from service.core.errors import UpstreamError
 from service.core.model import Origin, ReplyStatus
+from service.core.translate import to_items
 from service.core.usage import Usage
 
 
@@ -97,7 +98,11 @@ def encode_count(model: str, request: ProviderRequest) -> bytes:
 def _encode(model: str, request: ProviderRequest, create: dict[str, object]) -> bytes:
     """The one body every endpoint's request is cut from: model and input, what only its
     endpoint takes (``create``), then instructions, tools and a client's own fields."""
-    body: dict[str, object] = {"model": request.model or model, "input": request.input_items}
+    # Turns another provider answered carry its items: the Responses API gets them translated.
+    body: dict[str, object] = {
+        "model": request.model or model,
+        "input": to_items(request.input_items),
+    }
     body |= create
     if request.instructions is not None:
         body["instructions"] = request.instructions
@@ -115,7 +120,10 @@ def request_overhead(model: str, request: ProviderRequest, *, stream: bool) -> i
 
 
 class Provider(Protocol):
-    origin: Origin  # recorded with each turn whose replay items this provider produced
+    origin: Origin  # its configured model's: recorded with each turn whose items it produced
+
+    def origin_for(self, model: str | None) -> Origin:
+        """The origin of what it answers for ``model`` (None: its configured model)."""
 
     def respond(
         self, request: ProviderRequest, *, stream: bool

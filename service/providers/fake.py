@@ -26,12 +26,14 @@ import functools
 import hashlib
 import math
 from collections.abc import AsyncGenerator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import msgspec
 
 from service.core.errors import InvalidEncryptedContent, ProviderRefused, UpstreamError
 from service.core.model import Origin
+from service.core.translate import to_items
 from service.core.usage import Usage
 from service.providers.base import (
     Compacted,
@@ -125,15 +127,18 @@ def _seal(model: str, item_id: str) -> str:
 
 
 class FakeProvider:
-    origin = Origin("fake", "builtin", MODEL)
-
-    def __init__(self, *, deltas: int = 4) -> None:
+    def __init__(self, *, deltas: int = 4, name: str = "fake") -> None:
         self._deltas = deltas
+        self.origin = Origin(name, "builtin", MODEL)
+
+    def origin_for(self, model: str | None) -> Origin:
+        return self.origin.with_model(model)
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:
         _check_fields(request.fields)
+        request = _translated(request)
         model = request.model or MODEL
         heads = _checked(request, model)
         compacted = _compacted(heads)
@@ -170,6 +175,7 @@ class FakeProvider:
     async def compact(self, request: ProviderRequest) -> Compacted:
         """The user messages of the input, then one compaction item sealed for the model
         that names how many items it stands for."""
+        request = _translated(request)
         model = request.model or MODEL
         heads = _checked(request, model)
         kept = [raw for raw, h in zip(request.input_items, heads, strict=True) if h.role == "user"]
@@ -188,6 +194,7 @@ class FakeProvider:
     async def count_tokens(self, request: ProviderRequest) -> int:
         """What ``respond`` would report as the request's input tokens."""
         _check_fields(request.fields)
+        request = _translated(request)
         _checked(request, request.model or MODEL)
         return _tokens(sum(map(len, request.input_items)) + len(request.instructions or ""))
 
@@ -196,6 +203,12 @@ class FakeProvider:
 
 
 _HEADS = msgspec.json.Decoder(list[_ItemHead])
+
+
+def _translated(request: ProviderRequest) -> ProviderRequest:
+    """The request as the Responses API takes it: another provider's items translated."""
+    items = to_items(request.input_items)
+    return request if items is request.input_items else replace(request, input_items=items)
 
 
 def _checked(request: ProviderRequest, model: str) -> list[_ItemHead]:

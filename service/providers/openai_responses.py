@@ -7,34 +7,25 @@ the wire (a stream repeats the text about five times) are capped at ``max_wire_b
 are checked as the body arrives. Output items are kept as the raw bytes the provider sent.
 
 Failures become domain errors, with messages of our own (provider bodies never reach the
-client). ``_translate`` maps httpx's exception hierarchy, in one place::
-
-    httpx.HTTPError
-     +-- TimeoutException (Connect/Read/Write/PoolTimeout)   -> UpstreamTimeout
-     +-- every other one (ConnectError, ReadError,
-         RemoteProtocolError, ProxyError, DecodingError...)  -> UpstreamError
-    msgspec.DecodeError, RecursionError (unparsable,
-        mis-shaped or absurdly deep JSON)                    -> UpstreamError
-
-and what the provider says maps as: HTTP 429 -> RateLimited (with a plain Retry-After); an
-HTTP 400 or a stream ``error`` event whose code is in ``_CODES`` -> that error (e.g.
-invalid_encrypted_content -> InvalidEncryptedContent, which the use case retries once without
-sealed reasoning); any other non-2xx, a ``failed`` response or a stream without terminal event
--> UpstreamError. An ``incomplete`` reply (max_output_tokens, content_filter) is a Reply: the
-use case decides what commits.
+client). httpx's exception hierarchy and malformed JSON map as in every adapter
+(service/providers/wire.py); what the provider says maps as: HTTP 429 -> RateLimited (with a
+plain Retry-After); an HTTP 400 or a stream ``error`` event whose code is in ``_CODES`` -> that
+error (e.g. invalid_encrypted_content -> InvalidEncryptedContent, which the use case retries
+once without sealed reasoning); any other non-2xx, a ``failed`` response or a stream without
+terminal event -> UpstreamError. An ``incomplete`` reply (max_output_tokens, content_filter) is
+a Reply: the use case decides what commits.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
 import msgspec
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 
 from service.core.errors import (
     ContentFiltered,
@@ -44,7 +35,6 @@ from service.core.errors import (
     RateLimited,
     TurnstoreError,
     UpstreamError,
-    UpstreamTimeout,
 )
 from service.core.items import compaction_item
 from service.core.model import Origin, ReplyStatus
@@ -60,6 +50,7 @@ from service.providers.base import (
     encode_count,
     encode_request,
 )
+from service.providers.wire import retry_after, trace_headers, translated
 
 log = logging.getLogger("turnstore.provider")
 
@@ -71,28 +62,27 @@ _CODES: dict[str, type[TurnstoreError]] = {
     "rate_limit_exceeded": RateLimited,
     "invalid_encrypted_content": InvalidEncryptedContent,
 }
-# Retry-After as delay-seconds or an IMF-fixdate; anything else is not passed on.
-_RETRY_AFTER = re.compile(
-    r"\d{1,9}|[A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d GMT", re.A
-)
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    name: str  # "openai" or "azure"
+    name: str  # the provider's: "openai" or "azure", or its name in PROVIDERS_FILE
     url: str
     headers: dict[str, str] = field(repr=False)  # they hold the API key
     model: str
 
     @classmethod
-    def openai(cls, base_url: str, api_key: str, model: str) -> Endpoint:
+    def openai(
+        cls, base_url: str, api_key: str | None, model: str, name: str = "openai"
+    ) -> Endpoint:
+        """OpenAI's API or a server speaking it (without a key: no Authorization header)."""
         url = base_url.rstrip("/") + "/responses"
-        return cls("openai", url, {"Authorization": f"Bearer {api_key}"}, model)
+        return cls(name, url, {"Authorization": f"Bearer {api_key}"} if api_key else {}, model)
 
     @classmethod
-    def azure(cls, endpoint: str, api_key: str, deployment: str) -> Endpoint:
+    def azure(cls, endpoint: str, api_key: str, deployment: str, name: str = "azure") -> Endpoint:
         url = endpoint.rstrip("/") + "/openai/v1/responses"
-        return cls("azure", url, {"api-key": api_key}, deployment)
+        return cls(name, url, {"api-key": api_key}, deployment)
 
 
 class _ErrorDetail(msgspec.Struct):
@@ -207,6 +197,9 @@ class ResponsesProvider:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
 
+    def origin_for(self, model: str | None) -> Origin:
+        return self.origin.with_model(model)
+
     async def close(self) -> None:
         await self._client.aclose()
 
@@ -214,7 +207,7 @@ class ResponsesProvider:
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:
         content = encode_request(self.endpoint.model, request, stream=stream)
-        with _translate():
+        with translated():
             async with self._call(self.endpoint.url, content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
@@ -235,7 +228,7 @@ class ResponsesProvider:
     async def compact(self, request: ProviderRequest) -> Compacted:
         """``POST {base}/responses/compact``: the compacted context, and its usage."""
         content = encode_compaction(self.endpoint.model, request)
-        with _translate():
+        with translated():
             async with self._call(f"{self.endpoint.url}/compact", content) as response:
                 body = msgspec.json.decode(await self._read(response), type=_Compaction)
         # Its output repeats the user messages it keeps, which may be most of the input: a
@@ -248,7 +241,7 @@ class ResponsesProvider:
     async def count_tokens(self, request: ProviderRequest) -> int:
         """``POST {base}/responses/input_tokens``: the provider's count of the request."""
         content = encode_count(self.endpoint.model, request)
-        with _translate():
+        with translated():
             async with self._call(f"{self.endpoint.url}/input_tokens", content) as response:
                 return msgspec.json.decode(await self._read(response), type=_Counted).input_tokens
 
@@ -256,13 +249,7 @@ class ResponsesProvider:
     async def _call(self, url: str, content: bytes) -> AsyncIterator[httpx.Response]:
         """One POST to the provider, its answer open while the block runs (a non-2xx answer
         raised as its domain error)."""
-        headers = dict(self._headers)
-        # The provider may join the trace: the W3C traceparent of this call's span, and
-        # nothing else of the client's context (its tracestate and baggage stay here).
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-        if "traceparent" in carrier:
-            headers["traceparent"] = carrier["traceparent"]
+        headers = {**self._headers, **trace_headers()}
         async with self._client.stream("POST", url, content=content, headers=headers) as response:
             request_id = _request_id(response)
             span = trace.get_current_span()
@@ -303,7 +290,7 @@ class ResponsesProvider:
 
     async def _status_error(self, response: httpx.Response) -> TurnstoreError:
         if response.status_code == 429:
-            return RateLimited(retry_after=_retry_after(response.headers.get("retry-after")))
+            return RateLimited(retry_after=retry_after(response.headers.get("retry-after")))
         if response.status_code == 400:  # the body's error code tells which 400 it is
             try:
                 error = msgspec.json.decode(await self._read(response), type=_ErrorBody).error
@@ -406,22 +393,3 @@ def _text(items: list[msgspec.Raw]) -> str:
             parts = msgspec.json.decode(item.content, type=list[_Part])
             texts += [part.text for part in parts if part.type == "output_text"]
     return "".join(texts)
-
-
-def _retry_after(value: str | None) -> str | None:
-    """Pass on a plain Retry-After (delay-seconds or HTTP-date), nothing else."""
-    value = (value or "").strip()
-    return value if _RETRY_AFTER.fullmatch(value) else None
-
-
-@contextmanager
-def _translate() -> Iterator[None]:
-    """Map httpx's exception hierarchy and malformed JSON onto the domain's."""
-    try:
-        yield
-    except httpx.TimeoutException as exc:
-        raise UpstreamTimeout() from exc
-    except httpx.HTTPError as exc:
-        raise UpstreamError("The provider could not be reached or broke off.") from exc
-    except (msgspec.DecodeError, RecursionError) as exc:  # malformed, or nested absurdly deep
-        raise UpstreamError("The provider answered something unparsable.") from exc

@@ -168,12 +168,12 @@ class Exchange:
             request = replace(self._request, input_items=[*history, *self._new_items, *turn_items])
             if turn_items:
                 self._check_size(request)
+            model = self._request.model or self._provider.origin.model
             try:
                 with (
                     metrics.PROVIDER_SECONDS.time(),
                     tracing.span("provider.round") as span,
                 ):
-                    model = self._request.model or self._provider.origin.model
                     span.set_attribute("provider.model", model)
                     span.set_attribute("provider.input_items", len(request.input_items))
                     # aclosing: a client that goes away closes the upstream request at once.
@@ -194,6 +194,7 @@ class Exchange:
                 if self._drop_sealed or self._streamed or len(window.unsealed) == len(history):
                     raise
                 self._drop_sealed = True
+                metrics.series(metrics.PROVIDER_RETRIES, model).inc()
 
 
 class _Named(msgspec.Struct):

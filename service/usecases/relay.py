@@ -21,6 +21,7 @@ from service.core.ids import Ids
 from service.core.items import check_history, is_opaque
 from service.core.model import Origin
 from service.core.plans import PlanRules
+from service.core.translate import as_item, is_block, provider_id
 from service.core.window import SystemPrompt, instructions_for
 from service.platform import metrics
 from service.providers.base import (
@@ -49,7 +50,7 @@ class Relay:
 
     def origin(self, model: str | None) -> Origin:
         """Who answers a call for ``model``."""
-        return self._provider.origin.with_model(model)
+        return self._provider.origin_for(model)
 
     async def resolve(
         self, owner: str, items: Sequence[dict[str, Any]], model: str | None
@@ -132,18 +133,31 @@ class _Sealing:
 
     def __init__(self, ids: Ids, origin: Origin) -> None:
         self._ids, self._origin = ids, origin
+        # A provider that names no message (Anthropic): its text's deltas and its first text
+        # block, shown as one message, share the id given here.
+        self._message_id: str | None = None
 
     def event(self, event: ProviderEvent) -> ProviderEvent:
         if isinstance(event, ItemDone):
             return ItemDone(self.item(event.item))
         if isinstance(event, Reply):
             return dataclasses.replace(event, output_items=self.items(event.output_items))
+        if event.item_id is None:
+            self._message_id = self._message_id or provider_id("message")
+            return dataclasses.replace(event, item_id=self._message_id)
         return event
 
     def items(self, items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
         return [self.item(item) for item in items]
 
     def item(self, raw: msgspec.Raw) -> msgspec.Raw:
+        if is_block(raw):  # Anthropic's: shown as the Responses item it reads as, sealed whole
+            item = as_item(raw, lambda block: self._ids.seal(self._origin, block))
+            if item["type"] == "message" and self._message_id is not None:
+                item["id"], self._message_id = self._message_id, None  # its deltas' message
+            else:  # the same id for the same block, announced early or in the final output
+                item["id"] = provider_id(item["type"], raw)
+            return msgspec.Raw(msgspec.json.encode(item))
         if not is_opaque(raw):
             return raw
         item = msgspec.json.decode(raw)

@@ -66,9 +66,9 @@ class Responses:
         """The configured model: a request that names none gets it."""
         return self._turns.provider.origin.model
 
-    @property
-    def provider_name(self) -> str:
-        return self._turns.provider.origin.provider
+    def served_by(self, model: str) -> str:
+        """The name of the provider a request for ``model`` goes to."""
+        return self._turns.provider.origin_for(model).provider
 
     @property
     def models(self) -> list[str]:
@@ -81,7 +81,7 @@ class Responses:
         return self._rules.compaction_asked(entries)
 
     def check_model(self, model: str) -> None:
-        self._rules.check_model(model, self.model)
+        self._rules.check_model(model)
 
     def client_tools(self, tools: Sequence[Any] | None, relayed: bool) -> tuple[msgspec.Raw, ...]:
         """The function tools a client offers (400 for one it may not: see client_tools): a
@@ -91,7 +91,7 @@ class Responses:
 
     def check(self, asked: Asked) -> None:
         """What any call may ask (400 naming the field otherwise), before anything else."""
-        self._rules.check_model(asked.model, self.model)
+        self._rules.check_model(asked.model)
         self._rules.check_instructions(asked.instructions)
 
     # --- a turn asked -------------------------------------------------------------------------

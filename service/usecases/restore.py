@@ -32,6 +32,7 @@ from service.core.errors import InvalidInput
 from service.core.ids import Ids, ItemRef
 from service.core.items import is_opaque, item_head
 from service.core.model import Origin
+from service.core.translate import opened_block
 from service.store.ports import Reads
 from service.usecases.secret_ids import IdsSource
 
@@ -145,4 +146,7 @@ def _as_sent(ids: Ids, item: dict[str, Any], param: str) -> tuple[msgspec.Raw, O
     if opened is None:  # the provider's own, as a client may keep it
         return msgspec.Raw(msgspec.json.encode(item)), None
     made_by, original = opened
+    block = opened_block(original)  # Anthropic's thinking, sealed whole: back byte for byte
+    if block is not None:
+        return block, made_by
     return msgspec.Raw(msgspec.json.encode({**item, "encrypted_content": original})), made_by

@@ -9,13 +9,13 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
 
-import msgspec
-
 from service.core import events
 from service.core.errors import Cancelled, TurnstoreError
 from service.core.events import RunEvent
+from service.core.items import placed
 from service.core.model import NewRun, RunCommit, RunEnd, RunStatus, Turn
 from service.core.plans import TurnPlan
+from service.core.translate import shown_item
 from service.core.usage import Usage
 from service.providers.base import ItemDone, TextDelta
 from service.store.ports import RunReads, RunWrites
@@ -48,6 +48,7 @@ class Run:
         self.result: TurnDone | None = None  # how the turn ended, when it did here
         self._writes, self._reads = writes, reads
         self._logged = 0  # events[:_logged] are in the log
+        self._items_done = 0  # output items finished before the text
         self._flush_lock = asyncio.Lock()
         self._flush_timer: asyncio.TimerHandle | None = None
         self._changed = asyncio.Event()
@@ -62,15 +63,19 @@ class Run:
     async def record(self, event: TurnEvent) -> None:
         """What the turn did, as the event its client sees."""
         if isinstance(event, TextDelta):
-            self.message_id = self.message_id or event.item_id
+            # A provider that names no message (Anthropic): it is known by its place in the
+            # turn, after the input and the items finished before it.
+            place = placed(len(self.plan.input_items) + self._items_done)
+            self.message_id = self.message_id or event.item_id or place
             self._publish(lambda seq: events.delta(seq, event.text))
         elif isinstance(event, ToolCalled):
             self._publish(lambda seq: events.tool_call(seq, event.name, event.status))
         elif isinstance(event, ItemDone):
+            self._items_done += 1
             if (
                 self.plan.response is not None
             ):  # a /v1 stream announces it; /api/v1 has no such event
-                item = msgspec.json.decode(event.item)
+                item = shown_item(event.item)
                 self._publish(lambda seq: events.item_done(seq, item))
         else:
             self.result = event

@@ -278,7 +278,7 @@ class TurnService:
         ``model``), as of that revision: its window, compacted context first. Only the turns
         of the window that turn ``revision`` was sent with (and that turn) are read."""
         turns, start = await self._window_before(cid, owner, revision)
-        origin = self.provider.origin.with_model(model)
+        origin = self.provider.origin_for(model)
         return choose_window(turns, start, origin, 0, self._budget).items
 
     async def _window_before(
@@ -368,12 +368,12 @@ class TurnService:
             [],
             prompt.text if prompt else None,
             advertised(self._tooling, ask.tools),
-            ask.model,
+            plan.model,
             ask.fields,
             ask.include,
         )
         overhead = request_overhead(self.provider.origin.model, template, stream=stream)
-        origin = self.provider.origin.with_model(ask.model)
+        origin = self.provider.origin_for(plan.model)
         client_names = tool_names(ask.tools)
         return ProviderAsk(prompt, origin, template, overhead, client_names, plan.asked is not None)
 

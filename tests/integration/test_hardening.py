@@ -347,6 +347,9 @@ class EndlessSecondCall:
 
     origin = Origin("endless", "memory", "m")
 
+    def origin_for(self, model: str | None) -> Origin:
+        return self.origin.with_model(model)
+
     def __init__(self) -> None:
         self.closed = asyncio.Event()
         self._fake = FakeProvider()

@@ -16,7 +16,7 @@ BAD_BODIES = {
     "malformed": b'{"message": ',
     "not-an-object": b'["ping"]',
     "duplicate-key": b'{"message": "a", "message": "b"}',
-    "unknown-key": b'{"message": "a", "model": "gpt-5"}',
+    "unknown-key": b'{"message": "a", "temperature": 0.5}',
     "wrong-type": b'{"message": 42}',
     "null-message": b'{"message": null}',
     "missing-message": b'{"conversation_id": null}',

@@ -158,6 +158,9 @@ class Stalling:
 
     origin = Origin("stalling", "memory", "m")
 
+    def origin_for(self, model: str | None) -> Origin:
+        return self.origin.with_model(model)
+
     def __init__(self, *, done: bool) -> None:
         self.done, self.closed = done, asyncio.Event()
 

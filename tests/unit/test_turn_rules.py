@@ -65,6 +65,9 @@ class Scripted:
         self.requests: list[ProviderRequest] = []
         self._answers: deque[Reply | Exception] = deque(answers)
 
+    def origin_for(self, model: str | None) -> Origin:
+        return self.origin.with_model(model)
+
     async def respond(
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:

@@ -1,4 +1,5 @@
-"""/v1/models: the models a request may name (the configured one and MODELS)."""
+"""/v1/models: the models a request may name (the configured one and MODELS, or every model
+of PROVIDERS_FILE), each with the name of the provider serving it."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ class OpenAIModels(Controller):
 
     @get("/", **openai_route("The models a request may name."))
     async def listing(self, api: Caller) -> dict[str, Any]:
-        owner = api.responses.provider_name
-        return {"object": "list", "data": [model_object(m, owner) for m in api.responses.models]}
+        served = api.responses
+        data = [model_object(model, served.served_by(model)) for model in served.models]
+        return {"object": "list", "data": data}
 
     @get("/{model:str}", **openai_route("One model a request may name.", UnknownModel))
     async def retrieve(self, model: FromPath[str], api: Caller) -> dict[str, Any]:
@@ -33,4 +35,4 @@ class OpenAIModels(Controller):
             api.responses.check_model(model)
         except ModelNotFound:
             raise UnknownModel() from None
-        return model_object(model, api.responses.provider_name)
+        return model_object(model, api.responses.served_by(model))

@@ -32,7 +32,7 @@ from service.core.asks import Echo
 from service.core.errors import ContentFiltered, TurnstoreError, status_of
 from service.core.events import RunEvent
 from service.core.ids import Ids, unstored_id
-from service.core.items import compaction_item, input_count
+from service.core.items import compaction_item, input_count, shown_id
 from service.core.model import Turn
 from service.core.usage import Usage
 from service.providers.base import ItemDone, ProviderEvent, Reply, TextDelta
@@ -304,7 +304,7 @@ class ResponseStream:
         self.revision = self.revision or await self.source.revision()  # read once
         if self.revision is None:
             return None
-        return self.ids.item(self.cid, self.revision, 0, provider_id, kind)
+        return shown_id(self.ids, self.cid, self.revision, 0, provider_id, kind)
 
     def _at(self) -> dict[str, Any]:
         return {"item_id": self.message_id, "output_index": self.message_index, "content_index": 0}

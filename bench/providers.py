@@ -1,0 +1,164 @@
+"""Part 14, providers: what Anthropic's prompt cache saves a Claude conversation served by
+turnstore, and what a Claude turn costs the server next to a `fake-model` turn.
+
+A `turnstore serve` process with PROVIDERS_FILE (the built-in fake and Claude) talks to the
+strict fake Anthropic API of the tests (tests/support/fake_anthropic.py: it counts cache reads
+and writes as the real API does, and refuses any replayed thinking block that differs from
+what it issued), served over HTTP from this process. One /v1 conversation of ``TURNS`` Claude
+turns with thinking (``reasoning.effort=low``), each with a ~3 KB user message; then as many
+`fake-model` turns on a conversation of their own. Per Claude turn, from its usage:
+
+- read: what it read from the cache, over what the previous turn's request had in the cache
+  (read plus written): the share of the earlier prompt it did not pay full price for;
+- covered: cache reads plus writes over all its input tokens: what is billed at the full
+  price is the rest (the newest input, and the newest reply until a later request carries it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from bench.database import sqlalchemy_url
+from bench.server import free_port, process_cpu_s, running, turnstore_command
+from tests.support.fake_anthropic import API_KEY, FakeMessagesAPI
+
+TURNS = 20
+SHOWN = (2, 10, 20)
+CLAUDE, FAKE = "claude-test", "fake-llm"
+MESSAGE = "Tell me more about the history of the lighthouse. " * 60  # ~3 KB
+
+
+@dataclass
+class Cached:
+    turn: int
+    read: float  # of what the previous request had in the cache
+    covered: float  # cache reads and writes, of the turn's input
+
+
+@dataclass
+class ProvidersResult:
+    cached: list[Cached] = field(default_factory=list)
+    claude_cpu_ms: float = 0.0
+    fake_cpu_ms: float = 0.0
+    fake_api_ms: float = 0.0  # the fake Anthropic's own time per call (in this process)
+
+
+class _Served:
+    """The fake Anthropic API over HTTP, on a thread of its own (its own event loop)."""
+
+    def __init__(self, api: FakeMessagesAPI) -> None:
+        self.api, self.port, self.handled_s = api, free_port(), 0.0
+        config = uvicorn.Config(self._app, host="127.0.0.1", port=self.port, log_level="error")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        url = f"http://127.0.0.1:{self.port}{scope['path']}"
+        headers = [(k.decode(), v.decode()) for k, v in scope["headers"]]
+        started = time.perf_counter()
+        answer = await self.api.handle(
+            httpx.Request(scope["method"], url, headers=headers, content=body)
+        )
+        chunks = [chunk async for chunk in answer.aiter_raw()]
+        self.handled_s += time.perf_counter() - started
+        raw_headers = [(k.encode(), v.encode()) for k, v in answer.headers.items()]
+        await send(
+            {"type": "http.response.start", "status": answer.status_code, "headers": raw_headers}
+        )
+        await send({"type": "http.response.body", "body": b"".join(chunks)})
+
+    def __enter__(self) -> _Served:
+        self._thread.start()
+        while not self._server.started:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+def _providers_file(path: Path, port: int) -> Path:
+    path.write_text(
+        f'default_model = "{FAKE}"\n\n'
+        f'[providers.local]\nkind = "fake"\nmodels = ["{FAKE}"]\n\n'
+        f'[providers.claude]\nkind = "anthropic"\nbase_url = "http://127.0.0.1:{port}"\n'
+        f'api_key_env = "BENCH_ANTHROPIC_KEY"\nmodels = ["{CLAUDE}"]\n'
+    )
+    return path
+
+
+async def _turns(port: int, pid: int, model: str) -> tuple[list[dict[str, Any]], float]:
+    """``TURNS`` turns of one conversation on ``model``: each turn's usage, and the server's
+    CPU per turn (ms)."""
+    usages = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        conversation = (await client.post("/v1/conversations", json={})).json()["id"]
+        cpu = process_cpu_s(pid)
+        for n in range(1, TURNS + 1):
+            body = {"model": model, "conversation": conversation, "input": f"{n}. {MESSAGE}"}
+            if model == CLAUDE:
+                body["reasoning"] = {"effort": "low"}
+            answered = await client.post("/v1/responses", json=body)
+            answered.raise_for_status()
+            usages.append(answered.json()["usage"])
+        return usages, (process_cpu_s(pid) - cpu) * 1000 / TURNS
+
+
+def run(url: str, log_dir: Path) -> ProvidersResult:
+    api = FakeMessagesAPI(min_cache_tokens=1024)
+    result = ProvidersResult()
+    with _Served(api) as served:
+        port = free_port()
+        env = {
+            "DATABASE_URL": sqlalchemy_url(url),
+            "PROVIDERS_FILE": str(_providers_file(log_dir / "providers.toml", served.port)),
+            "BENCH_ANTHROPIC_KEY": API_KEY,
+        }
+        command = [*turnstore_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
+        with running(command, port, env, log_dir / "providers.log") as pid:
+            usages, result.claude_cpu_ms = asyncio.run(_turns(port, pid, CLAUDE))
+            _, result.fake_cpu_ms = asyncio.run(_turns(port, pid, FAKE))
+        result.fake_api_ms = served.handled_s * 1000 / TURNS
+    for n in range(2, TURNS + 1):
+        before, now = usages[n - 2]["input_tokens_details"], usages[n - 1]
+        details = now["input_tokens_details"]
+        had = before["cached_tokens"] + before["cache_write_tokens"]
+        cached = details["cached_tokens"] + details["cache_write_tokens"]
+        result.cached.append(
+            Cached(n, details["cached_tokens"] / had, cached / now["input_tokens"])
+        )
+    return result
+
+
+def lines(result: ProvidersResult) -> Iterator[str]:
+    for row in result.cached:
+        if row.turn in SHOWN:
+            yield (
+                f"Claude turn {row.turn:2}: read from the cache {row.read:6.1%} of what the "
+                f"previous request cached; reads + writes cover {row.covered:6.1%} of its input"
+            )
+    worst = min(result.cached, key=lambda row: row.read)
+    yield f"lowest read share from turn 2 on: {worst.read:.1%} (turn {worst.turn}); target >= 90%"
+    yield (
+        f"server CPU per turn: Claude {result.claude_cpu_ms:.2f} ms, fake-model "
+        f"{result.fake_cpu_ms:.2f} ms (x{result.claude_cpu_ms / result.fake_cpu_ms:.2f}); the fake "
+        f"Anthropic API's own time {result.fake_api_ms:.2f} ms a call, in the bench process"
+    )

@@ -1,0 +1,279 @@
+"""Responses items and Anthropic content blocks: one translation each way.
+
+A conversation's replay items are kept in the form of the provider that made them: the
+Responses API's items (``message``, ``function_call``, ``function_call_output``, ``reasoning``)
+and, for a turn Anthropic answered, the assistant's content blocks exactly as Anthropic sent
+them, one item a block (``thinking`` with its ``signature``, ``redacted_thinking``, ``text``,
+``tool_use``). The user's input is always a Responses ``message`` (turnstore writes it).
+
+- ``to_messages``: the items a request carries, as the Messages API takes them. Anthropic's
+  blocks go as they are (bytes untouched), consecutive blocks into one assistant message;
+  everything else is translated (a ``function_call`` and its output become a ``tool_use``
+  and a ``tool_result`` of the same id, the result first in the next user message); system
+  and developer messages join the system prompt. Opaque items of another provider never get
+  here (the window leaves them out: window.py).
+- ``to_items``: Anthropic blocks among a request's items, as the Responses API takes them
+  (text as an assistant message, ``tool_use`` as a ``function_call``); thinking is left out,
+  as it is readable by its issuer alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from service.core.errors import InvalidInput
+
+# The block types of an Anthropic assistant message that turnstore keeps (and replays).
+BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
+OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})  # readable by their issuer alone
+# The Responses item each block is shown as on the OpenAI surface (as_item).
+SHOWN_AS = {
+    "text": "message",
+    "thinking": "reasoning",
+    "redacted_thinking": "reasoning",
+    "tool_use": "function_call",
+}
+
+
+class _Head(msgspec.Struct):
+    type: str | None = None
+    role: str | None = None
+
+
+class _Message(msgspec.Struct):
+    role: str
+    content: str | list[dict[str, Any]] = ""
+
+
+class _Call(msgspec.Struct):
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+
+class _Output(msgspec.Struct):
+    call_id: str
+    output: str | list[dict[str, Any]] = ""
+
+
+class _Block(msgspec.Struct):
+    type: str
+    text: str = ""
+    thinking: str = ""
+    id: str = ""
+    name: str = ""
+    input: Any = None
+
+
+def is_block(item: msgspec.Raw) -> bool:
+    """An Anthropic content block (kept as Anthropic sent it), not a Responses item."""
+    head = msgspec.json.decode(item, type=_Head)
+    return head.role is None and head.type in BLOCK_TYPES
+
+
+@dataclass
+class Messages:
+    """A request's conversation as the Messages API takes it."""
+
+    system: list[str] = field(default_factory=list)  # system and developer messages' texts
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, role: str, *blocks: Any) -> None:
+        """Blocks of ``role``, appended to the last message when it is that role's (the API
+        merges consecutive same-role messages; a request sends them merged)."""
+        if self.messages and self.messages[-1]["role"] == role:
+            self.messages[-1]["content"].extend(blocks)
+        else:
+            self.messages.append({"role": role, "content": list(blocks)})
+
+
+def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
+    out = Messages()
+    for item in items:
+        head = msgspec.json.decode(item, type=_Head)
+        if head.role is None and head.type in BLOCK_TYPES:
+            out.add("assistant", item)  # verbatim: signatures bind its exact content
+        elif head.type in (None, "message") and head.role is not None:
+            _message(out, msgspec.json.decode(item, type=_Message))
+        elif head.type == "function_call":
+            call = msgspec.json.decode(item, type=_Call)
+            block = {"type": "tool_use", "id": call.call_id, "name": call.name}
+            out.add("assistant", block | {"input": _arguments(call.arguments)})
+        elif head.type == "function_call_output":
+            result = msgspec.json.decode(item, type=_Output)
+            content = result.output if isinstance(result.output, str) else _parts(result.output)
+            _tool_result(out, {"type": "tool_result", "tool_use_id": result.call_id}, content)
+        elif head.type in ("reasoning", "compaction"):
+            continue  # another provider's reasoning: readable by its issuer alone
+        else:
+            raise InvalidInput(
+                f"An item of type {head.type!r} cannot be sent to an Anthropic model.",
+                param="input",
+            )
+    return out
+
+
+def _message(out: Messages, message: _Message) -> None:
+    if message.role in ("system", "developer"):
+        text = message.content if isinstance(message.content, str) else _text(message.content)
+        out.system.append(text)
+        return
+    if message.role not in ("user", "assistant"):
+        raise InvalidInput(f"A message of role {message.role!r} is not supported.", param="input")
+    if isinstance(message.content, str):
+        blocks = [{"type": "text", "text": message.content}] if message.content else []
+    else:
+        blocks = _parts(message.content)
+    if blocks:
+        out.add(message.role, *blocks)
+
+
+def _tool_result(out: Messages, block: dict[str, Any], content: Any) -> None:
+    if content:
+        block["content"] = content
+    last = out.messages[-1] if out.messages else None
+    if last is not None and last["role"] == "user":
+        # A result goes before any text of the same user turn, as the API requires.
+        texts = [b for b in last["content"] if _type(b) != "tool_result"]
+        results = [b for b in last["content"] if _type(b) == "tool_result"]
+        last["content"] = [*results, block, *texts]
+    else:
+        out.add("user", block)
+
+
+def _type(block: Any) -> str | None:
+    if isinstance(block, msgspec.Raw):
+        return msgspec.json.decode(block, type=_Head).type
+    return block.get("type") if isinstance(block, dict) else None
+
+
+def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses content parts as Anthropic blocks: text, and images by URL or data URL."""
+    blocks: list[dict[str, Any]] = []
+    for part in parts:
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text"):
+            if part.get("text"):
+                blocks.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            blocks.append({"type": "image", "source": _image_source(part["image_url"])})
+        elif kind == "refusal":
+            if part.get("refusal"):
+                blocks.append({"type": "text", "text": part["refusal"]})
+        else:
+            raise InvalidInput(
+                f"A content part of type {kind!r} cannot be sent to an Anthropic model.",
+                param="input",
+            )
+    return blocks
+
+
+def _image_source(url: str) -> dict[str, str]:
+    if url.startswith("data:"):
+        meta, _, data = url[5:].partition(",")
+        media_type, _, encoding = meta.partition(";")
+        if encoding != "base64" or not data:
+            raise InvalidInput("An image data URL must be base64.", param="input")
+        return {"type": "base64", "media_type": media_type, "data": data}
+    return {"type": "url", "url": url}
+
+
+def _text(parts: list[dict[str, Any]]) -> str:
+    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+
+
+def _arguments(arguments: str) -> Any:
+    try:
+        value = msgspec.json.decode(arguments)
+    except msgspec.DecodeError:
+        return {"arguments": arguments}  # a model's malformed call, kept readable
+    return value if isinstance(value, dict) else {"value": value}
+
+
+_HEADS = msgspec.json.Decoder(list[_Head])
+
+
+def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
+    """``items`` with Anthropic blocks made Responses items (others as they are; ``items``
+    itself when it holds none, as most requests)."""
+    heads = _HEADS.decode(b"[" + b",".join(items) + b"]")  # in one call
+    if not any(h.role is None and h.type in BLOCK_TYPES for h in heads):
+        return items
+    out: list[msgspec.Raw] = []
+    for item, head in zip(items, heads, strict=True):
+        if head.role is not None or head.type not in BLOCK_TYPES:
+            out.append(item)
+            continue
+        kind = head.type
+        if kind == "tool_use" or (kind == "text" and msgspec.json.decode(item, type=_Block).text):
+            out.append(msgspec.Raw(msgspec.json.encode(as_item(item))))
+    return out
+
+
+def as_item(block: msgspec.Raw, seal: Callable[[str], str] | None = None) -> dict[str, Any]:
+    """An Anthropic block as the OpenAI surface shows it: thinking (readable or redacted) as a
+    ``reasoning`` item, its text as ``summary_text`` and the block itself, sealed by ``seal``,
+    as its ``encrypted_content`` (left out without ``seal``: a client never sees it in clear);
+    text as an assistant ``message``; a ``tool_use`` as a ``function_call`` (its id the
+    ``call_id``). The item's ``id`` is the caller's to give."""
+    read = msgspec.json.decode(block, type=_Block)
+    if read.type == "text":
+        part = {"type": "output_text", "text": read.text, "annotations": []}
+        return {"type": "message", "role": "assistant", "content": [part]}
+    if read.type == "tool_use":
+        arguments = msgspec.json.encode(read.input or {}).decode()
+        return {
+            "type": "function_call",
+            "call_id": read.id,
+            "name": read.name,
+            "arguments": arguments,
+        }
+    summary = [{"type": "summary_text", "text": read.thinking}] if read.thinking else []
+    item: dict[str, Any] = {"type": "reasoning", "summary": summary}
+    if seal is not None:
+        item["encrypted_content"] = seal(bytes(block).decode())
+    return item
+
+
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "reasoning": "rs"}
+
+
+def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | None:
+    """The id a block is known by wherever it is shown: its own (a tool_use's), or for
+    thinking, which carries none, a digest of its bytes (its signature makes it unique); a
+    text block has none (it is listed by its place in its turn)."""
+    if kind in OPAQUE_BLOCKS:
+        return provider_id("reasoning", block)
+    return given
+
+
+def provider_id(kind: str, block: msgspec.Raw | None = None) -> str:
+    """An id for an item a provider sent without one, shaped as OpenAI's (a prefix and 48 hex
+    digits: a client that keeps its own history sends it back as a provider's, not as one
+    naming something turnstore stored): a digest of ``block``, random without one."""
+    token = hashlib.sha256(block).hexdigest()[:48] if block is not None else os.urandom(24).hex()
+    return f"{_ID_PREFIXES[kind]}_{token}"
+
+
+def opened_block(content: str) -> msgspec.Raw | None:
+    """The Anthropic block a reasoning item's opened ``encrypted_content`` holds (``as_item``
+    sealed it whole), or None: another provider's encrypted content."""
+    if not content.startswith("{"):
+        return None
+    raw = msgspec.Raw(content.encode())
+    return raw if is_block(raw) else None
+
+
+def shown_item(raw: msgspec.Raw) -> dict[str, Any]:
+    """An output item as a client is shown it before its turn ends: Anthropic's blocks as the
+    Responses items they read as, under the id they are listed by (others as they are)."""
+    if not is_block(raw):
+        return msgspec.json.decode(raw)  # type: ignore[no-any-return]
+    head = msgspec.json.decode(raw, type=_Block)
+    return {**as_item(raw), "id": own_id(raw, head.type, head.id or None)}

@@ -1,0 +1,117 @@
+"""Responses items and Anthropic content blocks (service/core/translate.py): each
+provider's items go to it byte for byte, and to any other provider translated, its thinking
+left out."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from service.core.errors import InvalidInput
+from service.core.items import function_calls, is_opaque
+from service.core.translate import to_items, to_messages
+
+
+def raw(text: str) -> msgspec.Raw:
+    return msgspec.Raw(text.encode())
+
+
+def item(**fields: object) -> msgspec.Raw:
+    return msgspec.Raw(msgspec.json.encode(fields))
+
+
+# Blocks as Anthropic sent them: its own key order and spacing, which no re-encoding keeps.
+THINKING = raw('{"type":"thinking", "thinking":"Let me look.","signature":"c2ln/AB+=="}')
+EMPTY_THINKING = raw('{"type":"thinking","thinking":"","signature":"ZW1wdHk="}')
+REDACTED = raw('{"type":"redacted_thinking","data":"cmVkYWN0ZWQ="}')
+TOOL_USE = raw('{"type":"tool_use","id":"toolu_01A","name":"weather","input":{"city":"Oslo"}}')
+TEXT = raw('{"type":"text","text":"Sunny.","citations":null}')
+
+
+def test_a_claude_turn_goes_back_to_claude_byte_for_byte_in_one_assistant_message() -> None:
+    asked = item(type="message", role="user", content="Weather in Oslo?")
+    answered = item(type="function_call_output", call_id="toolu_01A", output="18C, sun")
+    thanks = item(type="message", role="user", content=[{"type": "input_text", "text": "Thanks"}])
+    items = [asked, THINKING, EMPTY_THINKING, REDACTED, TOOL_USE, answered, THINKING, TEXT, thanks]
+    sent = msgspec.json.encode(to_messages(items).messages)
+    for block in (THINKING, EMPTY_THINKING, REDACTED, TOOL_USE, TEXT):
+        assert bytes(block) in sent  # spliced as it came: never decoded and encoded again
+    decoded = json.loads(sent)
+    assert [m["role"] for m in decoded] == ["user", "assistant", "user", "assistant", "user"]
+    kinds = ["thinking", "thinking", "redacted_thinking", "tool_use"]
+    assert [b["type"] for b in decoded[1]["content"]] == kinds
+    result = decoded[2]["content"]
+    assert result == [{"type": "tool_result", "tool_use_id": "toolu_01A", "content": "18C, sun"}]
+    assert decoded[4]["content"] == [{"type": "text", "text": "Thanks"}]
+
+
+def test_another_providers_turn_is_translated_with_the_same_call_ids() -> None:
+    items = [
+        item(type="message", role="developer", content="Be brief."),
+        item(type="message", role="user", content="Weather?"),
+        item(type="function_call", call_id="call_9", name="weather", arguments='{"city":"Oslo"}'),
+        item(type="function_call_output", call_id="call_9", output="sun"),
+        item(type="message", role="user", content="And tomorrow?"),
+        item(type="message", role="assistant", content=[{"type": "output_text", "text": "Rain."}]),
+        item(type="reasoning", id="rs_1", summary=[], encrypted_content="sealed"),
+    ]
+    messages = to_messages(items)
+    assert messages.system == ["Be brief."]
+    decoded = json.loads(msgspec.json.encode(messages.messages))
+    assert decoded == [
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "call_9", "name": "weather", "input": {"city": "Oslo"}}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "call_9", "content": "sun"},
+                {"type": "text", "text": "And tomorrow?"},
+            ],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "Rain."}]},
+    ]
+
+
+def test_an_item_anthropic_cannot_take_is_refused_naming_the_input() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        to_messages([item(type="item_reference", id="msg_1")])
+    assert refused.value.param == "input"
+
+
+def test_claudes_blocks_go_to_the_responses_api_translated_and_without_thinking() -> None:
+    user = item(type="message", role="user", content="Weather?")
+    plain = [user, item(type="function_call_output", call_id="c", output="x")]
+    assert to_items(plain) is plain  # most requests hold no block: nothing is rebuilt
+    translated = [
+        json.loads(bytes(i)) for i in to_items([user, THINKING, REDACTED, TOOL_USE, TEXT])
+    ]
+    assert translated == [
+        {"type": "message", "role": "user", "content": "Weather?"},
+        {
+            "type": "function_call",
+            "call_id": "toolu_01A",
+            "name": "weather",
+            "arguments": '{"city":"Oslo"}',
+        },
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Sunny.", "annotations": []}],
+        },
+    ]
+
+
+def test_thinking_is_opaque_and_a_tool_use_is_a_function_call() -> None:
+    assert is_opaque(THINKING) and is_opaque(EMPTY_THINKING) and is_opaque(REDACTED)
+    assert not is_opaque(TEXT) and not is_opaque(TOOL_USE)
+    calls = function_calls([THINKING, TOOL_USE, TEXT])
+    assert [(c.call_id, c.name, json.loads(c.arguments)) for c in calls] == [
+        ("toolu_01A", "weather", {"city": "Oslo"})
+    ]

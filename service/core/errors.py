@@ -4,6 +4,7 @@ TurnstoreError
  +-- InvalidInput                 400 invalid_input
  |    +-- ModelNotFound                400 model_not_found (a model not in MODELS)
  |    +-- PreviousResponseNotFound     400 previous_response_not_found
+ |    +-- CompactionUnsupported        400 invalid_input (a provider that does not compact)
  +-- InvalidHost                  400 invalid_host (AUTH_MODE=none: a Host that is not loopback)
  +-- ContextLengthExceeded        400 context_length_exceeded
  +-- Unauthorized                 401 unauthorized (+ WWW-Authenticate)
@@ -75,6 +76,19 @@ class ModelNotFound(InvalidInput):
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message, param="model")
+
+
+class CompactionUnsupported(InvalidInput):
+    """Compaction asked of a provider that does not compact (Anthropic): a client's
+    ``context_management`` is refused naming it; CONTEXT_STRATEGY=compact falls back to the
+    whole-turn window instead."""
+
+    default_message = (
+        "Compaction needs a provider that compacts (OpenAI, Azure); this model's does not."
+    )
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, param="context_management")
 
 
 class UnknownModel(TurnstoreError):

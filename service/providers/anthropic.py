@@ -30,10 +30,10 @@ import msgspec
 from opentelemetry import trace
 
 from service.core.errors import (
+    CompactionUnsupported,
     ContentFiltered,
     ContextLengthExceeded,
     InvalidEncryptedContent,
-    InvalidInput,
     ProviderRefused,
     RateLimited,
     TurnstoreError,
@@ -370,6 +370,9 @@ class AnthropicProvider:
     def origin_for(self, model: str | None) -> Origin:
         return self.origin.with_model(model)
 
+    def compacts(self, model: str | None) -> bool:
+        return False
+
     async def close(self) -> None:
         await self._client.aclose()
 
@@ -397,10 +400,7 @@ class AnthropicProvider:
         raise UpstreamError("The provider's stream ended before the message was complete.")
 
     async def compact(self, request: ProviderRequest) -> Compacted:
-        raise InvalidInput(
-            "Compaction needs a provider that compacts (OpenAI, Azure); this model's does not.",
-            param="context_management",
-        )
+        raise CompactionUnsupported()
 
     async def count_tokens(self, request: ProviderRequest) -> int:
         """``POST {base}/v1/messages/count_tokens``: the provider's count of the request."""

@@ -125,6 +125,9 @@ class Provider(Protocol):
     def origin_for(self, model: str | None) -> Origin:
         """The origin of what it answers for ``model`` (None: its configured model)."""
 
+    def compacts(self, model: str | None) -> bool:
+        """Whether it compacts for ``model`` (``compact``; else CompactionUnsupported)."""
+
     def respond(
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:

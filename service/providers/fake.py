@@ -134,6 +134,9 @@ class FakeProvider:
     def origin_for(self, model: str | None) -> Origin:
         return self.origin.with_model(model)
 
+    def compacts(self, model: str | None) -> bool:
+        return True
+
     async def respond(
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:

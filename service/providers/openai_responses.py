@@ -200,6 +200,9 @@ class ResponsesProvider:
     def origin_for(self, model: str | None) -> Origin:
         return self.origin.with_model(model)
 
+    def compacts(self, model: str | None) -> bool:
+        return True
+
     async def close(self) -> None:
         await self._client.aclose()
 

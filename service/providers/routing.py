@@ -37,6 +37,9 @@ class Routed:
         model = model or self.default_model
         return self._route(model).origin_for(model)
 
+    def compacts(self, model: str | None) -> bool:
+        return self._route(model or self.default_model).compacts(model)
+
     def respond(
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:

@@ -26,6 +26,7 @@ from service.core import events
 from service.core.asks import Asked
 from service.core.errors import (
     Cancelled,
+    CompactionUnsupported,
     ContentFiltered,
     InvalidInput,
     PreconditionFailed,
@@ -93,6 +94,8 @@ class Responses:
         """What any call may ask (400 naming the field otherwise), before anything else."""
         self._rules.check_model(asked.model)
         self._rules.check_instructions(asked.instructions)
+        if asked.compact is not None and not self._turns.provider.compacts(asked.model):
+            raise CompactionUnsupported()  # context_management, of a provider that cannot
 
     # --- a turn asked -------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import msgspec
 
 from service.core.asks import Asked
 from service.core.errors import (
+    CompactionUnsupported,
     ContentFiltered,
     ContextLengthExceeded,
     ConversationNotFound,
@@ -358,7 +359,12 @@ class TurnService:
         if not compaction.due(plan.compact_threshold, conversation, window, new_items):
             return window, None
         making = (conversation.revision if conversation else 0) + 1
-        compacted = await compaction.compact(self.provider, window, asked.template, making)
+        try:
+            compacted = await compaction.compact(self.provider, window, asked.template, making)
+        except CompactionUnsupported:
+            if plan.asked is not None and plan.asked.compact is not None:
+                raise  # the client asked for it (context_management)
+            return window, None  # CONTEXT_STRATEGY=compact: the whole-turn window, as drop
         return compacted.window, compacted.usage
 
     def _request(self, plan: TurnPlan, stream: bool) -> ProviderAsk:

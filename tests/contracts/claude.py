@@ -245,3 +245,46 @@ def retries(metrics: str) -> float:
     series = f'turnstore_provider_retries_total{{model="{CLAUDE}"}} '
     found = [line for line in metrics.splitlines() if line.startswith(series)]
     return float(found[0].removeprefix(series)) if found else 0.0
+
+
+async def test_claude_counts_input_tokens_and_refuses_compaction_a_client_asks_for(
+    target: Target,
+) -> None:
+    """input_tokens is Anthropic's count_tokens; context_management on Claude (which does not
+    compact) is 400 naming it, before any call."""
+    api = FakeMessagesAPI()
+    async with sdk(target, claude_beside_the_fake(api), models=MODELS) as (client, _, _plain):
+        counted = await client.responses.input_tokens.count(model=CLAUDE, input="hello there")
+        assert counted.input_tokens > 0 and api.urls[-1].endswith("/v1/messages/count_tokens")
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(
+                model=CLAUDE,
+                input="hi",
+                context_management=[{"type": "compaction", "compact_threshold": 1}],  # type: ignore[list-item]
+            )
+        assert refused.value.param == "context_management"
+    assert all(url.endswith("/count_tokens") for url in api.urls)  # no turn reached Claude
+
+
+async def test_with_context_strategy_compact_a_claude_turn_keeps_the_whole_turn_window(
+    target: Target,
+) -> None:
+    """CONTEXT_STRATEGY=compact past its threshold: Claude does not compact, so its turns run
+    on the whole-turn window, as with drop, and commit."""
+    api = FakeMessagesAPI()
+    settings = {"context_strategy": "compact", "compact_threshold_tokens": 1}
+    async with sdk(target, claude_beside_the_fake(api), models=MODELS, **settings) as (
+        _client,
+        _,
+        plain,
+    ):
+        cid = None
+        for n in range(1, 4):
+            api.then(thinking_reply(n))
+            body: dict[str, Any] = {"message": f"turn {n}", "model": CLAUDE}
+            if cid:
+                body["conversation_id"] = cid
+            answered = await plain.post("/api/v1/chat", json=body)
+            assert answered.status_code == 200, answered.text
+            cid = answered.json()["conversation_id"]
+    assert [len(r["messages"]) for r in api.requests] == [1, 3, 5]

@@ -350,6 +350,9 @@ class EndlessSecondCall:
     def origin_for(self, model: str | None) -> Origin:
         return self.origin.with_model(model)
 
+    def compacts(self, model: str | None) -> bool:
+        return True
+
     def __init__(self) -> None:
         self.closed = asyncio.Event()
         self._fake = FakeProvider()

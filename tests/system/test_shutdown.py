@@ -161,6 +161,9 @@ class Stalling:
     def origin_for(self, model: str | None) -> Origin:
         return self.origin.with_model(model)
 
+    def compacts(self, model: str | None) -> bool:
+        return True
+
     def __init__(self, *, done: bool) -> None:
         self.done, self.closed = done, asyncio.Event()
 

@@ -58,6 +58,7 @@ from service.providers.base import Provider
 from service.providers.fake import FakeProvider
 from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.providers.routing import Routed
+from service.providers.wire import WireLimits
 from service.store.cache import CachedStore
 from service.store.ports import ApiKeys, Backend, Closer, History, Operations
 from service.store.postgres import (
@@ -137,21 +138,18 @@ def _named_provider(spec: ProviderSpec, settings: Settings) -> Provider:
 
 
 def _anthropic(endpoint: AnthropicEndpoint, settings: Settings) -> Provider:
-    return AnthropicProvider(
-        endpoint,
-        max_tokens=settings.anthropic_max_tokens,
-        connect_timeout_s=settings.upstream_connect_timeout_s,
-        read_timeout_s=settings.upstream_read_timeout_s,
-        max_body_bytes=settings.upstream_max_body_bytes,
-    )
+    return AnthropicProvider(endpoint, _limits(settings), max_tokens=settings.anthropic_max_tokens)
 
 
 def _responses(endpoint: Endpoint, settings: Settings) -> Provider:
-    return ResponsesProvider(
-        endpoint,
-        connect_timeout_s=settings.upstream_connect_timeout_s,
-        read_timeout_s=settings.upstream_read_timeout_s,
-        max_body_bytes=settings.upstream_max_body_bytes,
+    return ResponsesProvider(endpoint, _limits(settings))
+
+
+def _limits(settings: Settings) -> WireLimits:
+    return WireLimits(
+        settings.upstream_connect_timeout_s,
+        settings.upstream_read_timeout_s,
+        settings.upstream_max_body_bytes,
     )
 
 

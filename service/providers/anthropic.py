@@ -20,14 +20,12 @@ ContentFiltered; httpx's errors as every adapter maps them (service/providers/wi
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import msgspec
-from opentelemetry import trace
 
 from service.core.errors import (
     CompactionUnsupported,
@@ -51,7 +49,7 @@ from service.providers.base import (
     Reply,
     TextDelta,
 )
-from service.providers.wire import retry_after, trace_headers, translated
+from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
 
 log = logging.getLogger("turnstore.provider")
 
@@ -202,6 +200,22 @@ def _error(status: int, error: _ErrorDetail | None) -> TurnstoreError:
     return UpstreamError(f"The provider answered HTTP {status}." if status else None)
 
 
+def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+    try:
+        detail = msgspec.json.decode(body, type=_ErrorBody).error
+    except msgspec.DecodeError:
+        detail = None
+    error = _error(status, detail)
+    if isinstance(error, RateLimited):
+        error.retry_after = retry_after(headers.get("retry-after"))
+    return error
+
+
+def _request_id(headers: httpx.Headers) -> str | None:
+    found: str | None = headers.get("request-id")
+    return found
+
+
 def _reply(blocks: list[msgspec.Raw], stop_reason: str | None, usage: _Usage | None) -> Reply:
     status: ReplyStatus
     reason = None
@@ -255,13 +269,9 @@ class _Block:
 
 
 class _EventStream:
-    """Turns a streamed body, chunk by chunk, into provider events.
-
-    Server-sent events: lines end in LF or CRLF, a blank line ends an event, and only ``data``
-    lines matter (each JSON carries its ``type``). Each block is built from its
-    ``content_block_start`` and deltas, and becomes an output item at its
-    ``content_block_stop``; the reply comes with ``message_stop``.
-    """
+    """Turns a streamed body, chunk by chunk, into provider events (its server-sent events:
+    wire.py). Each block is built from its ``content_block_start`` and deltas, and becomes an
+    output item at its ``content_block_stop``; the reply comes with ``message_stop``."""
 
     def __init__(self) -> None:
         self.finished = False
@@ -271,25 +281,10 @@ class _EventStream:
         self._open: dict[int, _Block] = {}
         self._stop_reason: str | None = None
         self._usage: _Usage | None = None
-        self._line: list[bytes] = []
-        self._data: list[bytes] = []
+        self._events = ServerSentEvents()
 
     def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
-        *ended, rest = chunk.split(b"\n")
-        for end in ended:
-            line = b"".join([*self._line, end]).removesuffix(b"\r")
-            self._line.clear()
-            if line.startswith(b"data:"):
-                self._data.append(line[5:].removeprefix(b" "))
-            elif not line and self._data:
-                event = self._event(b"\n".join(self._data))
-                self._data.clear()
-                if event is not None:
-                    yield event
-                if self.finished:
-                    return
-        if rest:
-            self._line.append(rest)
+        return self._events.events(chunk, self._event, lambda: self.finished)
 
     def _event(self, data: bytes) -> ProviderEvent | None:
         kind = msgspec.json.decode(data, type=_Event).type
@@ -339,12 +334,9 @@ class AnthropicProvider:
     def __init__(
         self,
         endpoint: AnthropicEndpoint,
+        limits: WireLimits,
         *,
         max_tokens: int,
-        connect_timeout_s: float,
-        read_timeout_s: float,
-        max_body_bytes: int,
-        max_wire_bytes: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
@@ -353,16 +345,13 @@ class AnthropicProvider:
         url = httpx.URL(self._url).copy_with(userinfo=b"")
         self.origin = Origin(endpoint.name, str(url), endpoint.model)
         self._max_tokens = max_tokens  # when the client does not say (the API requires one)
-        self._headers = {
-            "x-api-key": endpoint.api_key,
-            "anthropic-version": VERSION,
-            "content-type": "application/json",
-        }
-        self._max_body_bytes = max_body_bytes  # the reply: its blocks, its text deltas
-        self._max_wire_bytes = max_wire_bytes or max(8 * max_body_bytes, 16 * 1024 * 1024)
-        timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        self._wire = Wire(
+            {"x-api-key": endpoint.api_key, "anthropic-version": VERSION},
+            _status_error,
+            _request_id,
+            limits,
+            transport,
+        )
 
     def __repr__(self) -> str:
         return f"AnthropicProvider({self.origin!r})"
@@ -374,7 +363,7 @@ class AnthropicProvider:
         return False
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._wire.close()
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool
@@ -382,19 +371,18 @@ class AnthropicProvider:
         model = request.model or self.endpoint.model
         content = messages_body(request, model, max_tokens=self._max_tokens, stream=stream)
         with translated():
-            async with self._call(self._url, content) as response:
+            async with self._wire.post(self._url, content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
-                    body = msgspec.json.decode(await self._read(response), type=_Message)
-                    self._check_size(sum(map(len, body.content)), 0)
+                    body = msgspec.json.decode(await self._wire.read(response), type=_Message)
+                    self._wire.check_reply(sum(map(len, body.content)), 0)
                     yield _reply(body.content, body.stop_reason, body.usage)
                     return
-                events, size = _EventStream(), 0
-                async for chunk in response.aiter_bytes():
-                    size = self._count(size, chunk)
+                events = _EventStream()
+                async for chunk in self._wire.chunks(response):
                     for event in events.feed(chunk):
                         yield event
-                    self._check_size(events.item_bytes, events.text_bytes)
+                    self._wire.check_reply(events.item_bytes, events.text_bytes)
                     if events.finished:
                         return
         raise UpstreamError("The provider's stream ended before the message was complete.")
@@ -407,57 +395,6 @@ class AnthropicProvider:
         model = request.model or self.endpoint.model
         content = count_body(request, model, max_tokens=self._max_tokens)
         with translated():
-            async with self._call(f"{self._url}/count_tokens", content) as response:
-                return msgspec.json.decode(await self._read(response), type=_Counted).input_tokens
-
-    @asynccontextmanager
-    async def _call(self, url: str, content: bytes) -> AsyncIterator[httpx.Response]:
-        """One POST to the provider, its answer open while the block runs (a non-2xx answer
-        raised as its domain error)."""
-        headers = {**self._headers, **trace_headers()}
-        async with self._client.stream("POST", url, content=content, headers=headers) as response:
-            request_id = response.headers.get("request-id")
-            span = trace.get_current_span()
-            span.set_attribute("http.response.status_code", response.status_code)
-            if request_id:
-                span.set_attribute("provider.request_id", request_id)
-            if not response.is_success:
-                error = await self._status_error(response)
-                log.warning(
-                    "provider answered HTTP %s: %s",
-                    response.status_code,
-                    error.code,
-                    extra={"provider_request_id": request_id},
-                )
-                raise error
-            log.debug("provider answering", extra={"provider_request_id": request_id})
-            yield response
-
-    async def _status_error(self, response: httpx.Response) -> TurnstoreError:
-        try:
-            detail = msgspec.json.decode(await self._read(response), type=_ErrorBody).error
-        except (msgspec.DecodeError, UpstreamError):
-            detail = None
-        error = _error(response.status_code, detail)
-        if isinstance(error, RateLimited):
-            error.retry_after = retry_after(response.headers.get("retry-after"))
-        return error
-
-    async def _read(self, response: httpx.Response) -> bytes:
-        body, size = [], 0
-        async for chunk in response.aiter_bytes():
-            size = self._count(size, chunk)
-            body.append(chunk)
-        return b"".join(body)
-
-    def _count(self, size: int, chunk: bytes) -> int:
-        """The bytes read so far with ``chunk``; refuse them once over the wire cap."""
-        size += len(chunk)
-        if size > self._max_wire_bytes:
-            raise UpstreamError("The provider's response was too large.")
-        return size
-
-    def _check_size(self, item_bytes: int, text_bytes: int) -> None:
-        """Refuse a reply whose blocks or streamed text outgrew the limit."""
-        if max(item_bytes, text_bytes) > self._max_body_bytes:
-            raise UpstreamError("The provider's reply was too large.")
+            async with self._wire.post(f"{self._url}/count_tokens", content) as response:
+                body = await self._wire.read(response)
+                return msgspec.json.decode(body, type=_Counted).input_tokens

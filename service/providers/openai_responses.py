@@ -19,13 +19,11 @@ a Reply: the use case decides what commits.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 
 import httpx
 import msgspec
-from opentelemetry import trace
 
 from service.core.errors import (
     ContentFiltered,
@@ -50,7 +48,7 @@ from service.providers.base import (
     encode_count,
     encode_request,
 )
-from service.providers.wire import retry_after, trace_headers, translated
+from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
 
 log = logging.getLogger("turnstore.provider")
 
@@ -179,23 +177,15 @@ class ResponsesProvider:
     def __init__(
         self,
         endpoint: Endpoint,
+        limits: WireLimits,
         *,
-        connect_timeout_s: float,
-        read_timeout_s: float,
-        max_body_bytes: int,
-        max_wire_bytes: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
         # Where this provider's sealed reasoning can be opened again (no credentials in it).
         url = httpx.URL(endpoint.url).copy_with(userinfo=b"")
         self.origin = Origin(endpoint.name, str(url), endpoint.model)
-        self._headers = {**endpoint.headers, "Content-Type": "application/json"}
-        self._max_body_bytes = max_body_bytes  # the reply: output items, text deltas
-        self._max_wire_bytes = max_wire_bytes or max(8 * max_body_bytes, 16 * 1024 * 1024)
-        timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        self._wire = Wire(endpoint.headers, _status_error, _request_id, limits, transport)
 
     def origin_for(self, model: str | None) -> Origin:
         return self.origin.with_model(model)
@@ -204,26 +194,25 @@ class ResponsesProvider:
         return True
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._wire.close()
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:
         content = encode_request(self.endpoint.model, request, stream=stream)
         with translated():
-            async with self._call(self.endpoint.url, content) as response:
+            async with self._wire.post(self.endpoint.url, content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
-                    body = msgspec.json.decode(await self._read(response), type=_Response)
-                    self._check_reply(body.output, 0)
+                    body = msgspec.json.decode(await self._wire.read(response), type=_Response)
+                    self._wire.check_reply(sum(map(len, body.output)), 0)
                     yield _reply(body)
                     return
-                events, size = _EventStream(), 0
-                async for chunk in response.aiter_bytes():
-                    size = self._count(size, chunk)
+                events = _EventStream()
+                async for chunk in self._wire.chunks(response):
                     for event in events.feed(chunk):
                         yield event
-                    self._check_reply(events.items, events.text_bytes)
+                    self._wire.check_reply(sum(map(len, events.items)), events.text_bytes)
                     if events.finished:
                         return
         raise UpstreamError("The provider's stream ended before the response was complete.")
@@ -232,11 +221,11 @@ class ResponsesProvider:
         """``POST {base}/responses/compact``: the compacted context, and its usage."""
         content = encode_compaction(self.endpoint.model, request)
         with translated():
-            async with self._call(f"{self.endpoint.url}/compact", content) as response:
-                body = msgspec.json.decode(await self._read(response), type=_Compaction)
+            async with self._wire.post(f"{self.endpoint.url}/compact", content) as response:
+                body = msgspec.json.decode(await self._wire.read(response), type=_Compaction)
         # Its output repeats the user messages it keeps, which may be most of the input: a
         # compaction may answer what it was sent, and a reply's worth more.
-        self._check_reply(body.output, 0, sent=len(content))
+        self._wire.check_reply(sum(map(len, body.output)), 0, sent=len(content))
         if compaction_item(body.output) is None:
             raise UpstreamError("The provider's compaction holds no compaction item.")
         return Compacted(list(body.output), body.usage.value() if body.usage else None)
@@ -245,106 +234,45 @@ class ResponsesProvider:
         """``POST {base}/responses/input_tokens``: the provider's count of the request."""
         content = encode_count(self.endpoint.model, request)
         with translated():
-            async with self._call(f"{self.endpoint.url}/input_tokens", content) as response:
-                return msgspec.json.decode(await self._read(response), type=_Counted).input_tokens
-
-    @asynccontextmanager
-    async def _call(self, url: str, content: bytes) -> AsyncIterator[httpx.Response]:
-        """One POST to the provider, its answer open while the block runs (a non-2xx answer
-        raised as its domain error)."""
-        headers = {**self._headers, **trace_headers()}
-        async with self._client.stream("POST", url, content=content, headers=headers) as response:
-            request_id = _request_id(response)
-            span = trace.get_current_span()
-            span.set_attribute("http.response.status_code", response.status_code)
-            if request_id:
-                span.set_attribute("provider.request_id", request_id)
-            if not response.is_success:
-                error = await self._status_error(response)
-                log.warning(
-                    "provider answered HTTP %s: %s",
-                    response.status_code,
-                    error.code,
-                    extra={"provider_request_id": request_id},
-                )
-                raise error
-            log.debug("provider answering", extra={"provider_request_id": request_id})
-            yield response
-
-    async def _read(self, response: httpx.Response) -> bytes:
-        body, size = [], 0
-        async for chunk in response.aiter_bytes():
-            size = self._count(size, chunk)
-            body.append(chunk)
-        return b"".join(body)
-
-    def _count(self, size: int, chunk: bytes) -> int:
-        """The bytes read so far with ``chunk``; refuse them once over the wire cap."""
-        size += len(chunk)
-        if size > self._max_wire_bytes:
-            raise UpstreamError("The provider's response was too large.")
-        return size
-
-    def _check_reply(self, items: list[msgspec.Raw], text_bytes: int, sent: int = 0) -> None:
-        """Refuse a reply whose output items or streamed text outgrew the limit (and ``sent``
-        bytes more, for what a reply may repeat of its request)."""
-        if max(sum(map(len, items)), text_bytes) > self._max_body_bytes + sent:
-            raise UpstreamError("The provider's reply was too large.")
-
-    async def _status_error(self, response: httpx.Response) -> TurnstoreError:
-        if response.status_code == 429:
-            return RateLimited(retry_after=retry_after(response.headers.get("retry-after")))
-        if response.status_code == 400:  # the body's error code tells which 400 it is
-            try:
-                error = msgspec.json.decode(await self._read(response), type=_ErrorBody).error
-            except (msgspec.DecodeError, UpstreamError):
-                error = None
-            if error is not None and error.code in _CODES:
-                return _CODES[error.code]()
-            if error is not None and error.param:  # a field of the request it names
-                return ProviderRefused(error.code, error.param)
-        return UpstreamError(f"The provider answered HTTP {response.status_code}.")
+            async with self._wire.post(f"{self.endpoint.url}/input_tokens", content) as response:
+                body = await self._wire.read(response)
+                return msgspec.json.decode(body, type=_Counted).input_tokens
 
 
-def _request_id(response: httpx.Response) -> str | None:
+def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+    if status == 429:
+        return RateLimited(retry_after=retry_after(headers.get("retry-after")))
+    if status == 400:  # the body's error code tells which 400 it is
+        try:
+            error = msgspec.json.decode(body, type=_ErrorBody).error
+        except msgspec.DecodeError:
+            error = None
+        if error is not None and error.code in _CODES:
+            return _CODES[error.code]()
+        if error is not None and error.param:  # a field of the request it names
+            return ProviderRefused(error.code, error.param)
+    return UpstreamError(f"The provider answered HTTP {status}.")
+
+
+def _request_id(headers: httpx.Headers) -> str | None:
     """The provider's own id of the request (OpenAI's, or Azure's), for its support."""
-    found: str | None = response.headers.get("x-request-id") or response.headers.get(
-        "apim-request-id"
-    )
+    found: str | None = headers.get("x-request-id") or headers.get("apim-request-id")
     return found
 
 
 class _EventStream:
-    """Turns a streamed body, chunk by chunk, into provider events.
-
-    Server-sent events: lines end in LF or CRLF, a blank line ends an event, and only ``data``
-    lines matter (each JSON carries its ``type``). Text comes from the deltas, output items
-    from ``response.output_item.done`` (the ``.added`` copy of an item is not complete yet).
-    """
+    """Turns a streamed body, chunk by chunk, into provider events (its server-sent events:
+    wire.py). Text comes from the deltas, output items from ``response.output_item.done`` (the
+    ``.added`` copy of an item is not complete yet)."""
 
     def __init__(self) -> None:
         self.finished = False
         self.items: list[msgspec.Raw] = []  # from response.output_item.done, in order
         self.text_bytes = 0  # of the text deltas so far
-        self._line: list[bytes] = []  # the start of a line that has not ended yet
-        self._data: list[bytes] = []  # the data lines of the event that has not ended yet
+        self._events = ServerSentEvents()
 
     def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
-        *ended, rest = chunk.split(b"\n")
-        for end in ended:
-            line = b"".join([*self._line, end]).removesuffix(b"\r")
-            self._line.clear()
-            if line.startswith(b"data:"):
-                self._data.append(line[5:].removeprefix(b" "))
-            elif not line and self._data:
-                event = self._event(b"\n".join(self._data))
-                self._data.clear()
-                if event is not None:
-                    yield event
-                if self.finished:
-                    return
-        if rest:
-            self._line.append(rest)
+        return self._events.events(chunk, self._event, lambda: self.finished)
 
     def _event(self, data: bytes) -> ProviderEvent | None:
         kind = msgspec.json.decode(data, type=_Event).type

@@ -1,5 +1,6 @@
-"""What every HTTP provider adapter does alike: map httpx's exception hierarchy and malformed
-JSON onto the domain's, pass on a plain Retry-After, and let the provider join the trace.
+"""What every HTTP provider adapter does alike: its POSTs and their limits (``Wire``), server-
+sent events (``ServerSentEvents``), httpx's exception hierarchy and malformed JSON mapped onto
+the domain's, a plain Retry-After passed on, the provider let join the trace.
 
 httpx's hierarchy, mapped in one place (``translated``)::
 
@@ -13,15 +14,21 @@ httpx's hierarchy, mapped in one place (``translated``)::
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 import msgspec
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 
-from service.core.errors import UpstreamError, UpstreamTimeout
+from service.core.errors import TurnstoreError, UpstreamError, UpstreamTimeout
+
+log = logging.getLogger("turnstore.provider")
+T = TypeVar("T")
 
 # Retry-After as delay-seconds or an IMF-fixdate; anything else is not passed on.
 _RETRY_AFTER = re.compile(
@@ -54,3 +61,123 @@ def translated() -> Iterator[None]:
         raise UpstreamError("The provider could not be reached or broke off.") from exc
     except (msgspec.DecodeError, RecursionError) as exc:  # malformed, or nested absurdly deep
         raise UpstreamError("The provider answered something unparsable.") from exc
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """How long a provider may take, and how much it may send: a reply of at most
+    ``max_body_bytes`` of items (or streamed text), on the wire at most ``max_wire_bytes``
+    (default: a multiple of it; a stream repeats its text)."""
+
+    connect_timeout_s: float
+    read_timeout_s: float
+    max_body_bytes: int
+    max_wire_bytes: int | None = None
+
+
+# A non-2xx answer as the adapter's domain error: its status, its body (b"" when it could not
+# be read) and its headers.
+ErrorOf = Callable[[int, bytes, httpx.Headers], TurnstoreError]
+
+
+class Wire:
+    """One provider's HTTP: POSTs with its headers and the trace's, a non-2xx answer raised as
+    the adapter's domain error (``error_of``), every answer read under its ``limits``."""
+
+    def __init__(
+        self,
+        headers: dict[str, str],
+        error_of: ErrorOf,
+        request_id: Callable[[httpx.Headers], str | None],
+        limits: WireLimits,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._headers = {**headers, "content-type": "application/json"}
+        self._error_of, self._request_id = error_of, request_id
+        self.max_body_bytes = body = limits.max_body_bytes
+        self._max_wire_bytes = limits.max_wire_bytes or max(8 * body, 16 * 1024 * 1024)
+        timeout = httpx.Timeout(limits.read_timeout_s, connect=limits.connect_timeout_s)
+        pool = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=pool, transport=transport)
+
+    @asynccontextmanager
+    async def post(self, url: str, content: bytes) -> AsyncIterator[httpx.Response]:
+        """One POST, its answer open while the block runs (leaving it closes the stream)."""
+        headers = {**self._headers, **trace_headers()}
+        async with self._client.stream("POST", url, content=content, headers=headers) as response:
+            request_id = self._request_id(response.headers)
+            span = trace.get_current_span()
+            span.set_attribute("http.response.status_code", response.status_code)
+            if request_id:
+                span.set_attribute("provider.request_id", request_id)
+            if not response.is_success:
+                try:
+                    body = await self.read(response)
+                except UpstreamError:
+                    body = b""
+                error = self._error_of(response.status_code, body, response.headers)
+                log.warning(
+                    "provider answered HTTP %s: %s",
+                    response.status_code,
+                    error.code,
+                    extra={"provider_request_id": request_id},
+                )
+                raise error
+            log.debug("provider answering", extra={"provider_request_id": request_id})
+            yield response
+
+    async def chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The answer's bytes as they come; UpstreamError once past the wire cap."""
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > self._max_wire_bytes:
+                raise UpstreamError("The provider's response was too large.")
+            yield chunk
+
+    async def read(self, response: httpx.Response) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks(response)])
+
+    def check_reply(self, reply_bytes: int, text_bytes: int, sent: int = 0) -> None:
+        """Refuse a reply whose items or streamed text outgrew the limit (and ``sent`` bytes
+        more, for what a reply may repeat of its request)."""
+        if max(reply_bytes, text_bytes) > self.max_body_bytes + sent:
+            raise UpstreamError("The provider's reply was too large.")
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class ServerSentEvents:
+    """Server-sent events from chunks as they come: lines end in LF or CRLF, a blank line ends
+    an event, and only ``data`` lines matter (each JSON carries its ``type``)."""
+
+    def __init__(self) -> None:
+        self._line: list[bytes] = []  # the start of a line that has not ended yet
+        self._data: list[bytes] = []  # the data lines of the event that has not ended yet
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        """The data of each event ``chunk`` ends (a caller may stop reading at any one)."""
+        *ended, rest = chunk.split(b"\n")
+        for end in ended:
+            line = b"".join([*self._line, end]).removesuffix(b"\r")
+            self._line.clear()
+            if line.startswith(b"data:"):
+                self._data.append(line[5:].removeprefix(b" "))
+            elif not line and self._data:
+                data = b"\n".join(self._data)
+                self._data.clear()
+                yield data
+        if rest:
+            self._line.append(rest)
+
+    def events(
+        self, chunk: bytes, read: Callable[[bytes], T | None], finished: Callable[[], bool]
+    ) -> Iterator[T]:
+        """What ``read`` makes of each event ``chunk`` ends, until ``finished``."""
+        for data in self.feed(chunk):
+            event = read(data)
+            if event is not None:
+                yield event
+            if finished():
+                return

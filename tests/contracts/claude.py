@@ -15,6 +15,7 @@ import pytest
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.fake import FakeProvider
 from service.providers.routing import Routed
+from service.providers.wire import WireLimits
 from tests.support import fake_anthropic
 from tests.support.fake_anthropic import API_KEY, FakeMessagesAPI, Redacted, Script, Text, Thinking
 from tests.support.fake_anthropic import ToolUse as Call
@@ -28,10 +29,8 @@ THINK = {"effort": "low"}
 def claude_beside_the_fake(api: FakeMessagesAPI) -> Routed:
     claude = AnthropicProvider(
         AnthropicEndpoint("claude", "https://anthropic.invalid", API_KEY, CLAUDE),
+        WireLimits(1.0, 5.0, 262_144),
         max_tokens=4096,
-        connect_timeout_s=1.0,
-        read_timeout_s=5.0,
-        max_body_bytes=262_144,
         transport=httpx.MockTransport(api.handle),
     )
     return Routed(

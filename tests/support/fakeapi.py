@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from service.providers.openai_responses import Endpoint, ResponsesProvider
+from service.providers.wire import WireLimits
 
 
 @dataclass
@@ -75,8 +76,8 @@ class FakeResponsesAPI:
             model,
         )
         options = {"connect_timeout_s": 1.0, "read_timeout_s": 5.0, "max_body_bytes": 262_144}
-        options.update(kwargs)
-        return ResponsesProvider(endpoint, transport=httpx.MockTransport(self.handle), **options)
+        limits = WireLimits(**(options | kwargs))
+        return ResponsesProvider(endpoint, limits, transport=httpx.MockTransport(self.handle))
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()

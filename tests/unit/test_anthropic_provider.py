@@ -35,6 +35,7 @@ from service.core.usage import Usage
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.anthropic_request import messages_body
 from service.providers.base import ItemDone, ProviderEvent, ProviderRequest, Reply, TextDelta
+from service.providers.wire import WireLimits
 from tests.support.fake_anthropic import (
     API_KEY,
     FakeMessagesAPI,
@@ -65,13 +66,11 @@ def output_of(call_id: str, output: str) -> msgspec.Raw:
 def provider(api: FakeMessagesAPI, **options: Any) -> AnthropicProvider:
     transport = options.pop("transport", httpx.MockTransport(api.handle))
     endpoint = AnthropicEndpoint("anthropic", options.pop("base_url", BASE), API_KEY, "claude-test")
-    settings: dict[str, Any] = {
-        "max_tokens": 8192,
-        "connect_timeout_s": 1.0,
-        "read_timeout_s": 1.0,
-        "max_body_bytes": 1 << 20,
-    }
-    return AnthropicProvider(endpoint, transport=transport, **(settings | options))
+    max_tokens = options.pop("max_tokens", 8192)
+    limits = WireLimits(
+        **({"connect_timeout_s": 1.0, "read_timeout_s": 1.0, "max_body_bytes": 1 << 20} | options)
+    )
+    return AnthropicProvider(endpoint, limits, max_tokens=max_tokens, transport=transport)
 
 
 async def events_of(

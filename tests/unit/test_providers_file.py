@@ -14,6 +14,7 @@ from service.app import build_provider
 from service.platform.settings import Settings, SettingsError
 from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.providers.routing import Routed
+from service.providers.wire import WireLimits
 from tests.support.fakeapi import FakeResponsesAPI
 from tests.support.helpers import Target, sdk
 
@@ -158,16 +159,16 @@ async def test_each_request_reaches_the_endpoint_of_its_models_provider() -> Non
     """Two Responses API providers behind the router: each call goes to its model's endpoint
     with that provider's key, and each turn's origin names the provider that answered it."""
     first, second = FakeResponsesAPI(), FakeResponsesAPI()
-    options = {"connect_timeout_s": 1.0, "read_timeout_s": 5.0, "max_body_bytes": 262_144}
+    limits = WireLimits(1.0, 5.0, 262_144)
     one = ResponsesProvider(
         Endpoint.openai("https://one.invalid/v1", "sk-one", "m-1", "one"),
+        limits,
         transport=httpx.MockTransport(first.handle),
-        **options,
     )
     two = ResponsesProvider(
         Endpoint.openai("https://two.invalid/v1", None, "m-2", "two"),
+        limits,
         transport=httpx.MockTransport(second.handle),
-        **options,
     )
     routed = Routed([("one", one, ["m-1"]), ("two", two, ["m-2", "m-3"])], "m-1")
     async with sdk(Target(), routed, models="m-1,m-2,m-3") as (client, _, _plain):

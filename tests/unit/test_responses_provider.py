@@ -30,6 +30,7 @@ from service.core.model import Origin
 from service.platform.settings import Settings
 from service.providers.base import ItemDone, ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.openai_responses import Endpoint, ResponsesProvider
+from service.providers.wire import WireLimits
 from tests.support.fakeapi import (
     FakeResponsesAPI,
     Script,
@@ -145,14 +146,8 @@ def feeding(
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=feed)
 
     endpoint = Endpoint("openai", URL, {"Authorization": "Bearer sk-test"}, "gpt-test")
-    return ResponsesProvider(
-        endpoint,
-        connect_timeout_s=1.0,
-        read_timeout_s=5.0,
-        max_body_bytes=max_body_bytes,
-        max_wire_bytes=max_wire_bytes,
-        transport=httpx.MockTransport(handler),
-    )
+    limits = WireLimits(1.0, 5.0, max_body_bytes, max_wire_bytes)
+    return ResponsesProvider(endpoint, limits, transport=httpx.MockTransport(handler))
 
 
 # --- the request --------------------------------------------------------------------------
@@ -196,12 +191,9 @@ async def test_request_shape_azure(stream: bool) -> None:
         azure_api_key="az-key-123",
         azure_deployment="my-gpt-deployment",
     )
+    limits = WireLimits(1.0, 5.0, 262_144)
     provider = ResponsesProvider(
-        build_endpoint(settings),
-        connect_timeout_s=1.0,
-        read_timeout_s=5.0,
-        max_body_bytes=262_144,
-        transport=httpx.MockTransport(api.handle),
+        build_endpoint(settings), limits, transport=httpx.MockTransport(api.handle)
     )
     assert provider.endpoint.name == "azure"
     assert provider.origin == Origin(
@@ -225,9 +217,7 @@ async def test_origin_names_provider_endpoint_and_model_without_credentials() ->
     assert provider.origin == Origin("openai", URL, "gpt-test")
     await provider.close()
     endpoint = Endpoint("openai", "https://user:pw@proxy.example/v1/responses", {}, "m")
-    provider = ResponsesProvider(
-        endpoint, connect_timeout_s=1.0, read_timeout_s=1.0, max_body_bytes=1
-    )
+    provider = ResponsesProvider(endpoint, WireLimits(1.0, 1.0, 1))
     assert provider.origin == Origin("openai", "https://proxy.example/v1/responses", "m")
     await provider.close()
 

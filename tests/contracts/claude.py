@@ -287,3 +287,23 @@ async def test_with_context_strategy_compact_a_claude_turn_keeps_the_whole_turn_
             assert answered.status_code == 200, answered.text
             cid = answered.json()["conversation_id"]
     assert [len(r["messages"]) for r in api.requests] == [1, 3, 5]
+
+
+async def test_switching_models_on_v1_with_reasoning_on_both_never_fails(target: Target) -> None:
+    """The same over /v1 with reasoning asked of both: the fake's sealed reasoning never goes
+    to Claude, Claude's signed thinking never to the fake, and each gets its own back."""
+    api = FakeMessagesAPI()
+    async with sdk(target, claude_beside_the_fake(api), models=MODELS) as (client, _, _plain):
+        conversation = await client.conversations.create()
+        models = [FAKE, CLAUDE, FAKE, CLAUDE, CLAUDE, FAKE, CLAUDE]
+        for n, model in enumerate(models, start=1):
+            if model == CLAUDE:
+                api.then(thinking_reply(n))
+            answered = await client.responses.create(
+                model=model, conversation=conversation.id, input=f"turn {n}", reasoning=THINK
+            )
+            assert answered.model == model and answered.output_text
+    last = api.requests[-1]["messages"]
+    thinking = [b for m in last for b in m["content"] if b["type"] == "thinking"]
+    assert len(thinking) == 3 * 2  # Claude's own three turns' thinking, none of the fake's
+    assert all(b["type"] != "reasoning" for m in last for b in m["content"])

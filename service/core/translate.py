@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,10 +216,10 @@ def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
     return out
 
 
-def as_item(block: msgspec.Raw, seal: Callable[[str], str] | None = None) -> dict[str, Any]:
+def as_item(block: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
     """An Anthropic block as the OpenAI surface shows it: thinking (readable or redacted) as a
-    ``reasoning`` item, its text as ``summary_text`` and the block itself, sealed by ``seal``,
-    as its ``encrypted_content`` (left out without ``seal``: a client never sees it in clear);
+    ``reasoning`` item, its text as ``summary_text`` and ``sealed`` (the block itself, sealed
+    by turnstore) as its ``encrypted_content`` (left out without: never shown in clear);
     text as an assistant ``message``; a ``tool_use`` as a ``function_call`` (its id the
     ``call_id``). The item's ``id`` is the caller's to give."""
     read = msgspec.json.decode(block, type=_Block)
@@ -236,8 +236,8 @@ def as_item(block: msgspec.Raw, seal: Callable[[str], str] | None = None) -> dic
         }
     summary = [{"type": "summary_text", "text": read.thinking}] if read.thinking else []
     item: dict[str, Any] = {"type": "reasoning", "summary": summary}
-    if seal is not None:
-        item["encrypted_content"] = seal(bytes(block).decode())
+    if sealed is not None:
+        item["encrypted_content"] = sealed
     return item
 
 

@@ -81,12 +81,8 @@ def _field(fields: Mapping[str, msgspec.Raw], name: str, kind: Any) -> Any:
         ) from None
 
 
-_FIELDS = frozenset(
-    {
-        "temperature", "top_p", "max_output_tokens", "tool_choice", "parallel_tool_calls",
-        "reasoning", "text", "user", "safety_identifier", "service_tier", *NOT_SENT,
-    }
-)  # fmt: skip
+_MAPPED = "temperature top_p max_output_tokens tool_choice parallel_tool_calls reasoning text"
+_FIELDS = frozenset({*_MAPPED.split(), "user", "safety_identifier", "service_tier", *NOT_SENT})
 
 
 def _fields(fields: Mapping[str, msgspec.Raw], default_max_tokens: int) -> dict[str, Any]:

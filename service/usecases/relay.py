@@ -152,7 +152,10 @@ class _Sealing:
 
     def item(self, raw: msgspec.Raw) -> msgspec.Raw:
         if is_block(raw):  # Anthropic's: shown as the Responses item it reads as, sealed whole
-            item = as_item(raw, lambda block: self._ids.seal(self._origin, block))
+            opaque = is_opaque(raw)
+            item = as_item(
+                raw, self._ids.seal(self._origin, bytes(raw).decode()) if opaque else None
+            )
             if item["type"] == "message" and self._message_id is not None:
                 item["id"], self._message_id = self._message_id, None  # its deltas' message
             else:  # the same id for the same block, announced early or in the final output

@@ -24,13 +24,16 @@ class OpenAIModels(Controller):
 
     @get("/", **openai_route("The models a request may name."))
     async def listing(self, api: Caller) -> dict[str, Any]:
-        owner = api.responses.provider_name
-        return {"object": "list", "data": [model_object(m, owner) for m in api.responses.models]}
+        owner = api.cases.responses.provider_name
+        return {
+            "object": "list",
+            "data": [model_object(m, owner) for m in api.cases.responses.models],
+        }
 
     @get("/{model:str}", **openai_route("One model a request may name.", UnknownModel))
     async def retrieve(self, model: FromPath[str], api: Caller) -> dict[str, Any]:
         try:
-            api.responses.check_model(model)
+            api.cases.responses.check_model(model)
         except ModelNotFound:
             raise UnknownModel() from None
-        return model_object(model, api.responses.provider_name)
+        return model_object(model, api.cases.responses.provider_name)

@@ -29,6 +29,7 @@ from service.core.errors import RequestInProgress
 from service.core.ids import unstored_response_id
 from service.core.plans import TurnPlan
 from service.providers.base import Reply
+from service.usecases.responses import Unkept
 from service.usecases.run import Run
 from service.usecases.turns import TurnDone
 
@@ -136,11 +137,11 @@ async def stateless(
     """A ``store: false`` call: relayed, nothing kept; its id names nothing."""
     assert ask.echo is not None
     echo, rid = replace(ask.echo, store=False), unstored_response_id()
-    previous = asked.previous_response_id
+    call = Unkept(api.owner, ask, asked.input, asked.previous_response_id)
     if asked.stream:
         # Its place among the owner's running turns (or a JSON 429), held to the stream's end.
         released_with_response(request.scope, await api.cases.responses.place(api.owner))
-        provider = await api.cases.responses.stateless_stream(api.owner, ask, asked.input, previous)
+        provider = await api.cases.responses.stateless_stream(call)
         rendering = Relayed(ResponseStream(rid, None, echo, ids=api.ids))
         cid = correlation_id(request.scope)
         stream = sse_events(
@@ -148,7 +149,7 @@ async def stateless(
         )
         closed_with_response(request.scope, stream)
         return EventStream(stream)
-    reply = await api.cases.responses.stateless(api.owner, ask, asked.input, previous)
+    reply = await api.cases.responses.stateless(call)
     # Sealed reasoning is kept in the answer: a client that keeps the history has no other
     # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
     output = views.output_items(api.ids, None, 1, reply.output_items, 0, encrypted=True)

@@ -74,8 +74,8 @@ class ChatController(Controller):
     ) -> Response[ChatResponse | TurnAccepted]:
         plan = chat_plan(api, data, if_match, idempotency_key)
         if data.background:
-            return accepted(await api.runs.start(plan, correlation_id=cid(request)))
-        body = ChatResponse.of(await api.turns.run(plan), cid(request))
+            return accepted(await api.cases.runs.start(plan, correlation_id=cid(request)))
+        body = ChatResponse.of(await api.cases.turns.run(plan), cid(request))
         return with_etag(body, body.revision)
 
     @post(
@@ -102,15 +102,21 @@ class ChatController(Controller):
         idempotency_key: IdempotencyKey = None,
     ) -> ServerSentEvent:
         plan = chat_plan(api, data, if_match, idempotency_key)
-        await api.turns.check(plan)
-        started = await api.runs.start(plan, correlation_id=cid(request))
+        await api.cases.turns.check(plan)
+        started = await api.cases.runs.start(plan, correlation_id=cid(request))
         headers = {
             "X-Conversation-Id": str(started.conversation_id),
             "X-Turn-Id": str(started.turn_id),
         }
         rendering = TurnEvents(cid(request))
         return run_stream(
-            api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, headers
+            api.cases.runs,
+            started,
+            api.owner,
+            rendering,
+            request,
+            api.cases.sse_keepalive_s,
+            headers,
         )
 
 
@@ -126,7 +132,7 @@ def chat_plan(
         background=data.background,
         model=data.model,
     )
-    return make_plan(api.rules, asked)
+    return make_plan(api.cases.rules, asked)
 
 
 def cid(request: Request[Any, Any, Any]) -> str:

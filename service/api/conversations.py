@@ -88,7 +88,7 @@ class ConversationController(Controller):
         ),
     )
     async def page(self, api: Caller, limit: Limit = 20, after: After = None) -> ConversationList:
-        return ConversationList.of(*await api.conversations.listing(api.owner, limit, after))
+        return ConversationList.of(*await api.cases.conversations.listing(api.owner, limit, after))
 
     @get(
         "/{conversation_id:str}",
@@ -111,7 +111,7 @@ class ConversationController(Controller):
     ) -> Response[ConversationView]:
         page = PageRequest(after, before, limit, MAX_PAGE_BYTES)
         cid = parse_conversation_id(conversation_id)
-        found = await api.conversations.transcript(cid, api.owner, page)
+        found = await api.cases.conversations.transcript(cid, api.owner, page)
         view = ConversationView.of(found, api.ids)
         return with_etag(view, view.revision)
 
@@ -141,7 +141,7 @@ class ConversationController(Controller):
     ) -> Response[Forked]:
         source = parse_conversation_id(conversation_id)
         key = api.key(idempotency_key, "fork", str(source), await request.body())
-        info = await api.conversations.fork(source, api.owner, data.at_revision, key)
+        info = await api.cases.conversations.fork(source, api.owner, data.at_revision, key)
         return with_etag(Forked.of(info, source, data.at_revision), info.revision)
 
     @post(
@@ -177,7 +177,7 @@ class ConversationController(Controller):
         cid = parse_conversation_id(conversation_id)
         key = api.key(idempotency_key, "compact", str(cid), await request.body())
         plan = compaction_plan(cid, api.owner, parse_if_match(if_match), key)
-        revision, usage = await api.turns.compact(plan)
+        revision, usage = await api.cases.turns.compact(plan)
         body = Compaction(str(cid), revision, UsageView.of(usage))
         return with_etag(body, revision)
 
@@ -207,5 +207,5 @@ async def delete_conversation(
     may switch surfaces."""
     cid = parse_conversation_id(conversation_id)
     key = api.key(idempotency_key, "conversation.delete", str(cid))
-    await api.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
+    await api.cases.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
     return cid

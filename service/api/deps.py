@@ -44,34 +44,6 @@ class Api:
     cases: UseCases
     ids: Ids  # the ids this deployment shows and reads back
 
-    @property
-    def turns(self) -> TurnService:
-        return self.cases.turns
-
-    @property
-    def runs(self) -> TurnRuns:
-        return self.cases.runs
-
-    @property
-    def conversations(self) -> Conversations:
-        return self.cases.conversations
-
-    @property
-    def responses(self) -> Responses:
-        return self.cases.responses
-
-    @property
-    def kept(self) -> KeptResponses:
-        return self.cases.kept
-
-    @property
-    def rules(self) -> PlanRules:
-        return self.cases.rules
-
-    @property
-    def sse_keepalive_s(self) -> float:
-        return self.cases.sse_keepalive_s
-
     def key(self, header: str | None, route: str, *subject: str | bytes) -> IdempotencyKey | None:
         """The Idempotency-Key a write came with (None: none), bound to its ``route`` and what a
         retry must repeat (its path's ids, its body)."""

@@ -67,7 +67,7 @@ class TurnController(Controller):
         ),
     )
     async def status(self, turn_id: FromPath[str], api: Caller) -> TurnView:
-        return TurnView.of(await api.runs.status(parse_turn_id(turn_id), api.owner))
+        return TurnView.of(await api.cases.runs.status(parse_turn_id(turn_id), api.owner))
 
     @get(
         "/{turn_id:str}/events",
@@ -92,12 +92,14 @@ class TurnController(Controller):
         after: After = None,
     ) -> ServerSentEvent:
         tid, since = parse_turn_id(turn_id), resume_after(last_event_id, after)
-        await api.runs.status(tid, api.owner)  # an unknown turn is a JSON 404, before any stream
-        released_with_response(request.scope, api.runs.reader(api.owner))  # or a JSON 429
-        source = api.runs.events(tid, api.owner, since)
+        await api.cases.runs.status(
+            tid, api.owner
+        )  # an unknown turn is a JSON 404, before any stream
+        released_with_response(request.scope, api.cases.runs.reader(api.owner))  # or a JSON 429
+        source = api.cases.runs.events(tid, api.owner, since)
         cid = correlation_id(request.scope)
         events = sse_events(
-            source, TurnEvents(cid), api.sse_keepalive_s, correlation_id=cid, follower=True
+            source, TurnEvents(cid), api.cases.sse_keepalive_s, correlation_id=cid, follower=True
         )
         closed_with_response(request.scope, events)
         return EventStream(events, headers={"X-Turn-Id": str(tid)})
@@ -113,4 +115,4 @@ class TurnController(Controller):
         ),
     )
     async def cancel(self, turn_id: FromPath[str], api: Caller) -> TurnView:
-        return TurnView.of(await api.runs.cancel(parse_turn_id(turn_id), api.owner))
+        return TurnView.of(await api.cases.runs.cancel(parse_turn_id(turn_id), api.owner))

@@ -296,6 +296,17 @@ class IdempotencyKey:
 
 
 @dataclass(frozen=True)
+class Removal:
+    """A write that takes committed content away from ``owner``'s conversation (History's
+    ``delete``, ``pop_item``, ``delete_response``), completing ``idempotency`` (the
+    Idempotency-Key claim it came with; None: none) in its own transaction."""
+
+    conversation_id: UUID
+    owner: str = ANONYMOUS
+    idempotency: IdempotencyKey | None = None
+
+
+@dataclass(frozen=True)
 class Append:
     """A turn to commit to ``owner``'s conversation, if it is still at ``expected_revision``
     (0: create the conversation with this turn) and no other turn holds its lease.

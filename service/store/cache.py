@@ -29,6 +29,7 @@ from service.core.model import (
     Conversation,
     LeaseAttempt,
     LeaseRequest,
+    Removal,
     Turn,
     since,
 )
@@ -69,7 +70,7 @@ class CachedStore:
         self._entries: OrderedDict[UUID, _Entry] = OrderedDict()
         self._bytes = 0
         # The writes that take committed content away pass through, the conversation forgotten
-        # around each (History names the conversation first in each of them).
+        # around each (each names it in its Removal, first).
         self.delete = self._forgetting(inner.delete)
         self.pop_item = self._forgetting(inner.pop_item)
         self.delete_response = self._forgetting(inner.delete_response)
@@ -174,17 +175,17 @@ class CachedStore:
         return commit
 
     def _forgetting(
-        self, write: Callable[Concatenate[UUID, P], Awaitable[R]]
-    ) -> Callable[Concatenate[UUID, P], Coroutine[Any, Any, R]]:
+        self, write: Callable[Concatenate[Removal, P], Awaitable[R]]
+    ) -> Callable[Concatenate[Removal, P], Coroutine[Any, Any, R]]:
         """``write``, forgetting its conversation before it (nothing of it is served from here
         meanwhile) and after it, failed too (a load racing it may have kept what is gone)."""
 
-        async def forgetting(conversation_id: UUID, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            self._evict(conversation_id)
+        async def forgetting(removal: Removal, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            self._evict(removal.conversation_id)
             try:
-                return await write(conversation_id, *args, **kwargs)
+                return await write(removal, *args, **kwargs)
             finally:
-                self._evict(conversation_id)
+                self._evict(removal.conversation_id)
 
         return forgetting
 

@@ -37,6 +37,7 @@ from service.core.model import (
     NewRun,
     PageRequest,
     Precondition,
+    Removal,
     Renewed,
     RunEnd,
     RunView,
@@ -97,8 +98,8 @@ class History(Protocol):
     reads its window, and ``append``, its commit), the whole read (``load``) and the writes
     that take committed content away (``delete``, ``pop_item``, ``delete_response``). The
     history cache (service/store/cache.py) wraps this port, and only this one. A write that
-    came with an Idempotency-Key (``idempotency``, ``Append.idempotency``) completes its claim
-    in its own transaction (IdempotencyStore)."""
+    came with an Idempotency-Key (``Removal.idempotency``, ``Append.idempotency``) completes
+    its claim in its own transaction (IdempotencyStore)."""
 
     async def load(
         self, conversation_id: UUID, owner: str = ANONYMOUS, *, after_revision: int = 0
@@ -119,25 +120,13 @@ class History(Protocol):
         writer got there first, ConversationNotFound when it was deleted or expired meanwhile,
         StorageError."""
 
-    async def delete(
-        self,
-        conversation_id: UUID,
-        /,
-        owner: str = ANONYMOUS,
-        if_match: Precondition = None,
-        idempotency: IdempotencyKey | None = None,
-    ) -> None:
+    async def delete(self, removal: Removal, if_match: Precondition = None) -> None:
         """Remove the owner's conversation and everything of it (its Idempotency-Key records
-        too), if its revision is in ``if_match``; ``idempotency`` then names the deletion.
-        Raises ConversationNotFound, PreconditionFailed, StorageError."""
+        too), if its revision is in ``if_match``; the removal's ``idempotency`` then names the
+        deletion. Raises ConversationNotFound, PreconditionFailed, StorageError."""
 
     async def pop_item(
-        self,
-        conversation_id: UUID,
-        /,
-        owner: str,
-        if_match: Precondition = None,
-        idempotency: IdempotencyKey | None = None,
+        self, removal: Removal, if_match: Precondition = None
     ) -> tuple[ConversationInfo, msgspec.Raw]:
         """Remove the conversation's latest item: its last turn, without it
         (core.items.without_last_item), becomes the next revision (a commit; ``rewritten_at`` tells
@@ -146,14 +135,7 @@ class History(Protocol):
         InvalidInput (nothing to remove), StorageError."""
 
     async def delete_response(
-        self,
-        conversation_id: UUID,
-        /,
-        owner: str,
-        revision: int,
-        idempotency: IdempotencyKey | None = None,
-        *,
-        erase: bool = False,
+        self, removal: Removal, revision: int, *, erase: bool = False
     ) -> bool:
         """Forget the response the turn of ``revision`` made (it stays a turn, with its
         items); with ``erase``, the latest turn's content goes too (its texts, items and

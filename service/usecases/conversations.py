@@ -27,6 +27,7 @@ from service.core.model import (
     IdempotencyKey,
     PageRequest,
     Precondition,
+    Removal,
     Summary,
     TranscriptPage,
     Turn,
@@ -145,7 +146,7 @@ class Conversations:
     ) -> bool:
         """Forget a response (its turn stays); ``erase``: its content too (the latest turn's:
         History.delete_response)."""
-        return await self._history.delete_response(cid, owner, revision, key, erase=erase)
+        return await self._history.delete_response(Removal(cid, owner, key), revision, erase=erase)
 
     async def delete(
         self,
@@ -164,7 +165,7 @@ class Conversations:
     ) -> None:
         """``delete`` for a caller that passed the write gate already (its ``key``, completed
         by the deletion's transaction)."""
-        await self._history.delete(cid, owner, if_match, key)
+        await self._history.delete(Removal(cid, owner, key), if_match)
 
     async def fork(
         self, cid: uuid.UUID, owner: str, at_revision: int, key: IdempotencyKey | None = None
@@ -276,10 +277,12 @@ class Conversations:
                 raise ItemNotFound()
             assert last is not None  # its latest item is named: it has a last turn
             rewritten = turn_bytes(last)  # (the last turn, written again without its item)
-            removal = frozenset({revision})
+            unchanged = frozenset({revision})
             try:
                 info, _ = await self._charged(
-                    owner, rewritten, lambda: self._history.pop_item(cid, owner, removal, key)
+                    owner,
+                    rewritten,
+                    lambda: self._history.pop_item(Removal(cid, owner, key), unchanged),
                 )
             except PreconditionFailed:
                 raise ConversationConflict() from None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -46,6 +46,17 @@ from service.usecases.runs import Started, TurnRuns
 from service.usecases.turns import TurnDone, TurnService
 
 NOT_LATEST = "previous_response_id must name the latest response of its conversation."
+
+
+@dataclass(frozen=True)
+class Unkept:
+    """A ``store: false`` call, whole or streamed: whose it is, what it asks, its input, and
+    the stored response whose history goes first (None: none)."""
+
+    owner: str
+    asked: Asked
+    input: str | list[Any]
+    previous: str | None = None
 
 
 class Responses:
@@ -196,39 +207,26 @@ class Responses:
             raise
         return started
 
-    async def stateless(
-        self,
-        owner: str,
-        asked: Asked,
-        input: str | list[Any],
-        previous: str | None = None,
-    ) -> Reply:
-        """A ``store: false`` call: relayed to the provider, nothing kept (after ``previous``:
-        its stored history, read, then ``input``)."""
-        async with self._turns.leases.placed(owner):  # a provider call: counted as a turn
-            resolved = await self._relayed_input(owner, asked, input, previous)
-            reply = await self._relay.respond(resolved, asked)
+    async def stateless(self, call: Unkept) -> Reply:
+        """A ``store: false`` call: relayed to the provider, nothing kept (after its
+        ``previous``: its stored history, read, then its ``input``)."""
+        async with self._turns.leases.placed(call.owner):  # a provider call: counted as a turn
+            resolved = await self._relayed_input(call)
+            reply = await self._relay.respond(resolved, call.asked)
         if reply.incomplete_reason == "content_filter":
             raise ContentFiltered()
         return reply
 
-    async def stateless_stream(
-        self,
-        owner: str,
-        asked: Asked,
-        input: str | list[Any],
-        previous: str | None = None,
-    ) -> AsyncGenerator[ProviderEvent, None]:
+    async def stateless_stream(self, call: Unkept) -> AsyncGenerator[ProviderEvent, None]:
         """A ``store: false`` call, streamed: the provider's events as they come. The caller
         holds a place among the owner's running turns for it (``place``)."""
-        resolved = await self._relayed_input(owner, asked, input, previous)
-        return self._relay.stream(list(resolved), asked)
+        resolved = await self._relayed_input(call)
+        return self._relay.stream(list(resolved), call.asked)
 
-    async def _relayed_input(
-        self, owner: str, asked: Asked, input: str | list[Any], previous: str | None
-    ) -> list[msgspec.Raw]:
+    async def _relayed_input(self, call: Unkept) -> list[msgspec.Raw]:
         """What a ``store: false`` call sends: its history (``previous``'s window as a turn
         after it would send it, read and never written), then its input, restored."""
+        owner, asked, input, previous = call.owner, call.asked, call.input, call.previous
         given = input if isinstance(input, list) else [{"role": "user", "content": input}]
         if previous is None:
             return await self._relay.resolve(owner, given, asked.model)

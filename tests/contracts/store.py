@@ -33,6 +33,7 @@ from service.core.model import (
     ConversationInfo,
     IdempotencyKey,
     LeaseRequest,
+    Removal,
     Turn,
 )
 from service.core.sizes import turn_bytes
@@ -114,7 +115,7 @@ async def test_append_to_deleted_conversation_is_not_found(contract_store: AnySt
     store = contract_store
     cid = uuid.uuid4()
     await store.history.append(Append(cid, turn(1), 0))
-    await store.history.delete(cid)
+    await store.history.delete(Removal(cid))
     with pytest.raises(ConversationNotFound):
         await store.history.append(Append(cid, turn(2), 1))
 
@@ -125,11 +126,11 @@ async def test_delete_removes_transcript_and_replay_items(contract_store: AnySto
     for cid in (keep, gone):
         await store.history.append(Append(cid, turn(1), 0))
         await store.history.append(Append(cid, turn(2), 1))
-    await store.history.delete(gone)
+    await store.history.delete(Removal(gone))
     assert await store.history.load(gone) is None
     assert await stored_turns(store) == 2
     with pytest.raises(ConversationNotFound):
-        await store.history.delete(gone)
+        await store.history.delete(Removal(gone))
     loaded = await store.history.load(keep)
     assert loaded is not None and loaded.revision == 2
 
@@ -139,9 +140,9 @@ async def test_delete_honours_if_match(contract_store: AnyStore) -> None:
     cid = uuid.uuid4()
     await store.history.append(Append(cid, turn(1), 0))
     with pytest.raises(PreconditionFailed):
-        await store.history.delete(cid, if_match=frozenset({2}))
+        await store.history.delete(Removal(cid), if_match=frozenset({2}))
     assert await store.history.load(cid) is not None
-    await store.history.delete(cid, if_match=frozenset({1}))
+    await store.history.delete(Removal(cid), if_match=frozenset({1}))
     assert await store.history.load(cid) is None
 
 
@@ -156,7 +157,7 @@ async def test_another_owners_conversation_is_never_returned(contract_store: Any
     with pytest.raises(ConversationNotFound):
         await store.history.append(Append(cid, turn(2), 1, owner="bob"))
     with pytest.raises(ConversationNotFound):
-        await store.history.delete(cid, "bob")
+        await store.history.delete(Removal(cid, "bob"))
     loaded = await store.history.load(cid, "alice")
     assert loaded is not None and loaded.owner == "alice" and loaded.revision == 1
 
@@ -293,7 +294,7 @@ async def test_deleting_a_conversation_forgets_the_keys_that_committed_to_it(
     store, cid, gone = contract_store, uuid.uuid4(), key("gone")
     assert await store.idempotency.claim(gone) is None
     await store.history.append(Append(cid, turn(1), 0, idempotency=gone))
-    await store.history.delete(cid)
+    await store.history.delete(Removal(cid))
     assert await store.idempotency.claim(key("gone", asked="anything")) is None  # no record left
 
 
@@ -313,7 +314,7 @@ async def test_a_fork_holds_the_first_turns_as_they_are_and_goes_its_own_way(
     await store.history.append(Append(source, turn(4), 3, owner="alice"))
     again = await store.history.load(source, "alice")
     assert again is not None and [t.user_message for t in again.turns][-1] == turn(4).user_message
-    await store.history.delete(source, "alice")
+    await store.history.delete(Removal(source, "alice"))
     kept = await store.history.load(fork.id, "alice")
     assert kept is not None and kept.revision == 3  # deleting one never touches the other
     with pytest.raises(ConversationNotFound):
@@ -346,7 +347,7 @@ async def test_the_latest_item_is_removed_by_a_commit_that_marks_the_rewrite(
     for n in (1, 2):
         await store.history.append(Append(cid, turn(n), n - 1, owner="alice"))
 
-    info, removed = await store.history.pop_item(cid, "alice", frozenset({2}))
+    info, removed = await store.history.pop_item(Removal(cid, "alice"), frozenset({2}))
     assert info.revision == 3 and bytes(removed) == bytes(turn(2).replay_items[-1])
     loaded = await store.history.load(cid, "alice")
     assert loaded is not None and loaded.revision == 3 and loaded.rewritten_at == 3
@@ -354,7 +355,7 @@ async def test_the_latest_item_is_removed_by_a_commit_that_marks_the_rewrite(
         *map(bytes, turn(1).replay_items), bytes(turn(2).replay_items[0])
     ]  # fmt: skip
     with pytest.raises(PreconditionFailed):
-        await store.history.pop_item(cid, "alice", frozenset({2}))
+        await store.history.pop_item(Removal(cid, "alice"), frozenset({2}))
     commit = await store.history.append(Append(cid, turn(3), 3, owner="alice"))
     assert commit.revision == 4
 
@@ -380,7 +381,7 @@ async def test_a_compacted_context_is_kept_with_its_turn_byte_for_byte(
     fork = await store.edits.fork(cid, "alice", 2)
     forked = await store.history.load(fork.id, "alice")
     assert forked is not None and list(forked.turns[1].compacted) == list(compacted)
-    await store.history.pop_item(cid, "alice", frozenset({2}))
+    await store.history.pop_item(Removal(cid, "alice"), frozenset({2}))
     popped = await store.history.load(cid, "alice")
     assert popped is not None and list(popped.turns[-1].compacted) == list(compacted)
 

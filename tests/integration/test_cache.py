@@ -16,7 +16,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import build_services
 from service.core.errors import ConversationConflict, ConversationNotFound, PreconditionFailed
-from service.core.model import ANONYMOUS, Append, Conversation, LeaseAttempt, LeaseRequest, Turn
+from service.core.model import (
+    ANONYMOUS,
+    Append,
+    Conversation,
+    LeaseAttempt,
+    LeaseRequest,
+    Removal,
+    Turn,
+)
 from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.store.cache import CachedStore, turn_size
@@ -217,7 +225,9 @@ async def test_not_found_on_append_evicts(
     here = CachedStore(counting, MiB)
     cid = uuid.uuid4()
     await grow(here, cid, 2)
-    await PostgresStore.over(other_engine).history.delete(cid)  # deleted by another replica
+    await PostgresStore.over(other_engine).history.delete(
+        Removal(cid)
+    )  # deleted by another replica
 
     with pytest.raises(ConversationNotFound):
         await here.append(Append(cid, make_turn(2), 2))
@@ -232,7 +242,7 @@ async def test_delete_evicts(counting: CountingStore) -> None:
     await grow(cache, cid, 2)
     assert cache.cached_bytes > 0
 
-    await cache.delete(cid)
+    await cache.delete(Removal(cid))
 
     assert cache.cached_revision(cid) is None and cache.cached_bytes == 0
     assert await cache.load(cid) is None
@@ -246,7 +256,7 @@ async def test_a_failed_delete_evicts_and_keeps_the_conversation(
     await grow(cache, cid, 2)
 
     with pytest.raises(PreconditionFailed):
-        await cache.delete(cid, if_match=frozenset({1}))
+        await cache.delete(Removal(cid), if_match=frozenset({1}))
 
     assert cache.cached_revision(cid) is None
     assert await cache.load(cid) == await store.history.load(cid)
@@ -258,7 +268,7 @@ async def test_a_deleted_conversation_found_by_another_replica_is_gone(
     here = CachedStore(counting, MiB)
     cid = uuid.uuid4()
     await grow(here, cid, 2)
-    await CachedStore(PostgresHistory(Adapter(other_engine)), MiB).delete(cid)
+    await CachedStore(PostgresHistory(Adapter(other_engine)), MiB).delete(Removal(cid))
 
     assert await here.load(cid) is None
     assert here.cached_revision(cid) is None
@@ -272,7 +282,7 @@ async def test_an_id_reused_by_a_new_conversation_is_not_mixed_up(
     cache = CachedStore(counting, MiB)
     cid = uuid.uuid4()
     await grow(cache, cid, 2)
-    await store.history.delete(cid)
+    await store.history.delete(Removal(cid))
     for n in range(3):
         await store.history.append(Append(cid, make_turn(100 + n), n))
 

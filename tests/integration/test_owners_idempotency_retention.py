@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.errors import ConversationNotFound
-from service.core.model import Append
+from service.core.model import Append, Removal
 from service.store.postgres import PostgresStore, StoreConfig
 from tests.conftest import ClientFactory
 from tests.contracts.owners_idempotency_retention import *  # noqa: F403
@@ -36,10 +36,10 @@ async def test_another_owners_conversation_is_not_found_everywhere(store: Postgr
     with pytest.raises(ConversationNotFound):
         await store.history.append(Append(cid, turn("bob's"), 1, owner="bob"))
     with pytest.raises(ConversationNotFound):
-        await store.history.delete(cid, "bob")
+        await store.history.delete(Removal(cid, "bob"))
     page, _ = await store.reads.list_conversations("bob", 10)
     assert page == []
-    await store.history.delete(cid, "alice")
+    await store.history.delete(Removal(cid, "alice"))
     assert await store.history.load(cid, "alice") is None
 
 

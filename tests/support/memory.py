@@ -41,6 +41,7 @@ from service.core.model import (
     NewRun,
     PageRequest,
     Precondition,
+    Removal,
     Renewed,
     RunEnd,
     RunStatus,
@@ -427,13 +428,10 @@ class MemoryStore:
         self._forks[owner] = [(t, c) for t, c in self._forks.get(owner, []) if c != conversation_id]
 
     async def pop_item(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        if_match: Precondition = None,
-        idempotency: IdempotencyKey | None = None,
+        self, removal: Removal, if_match: Precondition = None
     ) -> tuple[ConversationInfo, msgspec.Raw]:
-        self._holds(idempotency)
+        conversation_id, owner = removal.conversation_id, removal.owner
+        self._holds(removal.idempotency)
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
@@ -447,22 +445,17 @@ class MemoryStore:
         revision = found.row.revision + 1  # the turn moves to it, as in PostgreSQL
         found.turns[-1] = replace(without_last_item(last), number=revision)
         found.row = replace(found.row, revision=revision, updated_at=now, rewritten_at=revision)
-        self._completed(idempotency, conversation_id, revision)
+        self._completed(removal.idempotency, conversation_id, revision)
         return found.info(), last.replay_items[-1]
 
     async def delete_response(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        revision: int,
-        idempotency: IdempotencyKey | None = None,
-        *,
-        erase: bool = False,
+        self, removal: Removal, revision: int, *, erase: bool = False
     ) -> bool:
-        self._holds(idempotency)
+        conversation_id, owner = removal.conversation_id, removal.owner
+        self._holds(removal.idempotency)
         found = self._live(conversation_id, owner)
         at = found.at(revision) if found else None
-        self._completed(idempotency, conversation_id, revision)
+        self._completed(removal.idempotency, conversation_id, revision)
         if found is None or at is None:
             return False
         if erase:
@@ -615,20 +608,15 @@ class MemoryStore:
         run.expires_at = _now() + self._events_ttl
         self.notifications.notify(f"events:{run.new.id}")
 
-    async def delete(
-        self,
-        conversation_id: UUID,
-        owner: str = ANONYMOUS,
-        if_match: Precondition = None,
-        idempotency: IdempotencyKey | None = None,
-    ) -> None:
-        self._holds(idempotency)
+    async def delete(self, removal: Removal, if_match: Precondition = None) -> None:
+        conversation_id, owner = removal.conversation_id, removal.owner
+        self._holds(removal.idempotency)
         found = self._live(conversation_id, owner)
         if found is None:
             raise ConversationNotFound()
         check_precondition(if_match, found.row.revision)
         self._forget(conversation_id)
-        self._completed(idempotency, None, None)
+        self._completed(removal.idempotency, None, None)
 
     async def list_conversations(
         self, owner: str, limit: int, after: str | None = None

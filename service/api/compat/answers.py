@@ -29,6 +29,7 @@ from service.core.errors import RequestInProgress
 from service.core.ids import unstored_response_id
 from service.core.plans import TurnPlan
 from service.providers.base import Reply
+from service.usecases.responses import Unkept
 from service.usecases.run import Run
 from service.usecases.turns import TurnDone
 
@@ -43,7 +44,7 @@ async def answered(
     encrypted = encrypted_asked(asked)
     if asked.stream or asked.background:
         return await run_of(request, plan, chained, echo, bool(asked.stream), encrypted, api)
-    done = await api.responses.run(plan, chained)
+    done = await api.cases.responses.run(plan, chained)
     assert done.revision is not None
     output = Output.of_done(done).shown(api.ids, done.conversation_id, done.revision, encrypted)
     rid = api.ids.response(done.conversation_id, done.revision)
@@ -73,21 +74,21 @@ def source_of(api: Api, cid: uuid.UUID, run: Run | None, run_id: uuid.UUID) -> S
     async def message_id() -> str | None:
         if run is not None:
             return run.message_id
-        view = await api.runs.view(run_id, api.owner)
+        view = await api.cases.runs.view(run_id, api.owner)
         return view.message_id if view is not None else None
 
     async def output(revision: int) -> Output:
         done = run.result if run is not None else None
         if done is not None and done.revision == revision:
             return Output.of_done(done)
-        return Output.of_turn(await api.kept.turn_at(cid, api.owner, revision))
+        return Output.of_turn(await api.cases.kept.turn_at(cid, api.owner, revision))
 
     async def revision() -> int | None:
         """The revision its turn makes: one past the one it holds its conversation at."""
         held = run.held if run is not None else None
         if held is not None and held.done() and not held.cancelled() and not held.exception():
             return held.result() + 1
-        view = await api.runs.view(run_id, api.owner)
+        view = await api.cases.runs.view(run_id, api.owner)
         return (
             view.base_revision + 1 if view is not None and view.base_revision is not None else None
         )
@@ -106,12 +107,12 @@ async def run_of(
 ) -> Response[dict[str, Any]] | ServerSentEvent:
     """A response that runs as a run: its stream, or (background, not streamed) its Response
     at once, queued."""
-    started = await api.responses.stream(plan, chained, correlation_id(request.scope))
+    started = await api.cases.responses.stream(plan, chained, correlation_id(request.scope))
     run = started.run
     if run is None and not plan.background:  # a retry of a run that runs (or ran) elsewhere
         raise RequestInProgress(turn_id=started.turn_id)
     held = run.held.result() if run is not None and not plan.background else None
-    rid = api.responses.id_of(api.ids, plan, started, None if held is None else held + 1)
+    rid = api.cases.responses.id_of(api.ids, plan, started, None if held is None else held + 1)
     if not streamed:
         return Response(
             response_object(started.conversation_id, echo, rid=rid, status=started.status)
@@ -125,7 +126,9 @@ async def run_of(
         source=source,
         encrypted=encrypted,
     )
-    return run_stream(api.runs, started, api.owner, rendering, request, api.sse_keepalive_s, {})
+    return run_stream(
+        api.cases.runs, started, api.owner, rendering, request, api.cases.sse_keepalive_s, {}
+    )
 
 
 async def stateless(
@@ -134,19 +137,19 @@ async def stateless(
     """A ``store: false`` call: relayed, nothing kept; its id names nothing."""
     assert ask.echo is not None
     echo, rid = replace(ask.echo, store=False), unstored_response_id()
-    previous = asked.previous_response_id
+    call = Unkept(api.owner, ask, asked.input, asked.previous_response_id)
     if asked.stream:
         # Its place among the owner's running turns (or a JSON 429), held to the stream's end.
-        released_with_response(request.scope, await api.responses.place(api.owner))
-        provider = await api.responses.stateless_stream(api.owner, ask, asked.input, previous)
+        released_with_response(request.scope, await api.cases.responses.place(api.owner))
+        provider = await api.cases.responses.stateless_stream(call)
         rendering = Relayed(ResponseStream(rid, None, echo, ids=api.ids))
         cid = correlation_id(request.scope)
         stream = sse_events(
-            provider, rendering, api.sse_keepalive_s, correlation_id=cid, follower=False
+            provider, rendering, api.cases.sse_keepalive_s, correlation_id=cid, follower=False
         )
         closed_with_response(request.scope, stream)
         return EventStream(stream)
-    reply = await api.responses.stateless(api.owner, ask, asked.input, previous)
+    reply = await api.cases.responses.stateless(call)
     # Sealed reasoning is kept in the answer: a client that keeps the history has no other
     # copy to send back (OpenAI keeps it server-side; a store: false provider cannot).
     output = views.output_items(api.ids, None, 1, reply.output_items, 0, encrypted=True)

@@ -72,7 +72,7 @@ async def planned(
     body: bytes,
 ) -> TurnPlan:
     """The stored turn a create asks for (the use case decides where it goes)."""
-    return await api.responses.plan(
+    return await api.cases.responses.plan(
         api.owner,
         ask,
         asked.input,
@@ -91,7 +91,7 @@ def encrypted_asked(asked: ResponseCreate) -> bool:
 async def tokens_counted(asked: TokensCount, body: bytes, api: Api) -> int:
     """``POST /v1/responses/input_tokens``: what a create with this body would send, counted
     (its fields as a create's, but those that do not change the count)."""
-    responses = api.responses
+    responses = api.cases.responses
     fields = {
         name: value for name, value in passed_through(body).items() if name not in NOT_COUNTED
     }

@@ -69,7 +69,7 @@ class OpenAIConversations(Controller):
     ) -> Response[dict[str, Any]]:
         metadata = check_metadata(data.metadata)
         key = api.key(idempotency_key, "v1.conversations.create", await request.body())
-        info = await api.conversations.create(api.owner, metadata, data.items, key)
+        info = await api.cases.conversations.create(api.owner, metadata, data.items, key)
         return with_etag(conversation_object(info), info.revision)
 
     @get(
@@ -81,7 +81,9 @@ class OpenAIConversations(Controller):
     async def retrieve(
         self, conversation_id: FromPath[str], api: Caller
     ) -> Response[dict[str, Any]]:
-        info = await api.conversations.describe(parse_conversation_id(conversation_id), api.owner)
+        info = await api.cases.conversations.describe(
+            parse_conversation_id(conversation_id), api.owner
+        )
         return with_etag(conversation_object(info), info.revision)
 
     @post(
@@ -106,7 +108,7 @@ class OpenAIConversations(Controller):
         metadata = check_metadata(data.metadata)
         cid = parse_conversation_id(conversation_id)
         key = api.key(idempotency_key, "v1.conversations.update", str(cid), await request.body())
-        info = await api.conversations.update_metadata(
+        info = await api.cases.conversations.update_metadata(
             cid, api.owner, metadata, parse_if_match(if_match), key
         )
         return with_etag(conversation_object(info), info.revision)
@@ -144,7 +146,7 @@ class OpenAIConversations(Controller):
             views.includes(include),
             order == "desc",
         )
-        turns = api.conversations.walk(cid, api.owner, newest_first=newest_first)
+        turns = api.cases.conversations.walk(cid, api.owner, newest_first=newest_first)
         async with aclosing(turns):
             page = await views.page_of(
                 api.ids,
@@ -181,7 +183,7 @@ class OpenAIConversations(Controller):
     ) -> Response[dict[str, Any]]:
         cid, encrypted = parse_conversation_id(conversation_id), views.includes(include)
         key = api.key(idempotency_key, "v1.items.append", str(cid), await request.body())
-        turn, revision = await api.conversations.append_items(
+        turn, revision = await api.cases.conversations.append_items(
             cid, api.owner, data.items, parse_if_match(if_match), key
         )
         added = views.turn_items(api.ids, cid, revision, turn, encrypted=encrypted)
@@ -208,7 +210,7 @@ class OpenAIConversations(Controller):
     ) -> Response[dict[str, Any]]:
         cid = parse_conversation_id(conversation_id)
         key = api.key(idempotency_key, "v1.items.delete", str(cid), item_id)
-        info = await api.conversations.pop_item(
+        info = await api.cases.conversations.pop_item(
             cid, api.owner, item_id, parse_if_match(if_match), key
         )
         return with_etag(conversation_object(info), info.revision)
@@ -225,11 +227,11 @@ class OpenAIConversations(Controller):
         include: Include = None,
     ) -> dict[str, Any]:
         cid, encrypted = parse_conversation_id(conversation_id), views.includes(include)
-        await api.conversations.describe(cid, api.owner)  # 404 for a conversation not found
+        await api.cases.conversations.describe(cid, api.owner)  # 404 for a conversation not found
         ref = api.ids.parse_item(item_id)  # names the one turn to read
         if ref is None or ref.conversation_id != cid:
             raise ItemNotFound()
-        turn = await api.conversations.turn_at(cid, api.owner, ref.revision)
+        turn = await api.cases.conversations.turn_at(cid, api.owner, ref.revision)
         shown = (
             views.turn_items(api.ids, cid, ref.revision, turn, encrypted=encrypted) if turn else []
         )

@@ -25,14 +25,14 @@ class OpenAIModels(Controller):
 
     @get("/", **openai_route("The models a request may name."))
     async def listing(self, api: Caller) -> dict[str, Any]:
-        served = api.responses
+        served = api.cases.responses
         data = [model_object(model, served.served_by(model)) for model in served.models]
         return {"object": "list", "data": data}
 
     @get("/{model:str}", **openai_route("One model a request may name.", UnknownModel))
     async def retrieve(self, model: FromPath[str], api: Caller) -> dict[str, Any]:
         try:
-            api.responses.check_model(model)
+            api.cases.responses.check_model(model)
         except ModelNotFound:
             raise UnknownModel() from None
-        return model_object(model, api.responses.served_by(model))
+        return model_object(model, api.cases.responses.served_by(model))

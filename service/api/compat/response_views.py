@@ -50,7 +50,7 @@ def echo_of(found: Found, api: Api) -> Echo:
     """What a response echoes, and when it was created (an /api/v1 turn's, which keeps no
     record: when its turn committed, or its run started)."""
     turn, run = found.turn, found.run
-    model = turn.origin.model if turn is not None and turn.origin else api.responses.model
+    model = turn.origin.model if turn is not None and turn.origin else api.cases.responses.model
     echo = Echo.of_record(found.response, model)
     created_at = echo.created_at
     if created_at is None:
@@ -82,11 +82,11 @@ async def resumed(
 ) -> ServerSentEvent:
     """A streamed response's events again, from the start (or after ``starting_after``),
     then live to its end: the same events with the same numbers on any replica."""
-    found, events = await api.kept.replay(api.owner, response_id)
+    found, events = await api.cases.kept.replay(api.owner, response_id)
     assert found.run is not None
-    released_with_response(request.scope, api.runs.reader(api.owner))  # or a JSON 429
+    released_with_response(request.scope, api.cases.runs.reader(api.owner))  # or a JSON 429
     echo = echo_of(found, api)
-    run = api.runs.live(found.run.id, api.owner)
+    run = api.cases.runs.live(found.run.id, api.owner)
     source = source_of(api, found.conversation_id, run, found.run.id)
     rendering = ResponseStream(
         found.id,
@@ -97,6 +97,8 @@ async def resumed(
         starting_after=starting_after,
     )
     cid = correlation_id(request.scope)
-    stream = sse_events(events, rendering, api.sse_keepalive_s, correlation_id=cid, follower=True)
+    stream = sse_events(
+        events, rendering, api.cases.sse_keepalive_s, correlation_id=cid, follower=True
+    )
     closed_with_response(request.scope, stream)
     return EventStream(stream)

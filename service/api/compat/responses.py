@@ -76,7 +76,7 @@ class OpenAIResponses(Controller):
         idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]] | ServerSentEvent:
         body, started = await request.body(), time.time()  # the Response's created_at, always
-        ask = asked_of(data, body, api.responses, started)
+        ask = asked_of(data, body, api.cases.responses, started)
         if data.store is False:  # a relay: nothing is written, also after a stored response
             return await stateless(request, data, ask, api)
         plan = await planned(data, ask, api, parse_if_match(if_match), idempotency_key, body)
@@ -97,7 +97,7 @@ class OpenAIResponses(Controller):
         ),
     )
     async def compact(self, data: JSONBody[CompactCreate], api: Caller) -> dict[str, Any]:
-        responses = api.responses
+        responses = api.cases.responses
         responses.check_model(data.model)
         asked = Asked(data.model, data.instructions)
         compacted = await responses.compact(api.owner, asked, data.input, data.previous_response_id)
@@ -140,14 +140,14 @@ class OpenAIResponses(Controller):
         encrypted = views.includes(include)
         if stream:
             return await resumed(request, response_id, starting_after, api)
-        return shown(await api.kept.find(api.owner, response_id), api, encrypted=encrypted)
+        return shown(await api.cases.kept.find(api.owner, response_id), api, encrypted=encrypted)
 
     @post(
         "/{response_id:str}/cancel",
         **openai_route("Stop a response wherever it runs.", ResponseNotFound),
     )
     async def cancel(self, response_id: FromPath[str], api: Caller) -> dict[str, Any]:
-        return shown(await api.kept.cancel(api.owner, response_id), api)
+        return shown(await api.cases.kept.cancel(api.owner, response_id), api)
 
     @delete(
         "/{response_id:str}",
@@ -159,7 +159,7 @@ class OpenAIResponses(Controller):
         self, response_id: FromPath[str], api: Caller, idempotency_key: IdempotencyKey = None
     ) -> dict[str, Any]:
         key = api.key(idempotency_key, "v1.responses.delete", response_id)
-        await api.kept.delete(api.owner, response_id, key)
+        await api.cases.kept.delete(api.owner, response_id, key)
         return {"id": response_id, "object": "response", "deleted": True}
 
     @get(
@@ -175,6 +175,6 @@ class OpenAIResponses(Controller):
         limit: ItemLimit = 20,
         order: Order = "desc",
     ) -> dict[str, Any]:
-        found = await api.kept.find(api.owner, response_id)
+        found = await api.cases.kept.find(api.owner, response_id)
         shown_items = input_items(found, api, views.includes(include))
         return views.page(shown_items, after=after, limit=limit, order=order).body()

@@ -18,10 +18,10 @@ from service.core.model import (
     Commit,
     Conversation,
     ConversationInfo,
-    IdempotencyKey,
     LeaseAttempt,
     LeaseRequest,
     Precondition,
+    Removal,
 )
 from service.core.plans import check_precondition
 from service.store.postgres import commit, run_statements
@@ -124,24 +124,13 @@ class PostgresHistory:
             lambda: commit.commit(self._db, append, Rows(key, append.conversation_id))
         )
 
-    async def delete(
-        self,
-        conversation_id: UUID,
-        owner: str = ANONYMOUS,
-        if_match: Precondition = None,
-        idempotency: IdempotencyKey | None = None,
-    ) -> None:
-        await written(lambda: self._delete(conversation_id, owner, if_match, idempotency))
+    async def delete(self, removal: Removal, if_match: Precondition = None) -> None:
+        await written(lambda: self._delete(removal, if_match))
 
-    async def _delete(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        if_match: Precondition,
-        idempotency: IdempotencyKey | None,
-    ) -> None:
+    async def _delete(self, removal: Removal, if_match: Precondition) -> None:
+        conversation_id, idempotency = removal.conversation_id, removal.idempotency
         async with driver(self._db.engine, write=True) as conn:
-            params = {"cid": conversation_id, "caller": owner}
+            params = {"cid": conversation_id, "caller": removal.owner}
             revision = await self._db.sql.delete.fetchval(conn, params)
             if revision is None:
                 raise ConversationNotFound()
@@ -152,13 +141,10 @@ class PostgresHistory:
             await self._db.completed(conn, idempotency, None, None)
 
     async def pop_item(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        if_match: Precondition = None,
-        idempotency: IdempotencyKey | None = None,
+        self, removal: Removal, if_match: Precondition = None
     ) -> tuple[ConversationInfo, msgspec.Raw]:
-        codec = Rows(await writing_key(self._db.keyring, owner), conversation_id)
+        owner, idempotency = removal.owner, removal.idempotency
+        codec = Rows(await writing_key(self._db.keyring, owner), removal.conversation_id)
 
         async def pop() -> tuple[ConversationInfo, msgspec.Raw]:
             async with driver(self._db.engine, write=True) as conn:
@@ -197,15 +183,10 @@ class PostgresHistory:
         return codec.info(done), last_turn.replay_items[-1]
 
     async def delete_response(
-        self,
-        conversation_id: UUID,
-        owner: str,
-        revision: int,
-        idempotency: IdempotencyKey | None = None,
-        *,
-        erase: bool = False,
+        self, removal: Removal, revision: int, *, erase: bool = False
     ) -> bool:
-        params = {"cid": conversation_id, "caller": owner, "seq": revision}
+        conversation_id, idempotency = removal.conversation_id, removal.idempotency
+        params = {"cid": conversation_id, "caller": removal.owner, "seq": revision}
         statement = self._db.sql.delete_response[erase]
 
         async def delete() -> bool:

@@ -25,7 +25,7 @@ from service.core.errors import InvalidInput
 from service.core.ids import Ids, prefix_of, unstored_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
-from service.core.translate import OPAQUE_BLOCKS, SHOWN_AS, own_id
+from service.core.translate import OPAQUE_BLOCKS, SHOWN_AS, as_item, is_block, own_id
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
 
@@ -378,14 +378,19 @@ def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgsp
     return tuple(encoded)
 
 
+def _readable(raw: msgspec.Raw) -> Any:
+    """An item as the Responses API reads it (Anthropic's blocks as the items they read as)."""
+    return as_item(raw) if is_block(raw) else msgspec.json.decode(raw)
+
+
 def without_last_item(turn: Turn) -> Turn:
     """``turn`` with its last item removed (the Agents SDK's pop_item); its transcript
     follows when that item was a message."""
     rest = list(turn.replay_items[:-1])
-    popped = msgspec.json.decode(turn.replay_items[-1])
+    popped = _readable(turn.replay_items[-1])
     if not isinstance(popped, dict) or popped.get("type", "message") != "message":
         return dataclasses.replace(turn, replay_items=rest)
-    decoded = (msgspec.json.decode(raw) for raw in rest)
+    decoded = (_readable(raw) for raw in rest)
     said = tuple(
         message_text(item, "item_id")
         for item in decoded

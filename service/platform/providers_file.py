@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,8 +44,8 @@ class ProviderSpec:
     name: str
     kind: str
     base_url: str | None
-    api_key: str | None
-    models: tuple[str, ...]
+    api_key: str | None = field(repr=False)  # never in a log or a traceback
+    models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,8 @@ def read_providers_file(path: Path, environ: Mapping[str, str]) -> ProvidersFile
                 )
             served[model] = spec.name
     default = data.get("default_model", specs[0].models[0])
+    if not _named(default):
+        raise ProvidersFileError("default_model must be a model name")
     if default not in served:
         raise ProvidersFileError(f"default_model {default!r} is served by no provider")
     return ProvidersFile(specs, default)
@@ -97,6 +99,8 @@ def _spec(name: str, table: Any, environ: Mapping[str, str]) -> ProviderSpec:
     models = table.get("models")
     if not isinstance(models, list) or not models or not all(_named(m) for m in models):
         raise ProvidersFileError(f"{where}: models must be a non-empty list of model names")
+    if len(set(models)) != len(models):
+        raise ProvidersFileError(f"{where}: a model is named twice in its models")
     base_url = table.get("base_url")
     if base_url is not None and not _named(base_url):
         raise ProvidersFileError(f"{where}: base_url must be a string")
@@ -123,4 +127,5 @@ def _key(where: str, kind: str, table: dict[str, Any], environ: Mapping[str, str
 
 
 def _named(value: object) -> bool:
-    return isinstance(value, str) and bool(value.strip())
+    """A name: a string, not empty, without spaces around it."""
+    return isinstance(value, str) and bool(value) and value == value.strip()

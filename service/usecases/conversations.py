@@ -245,8 +245,8 @@ class Conversations:
         turn = items_turn(items)
         if turn is None or items is None:
             return turn
-        replay_items = await self._restorer.restore(owner, items, "items")
-        return replace(turn, replay_items=replay_items)
+        replay_items, origin = await self._restorer.kept(owner, items, "items")
+        return replace(turn, replay_items=replay_items, origin=origin)
 
     async def pop_item(
         self,

@@ -19,7 +19,7 @@ from service.core.errors import (
     ProviderRefused,
     UpstreamError,
 )
-from service.core.items import function_call_output, function_calls
+from service.core.items import function_call_output, function_calls, placed
 from service.core.model import Origin, ToolCallRecord
 from service.core.usage import Usage
 from service.core.window import SystemPrompt, Window, request_bytes
@@ -119,12 +119,20 @@ class Exchange:
         records: list[ToolCallRecord] = []
         for round_number in range(1, max_rounds + 1):
             reply: Reply | None = None
+            done = 0  # items of this round finished before its text
             async with aclosing(self._round(items)) as round_events:
                 async for event in round_events:
                     if isinstance(event, Reply):
                         reply = event
-                    else:
-                        yield event
+                        continue
+                    if isinstance(event, ItemDone):
+                        done += 1
+                    elif event.item_id is None:  # a provider that names no message (Anthropic)
+                        # It is known by its place in the turn: after the input, the earlier
+                        # rounds' items and this round's finished ones.
+                        place = placed(len(self._new_items) + len(items) + done)
+                        event = replace(event, item_id=place)
+                    yield event
             assert reply is not None  # a round ends with its reply or raises (``replied``)
             if reply.usage is not None:
                 self._usage = reply.usage if self._usage is None else self._usage + reply.usage

@@ -53,7 +53,25 @@ class Restorer:
         param: str = "input",
         origin: Origin | None = None,
     ) -> list[msgspec.Raw]:
-        """The items to send to ``origin`` (None: to keep, no model asked), in order."""
+        """The items to send to ``origin`` (None: every one), in order."""
+        restored = await self._restored(owner, items, param)
+        return [raw for raw, made_by in restored if not _elsewhere(raw, made_by, origin)]
+
+    async def kept(
+        self, owner: str, items: Sequence[dict[str, Any]], param: str
+    ) -> tuple[list[msgspec.Raw], Origin | None]:
+        """The items to keep in a conversation as one turn, and that turn's origin: the one
+        that made the first opaque item among them whose maker is known (another's opaque
+        items are left out, as a turn has one origin and its opaque items go back only there)."""
+        restored = await self._restored(owner, items, param)
+        makers = (made_by for raw, made_by in restored if made_by is not None and is_opaque(raw))
+        origin = next(makers, None)
+        return [raw for raw, made_by in restored if not _elsewhere(raw, made_by, origin)], origin
+
+    async def _restored(
+        self, owner: str, items: Sequence[dict[str, Any]], param: str
+    ) -> list[Stored]:
+        """Each item restored, with the origin that made it (None: not known)."""
         ids = await self.ids.get()
         refs = [_ref(ids, item, param) for item in items]
         stored = await self._stored(owner, [ref for ref in refs if ref is not None], param)
@@ -67,9 +85,7 @@ class Restorer:
                 )
             else:
                 raw, made_by = stored[ref]
-            if origin is not None and made_by is not None and made_by != origin and is_opaque(raw):
-                continue  # another model's sealed content: it could not open it
-            restored.append(raw)
+            restored.append((raw, made_by))
         return restored
 
     async def _stored(self, owner: str, refs: list[ItemRef], param: str) -> dict[ItemRef, Stored]:
@@ -115,6 +131,11 @@ def _runs(turns: list[tuple[UUID, int]]) -> list[tuple[UUID, int, int]]:
         else:
             runs.append((cid, revision, revision))
     return runs
+
+
+def _elsewhere(raw: msgspec.Raw, made_by: Origin | None, origin: Origin | None) -> bool:
+    """Opaque content another origin made than ``origin`` (which could not open it)."""
+    return origin is not None and made_by is not None and made_by != origin and is_opaque(raw)
 
 
 def _ref(ids: Ids, item: dict[str, Any], param: str) -> ItemRef | None:

@@ -12,7 +12,6 @@ from collections.abc import AsyncGenerator, Callable
 from service.core import events
 from service.core.errors import Cancelled, TurnstoreError
 from service.core.events import RunEvent
-from service.core.items import placed
 from service.core.model import NewRun, RunCommit, RunEnd, RunStatus, Turn
 from service.core.plans import TurnPlan
 from service.core.translate import shown_item
@@ -48,7 +47,6 @@ class Run:
         self.result: TurnDone | None = None  # how the turn ended, when it did here
         self._writes, self._reads = writes, reads
         self._logged = 0  # events[:_logged] are in the log
-        self._items_done = 0  # output items finished before the text
         self._flush_lock = asyncio.Lock()
         self._flush_timer: asyncio.TimerHandle | None = None
         self._changed = asyncio.Event()
@@ -63,15 +61,11 @@ class Run:
     async def record(self, event: TurnEvent) -> None:
         """What the turn did, as the event its client sees."""
         if isinstance(event, TextDelta):
-            # A provider that names no message (Anthropic): it is known by its place in the
-            # turn, after the input and the items finished before it.
-            place = placed(len(self.plan.input_items) + self._items_done)
-            self.message_id = self.message_id or event.item_id or place
+            self.message_id = self.message_id or event.item_id
             self._publish(lambda seq: events.delta(seq, event.text))
         elif isinstance(event, ToolCalled):
             self._publish(lambda seq: events.tool_call(seq, event.name, event.status))
         elif isinstance(event, ItemDone):
-            self._items_done += 1
             if (
                 self.plan.response is not None
             ):  # a /v1 stream announces it; /api/v1 has no such event

@@ -6,6 +6,8 @@ what it issued by a byte, was merged or emptied, or goes to another model."""
 from __future__ import annotations
 
 import json
+import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +23,7 @@ from tests.support.fake_anthropic import API_KEY, FakeMessagesAPI, Redacted, Scr
 from tests.support.fake_anthropic import ToolUse as Call
 from tests.support.helpers import Target, sdk
 
-CLAUDE, FAKE = "claude-test", "fake-llm"
+CLAUDE, FAKE, OTHER = "claude-test", "fake-llm", "claude-other"
 MODELS = f"{FAKE},{CLAUDE}"
 THINK = {"effort": "low"}
 
@@ -307,3 +309,102 @@ async def test_switching_models_on_v1_with_reasoning_on_both_never_fails(target:
     thinking = [b for m in last for b in m["content"] if b["type"] == "thinking"]
     assert len(thinking) == 3 * 2  # Claude's own three turns' thinking, none of the fake's
     assert all(b["type"] != "reasoning" for m in last for b in m["content"])
+
+
+async def test_a_stateless_claude_reply_appended_to_a_conversation_keeps_its_origin(
+    target: Target,
+) -> None:
+    """Items of a store:false Claude reply appended to a conversation keep the model that made
+    them: its thinking goes back to that model only, so the next turn on another Claude model
+    costs no refused call (the turn once had no origin, and its thinking went anywhere)."""
+    api = FakeMessagesAPI()
+    claude = AnthropicProvider(
+        AnthropicEndpoint("claude", "https://anthropic.invalid", API_KEY, CLAUDE),
+        WireLimits(1.0, 5.0, 262_144),
+        max_tokens=4096,
+        transport=httpx.MockTransport(api.handle),
+    )
+    both = Routed([("claude", claude, [CLAUDE, OTHER])], CLAUDE)
+    async with sdk(target, both, models=f"{CLAUDE},{OTHER}") as (client, _, _plain):
+        api.then(thinking_reply(1))
+        first = await client.responses.create(
+            model=CLAUDE,
+            input="hi",
+            store=False,
+            reasoning=THINK,
+            include=["reasoning.encrypted_content"],
+        )
+        output = [item.model_dump(exclude_none=True) for item in first.output]
+        conversation = await client.conversations.create(
+            items=[{"role": "user", "content": "hi"}, *output]
+        )
+        api.then(thinking_reply(2))
+        await client.responses.create(
+            model=OTHER, conversation=conversation.id, input="now you", reasoning=THINK
+        )
+        api.then(thinking_reply(3))
+        await client.responses.create(
+            model=CLAUDE, conversation=conversation.id, input="and you", reasoning=THINK
+        )
+    assert len(api.requests) == 3  # no refused call, no retry
+    to_other, back = api.requests[1]["messages"], api.requests[2]["messages"]
+    assert all(b["type"] == "text" for m in to_other for b in m["content"])
+    assert sum(b["type"] == "thinking" for m in back for b in m["content"]) == 2  # its own
+
+
+async def test_a_streamed_claude_turn_with_turnstores_own_tool_names_its_message_as_listed(
+    target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn whose first round runs turnstore's own tool: the streamed message's id is the one
+    the Response and the conversation's items list it by (its place counts the tool round)."""
+    data = tmp_path / "lookup.json"
+    data.write_text('{"k1": "v1"}')
+    monkeypatch.setenv("LOOKUP_DATA_FILE", str(data))
+    api = FakeMessagesAPI()
+    tools = "service.tools.lookup:lookup"
+    async with sdk(target, claude_beside_the_fake(api), models=MODELS, tools=tools) as (
+        client,
+        _,
+        _plain,
+    ):
+        conversation = await client.conversations.create()
+        api.then(
+            Script([Thinking("look it up"), Call("lookup", {"key": "k1"})]),
+            Script([Thinking("got it"), Text("The value is v1")]),
+        )
+        stream = await client.responses.create(
+            model=CLAUDE,
+            conversation=conversation.id,
+            input="what is k1?",
+            reasoning=THINK,
+            stream=True,
+        )
+        added, final = [], None
+        async for event in stream:
+            if event.type == "response.output_item.added":
+                added.append((event.output_index, event.item.type, event.item.id))
+            elif event.type == "response.completed":
+                final = event.response
+        assert final is not None and final.output_text == "The value is v1"
+        shown = [(index, item.type, item.id) for index, item in enumerate(final.output)]
+        assert added == shown
+        listed = await client.conversations.items.list(conversation.id, order="asc")
+        assert shown[-1][2] == listed.data[-1].id
+
+
+async def test_removing_claudes_answer_removes_it_from_the_transcript(target: Target) -> None:
+    api = FakeMessagesAPI()
+    async with sdk(target, claude_beside_the_fake(api), models=MODELS) as (client, _, plain):
+        conversation = await client.conversations.create()
+        api.then(thinking_reply(1))
+        await client.responses.create(
+            model=CLAUDE, conversation=conversation.id, input="hi", reasoning=THINK
+        )
+        last = (await client.conversations.items.list(conversation.id, order="desc")).data[0]
+        assert last.type == "message"
+        removed = await plain.delete(f"/v1/conversations/{conversation.id}/items/{last.id}")
+        assert removed.status_code == 200, removed.text
+        cid = uuid.UUID(conversation.id.removeprefix("conv_"))
+        messages = (await plain.get(f"/api/v1/conversations/{cid}")).json()["messages"]
+        said = [(m["role"], m["content"]) for m in messages]
+    assert said == [("user", "hi")]

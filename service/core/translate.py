@@ -154,7 +154,7 @@ def _type(block: Any) -> str | None:
 
 
 def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Responses content parts as Anthropic blocks: text, and images by URL or data URL."""
+    """Responses content parts as Anthropic blocks: text, images and files by URL or data."""
     blocks: list[dict[str, Any]] = []
     for part in parts:
         kind = part.get("type")
@@ -162,7 +162,11 @@ def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if part.get("text"):
                 blocks.append({"type": "text", "text": part["text"]})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            blocks.append({"type": "image", "source": _image_source(part["image_url"])})
+            blocks.append({"type": "image", "source": _source(part["image_url"])})
+        elif kind == "input_file" and isinstance(
+            part.get("file_data") or part.get("file_url"), str
+        ):
+            blocks.append(_document(part))
         elif kind == "refusal":
             if part.get("refusal"):
                 blocks.append({"type": "text", "text": part["refusal"]})
@@ -174,12 +178,29 @@ def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return blocks
 
 
-def _image_source(url: str) -> dict[str, str]:
+def _document(part: dict[str, Any]) -> dict[str, Any]:
+    """A file part as a ``document`` block: its data (a base64 data URL, or base64 alone, read
+    as a PDF) or its URL; its filename as the title. A ``file_id`` names OpenAI's storage,
+    which Anthropic cannot read (refused above)."""
+    data = part.get("file_data")
+    if isinstance(data, str):
+        source = _source(
+            data if data.startswith("data:") else f"data:application/pdf;base64,{data}"
+        )
+    else:
+        source = {"type": "url", "url": part["file_url"]}
+    block: dict[str, Any] = {"type": "document", "source": source}
+    if isinstance(part.get("filename"), str):
+        block["title"] = part["filename"]
+    return block
+
+
+def _source(url: str) -> dict[str, str]:
     if url.startswith("data:"):
         meta, _, data = url[5:].partition(",")
         media_type, _, encoding = meta.partition(";")
         if encoding != "base64" or not data:
-            raise InvalidInput("An image data URL must be base64.", param="input")
+            raise InvalidInput("A data URL of an image or a file must be base64.", param="input")
         return {"type": "base64", "media_type": media_type, "data": data}
     return {"type": "url", "url": url}
 

@@ -115,3 +115,25 @@ def test_thinking_is_opaque_and_a_tool_use_is_a_function_call() -> None:
     assert [(c.call_id, c.name, json.loads(c.arguments)) for c in calls] == [
         ("toolu_01A", "weather", {"city": "Oslo"})
     ]
+
+
+def test_files_go_to_claude_as_documents_and_one_in_openais_storage_is_refused() -> None:
+    pdf = "data:application/pdf;base64,JVBERi0xLjQ="
+    parts = [
+        {"type": "input_text", "text": "Read these"},
+        {"type": "input_file", "file_data": pdf, "filename": "a.pdf"},
+        {"type": "input_file", "file_url": "https://example.com/b.pdf"},
+    ]
+    sent = to_messages([item(type="message", role="user", content=parts)]).messages
+    assert json.loads(msgspec.json.encode(sent))[0]["content"][1:] == [
+        {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQ="},
+            "title": "a.pdf",
+        },
+        {"type": "document", "source": {"type": "url", "url": "https://example.com/b.pdf"}},
+    ]
+    stored = [{"type": "input_file", "file_id": "file-abc"}]
+    with pytest.raises(InvalidInput) as refused:
+        to_messages([item(type="message", role="user", content=stored)])
+    assert refused.value.param == "input"

@@ -113,12 +113,25 @@ def build_provider(settings: Settings) -> Provider:
     if settings.llm_provider == "fake":
         return FakeProvider()
     if settings.llm_provider == "anthropic":
-        key, model = settings.anthropic_api_key, settings.anthropic_model
-        if not (key and model):
-            raise ValueError("anthropic needs ANTHROPIC_API_KEY and ANTHROPIC_MODEL")
-        endpoint = AnthropicEndpoint("anthropic", settings.anthropic_base_url, key, model)
-        return _anthropic(endpoint, settings)
+        return _anthropic(anthropic_endpoint(settings), settings)
     return _responses(build_endpoint(settings), settings)
+
+
+def check_provider(settings: Settings) -> None:
+    """What the settings' provider needs is there (ValueError naming what is missing), before
+    a process starts serving; PROVIDERS_FILE was checked with the settings."""
+    if settings.providers_file is None and settings.llm_provider in ("openai", "azure"):
+        build_endpoint(settings)
+    elif settings.providers_file is None and settings.llm_provider == "anthropic":
+        anthropic_endpoint(settings)
+
+
+def anthropic_endpoint(settings: Settings) -> AnthropicEndpoint:
+    """The Messages API endpoint the settings name; ValueError naming what is missing."""
+    key, model = settings.anthropic_api_key, settings.anthropic_model
+    if not (key and model):
+        raise ValueError("anthropic needs ANTHROPIC_API_KEY and ANTHROPIC_MODEL")
+    return AnthropicEndpoint("anthropic", settings.anthropic_base_url, key, model)
 
 
 def _named_provider(spec: ProviderSpec, settings: Settings) -> Provider:

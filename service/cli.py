@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.api.auth import check_serving
 from service.api.http_server import uvicorn_options
-from service.app import postgres_store, run_with_api_keys
+from service.app import check_provider, postgres_store, run_with_api_keys
 from service.core.errors import StorageError
 from service.core.model import key_id
 from service.platform import migrate
@@ -70,6 +70,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
     try:
         explicit = os.environ.get("AUTH_MODE", "").strip().lower() == "none"
         check_serving(settings, args.host, none_is_explicit=explicit)
+        check_provider(settings)
     except (ValueError, OSError) as exc:
         sys.exit(f"turnstore serve: {exc}")
     with _database(settings, migrate_embedded=True) as url:

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from service.app import build_provider
+from service.app import build_provider, check_provider
 from service.platform.settings import Settings, SettingsError
 from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.providers.routing import Routed
@@ -203,3 +203,20 @@ async def test_the_example_file_builds_each_kind_on_its_own_endpoint(
         assert "key-of" not in repr(provider.origin_for("claude-haiku-4-5"))
     finally:
         await provider.close()
+
+
+@pytest.mark.parametrize(
+    ("provider", "names"),
+    [
+        ("anthropic", "anthropic needs ANTHROPIC_API_KEY and ANTHROPIC_MODEL"),
+        ("openai", "openai needs OPENAI_API_KEY and OPENAI_MODEL"),
+        ("azure", "azure needs AZURE_OPENAI_ENDPOINT, _API_KEY and _DEPLOYMENT"),
+    ],
+)
+def test_serve_refuses_a_provider_without_its_key_before_it_starts(
+    provider: str, names: str
+) -> None:
+    """`turnstore serve` checks this first and exits with the line (it was a traceback)."""
+    with pytest.raises(ValueError, match=names):
+        check_provider(Settings(llm_provider=provider))
+    check_provider(Settings(llm_provider="anthropic", anthropic_api_key="k", anthropic_model="m"))

@@ -143,6 +143,7 @@ class TurnRuns:
 
     async def _execute(self, run: Run, committed: Committed | None) -> None:
         turn = self._turns.events(run.plan, stream=True, run=run, committed=committed)
+        failure: tuple[RunStatus, TurnstoreError] | None = None
         try:
             async with (
                 self._notifications.subscribe(f"cancel:{run.id}") as cancelled,
@@ -154,18 +155,25 @@ class TurnRuns:
                     await run.record(event)
         except asyncio.CancelledError:
             reason = run.stop_reason
-            await settle(run.fail("cancelled" if reason.code == "cancelled" else "failed", reason))
+            failure = ("cancelled" if reason.code == "cancelled" else "failed", reason)
         except TurnstoreError as exc:
-            await settle(run.fail("failed", exc))
+            failure = ("failed", exc)
         except Exception:
             log.exception("turn %s failed", run.id)
-            await settle(run.fail("failed", TurnstoreError()))
+            failure = ("failed", TurnstoreError())
         finally:
-            run.done()
-            self._live.pop(run.id, None)
-            # Its commit gave its place back; a replayed earlier commit took none.
-            ended = run.result is not None and run.result.revision is not None
-            await self._turns.leases.free(run.new.owner, run.id, committed=ended or bool(committed))
+            try:
+                # Its place goes back before its terminal event: a client that reads the end
+                # may start its next turn at once (its commit gave it back, or a replayed
+                # earlier commit took none).
+                ended = run.result is not None and run.result.revision is not None
+                done = ended or bool(committed)
+                await self._turns.leases.free(run.new.owner, run.id, committed=done)
+            finally:
+                if failure is not None:
+                    await settle(run.fail(*failure))
+                run.done()
+                self._live.pop(run.id, None)
 
     # --- what readers ask --------------------------------------------------------------------
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncGenerator
 from typing import Any
 
-from service.core.errors import Cancelled
+from service.core.errors import Cancelled, UpstreamError
 from service.core.events import GONE
 from service.core.model import ANONYMOUS, RunEnd
 from service.core.plans import PlanRules, chat_request, make_plan
+from service.providers.base import ProviderEvent, ProviderRequest
 from service.providers.fake import FakeProvider
 from service.usecases.leases import Leases
 from service.usecases.runs import TurnRuns
@@ -44,4 +47,48 @@ async def test_a_client_leaving_after_message_done_does_not_end_the_run_again() 
     await run.task
     assert not run.task.cancelled() and store.ends == 0
     assert [event.name for event in run.events][-1] == "message.done"
+    await runs.close(1)
+
+
+class Failing(FakeProvider):
+    """The built-in fake, whose provider fails every call."""
+
+    async def respond(
+        self, request: ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[ProviderEvent, None]:
+        raise UpstreamError("the provider failed")
+        yield  # an async generator, as the port's
+
+
+class SlowToFree(MemoryStore):
+    """The fake, whose giving a running turn's place back waits for ``freed`` to be set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.freeing = asyncio.Event()
+        self.freed = asyncio.Event()
+
+    async def free_turn(self, owner: str, holder: Any) -> None:
+        self.freeing.set()
+        await self.freed.wait()
+        await super().free_turn(owner, holder)
+
+
+async def test_a_failed_runs_place_is_back_before_its_terminal_event() -> None:
+    """A client that reads a failed turn's end may start its next turn at once: the run gives
+    its place back first, then publishes its error (the other order answered that next turn
+    429 too_many_requests under load)."""
+    store = SlowToFree()
+    turns = TurnService(store, Failing(), leases=Leases(store, store, store.notifications))
+    runs = TurnRuns(turns, store, store, store.notifications, heartbeat_s=30)
+    plan = make_plan(PlanRules(), chat_request(ANONYMOUS, "hi", None, None))
+    started = await runs.start(plan, correlation_id="cid")
+    run = started.run
+    assert run is not None
+    await store.freeing.wait()  # the run ended and is giving its place back
+    assert not any(event.terminal for event in run.events)  # nothing said yet: not free yet
+    store.freed.set()
+    assert run.task is not None
+    await run.task
+    assert [event.name for event in run.events][-1] == "error"
     await runs.close(1)

@@ -71,8 +71,16 @@ class _Block(msgspec.Struct):
     input: Any = None
 
 
+# Anthropic writes a block's ``type`` first, and turnstore rebuilds a streamed block so: what
+# does not begin so is no block, told from its first bytes (a window may hold hundreds of KiB
+# of items, which a decode would scan whole on every request).
+_STARTS = tuple(b'{"type":"' + kind.encode() + b'"' for kind in sorted(BLOCK_TYPES))
+
+
 def is_block(item: msgspec.Raw) -> bool:
     """An Anthropic content block (kept as Anthropic sent it), not a Responses item."""
+    if not memoryview(item)[:32].tobytes().startswith(_STARTS):
+        return False
     head = msgspec.json.decode(item, type=_Head)
     return head.role is None and head.type in BLOCK_TYPES
 
@@ -217,21 +225,18 @@ def _arguments(arguments: str) -> Any:
     return value if isinstance(value, dict) else {"value": value}
 
 
-_HEADS = msgspec.json.Decoder(list[_Head])
-
-
 def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
     """``items`` with Anthropic blocks made Responses items (others as they are; ``items``
     itself when it holds none, as most requests)."""
-    heads = _HEADS.decode(b"[" + b",".join(items) + b"]")  # in one call
-    if not any(h.role is None and h.type in BLOCK_TYPES for h in heads):
+    blocks = [is_block(item) for item in items]
+    if not any(blocks):
         return items
     out: list[msgspec.Raw] = []
-    for item, head in zip(items, heads, strict=True):
-        if head.role is not None or head.type not in BLOCK_TYPES:
+    for item, block in zip(items, blocks, strict=True):
+        if not block:
             out.append(item)
             continue
-        kind = head.type
+        kind = msgspec.json.decode(item, type=_Head).type
         if kind == "tool_use" or (kind == "text" and msgspec.json.decode(item, type=_Block).text):
             out.append(msgspec.Raw(msgspec.json.encode(as_item(item))))
     return out

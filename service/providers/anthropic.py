@@ -44,6 +44,7 @@ from service.providers.anthropic_request import count_body, messages_body
 from service.providers.base import (
     Compacted,
     ItemDone,
+    Provider,
     ProviderEvent,
     ProviderRequest,
     Reply,
@@ -330,7 +331,7 @@ class _EventStream:
         return self._open[index]
 
 
-class AnthropicProvider:
+class AnthropicProvider(Provider):
     def __init__(
         self,
         endpoint: AnthropicEndpoint,
@@ -355,9 +356,6 @@ class AnthropicProvider:
 
     def __repr__(self) -> str:
         return f"AnthropicProvider({self.origin!r})"
-
-    def origin_for(self, model: str | None) -> Origin:
-        return self.origin.with_model(model)
 
     def compacts(self, model: str | None) -> bool:
         return False

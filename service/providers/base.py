@@ -123,10 +123,14 @@ class Provider(Protocol):
     origin: Origin  # its configured model's: recorded with each turn whose items it produced
 
     def origin_for(self, model: str | None) -> Origin:
-        """The origin of what it answers for ``model`` (None: its configured model)."""
+        """The origin of what it answers for ``model`` (None: its configured model); one
+        provider's origin differs by its model alone (an adapter that subclasses the port
+        inherits this)."""
+        return self.origin.with_model(model)
 
     def compacts(self, model: str | None) -> bool:
         """Whether it compacts for ``model`` (``compact``; else CompactionUnsupported)."""
+        return True
 
     def respond(
         self, request: ProviderRequest, *, stream: bool

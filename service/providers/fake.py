@@ -38,6 +38,7 @@ from service.core.usage import Usage
 from service.providers.base import (
     Compacted,
     ItemDone,
+    Provider,
     ProviderEvent,
     ProviderRequest,
     Reply,
@@ -126,16 +127,10 @@ def _seal(model: str, item_id: str) -> str:
     return base64.b64encode(digest * 4).decode()
 
 
-class FakeProvider:
+class FakeProvider(Provider):
     def __init__(self, *, deltas: int = 4, name: str = "fake") -> None:
         self._deltas = deltas
         self.origin = Origin(name, "builtin", MODEL)
-
-    def origin_for(self, model: str | None) -> Origin:
-        return self.origin.with_model(model)
-
-    def compacts(self, model: str | None) -> bool:
-        return True
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool

@@ -40,6 +40,7 @@ from service.core.usage import Usage
 from service.providers.base import (
     Compacted,
     ItemDone,
+    Provider,
     ProviderEvent,
     ProviderRequest,
     Reply,
@@ -173,7 +174,7 @@ class _Error(msgspec.Struct):
     error: _ErrorDetail | None = None  # some servers nest it
 
 
-class ResponsesProvider:
+class ResponsesProvider(Provider):
     def __init__(
         self,
         endpoint: Endpoint,
@@ -186,12 +187,6 @@ class ResponsesProvider:
         url = httpx.URL(endpoint.url).copy_with(userinfo=b"")
         self.origin = Origin(endpoint.name, str(url), endpoint.model)
         self._wire = Wire(endpoint.headers, _status_error, _request_id, limits, transport)
-
-    def origin_for(self, model: str | None) -> Origin:
-        return self.origin.with_model(model)
-
-    def compacts(self, model: str | None) -> bool:
-        return True
 
     async def close(self) -> None:
         await self._wire.close()

@@ -29,10 +29,6 @@ class Routed:
         """Every model served, with its provider's name."""
         return [(model, name) for model, (name, _) in self._routes.items()]
 
-    def owner_of(self, model: str) -> str | None:
-        route = self._routes.get(model)
-        return route[0] if route else None
-
     def origin_for(self, model: str | None) -> Origin:
         model = model or self.default_model
         return self._route(model).origin_for(model)

@@ -23,7 +23,7 @@ from service.api.http_server import BoundedHttpToolsProtocol, uvicorn_options
 from service.app import create_app
 from service.core.model import Origin
 from service.platform.settings import Settings, SettingsError, markdown_table
-from service.providers.base import ProviderEvent, ProviderRequest, TextDelta
+from service.providers.base import Provider, ProviderEvent, ProviderRequest, TextDelta
 from service.providers.fake import FakeProvider
 from tests.conftest import ClientFactory
 from tests.integration.test_auth import AUDIENCE, ISSUER, SECRET, bearer, claims, hs256, turnstore
@@ -342,16 +342,10 @@ async def test_a_committed_stream_is_not_counted_as_a_disconnect(client: httpx.A
     assert _counted(after, disconnects) == _counted(before, disconnects)
 
 
-class EndlessSecondCall:
+class EndlessSecondCall(Provider):
     """Answers its first request like the fake; then streams text for ever."""
 
     origin = Origin("endless", "memory", "m")
-
-    def origin_for(self, model: str | None) -> Origin:
-        return self.origin.with_model(model)
-
-    def compacts(self, model: str | None) -> bool:
-        return True
 
     def __init__(self) -> None:
         self.closed = asyncio.Event()

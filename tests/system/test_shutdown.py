@@ -24,7 +24,7 @@ from service.core.plans import PlanRules, chat_request, make_plan
 from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.platform.shutdown import SHUTDOWN
-from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
+from service.providers.base import Provider, ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.store.postgres import PostgresNotifications
 from service.usecases.leases import Leases
 from service.usecases.runs import TurnRuns
@@ -153,16 +153,10 @@ async def _collect(events: AsyncIterator[ServerSentEvent]) -> list[ServerSentEve
 # --- the same, in process: what a run's stream does when the shutdown flag is set ---------
 
 
-class Stalling:
+class Stalling(Provider):
     """A provider that sends one delta, then never answers (unless ``done``)."""
 
     origin = Origin("stalling", "memory", "m")
-
-    def origin_for(self, model: str | None) -> Origin:
-        return self.origin.with_model(model)
-
-    def compacts(self, model: str | None) -> bool:
-        return True
 
     def __init__(self, *, done: bool) -> None:
         self.done, self.closed = done, asyncio.Event()

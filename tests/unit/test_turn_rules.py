@@ -30,7 +30,7 @@ from service.core.items import user_input_item
 from service.core.model import ANONYMOUS, Append, LeaseRequest, Origin, Turn
 from service.core.plans import PlanRules, chat_request, make_plan
 from service.core.window import Budget
-from service.providers.base import ProviderEvent, ProviderRequest, Reply, TextDelta
+from service.providers.base import Provider, ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.fake import FakeProvider
 from service.tools.executor import ToolExecutor
 from service.tools.registry import ToolRegistry
@@ -57,19 +57,13 @@ def sealed(name: str) -> msgspec.Raw:
     return item(type="reasoning", id=name, summary=[], encrypted_content="sealed-" + name)
 
 
-class Scripted:
+class Scripted(Provider):
     """A provider that answers each request with the next scripted reply (or raises it)."""
 
     def __init__(self, *answers: Reply | Exception, origin: Origin = ORIGIN) -> None:
         self.origin = origin
         self.requests: list[ProviderRequest] = []
         self._answers: deque[Reply | Exception] = deque(answers)
-
-    def origin_for(self, model: str | None) -> Origin:
-        return self.origin.with_model(model)
-
-    def compacts(self, model: str | None) -> bool:
-        return True
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool

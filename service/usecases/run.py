@@ -47,6 +47,8 @@ class Run:
         self.result: TurnDone | None = None  # how the turn ended, when it did here
         self._writes, self._reads = writes, reads
         self._logged = 0  # events[:_logged] are in the log
+        self.begun = False  # its task has started (runs.py): it can be cancelled
+        self.stopped_early = False  # stop() came before that: the task stops at its start
         self._flush_lock = asyncio.Lock()
         self._flush_timer: asyncio.TimerHandle | None = None
         self._changed = asyncio.Event()
@@ -123,7 +125,10 @@ class Run:
         ended = self.finished or (self.events and self.events[-1].terminal)
         if self.task is not None and not ended:
             self.stop_reason = reason
-            self.task.cancel()
+            if self.begun:
+                self.task.cancel()
+            else:  # a task cancelled before its first step runs none of its cleanup
+                self.stopped_early = True
 
     async def flush(self) -> None:
         async with self._flush_lock:

@@ -145,6 +145,9 @@ class TurnRuns:
         turn = self._turns.events(run.plan, stream=True, run=run, committed=committed)
         failure: tuple[RunStatus, TurnstoreError] | None = None
         try:
+            run.begun = True
+            if run.stopped_early:
+                raise asyncio.CancelledError()
             async with (
                 self._notifications.subscribe(f"cancel:{run.id}") as cancelled,
                 self._notifications.subscribe(f"watch:{run.id}") as watched,

@@ -92,3 +92,21 @@ async def test_a_failed_runs_place_is_back_before_its_terminal_event() -> None:
     await run.task
     assert [event.name for event in run.events][-1] == "error"
     await runs.close(1)
+
+
+async def test_a_run_stopped_before_its_task_began_ends_and_gives_its_place_back() -> None:
+    """A background turn cancelled at once (before its task ran a step) ends cancelled and
+    gives its place back: a task cancelled before its first step runs none of its cleanup,
+    so its place stayed held for its lease (the owner's next turn waited 30 s)."""
+    store = MemoryStore()
+    turns = TurnService(store, FakeProvider(), leases=Leases(store, store, store.notifications))
+    runs = TurnRuns(turns, store, store, store.notifications, heartbeat_s=30)
+    plan = make_plan(PlanRules(), chat_request(ANONYMOUS, "hi", None, None))
+    started = await runs.start(plan, correlation_id="cid")
+    run = started.run
+    assert run is not None and run.task is not None
+    run.stop(Cancelled())  # no await between: its task has not run yet
+    await run.task
+    assert [event.name for event in run.events] == ["error"]
+    assert not store._running.get(ANONYMOUS)  # its place is back
+    await runs.close(1)

@@ -37,7 +37,7 @@ from service.core.errors import (
     TurnstoreError,
     UpstreamError,
 )
-from service.core.model import Origin, ReplyStatus
+from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.translate import OPAQUE_BLOCKS
 from service.core.usage import Usage
 from service.providers.anthropic_request import count_body, messages_body
@@ -344,7 +344,8 @@ class AnthropicProvider(Provider):
         self._url = endpoint.url
         # Where this provider's thinking can be replayed (no credentials in it).
         url = httpx.URL(self._url).copy_with(userinfo=b"")
-        self.origin = Origin(endpoint.name, str(url), endpoint.model)
+        key = fingerprint(endpoint.api_key)
+        self.origin = Origin(endpoint.name, str(url), endpoint.model, "anthropic", key)
         self._max_tokens = max_tokens  # when the client does not say (the API requires one)
         self._wire = Wire(
             {"x-api-key": endpoint.api_key, "anthropic-version": VERSION},

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from service.core.model import key_id
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.fake import FakeProvider
 from service.providers.routing import Routed
@@ -106,6 +107,14 @@ async def test_switching_models_every_turn_never_costs_a_failed_call(target: Tar
             cid = answered.json()["conversation_id"]
         turns = (await plain.get(f"/api/v1/conversations/{cid}")).json()["turns"]
     assert [t["model"] for t in turns] == [FAKE, CLAUDE, FAKE, CLAUDE, CLAUDE, FAKE]
+    stored = await target.stored(uuid.UUID(cid))
+    assert stored is not None
+    origins = [turn.origin for turn in stored.turns]
+    local, claude = ("local", "fake"), ("claude", "anthropic")
+    made_by = [local, claude, local, claude, claude, local]
+    assert [(o.provider, o.kind) for o in origins if o] == made_by
+    fingerprints = {o.key_fingerprint for o in origins if o and o.kind == "anthropic"}
+    assert fingerprints == {key_id(API_KEY)}  # the key's name, never the key
     assert len(api.requests) == 3
     sent = api.requests[1]["messages"]  # Claude's second turn: the fake's turns translated
     assert all(b.get("type") != "reasoning" for m in sent for b in m["content"])
@@ -338,6 +347,11 @@ async def test_a_stateless_claude_reply_appended_to_a_conversation_keeps_its_ori
         conversation = await client.conversations.create(
             items=[{"role": "user", "content": "hi"}, *output]
         )
+        appended = await target.stored(uuid.UUID(conversation.id.removeprefix("conv_")))
+        assert appended is not None and appended.turns[-1].origin is not None
+        sealed_by = appended.turns[-1].origin  # from the sealed value: all of the origin
+        assert (sealed_by.model, sealed_by.kind) == (CLAUDE, "anthropic")
+        assert sealed_by.key_fingerprint == key_id(API_KEY)
         api.then(thinking_reply(2))
         await client.responses.create(
             model=OTHER, conversation=conversation.id, input="now you", reasoning=THINK

@@ -28,6 +28,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app, postgres_backend
 from service.core.errors import StorageError
+from service.core.model import ANONYMOUS, Conversation
+from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
@@ -251,6 +253,17 @@ class Target:
         elif store is not None:
             backend = postgres_backend(config, store=store)
         return create_app(config, provider=provider or FakeProvider(), backend=backend)
+
+    async def stored(self, cid: UUID, owner: str = ANONYMOUS) -> Conversation | None:
+        """A conversation as the store keeps it (what no route shows: its turns' origins)."""
+        if self.database_url is None:
+            assert self.memory is not None, "no app of this test made the store yet"
+            return await self.memory.history.load(cid, owner)
+        engine = create_engine(self.database_url, pool_size=1)
+        try:
+            return await PostgresStore.over(engine).history.load(cid, owner)
+        finally:
+            await engine.dispose()
 
 
 @asynccontextmanager

@@ -62,7 +62,11 @@ def test_the_example_file_reads_as_the_readme_says(monkeypatch: pytest.MonkeyPat
             TWO_FAKES.replace(
                 'kind = "fake"\nmodels = ["fake-c"]', 'kind = "bard"\nmodels = ["x"]'
             ),
-            "kind must be one of openai, azure, anthropic, fake, not 'bard'",
+            "kind must be one of openai, azure, anthropic, chat, fake, not 'bard'",
+        ),
+        (
+            '[providers.v]\nkind = "chat"\nmodels = ["qwen"]',
+            "kind 'chat' needs base_url",
         ),
         (
             '[providers.g]\nkind = "gemini"\nmodels = ["gemini-3"]',

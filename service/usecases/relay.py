@@ -141,7 +141,7 @@ class _Sealing:
 
     def event(self, event: ProviderEvent) -> ProviderEvent:
         if isinstance(event, ItemDone):
-            return ItemDone(self.item(event.item))
+            return dataclasses.replace(event, item=self.item(event.item))
         if isinstance(event, Reply):
             return dataclasses.replace(event, output_items=self.items(event.output_items))
         if event.item_id is None:

@@ -68,7 +68,7 @@ CLIENT_PARAMS = {
     "temperature": "temperature",
     "top_p": "top_p",
     "response_format": "text",
-    "reasoning_effort": "reasoning",
+    "reasoning_effort": "reasoning.effort",
     "user": "user",
 }
 _COMPLETED = frozenset({"stop", "tool_calls", "function_call"})

@@ -55,6 +55,7 @@ from service.platform.shutdown import shutdown_on_signals
 from service.platform.startup import resolve_database
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.base import Provider
+from service.providers.chat import ChatEndpoint, ChatProvider
 from service.providers.fake import FakeProvider
 from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.providers.routing import Routed
@@ -114,6 +115,8 @@ def build_provider(settings: Settings) -> Provider:
         return FakeProvider()
     if settings.llm_provider == "anthropic":
         return _anthropic(anthropic_endpoint(settings), settings)
+    if settings.llm_provider == "chat":
+        return ChatProvider(chat_endpoint(settings), _limits(settings))
     return _responses(build_endpoint(settings), settings)
 
 
@@ -124,6 +127,8 @@ def check_provider(settings: Settings) -> None:
         build_endpoint(settings)
     elif settings.providers_file is None and settings.llm_provider == "anthropic":
         anthropic_endpoint(settings)
+    elif settings.providers_file is None and settings.llm_provider == "chat":
+        chat_endpoint(settings)
 
 
 def anthropic_endpoint(settings: Settings) -> AnthropicEndpoint:
@@ -132,6 +137,15 @@ def anthropic_endpoint(settings: Settings) -> AnthropicEndpoint:
     if not (key and model):
         raise ValueError("anthropic needs ANTHROPIC_API_KEY and ANTHROPIC_MODEL")
     return AnthropicEndpoint("anthropic", settings.anthropic_base_url, key, model)
+
+
+def chat_endpoint(settings: Settings) -> ChatEndpoint:
+    """The Chat Completions server the settings name; ValueError naming what is missing (a
+    key is optional: a local server has none)."""
+    base_url, model = settings.chat_base_url, settings.chat_model
+    if not (base_url and model):
+        raise ValueError("chat needs CHAT_BASE_URL and CHAT_MODEL")
+    return ChatEndpoint("chat", base_url, settings.chat_api_key, model)
 
 
 def _named_provider(spec: ProviderSpec, settings: Settings) -> Provider:
@@ -143,6 +157,10 @@ def _named_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         assert spec.api_key is not None
         endpoint = AnthropicEndpoint(spec.name, spec.base_url, spec.api_key, model)
         return _anthropic(endpoint, settings)
+    if spec.kind == "chat":
+        assert spec.base_url is not None
+        server = ChatEndpoint(spec.name, spec.base_url, spec.api_key, model)
+        return ChatProvider(server, _limits(settings))
     if spec.kind == "azure":
         assert spec.base_url is not None and spec.api_key is not None
         return _responses(Endpoint.azure(spec.base_url, spec.api_key, model, spec.name), settings)

@@ -26,6 +26,7 @@ from service.core.ids import Ids, prefix_of, unstored_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
 from service.core.translate import OPAQUE_BLOCKS, SHOWN_AS, as_item, is_block, own_id
+from service.core.translate_chat import is_chat, message, shown
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
 
@@ -54,9 +55,16 @@ class _FunctionCallItem(msgspec.Struct):
 
 def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
     """The function calls among a reply's output items, in order: ``function_call`` items,
-    or Anthropic ``tool_use`` blocks."""
+    Anthropic ``tool_use`` blocks, or a Chat message's ``tool_calls``."""
     calls = []
-    for head in (msgspec.json.decode(item, type=_FunctionCallItem) for item in items):
+    for item in items:
+        if is_chat(item):
+            calls += [
+                FunctionCall(c.id or "", c.function.name, c.function.arguments)
+                for c in message(item).tool_calls or ()
+            ]
+            continue
+        head = msgspec.json.decode(item, type=_FunctionCallItem)
         if head.type == "function_call":
             calls.append(FunctionCall(head.call_id, head.name, head.arguments))
         elif head.type == "tool_use":
@@ -96,9 +104,9 @@ def calls_made(items: Sequence[msgspec.Raw]) -> set[str]:
 
 
 def _call_ids(items: Sequence[msgspec.Raw], kind: str) -> set[str]:
+    if kind == "function_call":  # Anthropic's tool_use blocks and Chat's tool_calls are too
+        return {call.call_id for call in function_calls(list(items))}
     heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
-    if kind == "function_call":  # Anthropic's tool_use blocks are calls too
-        return {h.call_id or h.id for h in heads if h.type in ("function_call", "tool_use")}
     return {h.call_id for h in heads if h.type == kind}
 
 
@@ -157,12 +165,37 @@ def listed(
     turn). The calls of turnstore's own tools that ran inside the turn (``own_calls``, the
     call ids its tool records name) are not listed: a client shown them would try to run them
     itself. Every other item is, whoever made it."""
-    shown = []
+    listing = []
     for index, raw in enumerate(items, start=first):
-        own, call_id, kind = _own(raw, msgspec.json.decode(raw, type=_Listed))
-        if call_id is None or call_id not in own_calls:
-            shown.append((shown_id(ids, cid, revision, index, own, kind), raw))
-    return shown
+        for part, (own, call_id, kind) in _parts(raw):
+            if call_id is None or call_id not in own_calls:
+                listing.append((shown_id(ids, cid, revision, index, own, kind), part))
+    return listing
+
+
+Head = tuple[str | None, str | None, str | None]  # an item's own id, call id, shown type
+
+
+def _parts(raw: msgspec.Raw, sealed: str | None = None) -> list[tuple[msgspec.Raw, Head]]:
+    """The items ``raw`` is shown as, each with its head: itself, or a Chat message's parts
+    (its thinking, text and calls, service/core/translate_chat.py; ``sealed``: what the
+    thinking part carries as ``encrypted_content``)."""
+    if is_chat(raw):
+        return [
+            (msgspec.Raw(msgspec.json.encode(item)), (own, call_id, kind))
+            for own, call_id, kind, item in shown(raw, sealed)
+        ]
+    return [(raw, _own(raw, msgspec.json.decode(raw, type=_Listed)))]
+
+
+def restorable(raw: msgspec.Raw) -> list[tuple[str | None, msgspec.Raw]]:
+    """The items a stored item is shown as, with their own ids, as a client's reference to
+    one of them restores it: a Chat message's thinking part carries the whole message (it is
+    sent back verbatim to its origin; its text and calls, which follow it, are not sent twice:
+    service/providers/chat_request.py)."""
+    return [
+        (head[0], part) for part, head in _parts(raw, bytes(raw).decode() if is_chat(raw) else None)
+    ]
 
 
 PLACED = "@"  # a streamed message its provider gave no id (Anthropic's): named by its place
@@ -379,8 +412,15 @@ def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgsp
 
 
 def _readable(raw: msgspec.Raw) -> Any:
-    """An item as the Responses API reads it (Anthropic's blocks as the items they read as)."""
+    """An item as the Responses API reads it (Anthropic's blocks as the items they read as, a
+    Chat message as its text, else its last part)."""
+    if is_chat(raw):
+        parts = [item for _, _, _, item in shown(raw)]
+        return next((p for p in parts if p["type"] == "message"), parts[-1] if parts else _EMPTY)
     return as_item(raw) if is_block(raw) else msgspec.json.decode(raw)
+
+
+_EMPTY = {"type": "message", "role": "assistant", "content": ""}
 
 
 def without_last_item(turn: Turn) -> Turn:

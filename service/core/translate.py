@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
+from service.core.translate_chat import is_chat, readable
 
 # The block types of an Anthropic assistant message that turnstore keeps (and replays).
 BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
@@ -103,7 +104,7 @@ class Messages:
 
 def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
     out = Messages()
-    for item in items:
+    for item in _chat_read(items):
         head = msgspec.json.decode(item, type=_Head)
         if head.role is None and head.type in BLOCK_TYPES:
             out.add("assistant", item)  # verbatim: signatures bind its exact content
@@ -228,6 +229,7 @@ def _arguments(arguments: str) -> Any:
 def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
     """``items`` with Anthropic blocks made Responses items (others as they are; ``items``
     itself when it holds none, as most requests)."""
+    items = _chat_read(items)
     blocks = [is_block(item) for item in items]
     if not any(blocks):
         return items
@@ -240,6 +242,23 @@ def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
         if kind == "tool_use" or (kind == "text" and msgspec.json.decode(item, type=_Block).text):
             out.append(msgspec.Raw(msgspec.json.encode(as_item(item))))
     return out
+
+
+def _chat_read(items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
+    """``items`` with Chat Completions messages as the Responses items another provider reads
+    them as (service/core/translate_chat.py); ``items`` itself when it holds none."""
+    chat = [is_chat(item) for item in items]
+    if not any(chat):
+        return items if isinstance(items, list) else list(items)
+    return [
+        read
+        for item, is_one in zip(items, chat, strict=True)
+        for read in (
+            [msgspec.Raw(msgspec.json.encode(part)) for part in readable(item)]
+            if is_one
+            else [item]
+        )
+    ]
 
 
 def as_item(block: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:

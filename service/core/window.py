@@ -22,6 +22,7 @@ import msgspec
 from service.core.errors import ContextLengthExceeded
 from service.core.items import is_opaque
 from service.core.model import Origin, Turn
+from service.core.translate_chat import for_another
 
 
 @dataclass(frozen=True)
@@ -131,10 +132,11 @@ def _sendable_bytes(turn: Turn, origin: Origin, with_compacted: bool) -> int:
 def _sendable(turn: Turn, origin: Origin, with_compacted: bool) -> Sequence[msgspec.Raw]:
     """A turn's items, verbatim (after the compacted context it ran on, for the latest
     compacting turn), except opaque items this provider cannot open: sealed reasoning and
-    compaction items made by another provider, endpoint or model are left out."""
+    compaction items made by another provider, endpoint or model are left out, and so is the
+    thinking inside a Chat message of another."""
     items = [*turn.compacted, *turn.replay_items] if with_compacted else turn.replay_items
     if turn.origin is not None and turn.origin != origin:
-        return [item for item in items if not is_opaque(item)]
+        return [for_another(item) for item in items if not is_opaque(item)]
     return items
 
 

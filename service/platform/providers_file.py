@@ -5,7 +5,7 @@ A TOML file (read with ``tomllib``)::
     default_model = "gpt-5"            # optional: else the first model of the first provider
 
     [providers.openai]
-    kind = "openai"                    # openai | azure | anthropic | fake (see KINDS)
+    kind = "openai"                    # openai | azure | anthropic | chat | fake (see KINDS)
     base_url = "https://api.openai.com/v1"
     api_key_env = "OPENAI_API_KEY"     # the NAME of the variable holding the key
     models = ["gpt-5", "gpt-5-mini"]
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-# The kinds this release serves. The contract's `gemini` and `chat` kinds are refused by name
-# until their adapters land (issue 32).
-KINDS = ("openai", "azure", "anthropic", "fake")
-NOT_YET = ("gemini", "chat")
-_KEYED = ("azure", "anthropic")  # kinds that always need a key
+# The kinds this release serves. The contract's `gemini` kind is refused by name until its
+# adapter lands (issue 32).
+KINDS = ("openai", "azure", "anthropic", "chat", "fake")
+NOT_YET = ("gemini",)
+_KEYED = ("azure", "anthropic")  # kinds that always need a key (a local Chat server has none)
 _FIELDS = {"kind", "base_url", "api_key_env", "models"}
 
 
@@ -109,6 +109,8 @@ def _spec(name: str, table: Any, environ: Mapping[str, str]) -> ProviderSpec:
         raise ProvidersFileError(f"{where}: base_url must not carry credentials (user:password@)")
     if kind == "azure" and base_url is None:
         raise ProvidersFileError(f"{where}: kind 'azure' needs base_url (the resource endpoint)")
+    if kind == "chat" and base_url is None:
+        raise ProvidersFileError(f"{where}: kind 'chat' needs base_url (the server's /v1)")
     return ProviderSpec(name, kind, base_url, _key(where, kind, table, environ), tuple(models))
 
 

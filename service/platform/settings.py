@@ -90,7 +90,10 @@ class Settings:
         shown="`DATABASE_URL`",
     )
     llm_provider: str = _setting(
-        "LLM_PROVIDER", "fake", "{choices}", choices=("fake", "openai", "azure", "anthropic")
+        "LLM_PROVIDER",
+        "fake",
+        "{choices}",
+        choices=("fake", "openai", "azure", "anthropic", "chat"),
     )
     providers_file: Path | None = _setting(
         "PROVIDERS_FILE",
@@ -131,6 +134,20 @@ class Settings:
         low=1,
         high=1_000_000,
     )
+    chat_base_url: str | None = _setting(
+        "CHAT_BASE_URL",
+        None,
+        "for `chat` (a Chat Completions server: vLLM, Ollama, llama.cpp, SGLang, OpenRouter...): "
+        "requests go to `{base}/chat/completions`, streamed with usage",
+    )
+    chat_api_key: str | None = _setting(
+        "CHAT_API_KEY",
+        None,
+        "for `chat`, sent as `Authorization: Bearer`",
+        secret=True,
+        shown="unset (no `Authorization`)",
+    )
+    chat_model: str | None = _setting("CHAT_MODEL", None, "for `chat`")
     upstream_connect_timeout_s: float = _setting(
         "UPSTREAM_CONNECT_TIMEOUT_S",
         10.0,
@@ -457,6 +474,8 @@ class Settings:
             _check(spec.metadata, getattr(self, spec.name))
         if urlsplit(self.anthropic_base_url).username is not None:
             raise SettingsError("ANTHROPIC_BASE_URL must not carry credentials (user:password@)")
+        if self.chat_base_url and urlsplit(self.chat_base_url).username is not None:
+            raise SettingsError("CHAT_BASE_URL must not carry credentials (user:password@)")
         if urlsplit(self.openai_base_url).username is not None:
             # httpx would turn them into Basic auth (replacing the key) and log them.
             raise SettingsError("OPENAI_BASE_URL must not carry credentials (user:password@)")

@@ -22,6 +22,8 @@ from service.core.items import check_history, is_opaque
 from service.core.model import Origin
 from service.core.plans import PlanRules
 from service.core.translate import as_item, is_block, provider_id
+from service.core.translate_chat import is_chat
+from service.core.translate_chat import shown as chat_shown
 from service.core.window import SystemPrompt, instructions_for
 from service.platform import metrics
 from service.providers.base import (
@@ -139,7 +141,7 @@ class _Sealing:
 
     def event(self, event: ProviderEvent) -> ProviderEvent:
         if isinstance(event, ItemDone):
-            return ItemDone(self.item(event.item))
+            return dataclasses.replace(event, item=self.item(event.item))
         if isinstance(event, Reply):
             return dataclasses.replace(event, output_items=self.items(event.output_items))
         if event.item_id is None:
@@ -148,7 +150,22 @@ class _Sealing:
         return event
 
     def items(self, items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
-        return [self.item(item) for item in items]
+        return [shown for item in items for shown in self._parts(item)]
+
+    def _parts(self, raw: msgspec.Raw) -> list[msgspec.Raw]:
+        """A Chat message as the items it reads as: its thinking carrying the whole message
+        sealed (back byte for byte when the client sends it back), its text under its deltas'
+        id, its calls (service/core/translate_chat.py)."""
+        if not is_chat(raw):
+            return [self.item(raw)]
+        sealed = self._ids.seal(self._origin, bytes(raw).decode())
+        out = []
+        for _, _, kind, item in chat_shown(raw, sealed):
+            if kind == "message":
+                item["id"] = self._message_id or provider_id("message", raw)
+                self._message_id = None
+            out.append(msgspec.Raw(msgspec.json.encode(item)))
+        return out
 
     def item(self, raw: msgspec.Raw) -> msgspec.Raw:
         if is_block(raw):  # Anthropic's: shown as the Responses item it reads as, sealed whole

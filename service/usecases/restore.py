@@ -30,7 +30,7 @@ import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.ids import Ids, ItemRef
-from service.core.items import is_opaque, item_head
+from service.core.items import is_opaque, restorable
 from service.core.model import Origin
 from service.core.translate import opened_block
 from service.store.ports import Reads
@@ -112,11 +112,11 @@ class Restorer:
                 # Its items, and its compaction item (shown in its Response; the kept messages
                 # of a compacted context are never shown).
                 placed = [*enumerate(turn.replay_items), *((-1, raw) for raw in turn.compacted)]
-                for index, raw in placed:
-                    own, _ = item_head(raw)
-                    for ref in wanted.get((cid, revision), ()):
-                        if ref.names(index, own):
-                            found[ref] = (raw, turn.origin)
+                for index, stored in placed:
+                    for own, raw in restorable(stored):  # a Chat message: each of its parts
+                        for ref in wanted.get((cid, revision), ()):
+                            if ref.names(index, own):
+                                found[ref] = (raw, turn.origin)
         return found
 
 

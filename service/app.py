@@ -55,7 +55,7 @@ from service.platform.shutdown import shutdown_on_signals
 from service.platform.startup import resolve_database
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.base import Provider
-from service.providers.chat import ChatEndpoint, ChatProvider
+from service.providers.chat_completions import ChatEndpoint, ChatProvider
 from service.providers.fake import FakeProvider
 from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.providers.routing import Routed

@@ -192,7 +192,7 @@ def restorable(raw: msgspec.Raw) -> list[tuple[str | None, msgspec.Raw]]:
     """The items a stored item is shown as, with their own ids, as a client's reference to
     one of them restores it: a Chat message's thinking part carries the whole message (it is
     sent back verbatim to its origin; its text and calls, which follow it, are not sent twice:
-    service/providers/chat_request.py)."""
+    service/providers/chat_completions_request.py)."""
     return [
         (head[0], part) for part, head in _parts(raw, bytes(raw).decode() if is_chat(raw) else None)
     ]

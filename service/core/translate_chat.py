@@ -15,9 +15,10 @@ back verbatim to the origin that made it; everywhere else it reads as Responses 
   byte: ``restored``), then the text, then the calls.
 
 A Chat message is told from a Responses item by its first bytes: the adapter keeps it with
-``role`` first (service/providers/chat.py), and only such a message with what Chat alone has
-(``tool_calls``, thinking, ``refusal``..., or no text) is one: an assistant message of the
-Responses API's short form (``role`` and ``content`` alone) reads the same either way.
+``role`` first (service/providers/chat_completions.py), and only such a message with what
+Chat alone has (``tool_calls``, thinking, ``refusal``..., or no text) is one: an assistant
+message of the Responses API's short form (``role`` and ``content`` alone) reads the same
+either way.
 """
 
 from __future__ import annotations

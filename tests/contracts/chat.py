@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
-from service.providers.chat import ChatEndpoint, ChatProvider
+from service.providers.chat_completions import ChatEndpoint, ChatProvider
 from service.providers.fake import FakeProvider
 from service.providers.routing import Routed
 from service.providers.wire import WireLimits

@@ -27,7 +27,7 @@ from service.core.translate import to_items, to_messages
 from service.core.translate_chat import is_chat, reasoning_id
 from service.core.window import Budget, choose_window
 from service.platform.settings import Settings
-from service.providers.chat import ChatProvider
+from service.providers.chat_completions import ChatProvider
 
 
 def raw(text: str) -> msgspec.Raw:

@@ -30,8 +30,8 @@ from service.core.model import key_id
 from service.core.translate_chat import is_chat, reasoning_id
 from service.core.usage import Usage
 from service.providers.base import ItemDone, ProviderEvent, ProviderRequest, Reply, TextDelta
-from service.providers.chat import ChatEndpoint, ChatProvider, kept
-from service.providers.chat_request import chat_body
+from service.providers.chat_completions import ChatEndpoint, ChatProvider, kept
+from service.providers.chat_completions_request import chat_body
 from service.providers.wire import WireLimits
 from tests.support.fake_chat import API_KEY, BASE_URL, Call, FakeChatServer, Script
 
@@ -442,7 +442,7 @@ def test_a_message_brought_back_in_a_reasoning_item_goes_verbatim_and_once() -> 
 
 
 def test_usage_is_counted_as_openai_counts_it() -> None:
-    from service.providers.chat import _Usage
+    from service.providers.chat_completions import _Usage
 
     usage = msgspec.json.decode(
         b'{"prompt_tokens":100,"completion_tokens":40,"prompt_tokens_details":{"cached_tokens":60},'

@@ -2,8 +2,8 @@
 servers serve it, over httpx (``POST {base}/chat/completions``), natively and streamed.
 
 One POST per call, never retried; ``Authorization: Bearer`` only when a key is configured
-(a local server has none). The request is built by ``chat_request.chat_body``. The reply's
-one assistant message is its one output item (service/core/translate_chat.py): a whole
+(a local server has none). The request is built by ``chat_completions_request.chat_body``.
+The reply's one assistant message is its one output item (service/core/translate_chat.py): a whole
 reply's ``choices[0].message`` as the bytes the server sent; a stream's deltas joined into the
 message the server would have sent whole (``role``, ``content``, ``tool_calls`` in order of
 their index, then the thinking under the name the server streamed it by: ``reasoning_content``
@@ -54,7 +54,7 @@ from service.providers.base import (
     Reply,
     TextDelta,
 )
-from service.providers.chat_request import chat_body
+from service.providers.chat_completions_request import chat_body
 from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
 
 # Chat's top-level fields in a 400, as the client's request names them.

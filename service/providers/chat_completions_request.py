@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -24,48 +24,11 @@ from service.core.errors import InvalidInput
 from service.core.translate import to_items
 from service.core.translate_chat import is_chat, message, restored
 from service.providers.base import ProviderRequest
+from service.providers.request_fields import Fields, Format, NamedChoice, function_tools
 
-# Fields of a client's request that concern turnstore, never sent: honoured, not dropped.
-NOT_SENT = frozenset(
-    {"metadata", "prompt_cache_key", "prompt_cache_retention", "store", "truncation"}
-)
 # reasoning.effort as Chat's reasoning_effort (vLLM, Ollama, OpenRouter, DeepSeek take it).
 EFFORTS = frozenset({"none", "minimal", "low", "medium", "high"})
-_MAPPED = "temperature top_p max_output_tokens tool_choice parallel_tool_calls reasoning text"
-_FIELDS = frozenset({*_MAPPED.split(), "user", "safety_identifier", "service_tier", *NOT_SENT})
-
-
-class _Format(msgspec.Struct, forbid_unknown_fields=True):
-    type: str
-    name: str | None = None
-    schema: dict[str, Any] | None = None
-    strict: bool | None = None
-    description: str | None = None
-
-
-class _Text(msgspec.Struct, forbid_unknown_fields=True):
-    format: _Format | None = None
-    verbosity: str | None = None
-
-
-class _Reasoning(msgspec.Struct, forbid_unknown_fields=True):
-    effort: str | None = None
-    # The thinking a Chat server returns is readable whenever it thinks: a summary asks nothing.
-    summary: str | None = None
-    generate_summary: str | None = None
-
-
-class _NamedChoice(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["function"]
-    name: str
-
-
-class _Tool(msgspec.Struct):
-    type: str
-    name: str = ""
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+MODELS = "Chat Completions models"  # as messages name the target
 
 
 class _Head(msgspec.Struct):
@@ -90,64 +53,39 @@ class _Output(msgspec.Struct):
     output: str | list[dict[str, Any]] = ""
 
 
-def _field(fields: Mapping[str, msgspec.Raw], name: str, kind: Any) -> Any:
-    raw = fields.get(name)
-    if raw is None:
-        return None
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError:
-        raise InvalidInput(
-            f"{name} has a value a Chat Completions model cannot take.", param=name
-        ) from None
-
-
 def _fields(fields: Mapping[str, msgspec.Raw]) -> dict[str, Any]:
     """The client's fields as Chat's; one it cannot honour is refused with its param."""
-    for name in fields:
-        if name not in _FIELDS:
-            raise InvalidInput(f"{name} cannot be sent to a Chat Completions model.", param=name)
-    tier: str | None = _field(fields, "service_tier", str | None)
-    if tier not in (None, "auto", "default"):
-        raise InvalidInput(
-            "Chat Completions models take service_tier auto only.", param="service_tier"
-        )
+    asked = Fields.read(fields, MODELS)
     out: dict[str, Any] = {}
-    for name in ("temperature", "top_p"):
-        value: float | None = _field(fields, name, float | None)
+    for name, value in (("temperature", asked.temperature), ("top_p", asked.top_p)):
         if value is not None:
             out[name] = value
-    limit: int | None = _field(fields, "max_output_tokens", int | None)
-    if limit is not None:
-        if limit < 1:
-            raise InvalidInput("max_output_tokens must be at least 1.", param="max_output_tokens")
-        out["max_tokens"] = limit  # what every Chat server takes (max_completion_tokens: not all)
-    choice = _tool_choice(fields)
-    if choice is not None:
-        out["tool_choice"] = choice
-    parallel: bool | None = _field(fields, "parallel_tool_calls", bool | None)
-    if parallel is not None:
-        out["parallel_tool_calls"] = parallel
-    reasoning: _Reasoning | None = _field(fields, "reasoning", _Reasoning | None)
+    if asked.max_output_tokens is not None:
+        out["max_tokens"] = asked.max_output_tokens  # every server takes it (not all the newer)
+    if isinstance(asked.tool_choice, NamedChoice):
+        out["tool_choice"] = {"type": "function", "function": {"name": asked.tool_choice.name}}
+    elif asked.tool_choice is not None:
+        out["tool_choice"] = asked.tool_choice
+    if asked.parallel_tool_calls is not None:
+        out["parallel_tool_calls"] = asked.parallel_tool_calls
+    reasoning = asked.reasoning
     if reasoning is not None and reasoning.effort is not None:
         if reasoning.effort not in EFFORTS:
             raise InvalidInput(
-                f"Chat Completions models take reasoning.effort {', '.join(sorted(EFFORTS))}.",
+                f"{MODELS} take reasoning.effort {', '.join(sorted(EFFORTS))}.",
                 param="reasoning.effort",
             )
         out["reasoning_effort"] = reasoning.effort
-    text: _Text | None = _field(fields, "text", _Text | None)
-    if text is not None and text.verbosity is not None:
-        raise InvalidInput("Chat Completions models take no text.verbosity.", param="text")
-    if text is not None and text.format is not None:
-        out |= _response_format(text.format)
-    user = _field(fields, "safety_identifier", str | None) or _field(fields, "user", str | None)
-    if user:
-        out["user"] = user
+    if asked.text is not None and asked.text.verbosity is not None:
+        raise InvalidInput(f"{MODELS} take no text.verbosity.", param="text")
+    if asked.text is not None and asked.text.format is not None:
+        out |= _response_format(asked.text.format)
+    if asked.user:
+        out["user"] = asked.user
     return out
 
 
-def _response_format(fmt: _Format) -> dict[str, Any]:
+def _response_format(fmt: Format) -> dict[str, Any]:
     if fmt.type == "text":
         return {}
     if fmt.type == "json_object":
@@ -167,35 +105,13 @@ def _response_format(fmt: _Format) -> dict[str, Any]:
     return {"response_format": {"type": "json_schema", "json_schema": schema}}
 
 
-def _tool_choice(fields: Mapping[str, msgspec.Raw]) -> Any:
-    chosen: str | _NamedChoice | None = _field(fields, "tool_choice", str | _NamedChoice | None)
-    if isinstance(chosen, _NamedChoice):
-        return {"type": "function", "function": {"name": chosen.name}}
-    if chosen in (None, "auto", "required", "none"):
-        return chosen
-    raise InvalidInput(
-        "tool_choice must be auto, required, none or a function.", param="tool_choice"
-    )
-
-
 def _tools(tools: msgspec.Raw | None) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    try:
-        listed = msgspec.json.decode(tools, type=list[_Tool])
-    except msgspec.DecodeError:
-        raise InvalidInput("tools must be a list of tools.", param="tools") from None
     out = []
-    for tool in listed:
-        if tool.type != "function" or not tool.name:
-            raise InvalidInput(
-                f"A Chat Completions model takes function tools only, not {tool.type!r}.",
-                param="tools",
-            )
+    for tool in function_tools(tools, MODELS):
         function: dict[str, Any] = {"name": tool.name}
         if tool.description:
             function["description"] = tool.description
-        function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
+        function["parameters"] = tool.schema
         if tool.strict is not None:
             function["strict"] = tool.strict
         out.append({"type": "function", "function": function})

@@ -1,6 +1,6 @@
 """A turn's commit in PostgreSQL (History.append): the commit statement (statements.COMMIT),
 conditional on the revision the turn read; a turn that makes its fork or ends its run does those
-in the same transaction, a plain one is that statement alone."""
+in the same transaction, and its search terms are added in it (migration 0020)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from service.core.errors import (
 )
 from service.core.model import Append, Commit, RunCommit
 from service.platform.crypto import DataKey
-from service.store.postgres import forks, run_statements
+from service.store.postgres import forks, run_statements, terms
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import Events, Rows
 from service.store.postgres.tx import Params, driver
@@ -44,9 +44,10 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
         "stored_bytes": append.stored_bytes,
     }
     wake: list[str] = []  # topics to notify once committed
-    plain = append.fork_of is None and run is None
     folded = await db.places.folded()
-    async with driver(db.engine, write=not plain) as conn:
+    # One transaction: the commit statement, and the turn's search terms (service/store/
+    # postgres/terms.py) with it.
+    async with driver(db.engine, write=True) as conn:
         if append.fork_of is not None:
             fork = {
                 "src": append.fork_of.source,
@@ -59,6 +60,7 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
         row = await db.sql.commit[folded].fetchrow(conn, params)
         if row is None:
             raise await _why_not(db, conn, params)
+        await terms.add(db, conn, cid, codec.key, [append.turn])
         if row["lease_wanted"]:  # turns wait for the lease this commit released
             wake.append(f"lease:{cid}")
         if run is not None and await _end_run(db, conn, cid, run, revision, codec.key):

@@ -11,7 +11,7 @@ from service.core.model import ConversationInfo, IdempotencyKey, Metadata, Preco
 from service.core.plans import check_precondition
 from service.core.sizes import turn_bytes
 from service.platform.crypto import DataKey
-from service.store.postgres import forks
+from service.store.postgres import forks, terms
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import Rows
 from service.store.postgres.sealed import writing_key
@@ -52,6 +52,7 @@ class PostgresEdits:
             "expires_at": None,
             **codec.metadata_columns(metadata),
             "stored_bytes": turn_bytes(turn) if turn is not None else 0,
+            "forked_from": None,
         }
         async with driver(self._db.engine, write=True) as conn:
             row = await self._db.sql.new_conversation.fetchrow(conn, params)
@@ -59,6 +60,8 @@ class PostgresEdits:
                 raise OwnerShredded()
             if turn is not None:
                 await self._db.sql.turn_insert.execute(conn, codec.turn_columns(1, turn, None))
+            cid, found = codec.conversation_id, [turn] if turn is not None else []
+            await terms.add(self._db, conn, cid, key, found, metadata)
             await self._db.completed(conn, idempotency, codec.conversation_id, revision)
         return codec.info(row)
 
@@ -104,6 +107,7 @@ class PostgresEdits:
                 if row is None:
                     raise ConversationNotFound()
                 check_precondition(if_match, row["revision"])  # else the update is rolled back
+                await terms.pairs(self._db, conn, conversation_id, codec.key, metadata)
                 revision = row["revision"]
                 await self._db.completed(conn, idempotency, conversation_id, revision)
                 return codec.info(row)

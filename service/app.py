@@ -40,6 +40,7 @@ from service.api.deps import Api, UseCases
 from service.api.durable_turns import TurnController
 from service.api.edge import Edge
 from service.api.errors import error_response
+from service.api.finding import UsageController
 from service.api.limits import RequestRules, allowed_hosts, route_pattern
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
@@ -372,6 +373,7 @@ def create_app(
         route_handlers=[
             ChatController,
             ConversationController,
+            UsageController,
             TurnController,
             OpenAIConversations,
             OpenAIResponses,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 from service.core.errors import (
@@ -33,7 +34,9 @@ from service.core.model import (
     Turn,
 )
 from service.core.plans import check_precondition
+from service.core.search import Finding
 from service.core.sizes import SizeLimit, turn_bytes
+from service.core.usage import UsageTotal
 from service.store.ports import Edits, History, Reads
 from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
@@ -91,9 +94,14 @@ class Conversations:
         return found
 
     async def listing(
-        self, owner: str, limit: int, after: str | None
+        self, owner: str, limit: int, after: str | None, finding: Finding | None = None
     ) -> tuple[list[Summary], str | None]:
-        return await self._reads.list_conversations(owner, limit, after)
+        return await self._reads.list_conversations(owner, limit, after, finding)
+
+    async def usage(
+        self, owner: str, since: datetime, until: datetime, group_by: str
+    ) -> list[UsageTotal]:
+        return await self._reads.usage(owner, since, until, group_by)
 
     async def turn_at(self, cid: uuid.UUID, owner: str, revision: int) -> Turn | None:
         """The turn that made ``revision`` (None: no such turn of the owner's), read alone."""

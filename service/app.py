@@ -44,6 +44,7 @@ from service.api.finding import UsageController
 from service.api.limits import RequestRules, allowed_hosts, route_pattern
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
+from service.api.transfer import TransferController
 from service.core.plans import PlanRules
 from service.core.sizes import SizeLimit
 from service.core.window import Budget, SystemPrompt
@@ -320,6 +321,8 @@ def build_services(
         instructions=settings.instructions,
         compact_threshold=settings.compact_threshold(),
         compact_default=settings.compact_threshold_tokens,
+        max_line_bytes=settings.max_body_bytes,
+        max_import_bytes=2 * settings.max_conversation_bytes + settings.max_body_bytes,
     )
     ids = IdsSource(backend.ids_secret) if backend.ids_secret else IdsSource(os.urandom(32))
     restorer = Restorer(stores.reads, ids)
@@ -374,6 +377,7 @@ def create_app(
             ChatController,
             ConversationController,
             UsageController,
+            TransferController,
             TurnController,
             OpenAIConversations,
             OpenAIResponses,

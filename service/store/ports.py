@@ -47,6 +47,7 @@ from service.core.model import (
     Turn,
 )
 from service.core.search import Finding
+from service.core.transfer import Imported
 from service.core.usage import UsageTotal
 
 
@@ -169,6 +170,13 @@ class Edits(Protocol):
         """A new conversation of ``owner``'s: with ``turn`` (items appended without the
         model) as its first commit, else empty at revision 0. Raises OwnerShredded,
         StorageError."""
+
+    async def import_conversation(
+        self, owner: str, imported: Imported, idempotency: IdempotencyKey | None = None
+    ) -> ConversationInfo:
+        """A new conversation of ``owner``'s holding ``imported``'s turns as they are (revisions,
+        replay bytes, origins, window starts, times), at its revision, in one transaction.
+        Raises OwnerShredded, StorageError."""
 
     async def fork(
         self,

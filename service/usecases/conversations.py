@@ -8,7 +8,7 @@ write budget) with its bytes counted as a turn's are (core/sizes.py).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -36,6 +36,7 @@ from service.core.model import (
 from service.core.plans import check_precondition
 from service.core.search import Finding
 from service.core.sizes import SizeLimit, turn_bytes
+from service.core.transfer import Imported, conversation_line, turn_line
 from service.core.usage import UsageTotal
 from service.store.ports import Edits, History, Reads
 from service.usecases.paging import held_bytes, walk
@@ -103,6 +104,37 @@ class Conversations:
     ) -> list[UsageTotal]:
         return await self._reads.usage(owner, since, until, group_by)
 
+    async def export(self, cid: uuid.UUID, owner: str) -> AsyncIterator[bytes]:
+        """Its ndjson lines (service/core/transfer.py), read a page of turns at a time: what
+        an export holds is a page, whatever the conversation's size. ConversationNotFound
+        before the first line."""
+        info = await self.describe(cid, owner)
+
+        async def lines() -> AsyncIterator[bytes]:
+            yield conversation_line(info)
+            async for revision, turn in walk(
+                self._reads, cid, owner, 1, info.revision, newest_first=False
+            ):
+                yield turn_line(revision, turn)
+
+        return lines()
+
+    async def export_owner(self, owner: str) -> AsyncIterator[bytes]:
+        """Every conversation of ``owner``'s, one after another (an owner's right of access);
+        one gone meanwhile is left out."""
+        after: str | None = None
+        while True:
+            page, after = await self.listing(owner, 100, after)
+            for summary in page:
+                try:
+                    lines = await self.export(summary.id, owner)
+                except ConversationNotFound:
+                    continue
+                async for line in lines:
+                    yield line
+            if after is None:
+                return
+
     async def turn_at(self, cid: uuid.UUID, owner: str, revision: int) -> Turn | None:
         """The turn that made ``revision`` (None: no such turn of the owner's), read alone."""
         return await self._reads.turn(cid, owner, revision)
@@ -121,6 +153,20 @@ class Conversations:
             size = self._size.check(0, turn_bytes(turn)) if turn is not None else 0
             return await self._charged(
                 owner, size, lambda: self._edits.create_conversation(owner, metadata, turn, key)
+            )
+
+        return await self._gate.once(key, write, lambda done: self._now(done, owner))
+
+    async def import_conversation(
+        self, owner: str, imported: Imported, key: IdempotencyKey | None = None
+    ) -> ConversationInfo:
+        """A new conversation of ``owner``'s made of an export, in one commit: counted against
+        MAX_CONVERSATION_BYTES and the owner's write budget first, through the write gate."""
+
+        async def write() -> ConversationInfo:
+            size = self._size.check(0, imported.size)
+            return await self._charged(
+                owner, size, lambda: self._edits.import_conversation(owner, imported, key)
             )
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))

@@ -55,6 +55,7 @@ from service.core.model import (
 from service.core.plans import check_precondition
 from service.core.search import MODEL, PAIR, Finding, clear_term, pair_value, turn_text, words
 from service.core.sizes import held_bytes, turn_bytes
+from service.core.transfer import Imported
 from service.core.usage import Usage, UsageTotal
 from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor
@@ -395,6 +396,19 @@ class MemoryStore:
         if turn is not None:
             found.turns.append(replace(turn, created_at=now, number=1))
         self._completed(idempotency, row.id, revision)
+        return found.info()
+
+    async def import_conversation(
+        self, owner: str, imported: Imported, idempotency: IdempotencyKey | None = None
+    ) -> ConversationInfo:
+        self._holds(idempotency)
+        now = _now()
+        row = Conversation(
+            uuid4(), imported.revision, now, now, context_start=imported.context_start, owner=owner
+        )
+        found = _Conversation(row, list(imported.turns), metadata=dict(imported.metadata))
+        self._conversations[row.id] = found
+        self._completed(idempotency, row.id, imported.revision)
         return found.info()
 
     async def fork(

@@ -414,13 +414,13 @@ USAGE_KEYS = {
 TOKENS = (
     "input_tokens", "cached_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens"
 )  # fmt: skip
+SUMS = ", ".join(
+    f"CAST(coalesce(sum(CAST(turns.usage ->> '{name}' AS bigint)), 0) AS bigint) AS {name}"
+    for name in TOKENS
+)
 USAGE = f"""
     SELECT {{key}} AS key, count(*) AS turns,
-        {
-    ", ".join(
-        f"coalesce(sum(CAST(turns.usage ->> '{name}' AS bigint)), 0) AS {name}" for name in TOKENS
-    )
-}
+        {SUMS}
     FROM conversations JOIN turns ON turns.conversation_id = conversations.id
     WHERE conversations.owner = :caller AND {{live}}
         AND conversations.updated_at >= CAST(:since AS timestamptz)

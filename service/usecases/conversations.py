@@ -36,11 +36,12 @@ from service.core.model import (
 from service.core.plans import check_precondition
 from service.core.search import Finding
 from service.core.sizes import SizeLimit, turn_bytes
-from service.core.transfer import Imported, conversation_line, turn_line
+from service.core.transfer import Imported
 from service.core.usage import UsageTotal
 from service.store.ports import Edits, History, Reads
 from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
+from service.usecases.transfer import exported
 from service.usecases.write_gate import WriteGate
 
 # An append loses to a turn that runs (its lease) as well as to one that committed first.
@@ -105,35 +106,9 @@ class Conversations:
         return await self._reads.usage(owner, since, until, group_by)
 
     async def export(self, cid: uuid.UUID, owner: str) -> AsyncIterator[bytes]:
-        """Its ndjson lines (service/core/transfer.py), read a page of turns at a time: what
-        an export holds is a page, whatever the conversation's size. ConversationNotFound
-        before the first line."""
-        info = await self.describe(cid, owner)
-
-        async def lines() -> AsyncIterator[bytes]:
-            yield conversation_line(info)
-            async for revision, turn in walk(
-                self._reads, cid, owner, 1, info.revision, newest_first=False
-            ):
-                yield turn_line(revision, turn)
-
-        return lines()
-
-    async def export_owner(self, owner: str) -> AsyncIterator[bytes]:
-        """Every conversation of ``owner``'s, one after another (an owner's right of access);
-        one gone meanwhile is left out."""
-        after: str | None = None
-        while True:
-            page, after = await self.listing(owner, 100, after)
-            for summary in page:
-                try:
-                    lines = await self.export(summary.id, owner)
-                except ConversationNotFound:
-                    continue
-                async for line in lines:
-                    yield line
-            if after is None:
-                return
+        """Its ndjson lines (service/usecases/transfer.py). ConversationNotFound before the
+        first line."""
+        return exported(self._reads, await self.describe(cid, owner), owner)
 
     async def turn_at(self, cid: uuid.UUID, owner: str, revision: int) -> Turn | None:
         """The turn that made ``revision`` (None: no such turn of the owner's), read alone."""

@@ -327,3 +327,22 @@ async def test_an_import_over_the_limits_is_refused_as_a_turn_would_be_and_honou
         assert_error(other, 422, "idempotency_key_reused")
     async with engine.connect() as conn:
         assert await conn.scalar(text("SELECT count(*) FROM conversations")) == 1
+
+
+async def test_owners_export_writes_every_conversation_of_the_owner_and_no_other(
+    make_client: ClientFactory, database_url: str
+) -> None:
+    async with make_client(**JWT_SETTINGS) as client:
+        first = await say(client, "one", headers=ALICE)
+        await say(client, "two", first, headers=ALICE)
+        second = await say(client, "three", headers=ALICE)
+        await say(client, "bob's", headers=BOB)
+    done = await asyncio.to_thread(
+        turnstore, "owners", "export", "alice", DATABASE_URL=database_url
+    )
+    assert done.returncode == 0, done.stderr
+    lines = lines_of(done.stdout.encode())
+    heads = [line["id"] for line in lines if line.get("object") == "conversation"]
+    assert heads == [second, first]  # newest first, each followed by its turns
+    assert [line.get("revision") for line in lines] == [1, 1, 2, 1, 2]
+    assert "exported 2 conversations" in done.stderr

@@ -1,7 +1,7 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
 Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,
-compaction,citus,running,providers
+compaction,citus,running,providers,finding
 --subjects ...
 --rounds N  --flame, --realtime (floors: flame graphs into bench/flame/; servers under
 SCHED_FIFO)
@@ -24,6 +24,7 @@ from bench import (
     compaction,
     durable,
     e2e,
+    finding,
     fork,
     holding,
     hostile,
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,"
-        "compaction,citus,running,providers",
+        "compaction,citus,running,providers,finding",
     )
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
@@ -195,6 +196,13 @@ def main() -> None:
             )
             for line in providers.lines(providers.run(url, logs)):
                 _say("   " + line)
+        if "finding" in parts:
+            _say(
+                f"\n15. Finding: a page of the listing with each filter, an owner of "
+                f"{finding.SMALL} conversations and one of {finding.BIG:,}; an export's memory"
+            )
+            for line in finding.lines(finding.run(server_url, logs)):
+                _say(line)
         _say("\nTargets (ratios from this run)")
         if floor is not None:
             for line in report.floor_targets(floors.ratios(floor)):

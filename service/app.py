@@ -40,9 +40,11 @@ from service.api.deps import Api, UseCases
 from service.api.durable_turns import TurnController
 from service.api.edge import Edge
 from service.api.errors import error_response
+from service.api.finding import UsageController
 from service.api.limits import RequestRules, allowed_hosts, route_pattern
 from service.api.ops import healthz, metrics, readyz
 from service.api.schemas import ChatRequest, CompactRequest, ForkRequest
+from service.api.transfer import TransferController
 from service.core.plans import PlanRules
 from service.core.sizes import SizeLimit
 from service.core.window import Budget, SystemPrompt
@@ -337,6 +339,8 @@ def build_services(
         instructions=settings.instructions,
         compact_threshold=settings.compact_threshold(),
         compact_default=settings.compact_threshold_tokens,
+        max_line_bytes=settings.max_body_bytes,
+        max_import_bytes=2 * settings.max_conversation_bytes + settings.max_body_bytes,
     )
     ids = IdsSource(backend.ids_secret) if backend.ids_secret else IdsSource(os.urandom(32))
     restorer = Restorer(stores.reads, ids)
@@ -390,6 +394,8 @@ def create_app(
         route_handlers=[
             ChatController,
             ConversationController,
+            UsageController,
+            TransferController,
             TurnController,
             OpenAIConversations,
             OpenAIResponses,

@@ -37,6 +37,7 @@ from service.store.postgres import (
 )
 from service.store.postgres.placement import DEFAULT_SHARD_COUNT, distribute
 from service.store.postgres.tx import FAILURES, sqlstate
+from service.usecases.transfer import owner_export
 
 T = TypeVar("T")
 
@@ -248,6 +249,27 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
     )
 
 
+def _owners_export(args: argparse.Namespace, settings: Settings) -> None:
+    """Every conversation of the owner as ndjson on standard output (service/core/transfer.py),
+    one after another: an owner's right of access. With encryption at rest, opened with
+    their data key."""
+
+    async def export(url: str) -> int:
+        async with _engines(settings, url) as (engine, keyring_engine):
+            masters = settings.master_keys()
+            keyring = Keyring(keyring_engine, masters) if masters is not None else None
+            reads, count = postgres_store(engine, settings, keyring).reads, 0
+            async for line in owner_export(reads, args.owner):
+                sys.stdout.buffer.write(line)
+                count += line.startswith(b'{"id":')
+            sys.stdout.flush()
+            return count
+
+    with _database(settings, migrate_embedded=True) as url:
+        count = _storage(lambda: asyncio.run(export(url)), "owners export")
+    sys.stderr.write(f"{args.owner!r}: exported {count} conversations\n")
+
+
 def _cause(exc: BaseException) -> str:
     """A database failure in a few words for an operator: the driver's class, SQLSTATE and
     first line (SQLAlchemy's wrapper adds the statement and a link)."""
@@ -401,7 +423,8 @@ def _data_commands(commands: Any) -> None:
     purge.add_argument("--batch", type=int, default=500, help="rows per short transaction")
     purge.set_defaults(run=_purge)
     owners = commands.add_parser("owners", help="what belongs to an owner")
-    shred = owners.add_subparsers(dest="owners_command", required=True).add_parser(
+    owned = owners.add_subparsers(dest="owners_command", required=True)
+    shred = owned.add_parser(
         "shred", help="destroy the owner's data key and delete their conversations"
     )
     shred.add_argument("owner", metavar="NAME")
@@ -413,6 +436,11 @@ def _data_commands(commands: Any) -> None:
         "some); the rows are deleted after it",
     )
     shred.set_defaults(run=_owners_shred)
+    export = owned.add_parser(
+        "export", help="write every conversation of the owner as ndjson to standard output"
+    )
+    export.add_argument("owner", metavar="NAME")
+    export.set_defaults(run=_owners_export)
     existing = commands.add_parser(
         "encrypt-existing", help="encrypt rows written in clear (safe while serving)"
     )

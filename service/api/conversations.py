@@ -10,6 +10,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.deps import Api, Caller
 from service.api.errors import WRITE_ERRORS
+from service.api.finding import Date, finding
 from service.api.headers import (
     IdempotencyKey,
     IfMatch,
@@ -81,14 +82,31 @@ class ConversationController(Controller):
     @get(
         "/",
         **route(
-            "The caller's conversations, newest first, with cursor pagination.",
+            "The caller's conversations, newest first, with cursor pagination and filters.",
             InvalidInput,
             Unauthorized,
             StorageError,
+            description="Filters (all must hold): `metadata[KEY]=VALUE` (repeatable), `model` "
+            "(a turn used it), `created_after` / `created_before` / `updated_after` / "
+            "`updated_before` (RFC 3339), `q` (words of the transcript, all of them, whole "
+            "words, case-folded). Each is served by an index. An unknown parameter is 400.",
         ),
     )
-    async def page(self, api: Caller, limit: Limit = 20, after: After = None) -> ConversationList:
-        return ConversationList.of(*await api.cases.conversations.listing(api.owner, limit, after))
+    async def page(
+        self,
+        request: Request[Any, Any, Any],
+        api: Caller,
+        limit: Limit = 20,
+        after: After = None,
+        model: Annotated[str | None, QueryParameter(description="A model a turn used.")] = None,
+        q: Annotated[str | None, QueryParameter(description="Words of the transcript.")] = None,
+        created_after: Date = None,
+        created_before: Date = None,
+        updated_after: Date = None,
+        updated_before: Date = None,
+    ) -> ConversationList:
+        found = await api.cases.conversations.listing(api.owner, limit, after, finding(request))
+        return ConversationList.of(*found)
 
     @get(
         "/{conversation_id:str}",

@@ -5,9 +5,10 @@ applied by the edge, service/api/edge.py).
   uvicorn's h11 ``max_incomplete_event_size`` bounds what it buffers of a head still arriving,
   but a head that arrives in one read (up to 256 KiB on loopback) is parsed whatever its size.
 - A request with a body to a path some route serves must say it is JSON (``Content-Type:
-  application/json``): a web page can post ``text/plain`` to any address without asking
-  first, but not JSON (that needs a CORS preflight, which turnstore never grants). A path no
-  route serves is the router's 404, whatever the body.
+  application/json``, or ``application/x-ndjson`` to the import): a web page can post
+  ``text/plain`` to any address without asking first, but not JSON (that needs a CORS
+  preflight, which turnstore never grants). A path no route serves is the router's 404,
+  whatever the body.
 - With AUTH_MODE=none, only loopback names (and ALLOWED_HOSTS) are accepted in ``Host``: a
   page that rebinds its own DNS name to 127.0.0.1 still sends its own name.
 - A response whose client stops reading fails after ``send_timeout_s`` (the stream then ends
@@ -85,13 +86,24 @@ def check(scope: Scope, rules: RequestRules) -> None:
     if allowed is not None and host is not None and scope["path"] not in PROBES:
         _check_host(host.decode("latin-1"), allowed)
     has_body = headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers
-    if has_body and not _is_json(headers.get(b"content-type", b"")) and rules.served(scope["path"]):
+    media = headers.get(b"content-type", b"")
+    if has_body and not _needs_preflight(media, scope["path"]) and rules.served(scope["path"]):
         raise UnsupportedMediaType()
 
 
 def _check_host(host: str, allowed: frozenset[str]) -> None:
     if host_name(host) not in allowed:
         raise InvalidHost()
+
+
+def _needs_preflight(content_type: bytes, path: str) -> bool:
+    """JSON, or ndjson to the one route that reads it (an import): neither is a type a page
+    may post without a CORS preflight."""
+    ndjson = content_type.split(b";", 1)[0].strip().lower() == b"application/x-ndjson"
+    return _is_json(content_type) or (ndjson and path.rstrip("/") == NDJSON_PATH)
+
+
+NDJSON_PATH = "/api/v1/conversations/import"
 
 
 def _is_json(content_type: bytes) -> bool:

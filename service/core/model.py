@@ -232,6 +232,8 @@ class ConversationInfo:
     stored_bytes: int | None = None
     stored_revision: int | None = None  # the revision stored_bytes counts up to
     rewritten_at: int = 0  # the revision at which earlier history last changed (a removal)
+    context_start: int = 1  # the window start: turns before it are outside the model's context
+    forked_from: UUID | None = None  # the conversation it was forked from (None: not a fork)
 
 
 @dataclass(frozen=True)

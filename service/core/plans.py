@@ -42,6 +42,8 @@ class PlanRules:
     instructions: str = "append"  # INSTRUCTIONS: append, client, or server (client's refused)
     compact_threshold: int | None = None  # CONTEXT_STRATEGY=compact: every turn's threshold
     compact_default: int = 100_000  # COMPACT_THRESHOLD_TOKENS: a context_management's default
+    max_line_bytes: int = 1_048_576  # MAX_BODY_BYTES: an imported line's
+    max_import_bytes: int | None = None  # an import's whole body (see service/app.py)
 
     def check_model(self, model: str | None) -> None:
         """A model a request may name: the configured one, one of MODELS (or of

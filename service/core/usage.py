@@ -48,3 +48,13 @@ def added(first: Usage | None, second: Usage | None) -> Usage | None:
     if first is None or second is None:
         return first or second
     return first + second
+
+
+@dataclass(frozen=True)
+class UsageTotal:
+    """What an owner's committed turns of one day, model or conversation (``key``) cost
+    (GET /api/v1/usage)."""
+
+    key: str
+    turns: int
+    usage: Usage

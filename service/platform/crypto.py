@@ -53,6 +53,7 @@ class DataKey:
         self._aead = AESGCM(secret)
         # A separate key for digests: one key is never used for two purposes.
         self._mac = hmac.new(secret, b"turnstore:digest", hashlib.sha256).digest()
+        self._terms = hmac.new(secret, b"turnstore:terms", hashlib.sha256).digest()
 
     def seal(self, where: bytes, plaintext: bytes) -> bytes:
         nonce = os.urandom(_NONCE)
@@ -70,6 +71,13 @@ class DataKey:
         """A keyed digest of ``text`` (an Idempotency-Key's request hash): unlike a plain
         hash, it cannot confirm a guess of what was said without the key."""
         return hmac.new(self._mac, text.encode(), hashlib.sha256).hexdigest()
+
+    def term(self, kind: str, value: str) -> str:
+        """A search term of ``kind`` (service/core/search.py) keyed by this data key: the
+        database holds it, never the word or pair it stands for, and without the key (once
+        shredded) nothing can be matched against it."""
+        digest = hmac.new(self._terms, f"{kind}:{value}".encode(), hashlib.sha256).hexdigest()
+        return f"_{kind}{digest[:32]}"
 
 
 def _broken(where: bytes) -> StorageError:

@@ -31,4 +31,4 @@ def decode_cursor(cursor: str | None) -> tuple[datetime, UUID]:
             raise ValueError("no time zone")
         return when.astimezone(UTC), UUID(ident)
     except (ValueError, OverflowError):
-        raise InvalidInput("after is not a cursor this API returned.") from None
+        raise InvalidInput("after is not a cursor this API returned.", param="after") from None

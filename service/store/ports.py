@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 from uuid import UUID
 
@@ -45,6 +46,9 @@ from service.core.model import (
     TranscriptPage,
     Turn,
 )
+from service.core.search import Finding
+from service.core.transfer import Imported
+from service.core.usage import UsageTotal
 
 
 class Reads(Protocol):
@@ -56,10 +60,17 @@ class Reads(Protocol):
         """The conversation without its turns; None as for History.load. Raises StorageError."""
 
     async def list_conversations(
-        self, owner: str, limit: int, after: str | None = None
+        self, owner: str, limit: int, after: str | None = None, finding: Finding | None = None
     ) -> tuple[list[Summary], str | None]:
-        """A page of the owner's conversations, newest first, and the next page's cursor.
-        Raises InvalidInput for a cursor this store did not make."""
+        """A page of the owner's conversations that ``finding`` asks for (None: all), newest
+        first, and the next page's cursor; each filter served by an index. Raises InvalidInput
+        for a cursor this store did not make."""
+
+    async def usage(
+        self, owner: str, since: datetime, until: datetime, group_by: str
+    ) -> list[UsageTotal]:
+        """What the owner's committed turns from ``since`` to ``until`` cost, summed by
+        ``group_by`` (day, model, conversation), ordered by key. Raises StorageError."""
 
     async def transcript(
         self, conversation_id: UUID, owner: str, page: PageRequest
@@ -159,6 +170,13 @@ class Edits(Protocol):
         """A new conversation of ``owner``'s: with ``turn`` (items appended without the
         model) as its first commit, else empty at revision 0. Raises OwnerShredded,
         StorageError."""
+
+    async def import_conversation(
+        self, owner: str, imported: Imported, idempotency: IdempotencyKey | None = None
+    ) -> ConversationInfo:
+        """A new conversation of ``owner``'s holding ``imported``'s turns as they are (revisions,
+        replay bytes, origins, window starts, times), at its revision, in one transaction.
+        Raises OwnerShredded, StorageError."""
 
     async def fork(
         self,

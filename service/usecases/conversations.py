@@ -8,8 +8,9 @@ write budget) with its bytes counted as a turn's are (core/sizes.py).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 from service.core.errors import (
@@ -33,10 +34,14 @@ from service.core.model import (
     Turn,
 )
 from service.core.plans import check_precondition
+from service.core.search import Finding
 from service.core.sizes import SizeLimit, turn_bytes
+from service.core.transfer import Imported
+from service.core.usage import UsageTotal
 from service.store.ports import Edits, History, Reads
 from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
+from service.usecases.transfer import exported
 from service.usecases.write_gate import WriteGate
 
 # An append loses to a turn that runs (its lease) as well as to one that committed first.
@@ -91,9 +96,19 @@ class Conversations:
         return found
 
     async def listing(
-        self, owner: str, limit: int, after: str | None
+        self, owner: str, limit: int, after: str | None, finding: Finding | None = None
     ) -> tuple[list[Summary], str | None]:
-        return await self._reads.list_conversations(owner, limit, after)
+        return await self._reads.list_conversations(owner, limit, after, finding)
+
+    async def usage(
+        self, owner: str, since: datetime, until: datetime, group_by: str
+    ) -> list[UsageTotal]:
+        return await self._reads.usage(owner, since, until, group_by)
+
+    async def export(self, cid: uuid.UUID, owner: str) -> AsyncIterator[bytes]:
+        """Its ndjson lines (service/usecases/transfer.py). ConversationNotFound before the
+        first line."""
+        return exported(self._reads, await self.describe(cid, owner), owner)
 
     async def turn_at(self, cid: uuid.UUID, owner: str, revision: int) -> Turn | None:
         """The turn that made ``revision`` (None: no such turn of the owner's), read alone."""
@@ -113,6 +128,20 @@ class Conversations:
             size = self._size.check(0, turn_bytes(turn)) if turn is not None else 0
             return await self._charged(
                 owner, size, lambda: self._edits.create_conversation(owner, metadata, turn, key)
+            )
+
+        return await self._gate.once(key, write, lambda done: self._now(done, owner))
+
+    async def import_conversation(
+        self, owner: str, imported: Imported, key: IdempotencyKey | None = None
+    ) -> ConversationInfo:
+        """A new conversation of ``owner``'s made of an export, in one commit: counted against
+        MAX_CONVERSATION_BYTES and the owner's write budget first, through the write gate."""
+
+        async def write() -> ConversationInfo:
+            size = self._size.check(0, imported.size)
+            return await self._charged(
+                owner, size, lambda: self._edits.import_conversation(owner, imported, key)
             )
 
         return await self._gate.once(key, write, lambda done: self._now(done, owner))

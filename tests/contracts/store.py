@@ -37,7 +37,10 @@ from service.core.model import (
     Removal,
     Turn,
 )
+from service.core.search import Finding
 from service.core.sizes import turn_bytes
+from service.core.transfer import Imported
+from service.core.usage import Usage
 from service.store.postgres import PostgresStore, StoreConfig
 from service.usecases.paging import held_bytes
 from tests.support.backends import keyring_for
@@ -499,3 +502,81 @@ async def test_a_lease_takes_its_turns_place_and_the_commit_gives_it_back(
     assert not await store.places.take_turn(alice, uuid.uuid4(), 30)  # the lease holds a place
     await store.history.append(Append(cid, turn(2), 1, owner=alice, lease=holder))
     assert await store.places.take_turn(alice, uuid.uuid4(), 30)  # the commit gave it back
+
+
+# --- finding, accounting, moving (issue 35) -------------------------------------------------
+
+
+def said(text_: str, model: str = "m1", tokens: int = 3) -> Turn:
+    return Turn(
+        text_,
+        "fine",
+        [msgspec.Raw(b'{"type":"message","role":"user","content":"x"}')],
+        origin=Origin("p", "e", model),
+        usage=Usage(input_tokens=tokens, output_tokens=1, total_tokens=tokens + 1),
+    )
+
+
+async def test_the_listing_finds_by_words_model_metadata_and_dates_the_owners_alone(
+    contract_store: AnyStore,
+) -> None:
+    store = contract_store
+    a, b, c = (uuid.uuid4() for _ in range(3))
+    await store.history.append(Append(a, said("Kiwi and mango"), 0, owner="carol"))
+    await store.history.append(Append(b, said("mango only", model="m2"), 0, owner="carol"))
+    tagged = await store.edits.create_conversation("carol", {"k": "v w"}, said("a KIWI"))
+    await store.history.append(Append(c, said("kiwi mango"), 0, owner="dave"))
+
+    async def ids(**asked: object) -> set[uuid.UUID]:
+        page, _ = await store.reads.list_conversations("carol", 10, None, Finding(**asked))  # type: ignore[arg-type]
+        return {s.id for s in page}
+
+    assert await ids(q="kiwi") == {a, tagged.id}
+    assert await ids(q="MANGO kiwi") == {a}
+    assert await ids(q="kiw") == set()
+    assert await ids(model="m2") == {b}
+    assert await ids(metadata=(("k", "v w"),)) == {tagged.id}
+    assert await ids(metadata=(("k", "v"),)) == set()
+    after = tagged.created_at - timedelta(microseconds=1)
+    assert await ids(created_after=after) == {tagged.id}
+    assert await ids(updated_before=after) == {a, b}
+    await store.edits.update_metadata(tagged.id, "carol", {"k": "other"})
+    assert await ids(metadata=(("k", "v w"),)) == set()
+    assert await ids(metadata=(("k", "other"),), q="kiwi") == {tagged.id}
+
+
+async def test_usage_sums_each_committed_turns_usage_by_key(contract_store: AnyStore) -> None:
+    store = contract_store
+    a, b = uuid.uuid4(), uuid.uuid4()
+    await store.history.append(Append(a, said("one", tokens=5), 0, owner="carol"))
+    await store.history.append(Append(a, said("two", model="m2", tokens=7), 1, owner="carol"))
+    await store.history.append(Append(b, said("three", tokens=11), 0, owner="carol"))
+    await store.history.append(Append(uuid.uuid4(), said("dave's", tokens=99), 0, owner="dave"))
+    since, until = datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC) + timedelta(hours=1)
+    by_model = await store.reads.usage("carol", since, until, "model")
+    assert [(t.key, t.turns, t.usage.input_tokens) for t in by_model] == [
+        ("m1", 2, 16),
+        ("m2", 1, 7),
+    ]
+    by_conversation = {
+        t.key: t.turns for t in await store.reads.usage("carol", since, until, "conversation")
+    }
+    assert by_conversation == {str(a): 2, str(b): 1}
+    assert await store.reads.usage("carol", until, until + timedelta(hours=1), "day") == []
+
+
+async def test_an_import_makes_the_same_turns_byte_for_byte_in_one_commit(
+    contract_store: AnyStore,
+) -> None:
+    store = contract_store
+    when = datetime(2026, 1, 2, tzinfo=UTC)
+    turns = [replace(turn(n), number=n, created_at=when, context_from=1) for n in (1, 2)]
+    imported = Imported({"k": "v"}, 2, 2, turns)
+    info = await store.edits.import_conversation("carol", imported)
+    assert info.revision == 2 and info.context_start == 2 and info.metadata == {"k": "v"}
+    loaded = await store.history.load(info.id, "carol")
+    assert loaded is not None
+    assert [t.replay_items for t in loaded.turns] == [t.replay_items for t in turns]
+    assert [t.created_at for t in loaded.turns] == [when, when]
+    page, _ = await store.reads.list_conversations("carol", 10, None, Finding(q="assistant 2"))
+    assert [s.id for s in page] == [info.id]

@@ -633,7 +633,9 @@ async def test_encrypt_existing_while_turns_commit_loses_nothing_and_leaves_noth
         masters = Settings(encryption_keys_file=keys).master_keys()
         assert masters is not None
         rows = ClearRows(engine, Keyring(engine, masters))
-        assert await rows.count() == conversations * 2 + 1
+        # Each conversation's two turns and its search terms' words (migration 0021), and the
+        # metadata.
+        assert await rows.count() == conversations * 3 + 1
 
         async def encrypt() -> int:
             done = 0
@@ -647,7 +649,7 @@ async def test_encrypt_existing_while_turns_commit_loses_nothing_and_leaves_noth
             return turns_each
 
         done, *_ = await asyncio.gather(encrypt(), *(talk(cid) for cid in cids))
-        assert done >= conversations * 2 + 1
+        assert done >= conversations * 3 + 1
         assert await rows.count() == 0
         assert TOPIC not in await raw_rows(engine) and "clear" not in await raw_rows(engine)
         for cid in cids:
@@ -678,6 +680,7 @@ async def test_encrypt_existing_from_the_command_line_shows_its_progress_on_a_te
         os.close(terminal)
         os.close(attached)
     assert done.returncode == 0, drawn
-    assert done.stdout == "encrypted 5 rows written in clear; 0 left in clear\n"
-    assert "\rencrypted 5 of 5 rows" in drawn
+    # 5 turns and the words of their 5 conversations' search terms.
+    assert done.stdout == "encrypted 10 rows written in clear; 0 left in clear\n"
+    assert "\rencrypted 10 of 10 rows" in drawn
     assert "clear 3" not in await raw_rows(engine)

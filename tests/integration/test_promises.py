@@ -117,7 +117,30 @@ def _tool(description: str) -> dict[str, Any]:
             "parameters": parameters}  # fmt: skip
 
 
+def _import(ctx: Ctx, big: int) -> Request:
+    """An export of a conversation of one turn (service/core/transfer.py), ``big`` bytes more."""
+    said = "imported " + "x" * big
+    head = {"id": ctx.cid, "metadata": {}, "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z", "revision": 1, "window_start": 1}  # fmt: skip
+    turn = {
+        "revision": 1,
+        "created_at": "2026-01-01T00:00:00Z",
+        "messages": [{"role": "user", "content": said}, {"role": "assistant", "content": "ok"}],
+        "replay_items": [{"type": "message", "role": "user", "content": said}],
+    }
+    body = (json.dumps(head) + "\n" + json.dumps(turn) + "\n").encode()
+    return (
+        "POST",
+        "/api/v1/conversations/import",
+        {
+            "content": body,
+            "headers": {"Content-Type": "application/x-ndjson"},
+        },
+    )
+
+
 ROUTES: dict[tuple[str, str], Route] = {
+    ("post", "/api/v1/conversations/import"): Route(_import, "adds", grows=True),
     ("post", "/api/v1/chat"): Route(_chat(stream=False), "adds", grows=True),
     ("post", "/api/v1/chat/stream"): Route(_chat(stream=True), "adds", grows=True),
     ("post", "/api/v1/conversations/{conversation_id}/compact"): Route(
@@ -298,7 +321,7 @@ async def call(
     client: httpx.AsyncClient, route: Route, ctx: Ctx, *, big: int = 0, key: str | None = None
 ) -> httpx.Response:
     method, path, kwargs = route.request(ctx, big)
-    headers = {"Idempotency-Key": key} if key is not None else {}
+    headers = {**kwargs.pop("headers", {}), **({"Idempotency-Key": key} if key else {})}
     return await client.request(method, path, headers=headers, **kwargs)
 
 

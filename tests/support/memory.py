@@ -53,7 +53,10 @@ from service.core.model import (
     since,
 )
 from service.core.plans import check_precondition
+from service.core.search import MODEL, PAIR, Finding, clear_term, pair_value, turn_text, words
 from service.core.sizes import held_bytes, turn_bytes
+from service.core.transfer import Imported
+from service.core.usage import Usage, UsageTotal
 from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
@@ -118,13 +121,24 @@ class _Conversation:
     lease_wanted: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
     expires_at: datetime | None = None  # a stored response's conversation's
+    forked_from: UUID | None = None
 
     def info(self) -> ConversationInfo:
         row = self.row
         return ConversationInfo(
             row.id, row.revision, row.created_at, row.updated_at, self.metadata,
             self.expires_at is not None, held_bytes(self.turns), row.revision,
+            context_start=row.context_start, forked_from=self.forked_from,
         )  # fmt: skip
+
+    def terms(self) -> set[str]:
+        """What it is found by (service/core/search.py), as the database keeps it in clear."""
+        found = {clear_term(PAIR, pair_value(k, v)) for k, v in self.metadata.items()}
+        for turn in self.turns:
+            found.update(words(turn_text(turn)))
+            if turn.origin is not None:
+                found.add(clear_term(MODEL, turn.origin.model))
+        return found
 
     def head(self) -> Conversation:
         """The conversation row as read, its size counted (as every commit here keeps it)."""
@@ -384,6 +398,19 @@ class MemoryStore:
         self._completed(idempotency, row.id, revision)
         return found.info()
 
+    async def import_conversation(
+        self, owner: str, imported: Imported, idempotency: IdempotencyKey | None = None
+    ) -> ConversationInfo:
+        self._holds(idempotency)
+        now = _now()
+        row = Conversation(
+            uuid4(), imported.revision, now, now, context_start=imported.context_start, owner=owner
+        )
+        found = _Conversation(row, list(imported.turns), metadata=dict(imported.metadata))
+        self._conversations[row.id] = found
+        self._completed(idempotency, row.id, imported.revision)
+        return found.info()
+
     async def fork(
         self,
         conversation_id: UUID,
@@ -409,7 +436,11 @@ class MemoryStore:
             new_id or uuid4(), at_revision, now, now, context_start=start, owner=owner
         )
         fork = self._conversations[row.id] = _Conversation(
-            row, list(turns), metadata=dict(found.metadata), expires_at=found.expires_at
+            row,
+            list(turns),
+            metadata=dict(found.metadata),
+            expires_at=found.expires_at,
+            forked_from=conversation_id,
         )
         self._completed(idempotency, row.id, at_revision)
         return fork.info()
@@ -619,10 +650,18 @@ class MemoryStore:
         self._completed(removal.idempotency, None, None)
 
     async def list_conversations(
-        self, owner: str, limit: int, after: str | None = None
+        self, owner: str, limit: int, after: str | None = None, finding: Finding | None = None
     ) -> tuple[list[Summary], str | None]:
         rows = sorted(
-            (c.row for c in self._conversations.values() if self._live(c.row.id, owner)),
+            (
+                c.row
+                for c in self._conversations.values()
+                if self._live(c.row.id, owner)
+                and (
+                    finding is None
+                    or finding.matches(c.row.created_at, c.row.updated_at, c.terms())
+                )
+            ),
             key=lambda row: (row.created_at, row.id),
             reverse=True,
         )
@@ -631,6 +670,31 @@ class MemoryStore:
         page = [Summary(r.id, r.revision, r.created_at, r.updated_at) for r in rows[:limit]]
         cursor = encode_cursor(page[-1]) if len(page) == limit else None
         return page, cursor
+
+    async def usage(
+        self, owner: str, since: datetime, until: datetime, group_by: str
+    ) -> list[UsageTotal]:
+        sums: dict[str, tuple[int, Usage]] = {}
+        for found in list(self._conversations.values()):
+            if self._live(found.row.id, owner) is None:
+                continue
+            for turn in found.turns:
+                at = turn.created_at
+                if at is None or not since <= at < until:
+                    continue
+                key = {
+                    "day": at.astimezone(UTC).strftime("%Y-%m-%d"),
+                    "model": turn.origin.model if turn.origin else "",
+                    "conversation": str(found.row.id),
+                }[group_by]
+                turns, usage = sums.get(key, (0, Usage()))
+                sums[key] = (turns + 1, usage + (turn.usage or Usage()))
+        return [
+            UsageTotal(
+                key, turns, replace(usage, total_tokens=usage.input_tokens + usage.output_tokens)
+            )
+            for key, (turns, usage) in sorted(sums.items())
+        ]
 
     async def claim(self, key: IdempotencyKey, turn_id: UUID | None = None) -> Committed | None:
         found = self._keys.get((key.owner, key.key))

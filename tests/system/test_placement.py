@@ -292,12 +292,12 @@ def test_0019_on_a_distributed_coordinator_places_its_tables_before_the_next_dis
         assert placed == "turnstore_commit_v2(): distributed by p_cid, with conversations"
 
 
-def test_0020_on_a_distributed_coordinator_distributes_its_commit_itself(
+def test_0021_on_a_distributed_coordinator_distributes_its_commit_itself(
     citus: CitusCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fleet on Citus distributed at 0019 is upgraded: this release's first commit
     (turnstore_commit_v3) runs on its conversation's worker before `db distribute` runs
-    again, as 0020 distributes it itself; the next `db distribute` has nothing to do."""
+    again, as 0021 distributes it itself; the next `db distribute` has nothing to do."""
     with citus_database(citus) as url:
         migrate.upgrade(url, "0019")
         functions = {f: p for f, p in FUNCTIONS.items() if f != COMMIT_V3.name}
@@ -317,7 +317,7 @@ def test_0020_on_a_distributed_coordinator_distributes_its_commit_itself(
 
 
 NEW_IN_0019 = {"turnstore_secrets", "owner_tombstones"}
-NEW_FUNCTIONS = {COMMIT_V2.name, COMMIT_V3.name}  # 0019's and 0020's
+NEW_FUNCTIONS = {COMMIT_V2.name, COMMIT_V3.name}  # 0019's and 0021's
 # The previous release's commit of a first turn, as it calls the function.
 OLD_COMMIT = (
     "SELECT revision FROM turnstore_commit($1, 0, $2, NULL, 1, NULL, NULL, NULL, 'u', 'a',"

@@ -1,6 +1,7 @@
 """A turn's commit in PostgreSQL (History.append): the commit statement (statements.COMMIT),
 conditional on the revision the turn read; a turn that makes its fork or ends its run does those
-in the same transaction, a plain one is that statement alone."""
+in the same transaction, a plain one is that statement alone (the turn's search terms join its
+conversation's in it: migration 0021)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from service.core.errors import (
 )
 from service.core.model import Append, Commit, RunCommit
 from service.platform.crypto import DataKey
-from service.store.postgres import forks, run_statements
+from service.store.postgres import forks, run_statements, terms
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import Events, Rows
 from service.store.postgres.tx import Params, driver
@@ -42,6 +43,7 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
         "claim": append.idempotency.claim if append.idempotency else None,
         "expires_at": _expiry(db, append),
         "stored_bytes": append.stored_bytes,
+        **terms.of_turn(codec.key, append.turn),
     }
     wake: list[str] = []  # topics to notify once committed
     plain = append.fork_of is None and run is None

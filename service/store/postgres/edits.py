@@ -10,8 +10,9 @@ from service.core.errors import ConversationNotFound, OwnerShredded
 from service.core.model import ConversationInfo, IdempotencyKey, Metadata, Precondition, Turn
 from service.core.plans import check_precondition
 from service.core.sizes import turn_bytes
+from service.core.transfer import Imported
 from service.platform.crypto import DataKey
-from service.store.postgres import forks
+from service.store.postgres import forks, terms
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import Rows
 from service.store.postgres.sealed import writing_key
@@ -52,6 +53,7 @@ class PostgresEdits:
             "expires_at": None,
             **codec.metadata_columns(metadata),
             "stored_bytes": turn_bytes(turn) if turn is not None else 0,
+            "forked_from": None,
         }
         async with driver(self._db.engine, write=True) as conn:
             row = await self._db.sql.new_conversation.fetchrow(conn, params)
@@ -59,8 +61,43 @@ class PostgresEdits:
                 raise OwnerShredded()
             if turn is not None:
                 await self._db.sql.turn_insert.execute(conn, codec.turn_columns(1, turn, None))
+            cid, found = codec.conversation_id, [turn] if turn is not None else []
+            await terms.add(self._db, conn, cid, key, found, metadata)
             await self._db.completed(conn, idempotency, codec.conversation_id, revision)
         return codec.info(row)
+
+    async def import_conversation(
+        self, owner: str, imported: Imported, idempotency: IdempotencyKey | None = None
+    ) -> ConversationInfo:
+        key = await writing_key(self._db.keyring, owner)
+
+        async def write() -> ConversationInfo:
+            codec = Rows(key, uuid.uuid4())
+            params = {
+                "cid": codec.conversation_id,
+                "caller": owner,
+                "revision": imported.revision,
+                "context_start": imported.context_start,
+                "expires_at": None,
+                **codec.metadata_columns(imported.metadata),
+                "stored_bytes": imported.size,
+                "forked_from": None,
+            }
+            turns = [
+                codec.turn_columns(turn.number or 0, turn, None) | {"created_at": turn.created_at}
+                for turn in imported.turns
+            ]
+            async with driver(self._db.engine, write=True) as conn:
+                row = await self._db.sql.new_conversation.fetchrow(conn, params)
+                if row is None:
+                    raise OwnerShredded()
+                await self._db.sql.turn_move.executemany(conn, turns)
+                cid = codec.conversation_id
+                await terms.add(self._db, conn, cid, key, imported.turns, imported.metadata)
+                await self._db.completed(conn, idempotency, cid, imported.revision)
+            return codec.info(row)
+
+        return await written(write)
 
     async def fork(
         self,
@@ -104,6 +141,7 @@ class PostgresEdits:
                 if row is None:
                     raise ConversationNotFound()
                 check_precondition(if_match, row["revision"])  # else the update is rolled back
+                await terms.pairs(self._db, conn, conversation_id, codec.key, metadata)
                 revision = row["revision"]
                 await self._db.completed(conn, idempotency, conversation_id, revision)
                 return codec.info(row)

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core.search import WORD
+from service.store.postgres import terms
 from service.store.postgres.keyring import Keyring
 from service.store.postgres.sealed import (
     TURN_FIELDS,
@@ -24,6 +27,7 @@ from service.store.postgres.sealed import (
     put,
     sealed_turn_columns,
 )
+from service.store.postgres.statements import SEARCH_PAIRS
 from service.store.postgres.tx import Compiled, driver, sql
 
 _CLEAR_TURNS = sql(
@@ -60,11 +64,25 @@ _SEAL_EVENTS = sql(
     " WHERE conversation_id = :conversation_id AND turn_id = :turn_id AND seq = :seq"
     " AND events IS NOT NULL RETURNING 1"
 )
+# Search terms in clear (migration 0021): the words PostgreSQL made (a lexeme not starting
+# with "_") and the metadata pairs' unkeyed terms, replaced by keyed digests (terms.py).
+_CLEAR_TERMS = "EXISTS (SELECT 1 FROM unnest(search) AS l WHERE left(l.lexeme, 1) <> '_')"
+_CLEAR_SEARCH = sql(
+    "SELECT id, owner,"
+    " ARRAY(SELECT l.lexeme FROM unnest(search) AS l WHERE left(l.lexeme, 1) <> '_') AS words"
+    f" FROM conversations WHERE {_CLEAR_TERMS} LIMIT :batch"
+)
+_SEAL_SEARCH = sql(
+    "UPDATE conversations SET search = ts_delete(search, CAST(:words AS text[]))"
+    " || array_to_tsvector(CAST(:digests AS text[])) WHERE id = :id RETURNING 1"
+)
+_PAIRS = sql(SEARCH_PAIRS)
 _COUNT = sql(
     "SELECT (SELECT count(*) FROM turns WHERE sealed_replay_items IS NULL)"
     " + (SELECT count(*) FROM conversations"
     "    WHERE metadata IS NOT NULL AND sealed_metadata IS NULL)"
     " + (SELECT count(*) FROM turn_events WHERE events IS NOT NULL)"
+    f" + (SELECT count(*) FROM conversations WHERE {_CLEAR_TERMS})"
 )
 
 
@@ -83,7 +101,7 @@ class ClearRows:
         """Seal up to ``batch`` rows of each kind; how many were sealed (0: none is left
         that is not locked by someone else)."""
         done = 0
-        for step in (self._turns, self._metadata, self._events):
+        for step in (self._turns, self._metadata, self._events, self._search):
             async with driver(self.engine, write=True) as conn:
                 done += await step(conn, batch)
         return done
@@ -100,15 +118,17 @@ class ClearRows:
         return done
 
     async def _metadata(self, conn: asyncpg.Connection, batch: int) -> int:
-        rows = await _CLEAR_METADATA.fetch(conn, {"batch": batch})
-        return sum(
-            [
-                await self._seal(
-                    conn, _SEAL_METADATA, row, metadata_place(row["id"]), row["metadata"]
-                )
-                for row in rows
-            ]
-        )
+        """Each metadata sealed, and its pairs' search terms keyed with it."""
+        done = 0
+        for row in await _CLEAR_METADATA.fetch(conn, {"batch": batch}):
+            where = metadata_place(row["id"])
+            if await self._seal(conn, _SEAL_METADATA, row, where, row["metadata"]):
+                key = await self.keyring.for_write(row["owner"])
+                pairs = msgspec.json.decode(row["metadata"], type=dict[str, str]).items()
+                keyed = {"cid": row["id"], "terms": terms.pair_terms(key, pairs)}
+                await _PAIRS.execute(conn, keyed)
+                done += 1
+        return done
 
     async def _events(self, conn: asyncpg.Connection, batch: int) -> int:
         rows = await _CLEAR_EVENTS.fetch(conn, {"batch": batch})
@@ -120,6 +140,19 @@ class ClearRows:
                 for row in rows
             ]
         )
+
+    async def _search(self, conn: asyncpg.Connection, batch: int) -> int:
+        """Each conversation's words in clear replaced by their keyed digests."""
+        done = 0
+        for row in await _CLEAR_SEARCH.fetch(conn, {"batch": batch}):
+            key = await self.keyring.for_write(row["owner"])
+            digests = [key.term(WORD, word) for word in row["words"]]
+            done += len(
+                await _SEAL_SEARCH.fetch(
+                    conn, {"id": row["id"], "words": row["words"], "digests": digests}
+                )
+            )
+        return done
 
     async def _seal(
         self, conn: asyncpg.Connection, statement: Compiled, row: Any, where: bytes, text: str

@@ -19,6 +19,7 @@ from service.core.errors import (
 )
 from service.core.sizes import held_bytes
 from service.platform.crypto import DataKey
+from service.store.postgres import terms
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import Rows
 from service.store.postgres.tx import Params
@@ -44,7 +45,12 @@ async def copy(
     if most is not None and counted:
         await take_slot(db, conn, fork, most)
     if key is None:
-        return await db.sql.fork.fetchrow(conn, fork)
+        row = await db.sql.fork.fetchrow(conn, fork)
+        if row is not None:
+            await terms.rebuild(
+                db, conn, fork["new"], None, (), Rows(None, fork["new"]).metadata(row)
+            )
+        return row
     source = await db.sql.fork_source.fetchrow(conn, fork)
     if source is None:
         return None
@@ -60,6 +66,7 @@ async def copy(
             "expires_at": source["expires_at"],
             **new.metadata_columns(old.metadata(source)),
             "stored_bytes": held_bytes(turn for _, turn in turns),
+            "forked_from": fork["src"],
         },
     )
     if row is None:  # the owner was shredded (see why_not)
@@ -69,6 +76,8 @@ async def copy(
         for found, turn in turns
     ]
     await db.sql.turn_move.executemany(conn, copies)
+    metadata = old.metadata(source)
+    await terms.rebuild(db, conn, fork["new"], key, (turn for _, turn in turns), metadata)
     return row
 
 

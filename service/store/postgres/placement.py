@@ -139,7 +139,7 @@ class DistributedFunction:
 FUNCTIONS: dict[str, DistributedFunction] = {
     # A turn's commit: the plain turn's one round trip, on one worker, without 2PC (v3 is this
     # release's; the first the previous release's, during a rolling upgrade; v2 that of images
-    # built between migrations 0019 and 0020).
+    # built between migrations 0019 and 0021).
     **{
         commit.name: DistributedFunction(
             commit.signature, argument="p_cid", colocate_with="conversations"

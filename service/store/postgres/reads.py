@@ -3,13 +3,17 @@ transcript page, single turns, pages of turns and their sizes; each one short re
 
 from __future__ import annotations
 
+from datetime import datetime
 from uuid import UUID
 
 import asyncpg
 
 from service.core.model import ConversationInfo, PageRequest, Summary, TranscriptPage, Turn
+from service.core.search import Finding
+from service.core.usage import Usage, UsageTotal
 from service.store.cursor import decode_cursor, encode_cursor
 from service.store.pages import fitting, page_of
+from service.store.postgres import terms
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import reading
 from service.store.postgres.tx import driver
@@ -26,15 +30,43 @@ class PostgresReads:
         return None if row is None else await self._db.info_of(row, owner)
 
     async def list_conversations(
-        self, owner: str, limit: int, after: str | None = None
+        self, owner: str, limit: int, after: str | None = None, finding: Finding | None = None
     ) -> tuple[list[Summary], str | None]:
         before_at, before_id = decode_cursor(after)
         params = {"caller": owner, "limit": limit, "before_at": before_at, "before_id": before_id}
+        filters: tuple[str, ...] = ()
+        if finding is not None:
+            keyring = self._db.keyring
+            key = await keyring.for_read(owner) if keyring and finding.searching else None
+            filters, asked = terms.query(key, finding)
+            params |= asked
         async with driver(self._db.engine, write=False) as conn:
-            rows = await self._db.sql.page.fetch(conn, params)
+            rows = await self._db.sql.listing(filters).fetch(conn, params)
         page = [Summary(r["id"], r["revision"], r["created_at"], r["updated_at"]) for r in rows]
         cursor = encode_cursor(page[-1]) if len(page) == limit else None
         return page, cursor
+
+    async def usage(
+        self, owner: str, since: datetime, until: datetime, group_by: str
+    ) -> list[UsageTotal]:
+        params = {"caller": owner, "since": since, "until": until}
+        async with driver(self._db.engine, write=False) as conn:
+            rows = await self._db.sql.usage[group_by].fetch(conn, params)
+        return [
+            UsageTotal(
+                row["key"],
+                row["turns"],
+                Usage(
+                    input_tokens=row["input_tokens"],
+                    cached_tokens=row["cached_tokens"],
+                    output_tokens=row["output_tokens"],
+                    reasoning_tokens=row["reasoning_tokens"],
+                    cache_write_tokens=row["cache_write_tokens"],
+                    total_tokens=row["input_tokens"] + row["output_tokens"],
+                ),
+            )
+            for row in rows
+        ]
 
     async def transcript(
         self, conversation_id: UUID, owner: str, page: PageRequest

@@ -157,6 +157,8 @@ class Rows:
             stored_bytes=row["stored_bytes"],
             stored_revision=row["stored_revision"],
             rewritten_at=row["rewritten_at"],
+            context_start=row["context_start"],
+            forked_from=row["forked_from"],
         )
 
     def conversation(self, row: Row, turns: list[Turn], first: int = 1) -> Conversation:

@@ -58,7 +58,8 @@ SIZE = """
 INFO = f"""
     conversations.id, conversations.revision, conversations.created_at,
     conversations.updated_at, conversations.metadata, conversations.sealed_metadata,
-    conversations.expires_at, {SIZE}, conversations.rewritten_at
+    conversations.expires_at, {SIZE}, conversations.rewritten_at, conversations.context_start,
+    conversations.forked_from
 """
 HEAD = f"""
     conversations.revision, conversations.created_at, conversations.updated_at,
@@ -345,17 +346,103 @@ LISTING = f"""
     LIMIT :limit
 """
 
+# Filters of the listing (service/core/search.py Finding), each served by an index: the dates
+# by conversations_owner_created / conversations_owner_updated, the terms (words, metadata
+# pairs, models) by conversations_search (GIN, migration 0021). :terms is a tsquery of terms
+# (each quoted: service/store/postgres/terms.py), :q the words of q as PostgreSQL's simple
+# configuration makes them (in clear).
+FILTERS = {
+    "created_after": "conversations.created_at > CAST(:created_after AS timestamptz)",
+    "created_before": "conversations.created_at < CAST(:created_before AS timestamptz)",
+    "updated_after": "conversations.updated_at > CAST(:updated_after AS timestamptz)",
+    "updated_before": "conversations.updated_at < CAST(:updated_before AS timestamptz)",
+    "terms": "conversations.search @@ CAST(:terms AS tsquery)",
+    "q": "conversations.search @@ plainto_tsquery('simple', :q)",
+}
+
+
+def listing(filters: tuple[str, ...]) -> str:
+    """LISTING with these FILTERS (by name) added."""
+    return LISTING.replace(
+        "ORDER BY", " ".join(f"AND {FILTERS[name]}" for name in filters) + " ORDER BY", 1
+    )
+
+
+# A conversation's search terms (migration 0021) grown by a write: the words of :text as the
+# simple configuration makes them (in clear; NULL under encryption) and :terms (the terms the
+# process made: keyed digests of words, metadata pairs, models).
+SEARCH_ADD = """
+    UPDATE conversations SET search = coalesce(conversations.search, ''::tsvector)
+        || strip(to_tsvector('simple', coalesce(CAST(:text AS text), '')))
+        || array_to_tsvector(CAST(:terms AS text[]))
+    WHERE conversations.id = :cid
+"""
+# Its metadata pairs' terms replaced by :terms (its metadata was).
+SEARCH_PAIRS = """
+    UPDATE conversations SET search = ts_delete(coalesce(conversations.search, ''::tsvector),
+        ARRAY(SELECT lexeme FROM unnest(coalesce(conversations.search, ''::tsvector))
+              WHERE left(lexeme, 2) = '_m'))
+        || array_to_tsvector(CAST(:terms AS text[]))
+    WHERE conversations.id = :cid
+"""
+# Its search terms made again from its turns (a fork's, of the turns it holds): the words of
+# turns in clear and every model, as migration 0021's backfill makes them, and :terms (the
+# words of sealed turns and the metadata pairs, made by the process).
+TERM = """'_' || {kind} || left(encode(sha256(convert_to({kind} || ':' || {value}, 'UTF8')),
+    'hex'), 32)"""
+SEARCH_REBUILD = f"""
+    UPDATE conversations SET search = strip(to_tsvector('simple', coalesce((
+            SELECT string_agg(concat_ws(' ', t.user_message, t.assistant_message, (
+                SELECT string_agg(e.value ->> 1, ' ') FROM json_array_elements(t.transcript) AS e
+            )), ' ')
+            FROM turns t WHERE t.conversation_id = :cid AND t.sealed_user_message IS NULL
+        ), '')))
+        || array_to_tsvector(coalesce((
+            SELECT array_agg(DISTINCT {TERM.format(kind="'o'", value="t.model")})
+            FROM turns t WHERE t.conversation_id = :cid AND t.model IS NOT NULL), '{{}}'))
+        || array_to_tsvector(CAST(:terms AS text[]))
+    WHERE conversations.id = :cid
+"""
+
+# What the owner's committed turns cost, from :since to :until, summed by {key} (a day in UTC,
+# a model, a conversation): each turn's stored usage (a conversation with a turn in the range
+# was updated since its start: conversations_owner_updated finds them).
+USAGE_KEYS = {
+    "day": "to_char(turns.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+    "model": "coalesce(turns.model, '')",
+    "conversation": "CAST(conversations.id AS text)",
+}
+TOKENS = (
+    "input_tokens", "cached_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens"
+)  # fmt: skip
+SUMS = ", ".join(
+    f"CAST(coalesce(sum(CAST(turns.usage ->> '{name}' AS bigint)), 0) AS bigint) AS {name}"
+    for name in TOKENS
+)
+USAGE = f"""
+    SELECT {{key}} AS key, count(*) AS turns,
+        {SUMS}
+    FROM conversations JOIN turns ON turns.conversation_id = conversations.id
+    WHERE conversations.owner = :caller AND {{live}}
+        AND conversations.updated_at >= CAST(:since AS timestamptz)
+        AND turns.created_at >= CAST(:since AS timestamptz)
+        AND turns.created_at < CAST(:until AS timestamptz)
+    GROUP BY 1
+    ORDER BY 1
+"""
+
 # A conversation made without a turn (or with one written after it, see TURN_INSERT), and a
 # fork's copy made in the process (sealed, each value sealed again for its new place).
 # Nothing is made for a shredded owner (no row: see SHREDDED).
 NEW_CONVERSATION = f"""
     INSERT INTO conversations (
         id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
-        sealed_metadata, expires_at, counted_bytes, counted_revision
+        sealed_metadata, expires_at, counted_bytes, counted_revision, forked_from
     ) SELECT
         :cid, :revision, now(), now(), :context_start, :caller, false, :metadata,
         :sealed_metadata, CAST(:expires_at AS timestamptz), CAST(:stored_bytes AS bigint),
-        CASE WHEN CAST(:stored_bytes AS bigint) IS NOT NULL THEN CAST(:revision AS integer) END
+        CASE WHEN CAST(:stored_bytes AS bigint) IS NOT NULL THEN CAST(:revision AS integer) END,
+        CAST(:forked_from AS uuid)
     WHERE NOT {SHREDDED}
     RETURNING {INFO}
 """
@@ -393,15 +480,16 @@ FORK = f"""
     ), forked AS (
         INSERT INTO conversations (
             id, revision, created_at, updated_at, context_start, owner, lease_wanted, metadata,
-            expires_at
+            expires_at, forked_from
         )
         SELECT :new, :at, now(), now(),
             coalesce((SELECT context_from FROM turns
                       WHERE conversation_id = :src AND seq = :at), 1),
-            :caller, false, metadata, expires_at
+            :caller, false, metadata, expires_at, :src
         FROM src
         RETURNING id, revision, created_at, updated_at, metadata, sealed_metadata, expires_at,
-            counted_bytes AS stored_bytes, counted_revision AS stored_revision, rewritten_at
+            counted_bytes AS stored_bytes, counted_revision AS stored_revision, rewritten_at,
+            context_start, forked_from
     ), copied AS (
         INSERT INTO turns ({FORKED}, conversation_id)
         SELECT {FORKED}, :new FROM turns
@@ -559,6 +647,13 @@ class Statements:
         self.set_metadata = compiled(SET_METADATA)
         self.delete = compiled(DELETE)
         self.page = compiled(LISTING)  # a page of the listing
+        self._listings: dict[tuple[str, ...], Compiled] = {}
+        self.search_add = compiled(SEARCH_ADD)
+        self.search_pairs = compiled(SEARCH_PAIRS)
+        self.search_rebuild = compiled(SEARCH_REBUILD)
+        self.usage = {key: compiled(USAGE.replace("{key}", sql_key))
+                      for key, sql_key in USAGE_KEYS.items()}  # fmt: skip
+        self._compiled = compiled
         self.new_conversation = compiled(NEW_CONVERSATION)
         self.turn_insert = compiled(TURN_INSERT)
         self.turn_move = compiled(TURN_MOVE)
@@ -580,3 +675,10 @@ class Statements:
         self.owner_sealed = compiled(OWNER_SEALED)
         self.readiness = compiled(READINESS)
         self.schema_version = compiled(SCHEMA_VERSION)
+
+    def listing(self, filters: tuple[str, ...]) -> Compiled:
+        """A page of the listing with these FILTERS (compiled the first time it is asked)."""
+        found = self._listings.get(filters)
+        if found is None:
+            found = self._listings[filters] = self._compiled(listing(filters))
+        return found

@@ -25,15 +25,14 @@ from service.core.errors import InvalidInput
 from service.core.ids import Ids, prefix_of, unstored_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
-from service.core.translate import OPAQUE_BLOCKS, SHOWN_AS, as_item, is_block, own_id
+from service.core.translate import call, form_of, readable
+from service.core.translate import listed as form_listed
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
 
 
 class _ItemHead(msgspec.Struct):
     type: str | None = None
-    encrypted_content: str | None = None
-    role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,19 +47,21 @@ class _FunctionCallItem(msgspec.Struct):
     call_id: str = ""
     name: str = ""
     arguments: str = ""
-    id: str = ""  # an Anthropic tool_use block's call id
-    input: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))  # its arguments
 
 
 def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
     """The function calls among a reply's output items, in order: ``function_call`` items,
-    or Anthropic ``tool_use`` blocks."""
+    or a provider form's calls (Anthropic's ``tool_use``, Gemini's ``functionCall``)."""
     calls = []
-    for head in (msgspec.json.decode(item, type=_FunctionCallItem) for item in items):
+    for item in items:
+        if form_of(item) is not None:
+            found = call(item)
+            if found is not None:
+                calls.append(FunctionCall(found.call_id, found.name, found.arguments))
+            continue
+        head = msgspec.json.decode(item, type=_FunctionCallItem)
         if head.type == "function_call":
             calls.append(FunctionCall(head.call_id, head.name, head.arguments))
-        elif head.type == "tool_use":
-            calls.append(FunctionCall(head.id, head.name, bytes(head.input).decode()))
     return calls
 
 
@@ -79,6 +80,8 @@ def input_count(items: Sequence[msgspec.Raw]) -> int:
     """How many of a turn's items are its input (function outputs and messages the client
     sent), not the provider's output: the leading ones that are not the assistant's."""
     for index, item in enumerate(items):
+        if form_of(item) is not None:  # a provider's own item: always its output
+            return index
         head = msgspec.json.decode(item, type=_InputHead)
         if head.type not in (None, "message", "function_call_output") or head.role == "assistant":
             return index
@@ -96,26 +99,15 @@ def calls_made(items: Sequence[msgspec.Raw]) -> set[str]:
 
 
 def _call_ids(items: Sequence[msgspec.Raw], kind: str) -> set[str]:
+    if kind == "function_call":  # a provider form's calls are calls too
+        return {c.call_id for c in function_calls(list(items))}
     heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
-    if kind == "function_call":  # Anthropic's tool_use blocks are calls too
-        return {h.call_id or h.id for h in heads if h.type in ("function_call", "tool_use")}
     return {h.call_id for h in heads if h.type == kind}
 
 
 def function_call_output(call_id: str, output: str) -> msgspec.Raw:
     item = {"type": "function_call_output", "call_id": call_id, "output": output}
     return msgspec.Raw(msgspec.json.encode(item))
-
-
-def is_opaque(item: msgspec.Raw) -> bool:
-    """An item only the provider, endpoint and model that made it can read: sealed reasoning,
-    a compaction item, or Anthropic's thinking (signed, or redacted)."""
-    head = msgspec.json.decode(item, type=_ItemHead)
-    return (
-        head.type == "compaction"
-        or (head.type == "reasoning" and bool(head.encrypted_content))
-        or (head.type in OPAQUE_BLOCKS and head.role is None)  # Anthropic's, kept as sent
-    )
 
 
 def compaction_item(items: Sequence[msgspec.Raw]) -> msgspec.Raw | None:
@@ -133,13 +125,13 @@ class _Listed(msgspec.Struct):
     role: str | None = None
 
 
-def _own(raw: msgspec.Raw, head: _Listed) -> tuple[str | None, str | None, str | None]:
-    """An item's own id, its call id and the type it is shown as: Anthropic's blocks as the
-    Responses items they read as (a tool_use's id is its call id; thinking, which carries no
-    id, is known by a digest of its bytes)."""
-    if head.role is None and head.type in SHOWN_AS:
-        call_id = head.id if head.type == "tool_use" else None
-        return own_id(raw, head.type, head.id), call_id, SHOWN_AS[head.type]
+def _own(raw: msgspec.Raw) -> tuple[str | None, str | None, str | None]:
+    """An item's own id, its call id and the type it is shown as: a provider form's items as
+    the Responses items they read as (service/core/translate/)."""
+    found = form_listed(raw)
+    if found is not None:
+        return found
+    head = msgspec.json.decode(raw, type=_Listed)
     return head.id, head.call_id, head.type
 
 
@@ -159,7 +151,7 @@ def listed(
     itself. Every other item is, whoever made it."""
     shown = []
     for index, raw in enumerate(items, start=first):
-        own, call_id, kind = _own(raw, msgspec.json.decode(raw, type=_Listed))
+        own, call_id, kind = _own(raw)
         if call_id is None or call_id not in own_calls:
             shown.append((shown_id(ids, cid, revision, index, own, kind), raw))
     return shown
@@ -188,7 +180,7 @@ def shown_id(
 
 def item_head(raw: msgspec.Raw) -> tuple[str | None, str | None]:
     """An item's own id and its type."""
-    own, _, kind = _own(raw, msgspec.json.decode(raw, type=_Listed))
+    own, _, kind = _own(raw)
     return own, kind
 
 
@@ -378,19 +370,14 @@ def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgsp
     return tuple(encoded)
 
 
-def _readable(raw: msgspec.Raw) -> Any:
-    """An item as the Responses API reads it (Anthropic's blocks as the items they read as)."""
-    return as_item(raw) if is_block(raw) else msgspec.json.decode(raw)
-
-
 def without_last_item(turn: Turn) -> Turn:
     """``turn`` with its last item removed (the Agents SDK's pop_item); its transcript
     follows when that item was a message."""
     rest = list(turn.replay_items[:-1])
-    popped = _readable(turn.replay_items[-1])
+    popped = readable(turn.replay_items[-1])
     if not isinstance(popped, dict) or popped.get("type", "message") != "message":
         return dataclasses.replace(turn, replay_items=rest)
-    decoded = (_readable(raw) for raw in rest)
+    decoded = (readable(raw) for raw in rest)
     said = tuple(
         message_text(item, "item_id")
         for item in decoded

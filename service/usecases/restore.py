@@ -15,9 +15,12 @@ conversation) they are restored:
 - an item under any other id (a provider's: OpenAI's are a prefix and 48 hex digits) is sent
   on as it came, its sealed content opened; one that needs what only a stored copy holds
   (reasoning without ``encrypted_content``, an ``item_reference``) is 400;
-- an opaque item (sealed reasoning, a compaction item) made by another provider, endpoint or
-  model than the one the request goes to is left out, as in a conversation (service/core/
-  window.py), so a handoff between agents on two models never fails.
+- an item made by another provider, endpoint or model than the one the request goes to is
+  sent as another origin gets it, as in a conversation (service/core/window.py): its opaque
+  items (sealed reasoning, a compaction item, thinking) left out, a provider's own items as
+  the Responses items they read as, so a handoff between agents on two models never fails;
+- an opened item that a reasoning item carried for the item before it (a Gemini call's
+  signature: service/core/translate/ ``relayed``) takes that item's place.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.ids import Ids, ItemRef
-from service.core.items import is_opaque, item_head
+from service.core.items import item_head
 from service.core.model import Origin
-from service.core.translate import opened_block
+from service.core.translate import is_opaque, neutral, opened, twin
 from service.store.ports import Reads
 from service.usecases.secret_ids import IdsSource
 
@@ -55,7 +58,7 @@ class Restorer:
     ) -> list[msgspec.Raw]:
         """The items to send to ``origin`` (None: every one), in order."""
         restored = await self._restored(owner, items, param)
-        return [raw for raw, made_by in restored if not _elsewhere(raw, made_by, origin)]
+        return _for(restored, origin)
 
     async def kept(
         self, owner: str, items: Sequence[dict[str, Any]], param: str
@@ -66,7 +69,7 @@ class Restorer:
         restored = await self._restored(owner, items, param)
         makers = (made_by for raw, made_by in restored if made_by is not None and is_opaque(raw))
         origin = next(makers, None)
-        return [raw for raw, made_by in restored if not _elsewhere(raw, made_by, origin)], origin
+        return _for(restored, origin), origin
 
     async def _restored(
         self, owner: str, items: Sequence[dict[str, Any]], param: str
@@ -75,10 +78,12 @@ class Restorer:
         ids = await self.ids.get()
         refs = [_ref(ids, item, param) for item in items]
         stored = await self._stored(owner, [ref for ref in refs if ref is not None], param)
-        restored = []
-        for item, ref in zip(items, refs, strict=True):
+        restored: list[Stored] = []
+        for n, (item, ref) in enumerate(zip(items, refs, strict=True)):
             if ref is None:
                 raw, made_by = _as_sent(ids, item, param)
+                if made_by is not None and n and restored and twin(items[n - 1], raw):
+                    restored.pop()  # what the carried item was shown as besides its carrier
             elif ref not in stored:
                 raise InvalidInput(
                     f"{param}: no stored item {item.get('id')!r} of yours.", param=param
@@ -133,9 +138,16 @@ def _runs(turns: list[tuple[UUID, int]]) -> list[tuple[UUID, int, int]]:
     return runs
 
 
-def _elsewhere(raw: msgspec.Raw, made_by: Origin | None, origin: Origin | None) -> bool:
-    """Opaque content another origin made than ``origin`` (which could not open it)."""
-    return origin is not None and made_by is not None and made_by != origin and is_opaque(raw)
+def _for(restored: list[Stored], origin: Origin | None) -> list[msgspec.Raw]:
+    """The restored items as ``origin`` (None: every one) gets them: what another origin made,
+    as another origin gets it (its opaque content left out: ``origin`` could not open it)."""
+    out = []
+    for raw, made_by in restored:
+        elsewhere = origin is not None and made_by is not None and made_by != origin
+        kept = neutral(raw) if elsewhere else raw
+        if kept is not None:
+            out.append(kept)
+    return out
 
 
 def _ref(ids: Ids, item: dict[str, Any], param: str) -> ItemRef | None:
@@ -159,15 +171,15 @@ def _as_sent(ids: Ids, item: dict[str, Any], param: str) -> tuple[msgspec.Raw, O
     if not isinstance(content, str):
         return msgspec.Raw(msgspec.json.encode(item)), None
     try:
-        opened = ids.unseal(content)
+        unsealed = ids.unseal(content)
     except ValueError:
         raise InvalidInput(
             f"{param}: the encrypted_content of item {item.get('id')!r} was altered.", param=param
         ) from None
-    if opened is None:  # the provider's own, as a client may keep it
+    if unsealed is None:  # the provider's own, as a client may keep it
         return msgspec.Raw(msgspec.json.encode(item)), None
-    made_by, original = opened
-    block = opened_block(original)  # Anthropic's thinking, sealed whole: back byte for byte
+    made_by, original = unsealed
+    block = opened(original)  # a provider's own item, sealed whole: back byte for byte
     if block is not None:
         return block, made_by
     return msgspec.Raw(msgspec.json.encode({**item, "encrypted_content": original})), made_by

@@ -10,8 +10,9 @@ import msgspec
 import pytest
 
 from service.core.errors import InvalidInput
-from service.core.items import function_calls, is_opaque
-from service.core.translate import to_items, to_messages
+from service.core.items import function_calls
+from service.core.translate import is_opaque, to_items
+from service.core.translate.anthropic import to_messages
 
 
 def raw(text: str) -> msgspec.Raw:

@@ -18,7 +18,7 @@ from service.core.errors import InvalidInput, ItemNotFound
 from service.core.ids import Ids
 from service.core.items import compaction_item, input_count, listed
 from service.core.model import Turn
-from service.core.translate import as_item, is_block
+from service.core.translate import readable
 
 ENCRYPTED = "reasoning.encrypted_content"
 INCLUDABLE = frozenset({ENCRYPTED, "message.output_text.logprobs"})
@@ -96,9 +96,9 @@ def output_items(
 
 
 def _decoded(raw: msgspec.Raw) -> dict[str, Any]:
-    """A stored item as a Responses item: Anthropic's blocks as they read (its thinking's
-    blocks are opened only by the turn's own stored copy: never shown in clear)."""
-    return as_item(raw) if is_block(raw) else msgspec.json.decode(raw)
+    """A stored item as a Responses item: a provider's own items as they read (their opaque
+    bytes are opened only by the turn's own stored copy: never shown in clear)."""
+    return readable(raw)  # type: ignore[no-any-return]
 
 
 def _shown(item: dict[str, Any], item_id: str, encrypted: bool) -> dict[str, Any]:

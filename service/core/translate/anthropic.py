@@ -12,15 +12,14 @@ them, one item a block (``thinking`` with its ``signature``, ``redacted_thinking
   and a ``tool_result`` of the same id, the result first in the next user message); system
   and developer messages join the system prompt. Opaque items of another provider never get
   here (the window leaves them out: window.py).
-- ``to_items``: Anthropic blocks among a request's items, as the Responses API takes them
-  (text as an assistant message, ``tool_use`` as a ``function_call``); thinking is left out,
-  as it is readable by its issuer alone.
+- ``ANTHROPIC``: the form (service/core/translate/base.py) the rest of turnstore reads
+  Anthropic's blocks by: a ``tool_use`` is a call, thinking is opaque, and to any other
+  provider text is an assistant message and a ``tool_use`` a ``function_call`` (thinking
+  left out, as it is readable by its issuer alone).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
+from service.core.translate.base import Call, arguments, data_url, provider_id, text_of
 
 # The block types of an Anthropic assistant message that turnstore keeps (and replays).
 BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
@@ -112,7 +112,7 @@ def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
         elif head.type == "function_call":
             call = msgspec.json.decode(item, type=_Call)
             block = {"type": "tool_use", "id": call.call_id, "name": call.name}
-            out.add("assistant", block | {"input": _arguments(call.arguments)})
+            out.add("assistant", block | {"input": arguments(call.arguments)})
         elif head.type == "function_call_output":
             result = msgspec.json.decode(item, type=_Output)
             content = result.output if isinstance(result.output, str) else _parts(result.output)
@@ -129,7 +129,7 @@ def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
 
 def _message(out: Messages, message: _Message) -> None:
     if message.role in ("system", "developer"):
-        text = message.content if isinstance(message.content, str) else _text(message.content)
+        text = message.content if isinstance(message.content, str) else text_of(message.content)
         out.system.append(text)
         return
     if message.role not in ("user", "assistant"):
@@ -204,42 +204,10 @@ def _document(part: dict[str, Any]) -> dict[str, Any]:
 
 
 def _source(url: str) -> dict[str, str]:
-    if url.startswith("data:"):
-        meta, _, data = url[5:].partition(",")
-        media_type, _, encoding = meta.partition(";")
-        if encoding != "base64" or not data:
-            raise InvalidInput("A data URL of an image or a file must be base64.", param="input")
-        return {"type": "base64", "media_type": media_type, "data": data}
+    inline = data_url(url)
+    if inline is not None:
+        return {"type": "base64", "media_type": inline[0], "data": inline[1]}
     return {"type": "url", "url": url}
-
-
-def _text(parts: list[dict[str, Any]]) -> str:
-    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
-
-
-def _arguments(arguments: str) -> Any:
-    try:
-        value = msgspec.json.decode(arguments)
-    except msgspec.DecodeError:
-        return {"arguments": arguments}  # a model's malformed call, kept readable
-    return value if isinstance(value, dict) else {"value": value}
-
-
-def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
-    """``items`` with Anthropic blocks made Responses items (others as they are; ``items``
-    itself when it holds none, as most requests)."""
-    blocks = [is_block(item) for item in items]
-    if not any(blocks):
-        return items
-    out: list[msgspec.Raw] = []
-    for item, block in zip(items, blocks, strict=True):
-        if not block:
-            out.append(item)
-            continue
-        kind = msgspec.json.decode(item, type=_Head).type
-        if kind == "tool_use" or (kind == "text" and msgspec.json.decode(item, type=_Block).text):
-            out.append(msgspec.Raw(msgspec.json.encode(as_item(item))))
-    return out
 
 
 def as_item(block: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
@@ -267,9 +235,6 @@ def as_item(block: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
     return item
 
 
-_ID_PREFIXES = {"message": "msg", "function_call": "fc", "reasoning": "rs"}
-
-
 def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | None:
     """The id a block is known by wherever it is shown: its own (a tool_use's), or for
     thinking, which carries none, a digest of its bytes (its signature makes it unique); a
@@ -279,27 +244,43 @@ def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | Non
     return given
 
 
-def provider_id(kind: str, block: msgspec.Raw | None = None) -> str:
-    """An id for an item a provider sent without one, shaped as OpenAI's (a prefix and 48 hex
-    digits: a client that keeps its own history sends it back as a provider's, not as one
-    naming something turnstore stored): a digest of ``block``, random without one."""
-    token = hashlib.sha256(block).hexdigest()[:48] if block is not None else os.urandom(24).hex()
-    return f"{_ID_PREFIXES[kind]}_{token}"
+class _Anthropic:
+    """Anthropic's content blocks as the rest of turnstore reads them (base.Form)."""
+
+    name = "anthropic"
+
+    def owns(self, item: msgspec.Raw) -> bool:
+        return is_block(item)
+
+    def opaque(self, item: msgspec.Raw) -> bool:
+        return msgspec.json.decode(item, type=_Head).type in OPAQUE_BLOCKS
+
+    def as_item(self, item: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
+        return as_item(item, sealed)
+
+    def neutral(self, item: msgspec.Raw) -> msgspec.Raw | None:
+        read = msgspec.json.decode(item, type=_Block)
+        if read.type == "tool_use" or (read.type == "text" and read.text):
+            return msgspec.Raw(msgspec.json.encode(as_item(item)))
+        return None  # thinking (readable by its issuer alone), an empty text
+
+    def listed(self, item: msgspec.Raw) -> tuple[str | None, str | None, str]:
+        head = msgspec.json.decode(item, type=_Block)
+        call_id = head.id if head.type == "tool_use" else None
+        return own_id(item, head.type, head.id or None), call_id, SHOWN_AS[head.type]
+
+    def call(self, item: msgspec.Raw) -> Call | None:
+        read = msgspec.json.decode(item, type=_ToolUse)
+        if read.type != "tool_use":
+            return None
+        return Call(read.id, read.name, bytes(read.input).decode())  # the model's own text
 
 
-def opened_block(content: str) -> msgspec.Raw | None:
-    """The Anthropic block a reasoning item's opened ``encrypted_content`` holds (``as_item``
-    sealed it whole), or None: another provider's encrypted content."""
-    if not content.startswith("{"):
-        return None
-    raw = msgspec.Raw(content.encode())
-    return raw if is_block(raw) else None
+class _ToolUse(msgspec.Struct):
+    type: str
+    id: str = ""
+    name: str = ""
+    input: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
 
 
-def shown_item(raw: msgspec.Raw) -> dict[str, Any]:
-    """An output item as a client is shown it before its turn ends: Anthropic's blocks as the
-    Responses items they read as, under the id they are listed by (others as they are)."""
-    if not is_block(raw):
-        return msgspec.json.decode(raw)  # type: ignore[no-any-return]
-    head = msgspec.json.decode(raw, type=_Block)
-    return {**as_item(raw), "id": own_id(raw, head.type, head.id or None)}
+ANTHROPIC = _Anthropic()

@@ -5,7 +5,7 @@ A TOML file (read with ``tomllib``)::
     default_model = "gpt-5"            # optional: else the first model of the first provider
 
     [providers.openai]
-    kind = "openai"                    # openai | azure | anthropic | fake (see KINDS)
+    kind = "openai"                    # openai | azure | anthropic | gemini | fake (KINDS)
     base_url = "https://api.openai.com/v1"
     api_key_env = "OPENAI_API_KEY"     # the NAME of the variable holding the key
     models = ["gpt-5", "gpt-5-mini"]
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-# The kinds this release serves. The contract's `gemini` and `chat` kinds are refused by name
-# until their adapters land (issue 32).
-KINDS = ("openai", "azure", "anthropic", "fake")
-NOT_YET = ("gemini", "chat")
-_KEYED = ("azure", "anthropic")  # kinds that always need a key
+# The kinds this release serves. The contract's `chat` kind is refused by name until its
+# adapter lands (issue 32).
+KINDS = ("openai", "azure", "anthropic", "gemini", "fake")
+NOT_YET = ("chat",)
+_KEYED = ("azure", "anthropic", "gemini")  # kinds that always need a key
 _FIELDS = {"kind", "base_url", "api_key_env", "models"}
 
 

@@ -8,8 +8,9 @@ carries it: a whole reply's parts are kept as the bytes it sent; a stream has no
 so its chunks' parts are joined as the whole reply has them: a chunk's text continues the
 text part before it when both are thought or both are not, and a chunk that brings only a
 signature (an empty text, as Gemini 3 ends a streamed text) joins the text part before it,
-unless that one is signed already; every other part (a ``functionCall``) is whole in its
-chunk. A call Gemini gave no id gets one minted (core/translate/gemini.py ``minted``). The
+unless that one is signed already, and ends it; every other part (a ``functionCall``) is
+whole in its chunk. (Two unsigned texts of one kind in a row are one part, as Gemini sends
+them whole.) A call Gemini gave no id gets one minted (core/translate/gemini.py ``minted``). The
 reply may not grow past ``max_body_bytes`` nor the wire past ``max_wire_bytes``.
 
 What the provider says maps as (CONTRACT.md, "Providers"): ``finishReason`` ``STOP``
@@ -244,7 +245,8 @@ class _Parts:
 
     def add(self, part: dict[str, Any]) -> Iterator[ProviderEvent]:
         """Take one chunk's part: the text it adds, and the reasoning part it finishes."""
-        if not self._joins(part):
+        joins = self._joins(part)
+        if not joins:
             yield from self.close()
             self._open = {}
         assert self._open is not None
@@ -258,6 +260,8 @@ class _Parts:
             yield TextDelta(text)
         if set(self._open) - _TEXTUAL:
             yield from self.close()  # a call (or an image...) is whole in its chunk
+        elif joins and "thoughtSignature" in part and not text:
+            yield from self.close()  # a signature alone ends the text it joined
 
     def close(self) -> Iterator[ProviderEvent]:
         if self._open is None:

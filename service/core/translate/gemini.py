@@ -14,9 +14,10 @@ part never.
 
 - ``GEMINI``: the form (base.Form) the rest of turnstore reads parts by: a thought part is
   shown as ``reasoning`` (its text as ``summary_text``), a ``functionCall`` as a
-  ``function_call``, text as an assistant message; a thought part or a part with a signature
-  is opaque (it goes back only to the model that made it); to any other provider a part is
-  the Responses item it reads as, without its thinking or its signature.
+  ``function_call``, text as an assistant message; a thought part, a part with a signature
+  and a call are opaque (they go back as they are only to the model that made them); to any
+  other provider a part is the Responses item it reads as, without its thinking or its
+  signature.
 - ``to_contents``: a request's items as Gemini's ``contents`` and ``systemInstruction``. Gemini's
   own parts go as they are (model role); everything else is translated: messages as user or
   model content, system and developer messages into the system instruction, a
@@ -61,7 +62,7 @@ class _Head(msgspec.Struct):
 class _FunctionCall(msgspec.Struct):
     name: str = ""
     id: str | None = None
-    args: msgspec.Raw | None = None
+    args: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
 
 
 class _Part(msgspec.Struct, rename="camel"):
@@ -123,8 +124,10 @@ class _Gemini:
         return is_part(item)
 
     def opaque(self, item: msgspec.Raw) -> bool:
+        # A call too: the exact form Gemini issued it in (with or without its id, without the
+        # placeholder a translated call gets) goes back only to the model that made it.
         read = msgspec.json.decode(item, type=_Part)
-        return read.thought or bool(read.thought_signature)
+        return read.thought or bool(read.thought_signature) or read.function_call is not None
 
     def as_item(self, item: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
         read = msgspec.json.decode(item, type=_Part)
@@ -133,7 +136,7 @@ class _Gemini:
                 "type": "function_call",
                 "call_id": _call_id(read, item),
                 "name": read.function_call.name,
-                "arguments": bytes(read.function_call.args or b"{}").decode(),
+                "arguments": bytes(read.function_call.args).decode(),
             }
         if read.text and not read.thought:
             part = {"type": "output_text", "text": read.text, "annotations": []}
@@ -165,7 +168,7 @@ class _Gemini:
         read = msgspec.json.decode(item, type=_Part)
         if read.function_call is None:
             return None
-        arguments = bytes(read.function_call.args or b"{}").decode()
+        arguments = bytes(read.function_call.args).decode()
         return Call(_call_id(read, item), read.function_call.name, arguments)
 
 

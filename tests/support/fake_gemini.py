@@ -202,6 +202,7 @@ class FakeGeminiAPI:
         number = next(self._numbers)
         try:
             model, method, parsed = self._accept(request, body)
+            parsed = _normal(parsed)
             if method == "countTokens":
                 inner = self._counted(parsed, model)
                 return _json(200, {"totalTokens": inner})
@@ -395,6 +396,24 @@ class FakeGeminiAPI:
         return parts
 
 
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+def _fields(value: Any, *nested: str) -> Any:
+    """A message's field names as lowerCamel (the API takes its protos' names either way, as
+    the SDK mixes them), and so the named nested messages' (never a Struct's keys: args,
+    a response, a schema)."""
+    if not isinstance(value, dict):
+        return value
+    out = {_camel(name): item for name, item in value.items()}
+    for name in nested:
+        if isinstance(out.get(name), dict):
+            out[name] = _fields(out[name])
+    return out
+
+
 def _unknown(value: dict[str, Any], allowed: set[str], where: str) -> None:
     for name in sorted(set(value) - allowed):
         at = f" at '{where}'" if where else ""
@@ -537,15 +556,20 @@ def _check_part(path: str, part: object, model: str) -> None:
     signature = part.get("thoughtSignature")
     if signature is None or signature in PLACEHOLDERS:
         return
-    try:
-        base64.b64decode(signature, validate=True)
-    except ValueError:
+    try:  # bytes in proto JSON: base64, standard or URL-safe, padded or not
+        sent = base64.b64decode(
+            signature.translate(_URL_SAFE) + "=" * (-len(signature) % 4), validate=True
+        )
+    except (ValueError, TypeError, AttributeError):
         raise Refused(
             f"Invalid value at '{path}.thought_signature' (TYPE_BYTES), Base64 decoding failed "
-            f'for "{signature[:20]}"'
+            f'for "{str(signature)[:20]}"'
         ) from None
-    if not hmac.compare_digest(signature, signature_of(model, part)):
+    if not hmac.compare_digest(sent, base64.b64decode(signature_of(model, part))):
         raise Refused("Corrupted thought signature.")
+
+
+_URL_SAFE = str.maketrans("-_", "+/")
 
 
 def _check_call_signatures(turns: list[_Turn]) -> None:
@@ -599,6 +623,37 @@ def _check_responses(turns: list[_Turn]) -> None:
                 raise Refused(f"Function response id {answer['id']!r} matches no function call.")
             if all(c.get("id") for c in named) and answer.get("id") is None:
                 raise Refused(f"Function response {answer['name']!r} needs its call's id.")
+
+
+def _normal(body: dict[str, Any]) -> dict[str, Any]:
+    """A request with every proto field name lowerCamel (``_fields``)."""
+    body = _fields(body, "systemInstruction", "toolConfig", "generationConfig")
+    if isinstance(body.get("generateContentRequest"), dict):
+        body["generateContentRequest"] = _normal(body["generateContentRequest"])
+    if isinstance(body.get("toolConfig"), dict):
+        body["toolConfig"] = _fields(body["toolConfig"], "functionCallingConfig")
+    if isinstance(body.get("generationConfig"), dict):
+        body["generationConfig"] = _fields(body["generationConfig"], "thinkingConfig")
+    if isinstance(body.get("tools"), list):
+        body["tools"] = [_tool(tool) for tool in body["tools"]]
+    if isinstance(body.get("contents"), list):
+        body["contents"] = [_content(content) for content in body["contents"]]
+    return body
+
+
+def _tool(tool: Any) -> Any:
+    tool = _fields(tool)
+    if isinstance(tool, dict) and isinstance(tool.get("functionDeclarations"), list):
+        tool["functionDeclarations"] = [_fields(d) for d in tool["functionDeclarations"]]
+    return tool
+
+
+def _content(content: Any) -> Any:
+    content = _fields(content)
+    if isinstance(content, dict) and isinstance(content.get("parts"), list):
+        nested = ("functionCall", "functionResponse", "inlineData", "fileData")
+        content["parts"] = [_fields(part, *nested) for part in content["parts"]]
+    return content
 
 
 def _blocks(body: dict[str, Any], turns: list[_Turn]) -> list[Any]:

@@ -1,8 +1,9 @@
-"""The schema's commit functions as the code calls them: ``turnstore_commit_v2()``, which this
-release calls (store/postgres/statements.py), and ``turnstore_commit()``, which the release
-before it calls during a rolling upgrade; store/postgres/placement.py places both on Citus.
-Each is named here once with its arguments, in order, and its call and its signature are read
-from that. The migrations that made them (0017, 0018, 0019) carry their own text
+"""The schema's commit functions as the code calls them: ``turnstore_commit_v3()``, which this
+release calls (store/postgres/statements.py), ``turnstore_commit()``, which the release before
+it calls during a rolling upgrade, and ``turnstore_commit_v2()``, which images built between
+migrations 0019 and 0020 call; store/postgres/placement.py places all three on Citus. Each is
+named here once with its arguments, in order, and its call and its signature are read from
+that. The migrations that made them (0017 to 0020) carry their own text
 (migrations/__init__.py); tests/system/test_placement.py checks that the two agree.
 
 ``shredded(owner)`` is the one test of a shred's tombstone (migration 0019) in SQL, as the
@@ -103,5 +104,10 @@ class Function:
         return f"{self.name}({', '.join(f':{name}' for name, _ in self.arguments)})"
 
 
+# turnstore_commit_v3 (0020): the turn's origin also names its provider's kind and the
+# fingerprint of the key it was called with (core/model.py's Origin).
+ARGUMENTS_V3 = (*ARGUMENTS_V2, ("kind", "text"), ("key_fingerprint", "text"))
+
 COMMIT = Function("turnstore_commit", ARGUMENTS)  # the previous release's (0017, 0018, 0019)
-COMMIT_V2 = Function("turnstore_commit_v2", ARGUMENTS_V2)  # this release's (0019)
+COMMIT_V2 = Function("turnstore_commit_v2", ARGUMENTS_V2)  # images between 0019 and 0020
+COMMIT_V3 = Function("turnstore_commit_v3", ARGUMENTS_V3)  # this release's (0020)

@@ -55,6 +55,7 @@ from service.platform.shutdown import shutdown_on_signals
 from service.platform.startup import resolve_database
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.base import Provider
+from service.providers.chat_completions import ChatEndpoint, ChatProvider
 from service.providers.fake import FakeProvider
 from service.providers.gemini import GeminiEndpoint, GeminiProvider
 from service.providers.openai_responses import Endpoint, ResponsesProvider
@@ -117,6 +118,8 @@ def build_provider(settings: Settings) -> Provider:
         return _anthropic(anthropic_endpoint(settings), settings)
     if settings.llm_provider == "gemini":
         return GeminiProvider(gemini_endpoint(settings), _limits(settings))
+    if settings.llm_provider == "chat":
+        return ChatProvider(chat_endpoint(settings), _limits(settings))
     return _responses(build_endpoint(settings), settings)
 
 
@@ -129,6 +132,8 @@ def check_provider(settings: Settings) -> None:
         anthropic_endpoint(settings)
     elif settings.providers_file is None and settings.llm_provider == "gemini":
         gemini_endpoint(settings)
+    elif settings.providers_file is None and settings.llm_provider == "chat":
+        chat_endpoint(settings)
 
 
 def anthropic_endpoint(settings: Settings) -> AnthropicEndpoint:
@@ -147,6 +152,15 @@ def gemini_endpoint(settings: Settings) -> GeminiEndpoint:
     return GeminiEndpoint("gemini", settings.gemini_base_url, key, model)
 
 
+def chat_endpoint(settings: Settings) -> ChatEndpoint:
+    """The Chat Completions server the settings name; ValueError naming what is missing (a
+    key is optional: a local server has none)."""
+    base_url, model = settings.chat_base_url, settings.chat_model
+    if not (base_url and model):
+        raise ValueError("chat needs CHAT_BASE_URL and CHAT_MODEL")
+    return ChatEndpoint("chat", base_url, settings.chat_api_key, model)
+
+
 def _named_provider(spec: ProviderSpec, settings: Settings) -> Provider:
     """One provider of PROVIDERS_FILE (its file was checked when the settings were made)."""
     if spec.kind == "fake":
@@ -160,6 +174,10 @@ def _named_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         assert spec.api_key is not None
         gemini = GeminiEndpoint(spec.name, spec.base_url, spec.api_key, model)
         return GeminiProvider(gemini, _limits(settings))
+    if spec.kind == "chat":
+        assert spec.base_url is not None
+        server = ChatEndpoint(spec.name, spec.base_url, spec.api_key, model)
+        return ChatProvider(server, _limits(settings))
     if spec.kind == "azure":
         assert spec.base_url is not None and spec.api_key is not None
         return _responses(Endpoint.azure(spec.base_url, spec.api_key, model, spec.name), settings)

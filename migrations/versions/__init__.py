@@ -23,4 +23,6 @@ carries its own SQL).
 - 2026_12_07_0018_owner_turns.py: each owner's running turns; which revision a size counts
 - 2026_12_07_0019_secrets_tombstones.py: the deployment's secrets, shred tombstones,
   turnstore_commit_v2()
+- 2026_12_07_0020_turn_kind_key.py: a turn's provider kind and key fingerprint;
+  turnstore_commit_v3()
 """

@@ -169,9 +169,8 @@ class Ids:
         """``content`` (an opaque item's ``encrypted_content``, shown to a client that keeps
         its own history) sealed with the origin that made it: only turnstore opens it, and a
         client can neither forge nor alter it."""
-        plain = _SEAL_ENCODER.encode(
-            _Sealed(origin.provider, origin.endpoint, origin.model, content)
-        )
+        where = (origin.provider, origin.endpoint, origin.model)
+        plain = _SEAL_ENCODER.encode(_Sealed(*where, content, origin.kind, origin.key_fingerprint))
         nonce = os.urandom(12)
         token = base64.urlsafe_b64encode(nonce + self._gcm.encrypt(nonce, plain, _SEAL_AD))
         return SEALED + token.decode()
@@ -186,7 +185,8 @@ class Ids:
             got = _SEAL_DECODER.decode(self._gcm.decrypt(raw[:12], raw[12:], _SEAL_AD))
         except (InvalidTag, ValueError, msgspec.DecodeError):
             raise ValueError("sealed content that does not open") from None
-        return Origin(got.provider, got.endpoint, got.model), got.content
+        origin = Origin(got.provider, got.endpoint, got.model, got.kind, got.key_fingerprint)
+        return origin, got.content
 
     @staticmethod
     def minted(raw: str) -> bool:
@@ -223,6 +223,8 @@ class _Sealed(msgspec.Struct, array_like=True):
     endpoint: str
     model: str
     content: str
+    kind: str | None = None  # (sealed before 0020's origins: absent)
+    key_fingerprint: str | None = None
 
 
 _SEAL_ENCODER, _SEAL_DECODER = msgspec.json.Encoder(), msgspec.json.Decoder(_Sealed)

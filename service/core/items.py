@@ -25,21 +25,13 @@ from service.core.errors import InvalidInput
 from service.core.ids import Ids, prefix_of, unstored_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
-from service.core.translate import call, form_of, readable
-from service.core.translate import listed as form_listed
+from service.core.translate import FunctionCall, calls, form_of, readable, shown
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
 
 
 class _ItemHead(msgspec.Struct):
     type: str | None = None
-
-
-@dataclass(frozen=True)
-class FunctionCall:
-    call_id: str
-    name: str
-    arguments: str  # the model's JSON text, unparsed: the tool gate judges it
 
 
 class _FunctionCallItem(msgspec.Struct):
@@ -51,18 +43,18 @@ class _FunctionCallItem(msgspec.Struct):
 
 def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
     """The function calls among a reply's output items, in order: ``function_call`` items,
-    or a provider form's calls (Anthropic's ``tool_use``, Gemini's ``functionCall``)."""
-    calls = []
+    or a provider form's calls (Anthropic's ``tool_use``, Gemini's ``functionCall``, a Chat
+    message's ``tool_calls``)."""
+    found: list[FunctionCall] = []
     for item in items:
-        if form_of(item) is not None:
-            found = call(item)
-            if found is not None:
-                calls.append(FunctionCall(found.call_id, found.name, found.arguments))
+        made = calls(item)
+        if made is not None:
+            found += made
             continue
         head = msgspec.json.decode(item, type=_FunctionCallItem)
         if head.type == "function_call":
-            calls.append(FunctionCall(head.call_id, head.name, head.arguments))
-    return calls
+            found.append(FunctionCall(head.call_id, head.name, head.arguments))
+    return found
 
 
 def function_outputs(items: Sequence[msgspec.Raw]) -> list[FunctionCall]:
@@ -125,14 +117,18 @@ class _Listed(msgspec.Struct):
     role: str | None = None
 
 
-def _own(raw: msgspec.Raw) -> tuple[str | None, str | None, str | None]:
-    """An item's own id, its call id and the type it is shown as: a provider form's items as
-    the Responses items they read as (service/core/translate/)."""
-    found = form_listed(raw)
-    if found is not None:
-        return found
-    head = msgspec.json.decode(raw, type=_Listed)
-    return head.id, head.call_id, head.type
+Head = tuple[str | None, str | None, str | None]  # an item's own id, call id, shown type
+
+
+def _parts(raw: msgspec.Raw) -> list[tuple[Head, msgspec.Raw]]:
+    """The items ``raw`` is listed as, each with its head: itself, or the Responses items a
+    provider form's item is shown as (service/core/translate/: a Chat message as several)."""
+    parts = shown(raw)
+    if parts is None:
+        head = msgspec.json.decode(raw, type=_Listed)
+        return [((head.id, head.call_id, head.type), raw)]
+    encode = msgspec.json.encode
+    return [((p.own, p.call_id, p.item["type"]), msgspec.Raw(encode(p.item))) for p in parts]
 
 
 def listed(
@@ -148,13 +144,33 @@ def listed(
     nowhere, shown by their own ids; ``first``: the index of the first of ``items`` in its
     turn). The calls of turnstore's own tools that ran inside the turn (``own_calls``, the
     call ids its tool records name) are not listed: a client shown them would try to run them
-    itself. Every other item is, whoever made it."""
-    shown = []
+    itself. Every other item is, whoever made it; a provider form's item as the Responses
+    items it is shown as."""
+    listing = []
     for index, raw in enumerate(items, start=first):
-        own, call_id, kind = _own(raw)
-        if call_id is None or call_id not in own_calls:
-            shown.append((shown_id(ids, cid, revision, index, own, kind), raw))
-    return shown
+        for (own, call_id, kind), part in _parts(raw):
+            if call_id is None or call_id not in own_calls:
+                listing.append((shown_id(ids, cid, revision, index, own, kind), part))
+    return listing
+
+
+def restorable(stored: msgspec.Raw) -> list[tuple[str | None, msgspec.Raw, bool]]:
+    """What a reference to each item ``stored`` is listed as restores, with the id that item is
+    known by and whether it stands for a provider's own item shown as several: the item
+    itself; for a Chat message, the message itself for the part that stands for it (its
+    thinking: sent back verbatim to its origin, and its text and calls beside it not twice,
+    service/usecases/restore.py), else the Responses item the part is."""
+    parts = shown(stored)
+    if parts is None:
+        return [(msgspec.json.decode(stored, type=_Listed).id, stored, False)]
+    several = len(parts) > 1
+    encode = msgspec.json.encode
+    return [
+        (part.own, stored, several)
+        if part.whole
+        else (part.own, msgspec.Raw(encode(part.item)), False)
+        for part in parts
+    ]
 
 
 PLACED = "@"  # a streamed message its provider gave no id (Anthropic's): named by its place
@@ -176,12 +192,6 @@ def shown_id(
     if cid is None:
         return own or unstored_id(prefix_of(kind))
     return ids.item(cid, revision, index, own, kind)
-
-
-def item_head(raw: msgspec.Raw) -> tuple[str | None, str | None]:
-    """An item's own id and its type."""
-    own, _, kind = _own(raw)
-    return own, kind
 
 
 def listed_ids(ids: Ids, cid: uuid.UUID, revision: int, turn: Turn) -> list[str]:
@@ -375,9 +385,9 @@ def without_last_item(turn: Turn) -> Turn:
     follows when that item was a message."""
     rest = list(turn.replay_items[:-1])
     popped = readable(turn.replay_items[-1])
-    if not isinstance(popped, dict) or popped.get("type", "message") != "message":
+    if not any(item.get("type", "message") == "message" for item in popped):
         return dataclasses.replace(turn, replay_items=rest)
-    decoded = (readable(raw) for raw in rest)
+    decoded = (item for raw in rest for item in readable(raw))
     said = tuple(
         message_text(item, "item_id")
         for item in decoded

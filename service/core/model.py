@@ -61,6 +61,12 @@ def key_id(key: str) -> str:
     return key_hash(key)[:KEY_ID_CHARS]
 
 
+def fingerprint(key: str | None) -> str | None:
+    """What a turn records of the key its provider was called with (None: none): its public
+    name, as for turnstore's own keys."""
+    return key_id(key) if key else None
+
+
 class ToolStatus(StrEnum):
     OK = "OK"
     INVALID = "INVALID"
@@ -99,11 +105,20 @@ class ToolCallRecord:
 @dataclass(frozen=True)
 class Origin:
     """Which provider, endpoint and model produced a turn's replay items. Opaque items (the
-    ``encrypted_content`` of reasoning, compaction items) only open where they were made."""
+    ``encrypted_content`` of reasoning, thinking signatures, compaction items) only open where
+    they were made: the provider, endpoint and model tell one origin from another.
+
+    Each turn also records the provider's ``kind`` (``openai``, ``azure``, ``anthropic``,
+    ``fake``...) and a fingerprint of the key it was called with (``fingerprint``; None: no
+    key), for an operator's eyes and an export: they tell no origin apart, as a rotated key of
+    the same account opens what the old one was given (a turn written before they were kept
+    has neither)."""
 
     provider: str
     endpoint: str
     model: str
+    kind: str | None = field(default=None, compare=False)
+    key_fingerprint: str | None = field(default=None, compare=False)
 
     def with_model(self, model: str | None) -> Origin:
         return self if model is None or model == self.model else replace(self, model=model)

@@ -142,7 +142,7 @@ def _sendable(turn: Turn, origin: Origin, with_compacted: bool) -> Sequence[msgs
 
 
 def _neutral(items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
-    return [kept for item in items if (kept := neutral(item)) is not None]
+    return [kept for item in items for kept in neutral(item)]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ A TOML file (read with ``tomllib``)::
     default_model = "gpt-5"            # optional: else the first model of the first provider
 
     [providers.openai]
-    kind = "openai"                    # openai | azure | anthropic | gemini | fake (KINDS)
+    kind = "openai"                    # openai | azure | anthropic | gemini | chat | fake (KINDS)
     base_url = "https://api.openai.com/v1"
     api_key_env = "OPENAI_API_KEY"     # the NAME of the variable holding the key
     models = ["gpt-5", "gpt-5-mini"]
@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-# The kinds this release serves. The contract's `chat` kind is refused by name until its
-# adapter lands (issue 32).
-KINDS = ("openai", "azure", "anthropic", "gemini", "fake")
-NOT_YET = ("chat",)
-_KEYED = ("azure", "anthropic", "gemini")  # kinds that always need a key
+# The kinds this release serves (every kind the contract names).
+KINDS = ("openai", "azure", "anthropic", "gemini", "chat", "fake")
+# The kinds that always need a key (a local Chat server has none).
+_KEYED = ("azure", "anthropic", "gemini")
 _FIELDS = {"kind", "base_url", "api_key_env", "models"}
 
 
@@ -92,8 +91,6 @@ def _spec(name: str, table: Any, environ: Mapping[str, str]) -> ProviderSpec:
     if unknown:
         raise ProvidersFileError(f"{where}: unknown key {sorted(unknown)[0]!r}")
     kind = table.get("kind")
-    if kind in NOT_YET:
-        raise ProvidersFileError(f"{where}: kind {kind!r} is not served by this release yet")
     if kind not in KINDS:
         raise ProvidersFileError(f"{where}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
     models = table.get("models")
@@ -109,6 +106,8 @@ def _spec(name: str, table: Any, environ: Mapping[str, str]) -> ProviderSpec:
         raise ProvidersFileError(f"{where}: base_url must not carry credentials (user:password@)")
     if kind == "azure" and base_url is None:
         raise ProvidersFileError(f"{where}: kind 'azure' needs base_url (the resource endpoint)")
+    if kind == "chat" and base_url is None:
+        raise ProvidersFileError(f"{where}: kind 'chat' needs base_url (the server's /v1)")
     return ProviderSpec(name, kind, base_url, _key(where, kind, table, environ), tuple(models))
 
 

@@ -93,7 +93,7 @@ class Settings:
         "LLM_PROVIDER",
         "fake",
         "{choices}",
-        choices=("fake", "openai", "azure", "anthropic", "gemini"),
+        choices=("fake", "openai", "azure", "anthropic", "gemini", "chat"),
     )
     providers_file: Path | None = _setting(
         "PROVIDERS_FILE",
@@ -142,6 +142,20 @@ class Settings:
     )
     gemini_api_key: str | None = _setting("GEMINI_API_KEY", None, "for `gemini`", secret=True)
     gemini_model: str | None = _setting("GEMINI_MODEL", None, "for `gemini`")
+    chat_base_url: str | None = _setting(
+        "CHAT_BASE_URL",
+        None,
+        "for `chat` (a Chat Completions server: vLLM, Ollama, llama.cpp, SGLang, OpenRouter...): "
+        "requests go to `{base}/chat/completions`, streamed with usage",
+    )
+    chat_api_key: str | None = _setting(
+        "CHAT_API_KEY",
+        None,
+        "for `chat`, sent as `Authorization: Bearer`",
+        secret=True,
+        shown="unset (no `Authorization`)",
+    )
+    chat_model: str | None = _setting("CHAT_MODEL", None, "for `chat`")
     upstream_connect_timeout_s: float = _setting(
         "UPSTREAM_CONNECT_TIMEOUT_S",
         10.0,
@@ -469,8 +483,9 @@ class Settings:
         for name, url in (
             ("ANTHROPIC_BASE_URL", self.anthropic_base_url),
             ("GEMINI_BASE_URL", self.gemini_base_url),
+            ("CHAT_BASE_URL", self.chat_base_url),
         ):
-            if urlsplit(url).username is not None:
+            if url and urlsplit(url).username is not None:
                 raise SettingsError(f"{name} must not carry credentials (user:password@)")
         if urlsplit(self.openai_base_url).username is not None:
             # httpx would turn them into Basic auth (replacing the key) and log them.

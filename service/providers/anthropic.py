@@ -28,7 +28,6 @@ import httpx
 import msgspec
 
 from service.core.errors import (
-    CompactionUnsupported,
     ContentFiltered,
     ContextLengthExceeded,
     InvalidEncryptedContent,
@@ -37,20 +36,25 @@ from service.core.errors import (
     TurnstoreError,
     UpstreamError,
 )
-from service.core.model import Origin, ReplyStatus
+from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.translate.anthropic import OPAQUE_BLOCKS
 from service.core.usage import Usage
 from service.providers.anthropic_request import count_body, messages_body
 from service.providers.base import (
-    Compacted,
     ItemDone,
-    Provider,
     ProviderEvent,
     ProviderRequest,
     Reply,
     TextDelta,
 )
-from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
+from service.providers.wire import (
+    ServerSentEvents,
+    Translating,
+    Wire,
+    WireLimits,
+    retry_after,
+    translated,
+)
 
 log = logging.getLogger("turnstore.provider")
 
@@ -331,7 +335,7 @@ class _EventStream:
         return self._open[index]
 
 
-class AnthropicProvider(Provider):
+class AnthropicProvider(Translating):
     def __init__(
         self,
         endpoint: AnthropicEndpoint,
@@ -344,7 +348,8 @@ class AnthropicProvider(Provider):
         self._url = endpoint.url
         # Where this provider's thinking can be replayed (no credentials in it).
         url = httpx.URL(self._url).copy_with(userinfo=b"")
-        self.origin = Origin(endpoint.name, str(url), endpoint.model)
+        key = fingerprint(endpoint.api_key)
+        self.origin = Origin(endpoint.name, str(url), endpoint.model, "anthropic", key)
         self._max_tokens = max_tokens  # when the client does not say (the API requires one)
         self._wire = Wire(
             {"x-api-key": endpoint.api_key, "anthropic-version": VERSION},
@@ -353,15 +358,6 @@ class AnthropicProvider(Provider):
             limits,
             transport,
         )
-
-    def __repr__(self) -> str:
-        return f"AnthropicProvider({self.origin!r})"
-
-    def compacts(self, model: str | None) -> bool:
-        return False
-
-    async def close(self) -> None:
-        await self._wire.close()
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool
@@ -384,9 +380,6 @@ class AnthropicProvider(Provider):
                     if events.finished:
                         return
         raise UpstreamError("The provider's stream ended before the message was complete.")
-
-    async def compact(self, request: ProviderRequest) -> Compacted:
-        raise CompactionUnsupported()
 
     async def count_tokens(self, request: ProviderRequest) -> int:
         """``POST {base}/v1/messages/count_tokens``: the provider's count of the request."""

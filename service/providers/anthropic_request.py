@@ -12,7 +12,7 @@ one before it wrote.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -20,125 +20,53 @@ from service.core.errors import InvalidInput
 from service.core.translate import for_form
 from service.core.translate.anthropic import ANTHROPIC, OPAQUE_BLOCKS, to_messages
 from service.providers.base import ProviderRequest
+from service.providers.request_fields import Fields, NamedChoice, function_tools
 
 EPHEMERAL = {"type": "ephemeral"}
 MAX_BREAKPOINTS = 4  # the API refuses a fifth cache_control
 # reasoning.effort as a thinking budget (clamped below max_tokens; the API's floor is 1024).
 EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
 MIN_BUDGET = 1024
-# Fields of a client's request that concern turnstore (or caching, which turnstore does here
-# itself), never sent: they are honoured, not dropped.
-NOT_SENT = frozenset(
-    {"metadata", "prompt_cache_key", "prompt_cache_retention", "store", "truncation"}
-)
-
-
-class _Format(msgspec.Struct, forbid_unknown_fields=True):
-    type: str
-    name: str | None = None
-    schema: dict[str, Any] | None = None
-    strict: bool | None = None
-    description: str | None = None
-
-
-class _Text(msgspec.Struct, forbid_unknown_fields=True):
-    format: _Format | None = None
-
-
-class _Reasoning(msgspec.Struct, forbid_unknown_fields=True):
-    effort: str | None = None
-    # Readable thinking is what Anthropic gives whenever it thinks: a summary asks nothing more.
-    summary: str | None = None
-    generate_summary: str | None = None
-
-
-class _NamedChoice(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["function"]
-    name: str
-
-
-class _Tool(msgspec.Struct):
-    type: str
-    name: str = ""
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class _Head(msgspec.Struct):
-    type: str = ""
-
-
-def _field(fields: Mapping[str, msgspec.Raw], name: str, kind: Any) -> Any:
-    """A client's field decoded as ``kind`` (None when absent); a value of another shape is
-    the client's error, named by its param."""
-    raw = fields.get(name)
-    if raw is None:
-        return None
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError:
-        raise InvalidInput(
-            f"{name} has a value an Anthropic model cannot take.", param=name
-        ) from None
-
-
-_MAPPED = "temperature top_p max_output_tokens tool_choice parallel_tool_calls reasoning text"
-_FIELDS = frozenset({*_MAPPED.split(), "user", "safety_identifier", "service_tier", *NOT_SENT})
+MODELS = "Anthropic models"  # as messages name the target
 
 
 def _fields(fields: Mapping[str, msgspec.Raw], default_max_tokens: int) -> dict[str, Any]:
     """The client's fields as the Messages API's (``max_tokens`` always; ``thinking`` when
     ``reasoning.effort`` asks for it); a field it cannot honour is refused with its param."""
-    for name in fields:
-        if name not in _FIELDS:
-            raise InvalidInput(f"{name} cannot be sent to an Anthropic model.", param=name)
-    tier: str | None = _field(fields, "service_tier", str | None)
-    if tier not in (None, "auto", "default"):
-        raise InvalidInput("Anthropic models take service_tier auto only.", param="service_tier")
-    out: dict[str, Any] = {}
-    limit: int | None = _field(fields, "max_output_tokens", int | None)
-    if limit is not None and limit < 1:
-        raise InvalidInput("max_output_tokens must be at least 1.", param="max_output_tokens")
-    out["max_tokens"] = limit or default_max_tokens
-    for name in ("temperature", "top_p"):
-        value: float | None = _field(fields, name, float | None)
+    asked = Fields.read(fields, MODELS)
+    out: dict[str, Any] = {"max_tokens": asked.max_output_tokens or default_max_tokens}
+    for name, value in (("temperature", asked.temperature), ("top_p", asked.top_p)):
         if value is not None:
             out[name] = value
-    choice = _tool_choice(fields)
+    choice = _tool_choice(asked)
     if choice is not None:
         out["tool_choice"] = choice
-    reasoning: _Reasoning | None = _field(fields, "reasoning", _Reasoning | None)
-    if reasoning is not None and reasoning.effort not in (None, "none"):
-        out["thinking"] = _thinking(reasoning.effort, out)
-    text: _Text | None = _field(fields, "text", _Text | None)
+    if asked.reasoning is not None and asked.reasoning.effort not in (None, "none"):
+        out["thinking"] = _thinking(asked.reasoning.effort, out)
+    text = asked.text
+    if text is not None and text.verbosity is not None:
+        raise InvalidInput(f"{MODELS} take no text.verbosity.", param="text")
     if text is not None and text.format is not None and text.format.type != "text":
         if text.format.type != "json_schema" or text.format.schema is None:
             raise InvalidInput(
-                "Anthropic models take text.format json_schema (with its schema) only.",
+                f"{MODELS} take text.format json_schema (with its schema) only.",
                 param="text.format",
             )
         out["output_config"] = {"format": {"type": "json_schema", "schema": text.format.schema}}
-    user = _field(fields, "safety_identifier", str | None) or _field(fields, "user", str | None)
-    if user:
-        out["metadata"] = {"user_id": user}
+    if asked.user:
+        out["metadata"] = {"user_id": asked.user}
     return out
 
 
-def _tool_choice(fields: Mapping[str, msgspec.Raw]) -> dict[str, Any] | None:
-    chosen: str | _NamedChoice | None = _field(fields, "tool_choice", str | _NamedChoice | None)
-    parallel: bool | None = _field(fields, "parallel_tool_calls", bool | None)
+def _tool_choice(asked: Fields) -> dict[str, Any] | None:
+    chosen, parallel = asked.tool_choice, asked.parallel_tool_calls
     choice: dict[str, Any] | None
-    if isinstance(chosen, _NamedChoice):
+    if isinstance(chosen, NamedChoice):
         choice = {"type": "tool", "name": chosen.name}
-    elif chosen in ("auto", "required", "none"):
-        choice = {"type": {"auto": "auto", "required": "any", "none": "none"}[chosen]}
     elif chosen is None:
         choice = {"type": "auto"} if parallel is False else None
     else:
-        raise InvalidInput(
-            "tool_choice must be auto, required, none or a function.", param="tool_choice"
-        )
+        choice = {"type": {"auto": "auto", "required": "any", "none": "none"}[chosen]}
     if parallel is False and choice is not None and choice["type"] != "none":
         choice["disable_parallel_tool_use"] = True
     return choice
@@ -164,22 +92,15 @@ def _thinking(effort: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tools(tools: msgspec.Raw | None) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    try:
-        listed = msgspec.json.decode(tools, type=list[_Tool])
-    except msgspec.DecodeError:
-        raise InvalidInput("tools must be a list of tools.", param="tools") from None
     out: list[dict[str, Any]] = []
-    for tool in listed:
-        if tool.type != "function" or not tool.name:
-            raise InvalidInput(
-                f"An Anthropic model takes function tools only, not {tool.type!r}.", param="tools"
-            )
+    for tool in function_tools(tools, MODELS):
         described = {"description": tool.description} if tool.description else {}
-        schema = tool.parameters or {"type": "object", "properties": {}}
-        out.append({"name": tool.name, **described, "input_schema": schema})
+        out.append({"name": tool.name, **described, "input_schema": tool.schema})
     return out
+
+
+class _Head(msgspec.Struct):
+    type: str = ""
 
 
 def _kind(block: Any) -> str | None:

@@ -47,6 +47,9 @@ class ItemDone:
     announces it before the message that follows it."""
 
     item: msgspec.Raw
+    # A part of the output item still to come, shown as an item of its own (a Chat message's
+    # thinking, kept inside its message): it takes no place of its own in the turn.
+    partial: bool = False
 
 
 @dataclass(frozen=True)

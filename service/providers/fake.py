@@ -130,7 +130,7 @@ def _seal(model: str, item_id: str) -> str:
 class FakeProvider(Provider):
     def __init__(self, *, deltas: int = 4, name: str = "fake") -> None:
         self._deltas = deltas
-        self.origin = Origin(name, "builtin", MODEL)
+        self.origin = Origin(name, "builtin", MODEL, "fake")
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool

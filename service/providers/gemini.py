@@ -39,7 +39,6 @@ import httpx
 import msgspec
 
 from service.core.errors import (
-    CompactionUnsupported,
     ContentFiltered,
     ContextLengthExceeded,
     InvalidEncryptedContent,
@@ -49,20 +48,25 @@ from service.core.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.core.model import Origin, ReplyStatus
+from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.translate.gemini import GEMINI, minted
 from service.core.usage import Usage
 from service.providers.base import (
-    Compacted,
     ItemDone,
-    Provider,
     ProviderEvent,
     ProviderRequest,
     Reply,
     TextDelta,
 )
 from service.providers.gemini_request import count_body, generate_body
-from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
+from service.providers.wire import (
+    ServerSentEvents,
+    Translating,
+    Wire,
+    WireLimits,
+    retry_after,
+    translated,
+)
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
 FILTERED = frozenset(
@@ -270,7 +274,7 @@ class _Parts:
         self._open = None
         self.done.append(item)
         self.bytes += len(item)
-        if GEMINI.listed(item)[2] == "reasoning":
+        if GEMINI.shown(item)[0].item["type"] == "reasoning":
             yield ItemDone(item)  # announced before the text that follows it
 
     def _joins(self, part: dict[str, Any]) -> bool:
@@ -334,7 +338,7 @@ class _EventStream:
         yield _reply(self.parts.done, self._finish, self._blocked, self._usage)
 
 
-class GeminiProvider(Provider):
+class GeminiProvider(Translating):
     def __init__(
         self,
         endpoint: GeminiEndpoint,
@@ -345,19 +349,11 @@ class GeminiProvider(Provider):
         self.endpoint = endpoint
         # Where this provider's parts can be replayed (no credentials in it).
         url = httpx.URL(endpoint.base).copy_with(userinfo=b"")
-        self.origin = Origin(endpoint.name, str(url), endpoint.model)
+        key = fingerprint(endpoint.api_key)
+        self.origin = Origin(endpoint.name, str(url), endpoint.model, "gemini", key)
         self._wire = Wire(
             {"x-goog-api-key": endpoint.api_key}, _status_error, _request_id, limits, transport
         )
-
-    def __repr__(self) -> str:
-        return f"GeminiProvider({self.origin!r})"
-
-    def compacts(self, model: str | None) -> bool:
-        return False
-
-    async def close(self) -> None:
-        await self._wire.close()
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool
@@ -388,9 +384,6 @@ class GeminiProvider(Provider):
         self._wire.check_reply(sum(map(len, kept)), 0)
         finish = candidate.finish_reason if candidate else None
         return _reply(kept, finish, blocked, body.usage_metadata)
-
-    async def compact(self, request: ProviderRequest) -> Compacted:
-        raise CompactionUnsupported()
 
     async def count_tokens(self, request: ProviderRequest) -> int:
         """``:countTokens``: the provider's count of the request."""

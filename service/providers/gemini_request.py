@@ -2,7 +2,8 @@
 
 The conversation comes from ``core/translate/gemini.to_contents`` (Gemini's own parts spliced
 byte for byte, other providers' own items as the Responses items they read as). The client's
-fields are mapped to Gemini's or refused with their param, never dropped: ``temperature``,
+fields (read once: request_fields.py) are mapped to Gemini's or refused with their param,
+never dropped: ``temperature``,
 ``top_p``, ``max_output_tokens`` into ``generationConfig``, ``text.format`` as
 ``responseJsonSchema`` (with ``responseMimeType``), ``reasoning.effort`` as ``thinkingConfig``
 (a thinking level on Gemini 3, a budget before it), ``reasoning.summary`` as
@@ -13,7 +14,7 @@ depends on anything but the request, so the request of turn N+1 begins with turn
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -21,99 +22,45 @@ from service.core.errors import InvalidInput
 from service.core.translate import for_form
 from service.core.translate.gemini import GEMINI, signs_calls, to_contents
 from service.providers.base import ProviderRequest
+from service.providers.request_fields import Fields, NamedChoice, Reasoning, Text, function_tools
 
 # reasoning.effort as Gemini 3's thinking level, and as a thinking budget before it.
 EFFORT_LEVELS = {"minimal": "minimal", "low": "low", "medium": "medium", "high": "high"}
 EFFORT_BUDGETS = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
-# Fields of a client's request that concern turnstore (or caching, which Gemini does by
-# prefix), never sent: they are honoured, not dropped.
-NOT_SENT = frozenset(
-    {"metadata", "prompt_cache_key", "prompt_cache_retention", "store", "truncation"}
-)
-_MAPPED = "temperature top_p max_output_tokens tool_choice parallel_tool_calls reasoning text"
-_FIELDS = frozenset({*_MAPPED.split(), "service_tier", *NOT_SENT})
+MODELS = "Gemini models"  # as messages name the target
 
 
-class _Format(msgspec.Struct, forbid_unknown_fields=True):
-    type: str
-    name: str | None = None
-    schema: dict[str, Any] | None = None
-    strict: bool | None = None
-    description: str | None = None
-
-
-class _Text(msgspec.Struct, forbid_unknown_fields=True):
-    format: _Format | None = None
-    verbosity: str | None = None
-
-
-class _Reasoning(msgspec.Struct, forbid_unknown_fields=True):
-    effort: str | None = None
-    summary: str | None = None
-    generate_summary: str | None = None
-
-
-class _NamedChoice(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["function"]
-    name: str
-
-
-class _Tool(msgspec.Struct):
-    type: str
-    name: str = ""
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-def _field(fields: Mapping[str, msgspec.Raw], name: str, kind: Any) -> Any:
-    """A client's field decoded as ``kind`` (None when absent); a value of another shape is
-    the client's error, named by its param."""
-    raw = fields.get(name)
-    if raw is None:
-        return None
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError:
-        raise InvalidInput(f"{name} has a value a Gemini model cannot take.", param=name) from None
-
-
-def _config(fields: Mapping[str, msgspec.Raw], model: str) -> dict[str, Any]:
+def _config(asked: Fields, model: str) -> dict[str, Any]:
     """The client's fields as Gemini's ``generationConfig``; a field it cannot honour is
     refused with its param."""
-    for name in fields:
-        if name not in _FIELDS:
-            raise InvalidInput(f"{name} cannot be sent to a Gemini model.", param=name)
-    tier: str | None = _field(fields, "service_tier", str | None)
-    if tier not in (None, "auto", "default"):
-        raise InvalidInput("Gemini models take service_tier auto only.", param="service_tier")
-    if _field(fields, "parallel_tool_calls", bool | None) is False:
+    if asked.parallel_tool_calls is False:
         raise InvalidInput(
-            "Gemini models cannot be kept from calling tools in parallel.",
+            f"{MODELS} cannot be kept from calling tools in parallel.",
             param="parallel_tool_calls",
         )
     config: dict[str, Any] = {}
-    for name, key in (("temperature", "temperature"), ("top_p", "topP")):
-        value: float | None = _field(fields, name, float | None)
+    for key, value in (("temperature", asked.temperature), ("topP", asked.top_p)):
         if value is not None:
             config[key] = value
-    limit: int | None = _field(fields, "max_output_tokens", int | None)
-    if limit is not None:
-        if limit < 1:
-            raise InvalidInput("max_output_tokens must be at least 1.", param="max_output_tokens")
-        config["maxOutputTokens"] = limit
-    text: _Text | None = _field(fields, "text", _Text | None)
-    if text is not None:
-        config |= _format(text)
-    reasoning: _Reasoning | None = _field(fields, "reasoning", _Reasoning | None)
-    if reasoning is not None:
-        thinking = _thinking(reasoning, model)
+    if asked.max_output_tokens is not None:
+        config["maxOutputTokens"] = asked.max_output_tokens
+    if asked.text is not None:
+        config |= _format(asked.text)
+    if asked.reasoning is not None:
+        thinking = _thinking(asked.reasoning, model)
         if thinking:
             config["thinkingConfig"] = thinking
     return config
 
 
-def _format(text: _Text) -> dict[str, Any]:
+def _user(fields: Mapping[str, msgspec.Raw], asked: Fields) -> None:
+    """Gemini has no field for the end user: one asked is refused, never dropped."""
+    if asked.user:
+        param = "safety_identifier" if "safety_identifier" in fields else "user"
+        raise InvalidInput(f"{param} cannot be sent to {MODELS}.", param=param)
+
+
+def _format(text: Text) -> dict[str, Any]:
     if text.verbosity not in (None, "medium"):
         raise InvalidInput("Gemini models take text.verbosity medium only.", param="text.verbosity")
     chosen = text.format
@@ -129,7 +76,7 @@ def _format(text: _Text) -> dict[str, Any]:
     return {"responseMimeType": "application/json", "responseJsonSchema": chosen.schema}
 
 
-def _thinking(reasoning: _Reasoning, model: str) -> dict[str, Any]:
+def _thinking(reasoning: Reasoning, model: str) -> dict[str, Any]:
     thinking: dict[str, Any] = {}
     effort = reasoning.effort
     if effort is not None and signs_calls(model):  # Gemini 3: a level; it always thinks
@@ -156,42 +103,29 @@ def _thinking(reasoning: _Reasoning, model: str) -> dict[str, Any]:
     return thinking
 
 
-def _tool_config(fields: Mapping[str, msgspec.Raw]) -> dict[str, Any] | None:
-    chosen: str | _NamedChoice | None = _field(fields, "tool_choice", str | _NamedChoice | None)
+def _tool_config(asked: Fields) -> dict[str, Any] | None:
+    chosen = asked.tool_choice
     if chosen is None:
         return None
-    if isinstance(chosen, _NamedChoice):
+    if isinstance(chosen, NamedChoice):
         calling = {"mode": "ANY", "allowedFunctionNames": [chosen.name]}
-    elif chosen in ("auto", "required", "none"):
-        calling = {"mode": {"auto": "AUTO", "required": "ANY", "none": "NONE"}[chosen]}
     else:
-        raise InvalidInput(
-            "tool_choice must be auto, required, none or a function.", param="tool_choice"
-        )
+        calling = {"mode": {"auto": "AUTO", "required": "ANY", "none": "NONE"}[chosen]}
     return {"functionCallingConfig": calling}
 
 
 def _tools(tools: msgspec.Raw | None) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    try:
-        listed = msgspec.json.decode(tools, type=list[_Tool])
-    except msgspec.DecodeError:
-        raise InvalidInput("tools must be a list of tools.", param="tools") from None
     declarations: list[dict[str, Any]] = []
-    for tool in listed:
-        if tool.type != "function" or not tool.name:
-            raise InvalidInput(
-                f"A Gemini model takes function tools only, not {tool.type!r}.", param="tools"
-            )
+    for tool in function_tools(tools, MODELS):
         described = {"description": tool.description} if tool.description else {}
-        schema = tool.parameters or {"type": "object", "properties": {}}
-        declarations.append({"name": tool.name, **described, "parametersJsonSchema": schema})
+        declarations.append({"name": tool.name, **described, "parametersJsonSchema": tool.schema})
     return [{"functionDeclarations": declarations}] if declarations else []
 
 
 def _body(request: ProviderRequest, model: str) -> dict[str, Any]:
-    config = _config(request.fields, model)
+    asked = Fields.read(request.fields, MODELS)
+    _user(request.fields, asked)
+    config = _config(asked, model)
     conversation = to_contents(for_form(request.input_items, GEMINI), model)
     texts = [text for text in (request.instructions, *conversation.system) if text]
     body: dict[str, Any] = {"contents": conversation.contents}
@@ -199,7 +133,7 @@ def _body(request: ProviderRequest, model: str) -> dict[str, Any]:
         body["systemInstruction"] = {"parts": [{"text": text} for text in texts]}
     if tools := _tools(request.tools):
         body["tools"] = tools
-    if (choice := _tool_config(request.fields)) is not None:
+    if (choice := _tool_config(asked)) is not None:
         body["toolConfig"] = choice
     if config:
         body["generationConfig"] = config

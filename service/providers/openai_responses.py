@@ -35,7 +35,7 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.items import compaction_item
-from service.core.model import Origin, ReplyStatus
+from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.usage import Usage
 from service.providers.base import (
     Compacted,
@@ -69,6 +69,8 @@ class Endpoint:
     url: str
     headers: dict[str, str] = field(repr=False)  # they hold the API key
     model: str
+    kind: str = "openai"  # or "azure"
+    key_fingerprint: str | None = None  # of the key in the headers (core.model.fingerprint)
 
     @classmethod
     def openai(
@@ -76,12 +78,13 @@ class Endpoint:
     ) -> Endpoint:
         """OpenAI's API or a server speaking it (without a key: no Authorization header)."""
         url = base_url.rstrip("/") + "/responses"
-        return cls(name, url, {"Authorization": f"Bearer {api_key}"} if api_key else {}, model)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        return cls(name, url, headers, model, "openai", fingerprint(api_key))
 
     @classmethod
     def azure(cls, endpoint: str, api_key: str, deployment: str, name: str = "azure") -> Endpoint:
         url = endpoint.rstrip("/") + "/openai/v1/responses"
-        return cls(name, url, {"api-key": api_key}, deployment)
+        return cls(name, url, {"api-key": api_key}, deployment, "azure", fingerprint(api_key))
 
 
 class _ErrorDetail(msgspec.Struct):
@@ -185,7 +188,9 @@ class ResponsesProvider(Provider):
         self.endpoint = endpoint
         # Where this provider's sealed reasoning can be opened again (no credentials in it).
         url = httpx.URL(endpoint.url).copy_with(userinfo=b"")
-        self.origin = Origin(endpoint.name, str(url), endpoint.model)
+        self.origin = Origin(
+            endpoint.name, str(url), endpoint.model, endpoint.kind, endpoint.key_fingerprint
+        )
         self._wire = Wire(endpoint.headers, _status_error, _request_id, limits, transport)
 
     async def close(self) -> None:

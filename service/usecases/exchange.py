@@ -126,7 +126,7 @@ class Exchange:
                         reply = event
                         continue
                     if isinstance(event, ItemDone):
-                        done += 1
+                        done += not event.partial
                     elif event.item_id is None:  # a provider that names no message (Anthropic)
                         # It is known by its place in the turn: after the input, the earlier
                         # rounds' items and this round's finished ones.

@@ -139,7 +139,7 @@ class _Sealing:
 
     def event(self, event: ProviderEvent) -> ProviderEvent:
         if isinstance(event, ItemDone):
-            return ItemDone(self.item(event.item))
+            return dataclasses.replace(event, item=self.item(event.item))
         if isinstance(event, Reply):
             return dataclasses.replace(event, output_items=self.items(event.output_items))
         if event.item_id is None:
@@ -157,8 +157,9 @@ class _Sealing:
     def _shown(self, raw: msgspec.Raw) -> list[msgspec.Raw]:
         if form_of(raw) is not None:  # a provider's own: the Responses items it reads as
             shown = relayed(raw, lambda content: self._ids.seal(self._origin, content))
-            if shown[0]["type"] == "message" and self._message_id is not None:
-                shown[0]["id"], self._message_id = self._message_id, None  # its deltas' message
+            said = next((item for item in shown if item["type"] == "message"), None)
+            if said is not None and self._message_id is not None:
+                said["id"], self._message_id = self._message_id, None  # its deltas' message
             return [msgspec.Raw(msgspec.json.encode(item)) for item in shown]
         if not is_opaque(raw):
             return [raw]

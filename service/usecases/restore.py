@@ -19,8 +19,10 @@ conversation) they are restored:
   sent as another origin gets it, as in a conversation (service/core/window.py): its opaque
   items (sealed reasoning, a compaction item, thinking) left out, a provider's own items as
   the Responses items they read as, so a handoff between agents on two models never fails;
-- an opened item that a reasoning item carried for the item before it (a Gemini call's
-  signature: service/core/translate/ ``relayed``) takes that item's place.
+- an item that stands for a provider's own item (a reasoning item whose sealed value opens
+  to it, or a reference to the part of a Chat message that stands for the whole message:
+  service/core/translate/ ``relayed``, ``Shown.whole``) brings that item back whole, and the
+  items beside it that it was also shown as (its call, its text) are not sent twice.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.ids import Ids, ItemRef
-from service.core.items import item_head
+from service.core.items import restorable
 from service.core.model import Origin
-from service.core.translate import is_opaque, neutral, opened, twin
+from service.core.translate import is_opaque, neutral, opened, shown, twin
 from service.store.ports import Reads
 from service.usecases.secret_ids import IdsSource
 
@@ -43,6 +45,8 @@ MAX_CONVERSATIONS = 20  # a request may name items of at most this many conversa
 MAX_TURNS = 1000  # and of at most this many turns (a request body holds no more, mostly)
 PAGE_TURNS = 16  # turns read at once
 Stored = tuple[msgspec.Raw, Origin | None]  # an item's stored bytes and its turn's origin
+# ... and whether it stands for a provider's own item shown as several (its twins beside it).
+Restored = tuple[msgspec.Raw, Origin | None, bool]
 
 
 class Restorer:
@@ -78,22 +82,20 @@ class Restorer:
         ids = await self.ids.get()
         refs = [_ref(ids, item, param) for item in items]
         stored = await self._stored(owner, [ref for ref in refs if ref is not None], param)
-        restored: list[Stored] = []
-        for n, (item, ref) in enumerate(zip(items, refs, strict=True)):
+        restored: list[Restored] = []
+        for item, ref in zip(items, refs, strict=True):
             if ref is None:
                 raw, made_by = _as_sent(ids, item, param)
-                if made_by is not None and n and restored and twin(items[n - 1], raw):
-                    restored.pop()  # what the carried item was shown as besides its carrier
+                restored.append((raw, made_by, made_by is not None and shown(raw) is not None))
             elif ref not in stored:
                 raise InvalidInput(
                     f"{param}: no stored item {item.get('id')!r} of yours.", param=param
                 )
             else:
-                raw, made_by = stored[ref]
-            restored.append((raw, made_by))
-        return restored
+                restored.append(stored[ref])
+        return _without_twins(restored)
 
-    async def _stored(self, owner: str, refs: list[ItemRef], param: str) -> dict[ItemRef, Stored]:
+    async def _stored(self, owner: str, refs: list[ItemRef], param: str) -> dict[ItemRef, Restored]:
         """The stored items ``refs`` name: the turns they name, read by their primary keys, a
         run of consecutive turns (up to PAGE_TURNS) in one read."""
         if len({ref.conversation_id for ref in refs}) > MAX_CONVERSATIONS:
@@ -108,7 +110,7 @@ class Restorer:
             raise InvalidInput(
                 f"{param}: items of at most {MAX_TURNS} turns in one request.", param=param
             )
-        found: dict[ItemRef, Stored] = {}
+        found: dict[ItemRef, Restored] = {}
         for cid, low, high in _runs(sorted(wanted)):
             page = await self._store.turns(
                 cid, owner, low, high, newest_first=False, limit=high - low + 1
@@ -117,11 +119,11 @@ class Restorer:
                 # Its items, and its compaction item (shown in its Response; the kept messages
                 # of a compacted context are never shown).
                 placed = [*enumerate(turn.replay_items), *((-1, raw) for raw in turn.compacted)]
-                for index, raw in placed:
-                    own, _ = item_head(raw)
-                    for ref in wanted.get((cid, revision), ()):
-                        if ref.names(index, own):
-                            found[ref] = (raw, turn.origin)
+                for index, stored in placed:
+                    for own, raw, whole in restorable(stored):
+                        for ref in wanted.get((cid, revision), ()):
+                            if ref.names(index, own):
+                                found[ref] = (raw, turn.origin, whole)
         return found
 
 
@@ -138,15 +140,35 @@ def _runs(turns: list[tuple[UUID, int]]) -> list[tuple[UUID, int, int]]:
     return runs
 
 
+def _without_twins(restored: list[Restored]) -> list[Stored]:
+    """``restored`` without what a provider's own item brought back whole was also shown as,
+    sent beside it (a stateless client sends back every item it was shown: a Gemini call
+    before the reasoning item that carries it, a Chat message's text and calls after the
+    thinking that stands for it)."""
+    dropped: set[int] = set()
+    for n, (raw, _, whole) in enumerate(restored):
+        if not whole:
+            continue
+        parts = shown(raw) or []
+        left = sum(part.item["type"] != "reasoning" for part in parts)
+        for side in (range(n - 1, -1, -1), range(n + 1, len(restored))):
+            for m in side:
+                if not left or m in dropped or restored[m][2]:
+                    break
+                if not twin(msgspec.json.decode(restored[m][0]), raw):
+                    break
+                dropped.add(m)
+                left -= 1
+    return [(raw, made_by) for n, (raw, made_by, _) in enumerate(restored) if n not in dropped]
+
+
 def _for(restored: list[Stored], origin: Origin | None) -> list[msgspec.Raw]:
     """The restored items as ``origin`` (None: every one) gets them: what another origin made,
     as another origin gets it (its opaque content left out: ``origin`` could not open it)."""
-    out = []
+    out: list[msgspec.Raw] = []
     for raw, made_by in restored:
         elsewhere = origin is not None and made_by is not None and made_by != origin
-        kept = neutral(raw) if elsewhere else raw
-        if kept is not None:
-            out.append(kept)
+        out += neutral(raw) if elsewhere else [raw]
     return out
 
 

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from service.core.model import key_id
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.fake import FakeProvider
 from service.providers.routing import Routed
@@ -21,7 +22,7 @@ from service.providers.wire import WireLimits
 from tests.support import fake_anthropic
 from tests.support.fake_anthropic import API_KEY, FakeMessagesAPI, Redacted, Script, Text, Thinking
 from tests.support.fake_anthropic import ToolUse as Call
-from tests.support.helpers import Target, sdk
+from tests.support.helpers import Target, retries, sdk
 
 CLAUDE, FAKE, OTHER = "claude-test", "fake-llm", "claude-other"
 MODELS = f"{FAKE},{CLAUDE}"
@@ -106,6 +107,14 @@ async def test_switching_models_every_turn_never_costs_a_failed_call(target: Tar
             cid = answered.json()["conversation_id"]
         turns = (await plain.get(f"/api/v1/conversations/{cid}")).json()["turns"]
     assert [t["model"] for t in turns] == [FAKE, CLAUDE, FAKE, CLAUDE, CLAUDE, FAKE]
+    stored = await target.stored(uuid.UUID(cid))
+    assert stored is not None
+    origins = [turn.origin for turn in stored.turns]
+    local, claude = ("local", "fake"), ("claude", "anthropic")
+    made_by = [local, claude, local, claude, claude, local]
+    assert [(o.provider, o.kind) for o in origins if o] == made_by
+    fingerprints = {o.key_fingerprint for o in origins if o and o.kind == "anthropic"}
+    assert fingerprints == {key_id(API_KEY)}  # the key's name, never the key
     assert len(api.requests) == 3
     sent = api.requests[1]["messages"]  # Claude's second turn: the fake's turns translated
     assert all(b.get("type") != "reasoning" for m in sent for b in m["content"])
@@ -223,7 +232,7 @@ async def test_a_refused_signature_is_retried_once_without_earlier_thinking_and_
     api = FakeMessagesAPI()
     async with sdk(target, claude_beside_the_fake(api), models=MODELS) as (client, _, plain):
         conversation = await client.conversations.create()
-        before = retries((await plain.get("/metrics")).text)
+        before = retries((await plain.get("/metrics")).text, CLAUDE)
         for n in (1, 2):
             if n == 2:
                 monkeypatch.setattr(fake_anthropic, "SECRET", b"another organisation's key")
@@ -238,14 +247,7 @@ async def test_a_refused_signature_is_retried_once_without_earlier_thinking_and_
     assert all(
         b["type"] not in ("thinking", "redacted_thinking") for m in retried for b in m["content"]
     )
-    assert retries(metrics) == before + 1
-
-
-def retries(metrics: str) -> float:
-    """turnstore_provider_retries_total of Claude's model in a /metrics text (0 before any)."""
-    series = f'turnstore_provider_retries_total{{model="{CLAUDE}"}} '
-    found = [line for line in metrics.splitlines() if line.startswith(series)]
-    return float(found[0].removeprefix(series)) if found else 0.0
+    assert retries(metrics, CLAUDE) == before + 1
 
 
 async def test_claude_counts_input_tokens_and_refuses_compaction_a_client_asks_for(
@@ -338,6 +340,11 @@ async def test_a_stateless_claude_reply_appended_to_a_conversation_keeps_its_ori
         conversation = await client.conversations.create(
             items=[{"role": "user", "content": "hi"}, *output]
         )
+        appended = await target.stored(uuid.UUID(conversation.id.removeprefix("conv_")))
+        assert appended is not None and appended.turns[-1].origin is not None
+        sealed_by = appended.turns[-1].origin  # from the sealed value: all of the origin
+        assert (sealed_by.model, sealed_by.kind) == (CLAUDE, "anthropic")
+        assert sealed_by.key_fingerprint == key_id(API_KEY)
         api.then(thinking_reply(2))
         await client.responses.create(
             model=OTHER, conversation=conversation.id, input="now you", reasoning=THINK

@@ -21,7 +21,7 @@ from service.providers.wire import WireLimits
 from tests.support import fake_anthropic, fake_gemini
 from tests.support.fake_anthropic import FakeMessagesAPI
 from tests.support.fake_gemini import API_KEY, Call, FakeGeminiAPI, Script, Text, Thought
-from tests.support.helpers import Target, sdk
+from tests.support.helpers import Target, retries, sdk
 
 GEMINI, OTHER, OLDER = "gemini-3-test", "gemini-3-other", "gemini-2.5-test"
 FAKE, CLAUDE = "fake-llm", "claude-test"
@@ -311,7 +311,7 @@ async def test_a_refused_signature_is_retried_once_with_gemini_calls_translated(
     api = FakeGeminiAPI()
     async with sdk(target, everyone(api), models=MODELS) as (client, _, plain):
         conversation = await client.conversations.create()
-        before = retries((await plain.get("/metrics")).text)
+        before = retries((await plain.get("/metrics")).text, GEMINI)
         api.then(calls(1))
         first = await client.responses.create(
             model=GEMINI,
@@ -341,13 +341,7 @@ async def test_a_refused_signature_is_retried_once_with_gemini_calls_translated(
     assert not any(p.get("thought") for p in retried)
     signatures = [p.get("thoughtSignature") for p in retried if "functionCall" in p]
     assert signatures == [fake_gemini.PLACEHOLDERS[0]] * 2
-    assert retries(metrics) == before + 1
-
-
-def retries(metrics: str) -> float:
-    series = f'turnstore_provider_retries_total{{model="{GEMINI}"}} '
-    found = [line for line in metrics.splitlines() if line.startswith(series)]
-    return float(found[0].removeprefix(series)) if found else 0.0
+    assert retries(metrics, GEMINI) == before + 1
 
 
 async def test_gemini_counts_input_tokens_and_refuses_what_it_cannot_honour(

@@ -33,6 +33,7 @@ from service.core.model import (
     ConversationInfo,
     IdempotencyKey,
     LeaseRequest,
+    Origin,
     Removal,
     Turn,
 )
@@ -321,6 +322,27 @@ async def test_a_fork_holds_the_first_turns_as_they_are_and_goes_its_own_way(
         await store.edits.fork(fork.id, "bob", 1)  # another owner's is unknown
     with pytest.raises(InvalidInput):
         await store.edits.fork(fork.id, "alice", 4)
+
+
+async def test_a_turn_keeps_its_whole_origin_and_a_fork_copies_it(
+    contract_store: AnyStore,
+) -> None:
+    """A turn's origin comes back as it was committed: provider, endpoint, model, the
+    provider's kind and its key's fingerprint (none of it for a turn that had no origin)."""
+    store, cid = contract_store, uuid.uuid4()
+    made_by = Origin("claude", "https://api.anthropic.com/v1/messages", "claude-x", "anthropic",
+                     "0123456789ab")  # fmt: skip
+    await store.history.append(Append(cid, replace(turn(1), origin=made_by), 0, owner="alice"))
+    await store.history.append(Append(cid, turn(2), 1, owner="alice"))
+    fork = await store.edits.fork(cid, "alice", 2)
+    for conversation in (cid, fork.id):
+        loaded = await store.history.load(conversation, "alice")
+        assert loaded is not None
+        first, second = loaded.turns
+        assert first.origin is not None and second.origin is None
+        got = first.origin
+        assert (got.provider, got.endpoint, got.model) == ("claude", made_by.endpoint, "claude-x")
+        assert (got.kind, got.key_fingerprint) == ("anthropic", "0123456789ab")
 
 
 async def test_an_empty_conversation_takes_its_first_turn_and_keeps_its_metadata(

@@ -48,7 +48,6 @@ import hashlib
 import hmac
 import itertools
 import json
-import math
 import re
 from collections import deque
 from collections.abc import AsyncIterator
@@ -56,6 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from tests.support.fake_anthropic import Refused, canonical, estimate_tokens
 
 SECRET = b"fake-gemini-signing-key"
 API_KEY = "AIzaSyFake-gemini-test-key-0123456789"
@@ -127,21 +128,6 @@ class Script:
     stream_error: bool = False  # streaming: an error chunk after the first part
     raw_body: bytes | None = None
     exception: Exception | None = None  # raised by the transport, e.g. httpx.ReadTimeout
-
-
-class Refused(Exception):
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message, self.status = message, status
-
-
-def canonical(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def estimate_tokens(value: object) -> int:
-    size = len(value.encode() if isinstance(value, str) else canonical(value))
-    return max(1, math.ceil(size / 4))
 
 
 def _mac(*parts: str | bytes) -> bytes:

@@ -69,12 +69,7 @@ class FakeResponsesAPI:
         return self.then(*scripts)
 
     def provider(self, model: str = "gpt-test", **kwargs: Any) -> ResponsesProvider:
-        endpoint = Endpoint(
-            "openai",
-            "https://fake.invalid/v1/responses",
-            {"Authorization": "Bearer sk-test"},
-            model,
-        )
+        endpoint = Endpoint.openai("https://fake.invalid/v1", "sk-test", model)
         options = {"connect_timeout_s": 1.0, "read_timeout_s": 5.0, "max_body_bytes": 262_144}
         limits = WireLimits(**(options | kwargs))
         return ResponsesProvider(endpoint, limits, transport=httpx.MockTransport(self.handle))

@@ -28,6 +28,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app, postgres_backend
 from service.core.errors import StorageError
+from service.core.model import ANONYMOUS, Conversation
+from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
 from service.store.postgres import PostgresStore
@@ -252,6 +254,17 @@ class Target:
             backend = postgres_backend(config, store=store)
         return create_app(config, provider=provider or FakeProvider(), backend=backend)
 
+    async def stored(self, cid: UUID, owner: str = ANONYMOUS) -> Conversation | None:
+        """A conversation as the store keeps it (what no route shows: its turns' origins)."""
+        if self.database_url is None:
+            assert self.memory is not None, "no app of this test made the store yet"
+            return await self.memory.history.load(cid, owner)
+        engine = create_engine(self.database_url, pool_size=1)
+        try:
+            return await PostgresStore.over(engine).history.load(cid, owner)
+        finally:
+            await engine.dispose()
+
 
 @asynccontextmanager
 async def sdk(
@@ -325,3 +338,10 @@ def error_code(response: httpx.Response) -> str:
         return str(response.json()["error"]["code"])
     except (ValueError, KeyError, TypeError):
         return f"HTTP {response.status_code} without an error envelope"
+
+
+def retries(metrics: str, model: str) -> float:
+    """turnstore_provider_retries_total of ``model`` in a /metrics text (0 before any)."""
+    series = f'turnstore_provider_retries_total{{model="{model}"}} '
+    found = [line for line in metrics.splitlines() if line.startswith(series)]
+    return float(found[0].removeprefix(series)) if found else 0.0

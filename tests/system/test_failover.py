@@ -52,7 +52,7 @@ import asyncpg
 import httpx
 from httpx_sse import aconnect_sse
 
-from migrations.commit_function import COMMIT_V2
+from migrations.commit_function import COMMIT_V3
 from tests.support.cluster import (
     TURNSTORE,
     Replica,
@@ -466,7 +466,7 @@ async def _wait_commits_in_flight(node: Node, count: int) -> None:
     conn = await asyncpg.connect(node.dsn, timeout=5)
     query = (
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
-        f"AND (query LIKE 'COMMIT%' OR query LIKE '%FROM {COMMIT_V2.name}(%')"
+        f"AND (query LIKE 'COMMIT%' OR query LIKE '%FROM {COMMIT_V3.name}(%')"
     )
     try:
 

@@ -1,4 +1,4 @@
-"""Responses items and Anthropic content blocks (service/core/translate.py): each
+"""Responses items and Anthropic content blocks (service/core/translate/anthropic.py): each
 provider's items go to it byte for byte, and to any other provider translated, its thinking
 left out."""
 

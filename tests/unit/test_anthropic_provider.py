@@ -30,7 +30,7 @@ from service.core.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.core.model import Origin
+from service.core.model import Origin, key_id
 from service.core.usage import Usage
 from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.anthropic_request import messages_body
@@ -65,7 +65,8 @@ def output_of(call_id: str, output: str) -> msgspec.Raw:
 
 def provider(api: FakeMessagesAPI, **options: Any) -> AnthropicProvider:
     transport = options.pop("transport", httpx.MockTransport(api.handle))
-    endpoint = AnthropicEndpoint("anthropic", options.pop("base_url", BASE), API_KEY, "claude-test")
+    key = options.pop("api_key", API_KEY)
+    endpoint = AnthropicEndpoint("anthropic", options.pop("base_url", BASE), key, "claude-test")
     max_tokens = options.pop("max_tokens", 8192)
     limits = WireLimits(
         **({"connect_timeout_s": 1.0, "read_timeout_s": 1.0, "max_body_bytes": 1 << 20} | options)
@@ -631,6 +632,17 @@ def test_origin_is_the_endpoint_without_credentials() -> None:
     assert llm.origin_for(None) is llm.origin
     default = AnthropicEndpoint("anthropic", None, API_KEY, "claude-test")
     assert default.url == "https://api.anthropic.com/v1/messages"
+
+
+def test_origin_records_the_kind_and_the_keys_fingerprint_never_the_key() -> None:
+    llm = provider(FakeMessagesAPI())
+    assert llm.origin.kind == "anthropic"
+    assert llm.origin.key_fingerprint == key_id(API_KEY)
+    assert API_KEY not in repr(llm.origin) and API_KEY not in repr(llm.origin_for("claude-2"))
+    assert llm.origin_for("claude-2").key_fingerprint == key_id(API_KEY)
+    other = provider(FakeMessagesAPI(), api_key="sk-ant-another")
+    assert other.origin.key_fingerprint != llm.origin.key_fingerprint
+    assert other.origin == llm.origin  # a rotated key opens what the old one was given
 
 
 async def test_count_tokens_sends_a_create_s_body_less_max_tokens() -> None:

@@ -20,6 +20,7 @@ from service.core.errors import (
     RateLimited,
 )
 from service.core.items import function_call_output, function_calls, user_input_item
+from service.core.model import key_id
 from service.core.translate import for_form, is_opaque, neutral, readable
 from service.core.translate.gemini import GEMINI, PLACEHOLDER_SIGNATURE, is_part, to_contents, wire
 from service.providers.base import ProviderRequest, Reply
@@ -46,9 +47,9 @@ CALL = raw(
 TEXT = raw('{"text": "Sunny."}')
 
 
-def provider(api: FakeGeminiAPI) -> GeminiProvider:
+def provider(api: FakeGeminiAPI, api_key: str = API_KEY) -> GeminiProvider:
     return GeminiProvider(
-        GeminiEndpoint("google", "https://gemini.invalid", API_KEY, MODEL),
+        GeminiEndpoint("google", "https://gemini.invalid", api_key, MODEL),
         WireLimits(1.0, 5.0, 262_144),
         transport=httpx.MockTransport(api.handle),
     )
@@ -83,18 +84,21 @@ def test_a_minted_call_id_is_never_sent_and_the_part_goes_back_byte_for_byte() -
 
 def test_thought_and_signed_parts_are_opaque_and_another_origin_gets_them_translated() -> None:
     assert is_opaque(THOUGHT) and is_opaque(CALL) and not is_opaque(TEXT)
-    assert neutral(THOUGHT) is None
-    translated = json.loads(bytes(neutral(CALL) or b""))
+    assert neutral(THOUGHT) == []
+    [call] = neutral(CALL)
+    translated = json.loads(bytes(call))
     assert translated == {
         "type": "function_call",
         "call_id": "call_1",
         "name": "weather",
         "arguments": '{"city": "Oslo"}',
     }
-    assert readable(THOUGHT) == {
-        "type": "reasoning",
-        "summary": [{"type": "summary_text", "text": "Let me see."}],
-    }
+    assert readable(THOUGHT) == [
+        {
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": "Let me see."}],
+        }
+    ]
 
 
 def test_gemini_gets_its_parts_verbatim_and_everything_else_translated_with_the_same_ids() -> None:
@@ -205,3 +209,15 @@ async def test_googles_answers_map_to_the_contracts_errors(
     if isinstance(found, ProviderRefused):
         assert found.param == "temperature"
     assert API_KEY not in str(found)
+
+
+def test_origin_records_the_kind_and_the_keys_fingerprint_never_the_key() -> None:
+    llm = provider(FakeGeminiAPI())
+    assert llm.origin.kind == "gemini"
+    assert llm.origin.key_fingerprint == key_id(API_KEY)
+    other_model = llm.origin_for("gemini-2.5-flash")
+    assert API_KEY not in repr(llm.origin) and API_KEY not in repr(other_model)
+    assert other_model.key_fingerprint == key_id(API_KEY)
+    other = provider(FakeGeminiAPI(), api_key="AIza-another")
+    assert other.origin.key_fingerprint != llm.origin.key_fingerprint
+    assert other.origin == llm.origin  # a rotated key opens what the old one was given

@@ -48,11 +48,19 @@ def test_the_example_file_reads_as_the_readme_says(monkeypatch: pytest.MonkeyPat
         ("claude", "anthropic", ("claude-sonnet-4-5", "claude-haiku-4-5")),
         ("google", "gemini", ("gemini-3-pro-preview", "gemini-2.5-flash")),
         ("eu", "azure", ("my-deployment",)),
+        ("local", "chat", ("Qwen/Qwen3-8B",)),
         ("offline", "fake", ("fake-llm",)),
     ]
+    assert named.providers[4].api_key is None  # no key: no Authorization header
     assert named.providers[0].api_key == "sk-example"  # read from the variable it names
     served = {"gpt-5", "gpt-5-mini", "claude-sonnet-4-5", "claude-haiku-4-5"}
-    served |= {"my-deployment", "fake-llm", "gemini-3-pro-preview", "gemini-2.5-flash"}
+    served |= {
+        "my-deployment",
+        "Qwen/Qwen3-8B",
+        "fake-llm",
+        "gemini-3-pro-preview",
+        "gemini-2.5-flash",
+    }
     assert Settings(providers_file=EXAMPLE).served_models() == served
 
 
@@ -64,11 +72,11 @@ def test_the_example_file_reads_as_the_readme_says(monkeypatch: pytest.MonkeyPat
             TWO_FAKES.replace(
                 'kind = "fake"\nmodels = ["fake-c"]', 'kind = "bard"\nmodels = ["x"]'
             ),
-            "kind must be one of openai, azure, anthropic, gemini, fake, not 'bard'",
+            "kind must be one of openai, azure, anthropic, gemini, chat, fake, not 'bard'",
         ),
         (
-            '[providers.c]\nkind = "chat"\nmodels = ["qwen"]',
-            "kind 'chat' is not served by this release yet",
+            '[providers.v]\nkind = "chat"\nmodels = ["qwen"]',
+            "kind 'chat' needs base_url",
         ),
         (
             '[providers.g]\nkind = "gemini"\nmodels = ["gemini-3"]',

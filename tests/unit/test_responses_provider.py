@@ -26,7 +26,7 @@ from service.core.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.core.model import Origin
+from service.core.model import Origin, key_id
 from service.platform.settings import Settings
 from service.providers.base import ItemDone, ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.openai_responses import Endpoint, ResponsesProvider
@@ -199,6 +199,8 @@ async def test_request_shape_azure(stream: bool) -> None:
     assert provider.origin == Origin(
         "azure", "https://my-resource.openai.azure.com/openai/v1/responses", "my-gpt-deployment"
     )
+    assert provider.origin.kind == "azure"
+    assert provider.origin.key_fingerprint == key_id("az-key-123")
     reply = (await collect(provider, stream=stream))[-1]
     assert isinstance(reply, Reply) and reply.text == "reply 1"
     assert api.methods == ["POST"]
@@ -215,10 +217,12 @@ async def test_origin_names_provider_endpoint_and_model_without_credentials() ->
     api = FakeResponsesAPI()
     provider = api.provider()
     assert provider.origin == Origin("openai", URL, "gpt-test")
+    assert (provider.origin.kind, provider.origin.key_fingerprint) == ("openai", key_id("sk-test"))
     await provider.close()
-    endpoint = Endpoint("openai", "https://user:pw@proxy.example/v1/responses", {}, "m")
+    endpoint = Endpoint.openai("https://user:pw@proxy.example/v1", None, "m")
     provider = ResponsesProvider(endpoint, WireLimits(1.0, 1.0, 1))
     assert provider.origin == Origin("openai", "https://proxy.example/v1/responses", "m")
+    assert provider.origin.key_fingerprint is None  # a server without a key
     await provider.close()
 
 

@@ -1,23 +1,30 @@
 """Each provider's own item form, and the one seam through which the rest of turnstore reads them.
 
 A conversation's replay items are kept in the form of the provider that made them: the
-Responses API's items, Anthropic's content blocks (anthropic.py), Gemini's parts (gemini.py).
-Everything outside this package asks about an item through the functions below, which find
-its form by its first bytes (``form_of``) and ask the form (base.Form); none of them names a
-provider, and none decodes an item whole to tell its form.
+Responses API's items, Anthropic's content blocks (anthropic.py), Gemini's parts (gemini.py),
+Chat Completions' assistant messages (chat.py). Everything outside this package asks about an
+item through the functions below, which find its form by its first bytes (``form_of``) and ask
+the form (base.Form); none of them names a provider, and none decodes an item whole to tell
+its form.
 
-Adding a provider's form is one entry: a module here with its ``Form`` (how its items read as
-Responses items, which are calls, which are opaque, what another provider gets of them) and its
-request translation, and its form in ``FORMS``. Nothing else changes.
+How to add a provider's item form: a module here with its ``Form`` (``owns``: its items told
+by their first bytes; ``opaque``: which go back only to their issuer; ``shown``: the Responses
+items each is shown as, one or several, each with its ids; ``calls``: the function calls it
+makes) and its request translation (its own items verbatim, Responses items translated), and
+its form in ``FORMS``. Nothing else changes: every rule below is written once, from those
+four answers.
 
-- ``for_form``: a request's items for a provider of one form: its own items as they are,
-  every other form's as the Responses items they read as (``neutral``: their thinking and
-  signatures left out). The Responses API takes ``to_items``, the same with no form its own.
 - ``neutral``: what another origin gets of an item (the window's rule for turns another
-  provider, endpoint or model made, and the one retry without opaque items).
-- ``readable`` / ``shown_item`` / ``listed``: an item as the OpenAI surface shows it.
+  provider, endpoint or model made, and the one retry without opaque items): a form's item as
+  the Responses items it is shown as, its reasoning (thinking, signatures) left out.
+- ``for_form``: a request's items for a provider of one form: its own items as they are,
+  every other form's ``neutral``. The Responses API takes ``to_items``, the same with no form
+  its own.
+- ``shown`` / ``readable`` / ``shown_items`` / ``calls``: an item as the OpenAI surface shows
+  and reads it.
 - ``relayed`` / ``opened`` / ``twin``: what a client that keeps its own history is shown of an
-  item (its opaque bytes sealed), and reading it back.
+  item (an opaque item sealed whole, carried as a reasoning item's ``encrypted_content``), and
+  reading it back.
 """
 
 from __future__ import annotations
@@ -28,29 +35,31 @@ from typing import Any
 import msgspec
 
 from service.core.translate.anthropic import ANTHROPIC
-from service.core.translate.base import Call, Form, provider_id
+from service.core.translate.base import Form, FunctionCall, Shown, provider_id, text_of
+from service.core.translate.chat import CHAT
 from service.core.translate.gemini import GEMINI
 
 __all__ = [
     "FORMS",
-    "Call",
     "Form",
-    "call",
+    "FunctionCall",
+    "Shown",
+    "calls",
     "for_form",
     "form_of",
     "is_opaque",
-    "listed",
     "neutral",
     "opened",
     "provider_id",
     "readable",
     "relayed",
-    "shown_item",
+    "shown",
+    "shown_items",
     "to_items",
     "twin",
 ]
 
-FORMS: tuple[Form, ...] = (ANTHROPIC, GEMINI)
+FORMS: tuple[Form, ...] = (ANTHROPIC, GEMINI, CHAT)
 
 
 class _Head(msgspec.Struct):
@@ -68,8 +77,8 @@ def form_of(item: msgspec.Raw) -> Form | None:
 
 def is_opaque(item: msgspec.Raw) -> bool:
     """An item only the provider, endpoint and model that made it can read, or that holds
-    something only they can (a signature): sealed reasoning, a compaction item, a form's
-    opaque items."""
+    something only they can (thinking, a signature): sealed reasoning, a compaction item, a
+    form's opaque items."""
     form = form_of(item)
     if form is not None:
         return form.opaque(item)
@@ -77,14 +86,31 @@ def is_opaque(item: msgspec.Raw) -> bool:
     return head.type == "compaction" or (head.type == "reasoning" and bool(head.encrypted_content))
 
 
-def neutral(item: msgspec.Raw) -> msgspec.Raw | None:
-    """What another origin gets of ``item``: a form's item as the Responses item it reads as,
-    without what only its issuer reads; a Responses item as it is, unless opaque (None: left
-    out)."""
+def shown(item: msgspec.Raw) -> list[Shown] | None:
+    """The Responses items a form's item is shown as (None: a Responses item, shown as is)."""
     form = form_of(item)
-    if form is not None:
-        return form.neutral(item)
-    return None if is_opaque(item) else item
+    return form.shown(item) if form is not None else None
+
+
+def calls(item: msgspec.Raw) -> list[FunctionCall] | None:
+    """The function calls a form's item makes (None: a Responses item, read by its head)."""
+    form = form_of(item)
+    return form.calls(item) if form is not None else None
+
+
+def neutral(item: msgspec.Raw) -> list[msgspec.Raw]:
+    """What another origin gets of ``item``: a form's item as the Responses items it is shown
+    as, without its reasoning (readable by its issuer alone) or an empty text; a Responses
+    item as it is, unless opaque (nothing)."""
+    parts = shown(item)
+    if parts is None:
+        return [] if is_opaque(item) else [item]
+    return [
+        msgspec.Raw(msgspec.json.encode(part.item))
+        for part in parts
+        if part.item["type"] != "reasoning"
+        and (part.item["type"] != "message" or text_of(part.item["content"]))
+    ]
 
 
 def for_form(items: list[msgspec.Raw], own: Form | None) -> list[msgspec.Raw]:
@@ -95,9 +121,7 @@ def for_form(items: list[msgspec.Raw], own: Form | None) -> list[msgspec.Raw]:
         return items
     out: list[msgspec.Raw] = []
     for item, form in zip(items, forms, strict=True):
-        kept = item if form is None or form is own else form.neutral(item)
-        if kept is not None:
-            out.append(kept)
+        out += [item] if form is None or form is own else neutral(item)
     return out
 
 
@@ -106,49 +130,43 @@ def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
     return for_form(items, None)
 
 
-def call(item: msgspec.Raw) -> Call | None:
-    """The function call a form's item is (None: not one, or a Responses item)."""
-    form = form_of(item)
-    return form.call(item) if form is not None else None
+def readable(item: msgspec.Raw) -> list[dict[str, Any]]:
+    """An item as the Responses API reads it: a form's as the items it is shown as."""
+    parts = shown(item)
+    return [msgspec.json.decode(item)] if parts is None else [part.item for part in parts]
 
 
-def listed(item: msgspec.Raw) -> tuple[str | None, str | None, str] | None:
-    """A form's item's own id, call id and shown type (None: a Responses item, read as is)."""
-    form = form_of(item)
-    return form.listed(item) if form is not None else None
-
-
-def readable(item: msgspec.Raw) -> Any:
-    """An item as the Responses API reads it (a form's as the item it reads as)."""
-    form = form_of(item)
-    return form.as_item(item) if form is not None else msgspec.json.decode(item)
-
-
-def shown_item(item: msgspec.Raw) -> dict[str, Any]:
+def shown_items(item: msgspec.Raw) -> list[dict[str, Any]]:
     """An output item as a client is shown it before its turn ends: a form's item as the
-    Responses item it reads as, under the id it is listed by (others as they are)."""
-    form = form_of(item)
-    if form is None:
-        return msgspec.json.decode(item)  # type: ignore[no-any-return]
-    own, _, _ = form.listed(item)
-    return {**form.as_item(item), "id": own}
+    Responses items it is shown as, each under the id it is listed by (others as they are)."""
+    parts = shown(item)
+    if parts is None:
+        return [msgspec.json.decode(item)]
+    return [{**part.item, "id": part.own} for part in parts]
 
 
 def relayed(item: msgspec.Raw, seal: Callable[[str], str]) -> list[dict[str, Any]]:
-    """A form's item as a client that keeps its own history is shown it, under ids made from
-    its bytes (the same wherever it is shown): the Responses item it reads as, and, where it
-    holds what only its issuer reads, the item itself sealed (``seal``) as ``encrypted_content``:
-    of that item when it reads as reasoning, else of a reasoning item right after it (a
-    signature on a call or a text), which ``opened`` and ``twin`` turn back into the item."""
+    """A form's item as a client that keeps its own history is shown it, each part under the
+    id a client is shown (``Shown.id``: the same wherever it is shown); an opaque item also
+    sealed whole (``seal``) as ``encrypted_content``: of the part that stands for it when that
+    part is reasoning, else of a reasoning item right after them (a signature on a call or a
+    text), which ``opened`` and ``twin`` turn back into the item."""
     form = form_of(item)
     assert form is not None
-    sealed = seal(bytes(item).decode()) if form.opaque(item) else None
-    shown = form.as_item(item, sealed)
-    shown["id"] = provider_id(shown["type"], item)
-    if sealed is None or shown["type"] == "reasoning":
-        return [shown]
-    carrier = {"type": "reasoning", "summary": [], "encrypted_content": sealed}
-    return [shown, {**carrier, "id": provider_id("reasoning", item)}]
+    parts = form.shown(item)
+    out = [{**part.item, "id": part.id} for part in parts]
+    if not form.opaque(item):
+        return out
+    sealed = seal(bytes(item).decode())
+    carrier = next(
+        (out[n] for n, part in enumerate(parts) if part.whole and part.item["type"] == "reasoning"),
+        None,
+    )
+    if carrier is not None:
+        carrier["encrypted_content"] = sealed
+        return out
+    carried = {"type": "reasoning", "summary": [], "encrypted_content": sealed}
+    return [*out, {**carried, "id": provider_id("reasoning", item)}]
 
 
 def opened(content: str) -> msgspec.Raw | None:
@@ -161,24 +179,21 @@ def opened(content: str) -> msgspec.Raw | None:
 
 
 def twin(sent: Any, item: msgspec.Raw) -> bool:
-    """Whether ``sent`` (an item a client sent back, decoded) is what ``relayed`` showed of
-    ``item`` besides the reasoning item that carried it: the same call, or the same text."""
-    form = form_of(item)
-    if form is None or not isinstance(sent, dict):
+    """Whether ``sent`` (an item a client sent back, decoded) is one of the items ``item`` was
+    shown as besides its reasoning: the same call, or the same text (a client that keeps its
+    own history sends them back beside the sealed item, which brings them back itself)."""
+    parts = shown(item)
+    if parts is None or not isinstance(sent, dict):
         return False
-    shown = form.as_item(item)
-    if shown["type"] == "reasoning" or sent.get("type", "message") != shown["type"]:
-        return False
-    if shown["type"] == "function_call":
-        return bool(sent.get("call_id") == shown["call_id"])
-    if shown["type"] == "message" and sent.get("role") == "assistant":
-        content = sent.get("content")
-        text = content if isinstance(content, str) else _texts(content)
-        return text == _texts(shown["content"])
+    kind = sent.get("type", "message")
+    for part in parts:
+        if kind != part.item["type"] or kind == "reasoning":
+            continue
+        if kind == "function_call" and sent.get("call_id") == part.item["call_id"]:
+            return True
+        if kind == "message" and sent.get("role") == "assistant":
+            content = sent.get("content")
+            said = text_of(content if isinstance(content, str | list) else None)
+            if said == text_of(part.item["content"]):
+                return True
     return False
-
-
-def _texts(parts: Any) -> str:
-    if not isinstance(parts, list):
-        return ""
-    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))

@@ -27,39 +27,22 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate.base import Call, arguments, data_url, provider_id, text_of
+from service.core.translate.base import (
+    CallItem,
+    FunctionCall,
+    ItemHead,
+    Message,
+    Output,
+    Shown,
+    arguments,
+    data_url,
+    provider_id,
+    text_of,
+)
 
 # The block types of an Anthropic assistant message that turnstore keeps (and replays).
 BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
 OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})  # readable by their issuer alone
-# The Responses item each block is shown as on the OpenAI surface (as_item).
-SHOWN_AS = {
-    "text": "message",
-    "thinking": "reasoning",
-    "redacted_thinking": "reasoning",
-    "tool_use": "function_call",
-}
-
-
-class _Head(msgspec.Struct):
-    type: str | None = None
-    role: str | None = None
-
-
-class _Message(msgspec.Struct):
-    role: str
-    content: str | list[dict[str, Any]] = ""
-
-
-class _Call(msgspec.Struct):
-    call_id: str
-    name: str
-    arguments: str = "{}"
-
-
-class _Output(msgspec.Struct):
-    call_id: str
-    output: str | list[dict[str, Any]] = ""
 
 
 class _Block(msgspec.Struct):
@@ -81,7 +64,7 @@ def is_block(item: msgspec.Raw) -> bool:
     """An Anthropic content block (kept as Anthropic sent it), not a Responses item."""
     if not memoryview(item)[:32].tobytes().startswith(_STARTS):
         return False
-    head = msgspec.json.decode(item, type=_Head)
+    head = msgspec.json.decode(item, type=ItemHead)
     return head.role is None and head.type in BLOCK_TYPES
 
 
@@ -104,17 +87,17 @@ class Messages:
 def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
     out = Messages()
     for item in items:
-        head = msgspec.json.decode(item, type=_Head)
+        head = msgspec.json.decode(item, type=ItemHead)
         if head.role is None and head.type in BLOCK_TYPES:
             out.add("assistant", item)  # verbatim: signatures bind its exact content
         elif head.type in (None, "message") and head.role is not None:
-            _message(out, msgspec.json.decode(item, type=_Message))
+            _message(out, msgspec.json.decode(item, type=Message))
         elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=_Call)
+            call = msgspec.json.decode(item, type=CallItem)
             block = {"type": "tool_use", "id": call.call_id, "name": call.name}
             out.add("assistant", block | {"input": arguments(call.arguments)})
         elif head.type == "function_call_output":
-            result = msgspec.json.decode(item, type=_Output)
+            result = msgspec.json.decode(item, type=Output)
             content = result.output if isinstance(result.output, str) else _parts(result.output)
             _tool_result(out, {"type": "tool_result", "tool_use_id": result.call_id}, content)
         elif head.type in ("reasoning", "compaction"):
@@ -127,9 +110,9 @@ def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
     return out
 
 
-def _message(out: Messages, message: _Message) -> None:
+def _message(out: Messages, message: Message) -> None:
     if message.role in ("system", "developer"):
-        text = message.content if isinstance(message.content, str) else text_of(message.content)
+        text = text_of(message.content)
         out.system.append(text)
         return
     if message.role not in ("user", "assistant"):
@@ -137,7 +120,7 @@ def _message(out: Messages, message: _Message) -> None:
     if isinstance(message.content, str):
         blocks = [{"type": "text", "text": message.content}] if message.content else []
     else:
-        blocks = _parts(message.content)
+        blocks = _parts(message.content or [])
     if blocks:
         out.add(message.role, *blocks)
 
@@ -157,7 +140,7 @@ def _tool_result(out: Messages, block: dict[str, Any], content: Any) -> None:
 
 def _type(block: Any) -> str | None:
     if isinstance(block, msgspec.Raw):
-        return msgspec.json.decode(block, type=_Head).type
+        return msgspec.json.decode(block, type=ItemHead).type
     return block.get("type") if isinstance(block, dict) else None
 
 
@@ -210,12 +193,11 @@ def _source(url: str) -> dict[str, str]:
     return {"type": "url", "url": url}
 
 
-def as_item(block: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
+def as_item(block: msgspec.Raw) -> dict[str, Any]:
     """An Anthropic block as the OpenAI surface shows it: thinking (readable or redacted) as a
-    ``reasoning`` item, its text as ``summary_text`` and ``sealed`` (the block itself, sealed
-    by turnstore) as its ``encrypted_content`` (left out without: never shown in clear);
-    text as an assistant ``message``; a ``tool_use`` as a ``function_call`` (its id the
-    ``call_id``). The item's ``id`` is the caller's to give."""
+    ``reasoning`` item, its text as ``summary_text`` (never its signature: sealed by the seam,
+    translate/__init__.py ``relayed``); text as an assistant ``message``; a ``tool_use`` as a
+    ``function_call`` (its id the ``call_id``). The item's ``id`` is the caller's to give."""
     read = msgspec.json.decode(block, type=_Block)
     if read.type == "text":
         part = {"type": "output_text", "text": read.text, "annotations": []}
@@ -229,10 +211,7 @@ def as_item(block: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
             "arguments": arguments,
         }
     summary = [{"type": "summary_text", "text": read.thinking}] if read.thinking else []
-    item: dict[str, Any] = {"type": "reasoning", "summary": summary}
-    if sealed is not None:
-        item["encrypted_content"] = sealed
-    return item
+    return {"type": "reasoning", "summary": summary}
 
 
 def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | None:
@@ -245,7 +224,8 @@ def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | Non
 
 
 class _Anthropic:
-    """Anthropic's content blocks as the rest of turnstore reads them (base.Form)."""
+    """Anthropic's content blocks as the rest of turnstore reads them (base.Form): each block
+    one Responses item."""
 
     name = "anthropic"
 
@@ -253,27 +233,20 @@ class _Anthropic:
         return is_block(item)
 
     def opaque(self, item: msgspec.Raw) -> bool:
-        return msgspec.json.decode(item, type=_Head).type in OPAQUE_BLOCKS
+        return msgspec.json.decode(item, type=ItemHead).type in OPAQUE_BLOCKS
 
-    def as_item(self, item: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
-        return as_item(item, sealed)
-
-    def neutral(self, item: msgspec.Raw) -> msgspec.Raw | None:
-        read = msgspec.json.decode(item, type=_Block)
-        if read.type == "tool_use" or (read.type == "text" and read.text):
-            return msgspec.Raw(msgspec.json.encode(as_item(item)))
-        return None  # thinking (readable by its issuer alone), an empty text
-
-    def listed(self, item: msgspec.Raw) -> tuple[str | None, str | None, str]:
+    def shown(self, item: msgspec.Raw) -> list[Shown]:
         head = msgspec.json.decode(item, type=_Block)
+        read = as_item(item)
         call_id = head.id if head.type == "tool_use" else None
-        return own_id(item, head.type, head.id or None), call_id, SHOWN_AS[head.type]
+        own = own_id(item, head.type, head.id or None)
+        return [Shown(read, provider_id(read["type"], item), own, call_id, whole=True)]
 
-    def call(self, item: msgspec.Raw) -> Call | None:
+    def calls(self, item: msgspec.Raw) -> list[FunctionCall]:
         read = msgspec.json.decode(item, type=_ToolUse)
         if read.type != "tool_use":
-            return None
-        return Call(read.id, read.name, bytes(read.input).decode())  # the model's own text
+            return []
+        return [FunctionCall(read.id, read.name, bytes(read.input).decode())]  # the model's text
 
 
 class _ToolUse(msgspec.Struct):

@@ -16,20 +16,34 @@ from service.core.errors import InvalidInput
 
 
 @dataclass(frozen=True)
-class Call:
-    """A function call as every surface reads it: its id, its name, its arguments' JSON text."""
+class FunctionCall:
+    """A function call as every surface reads it."""
 
     call_id: str
     name: str
-    arguments: str
+    arguments: str  # the model's JSON text, unparsed: the tool gate judges it
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One Responses item that a form's item is shown as on the OpenAI surface."""
+
+    item: dict[str, Any]  # the Responses item it reads as (no ``id``, never sealed content)
+    id: str  # the id a client that keeps its own history is shown (OpenAI's shape: relayed)
+    own: str | None  # the id it is known by in its turn (None: by its place, as a message)
+    call_id: str | None = None
+    # It stands for the whole item: a reference to it restores the item itself, and where
+    # the item is opaque, it (when reasoning) carries the item sealed as encrypted_content.
+    whole: bool = False
 
 
 class Form(Protocol):
-    """One provider's own items, kept as the provider sent them, one item a block or part.
+    """One provider's own items, kept as the provider sent them (a block, a part, a message).
 
     A form is told by its items' first bytes (``owns``: cheap, as a window may hold hundreds of
     KiB of items, then exact). Everything else about its items is asked of it here, so that
-    items.py, the relay, restore and the views never name a provider.
+    items.py, the window, the relay, restore and the views never name a provider. Everything
+    the seam (translate/__init__.py) says of an item follows from these four answers.
     """
 
     name: str
@@ -39,29 +53,44 @@ class Form(Protocol):
         ...
 
     def opaque(self, item: msgspec.Raw) -> bool:
-        """It holds what only its issuer can read (thinking, a signature): it goes back only
-        to the origin that made it."""
+        """It holds what only its issuer can read (thinking, a signature): its exact bytes go
+        back only to the origin that made it (another gets what it reads as, its reasoning
+        left out)."""
         ...
 
-    def as_item(self, item: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
-        """The one Responses item it is listed as (no ``id``: the caller's to give). When it
-        reads as ``reasoning``, ``sealed`` (the item itself, sealed by turnstore) is its
-        ``encrypted_content``; never shown in clear."""
+    def shown(self, item: msgspec.Raw) -> list[Shown]:
+        """The Responses items it is shown as, in order: one for a block or a part, several
+        for a message that holds thinking, text and calls at once (Chat's). Its thinking, if
+        any, as ``reasoning``: what another provider never gets."""
         ...
 
-    def neutral(self, item: msgspec.Raw) -> msgspec.Raw | None:
-        """What any other provider gets of it: the Responses item it reads as, without what only
-        its issuer reads (None: nothing, e.g. thinking)."""
+    def calls(self, item: msgspec.Raw) -> list[FunctionCall]:
+        """The function calls it makes (the model's arguments text as it sent it)."""
         ...
 
-    def listed(self, item: msgspec.Raw) -> tuple[str | None, str | None, str]:
-        """Its own id (None: known by its place), its call id (None: not a call), and the
-        Responses type it is shown as."""
-        ...
 
-    def call(self, item: msgspec.Raw) -> Call | None:
-        """The function call it is, if it is one."""
-        ...
+# -- the Responses items every form's request translation reads, by their heads ----------------
+
+
+class ItemHead(msgspec.Struct):
+    type: str | None = None
+    role: str | None = None
+
+
+class Message(msgspec.Struct):
+    role: str
+    content: str | list[dict[str, Any]] | None = ""
+
+
+class CallItem(msgspec.Struct):
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+
+class Output(msgspec.Struct):
+    call_id: str
+    output: str | list[dict[str, Any]] = ""
 
 
 _ID_PREFIXES = {"message": "msg", "function_call": "fc", "reasoning": "rs"}
@@ -96,5 +125,10 @@ def data_url(url: str) -> tuple[str, str] | None:
     return media_type, data
 
 
-def text_of(parts: list[dict[str, Any]]) -> str:
-    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+def text_of(content: str | list[dict[str, Any]] | None) -> str:
+    """A message's or an output's text: itself, or its parts' texts (a refusal's too)."""
+    if isinstance(content, str):
+        return content
+    return "".join(
+        str(p.get("text") or p.get("refusal") or "") for p in content or () if isinstance(p, dict)
+    )

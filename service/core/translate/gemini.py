@@ -39,7 +39,18 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate.base import Call, arguments, data_url, provider_id, text_of
+from service.core.translate.base import (
+    CallItem,
+    FunctionCall,
+    ItemHead,
+    Message,
+    Output,
+    Shown,
+    arguments,
+    data_url,
+    provider_id,
+    text_of,
+)
 
 # What Gemini takes on a function call it never issued (its thought-signature docs).
 PLACEHOLDER_SIGNATURE = "skip_thought_signature_validator"
@@ -52,11 +63,6 @@ PART_FIELDS = (
 )
 _STARTS = tuple(b'"' + name.encode() + b'"' for name in PART_FIELDS)
 _GENERATION = re.compile(r"gemini-(\d+)")
-
-
-class _Head(msgspec.Struct):
-    type: str | None = None
-    role: str | None = None
 
 
 class _FunctionCall(msgspec.Struct):
@@ -80,7 +86,7 @@ def is_part(item: msgspec.Raw) -> bool:
     head = memoryview(item)[:48].tobytes()
     if not head.startswith(b"{") or not head[1:].lstrip().startswith(_STARTS):
         return False
-    read = msgspec.json.decode(item, type=_Head)
+    read = msgspec.json.decode(item, type=ItemHead)
     return read.type is None and read.role is None
 
 
@@ -116,7 +122,8 @@ def _call_id(read: _Part, item: msgspec.Raw) -> str:
 
 
 class _Gemini:
-    """Gemini's parts as the rest of turnstore reads them (base.Form)."""
+    """Gemini's parts as the rest of turnstore reads them (base.Form): each part one Responses
+    item."""
 
     name = "gemini"
 
@@ -129,69 +136,41 @@ class _Gemini:
         read = msgspec.json.decode(item, type=_Part)
         return read.thought or bool(read.thought_signature) or read.function_call is not None
 
-    def as_item(self, item: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
-        read = msgspec.json.decode(item, type=_Part)
-        if read.function_call is not None:
-            return {
-                "type": "function_call",
-                "call_id": _call_id(read, item),
-                "name": read.function_call.name,
-                "arguments": bytes(read.function_call.args).decode(),
-            }
-        if read.text and not read.thought:
-            part = {"type": "output_text", "text": read.text, "annotations": []}
-            return {"type": "message", "role": "assistant", "content": [part]}
-        # Thought, a signature alone on an empty text, or a part nothing here reads (an image
-        # the model made, code it ran): reasoning, readable (its thought) or not.
-        summary = [{"type": "summary_text", "text": read.text}] if read.text else []
-        shown: dict[str, Any] = {"type": "reasoning", "summary": summary}
-        if sealed is not None:
-            shown["encrypted_content"] = sealed
-        return shown
-
-    def neutral(self, item: msgspec.Raw) -> msgspec.Raw | None:
-        read = msgspec.json.decode(item, type=_Part)
-        if read.function_call is None and (read.thought or not read.text):
-            return None  # thinking, a signature alone: readable by their issuer alone
-        return msgspec.Raw(msgspec.json.encode(self.as_item(item)))
-
-    def listed(self, item: msgspec.Raw) -> tuple[str | None, str | None, str]:
+    def shown(self, item: msgspec.Raw) -> list[Shown]:
         read = msgspec.json.decode(item, type=_Part)
         if read.function_call is not None:
             call_id = _call_id(read, item)
-            return call_id, call_id, "function_call"
+            called = {
+                "type": "function_call",
+                "call_id": call_id,
+                "name": read.function_call.name,
+                "arguments": bytes(read.function_call.args).decode(),
+            }
+            return [Shown(called, provider_id("function_call", item), call_id, call_id, True)]
         if read.text and not read.thought:
-            return None, None, "message"  # known by its place in its turn
-        return provider_id("reasoning", item), None, "reasoning"  # its signature makes it unique
+            part = {"type": "output_text", "text": read.text, "annotations": []}
+            said = {"type": "message", "role": "assistant", "content": [part]}
+            # Known by its place in its turn.
+            return [Shown(said, provider_id("message", item), None, whole=True)]
+        # Thought, a signature alone on an empty text, or a part nothing here reads (an image
+        # the model made, code it ran): reasoning, readable (its thought) or not; its
+        # signature makes its digest unique.
+        summary = [{"type": "summary_text", "text": read.text}] if read.text else []
+        own = provider_id("reasoning", item)
+        return [Shown({"type": "reasoning", "summary": summary}, own, own, whole=True)]
 
-    def call(self, item: msgspec.Raw) -> Call | None:
+    def calls(self, item: msgspec.Raw) -> list[FunctionCall]:
         read = msgspec.json.decode(item, type=_Part)
         if read.function_call is None:
-            return None
+            return []
         arguments = bytes(read.function_call.args).decode()
-        return Call(_call_id(read, item), read.function_call.name, arguments)
+        return [FunctionCall(_call_id(read, item), read.function_call.name, arguments)]
 
 
 GEMINI = _Gemini()
 
 
 # -- a request's items as Gemini's contents ------------------------------------------------
-
-
-class _Message(msgspec.Struct):
-    role: str
-    content: str | list[dict[str, Any]] = ""
-
-
-class _CallItem(msgspec.Struct):
-    call_id: str
-    name: str
-    arguments: str = "{}"
-
-
-class _Output(msgspec.Struct):
-    call_id: str
-    output: str | list[dict[str, Any]] = ""
 
 
 @dataclass
@@ -223,11 +202,11 @@ def to_contents(items: Sequence[msgspec.Raw], model: str) -> Contents:
                 out.calls[_call_id(read, item)] = (read.function_call.name, read.function_call.id)
             out.add("model", wire(item))  # verbatim: its signature binds its exact content
             continue
-        head = msgspec.json.decode(item, type=_Head)
+        head = msgspec.json.decode(item, type=ItemHead)
         if head.type in (None, "message") and head.role is not None:
-            _message(out, msgspec.json.decode(item, type=_Message))
+            _message(out, msgspec.json.decode(item, type=Message))
         elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=_CallItem)
+            call = msgspec.json.decode(item, type=CallItem)
             part: dict[str, Any] = {
                 "functionCall": {
                     "id": call.call_id,
@@ -240,7 +219,7 @@ def to_contents(items: Sequence[msgspec.Raw], model: str) -> Contents:
             out.calls[call.call_id] = (call.name, call.call_id)
             out.add("model", part)
         elif head.type == "function_call_output":
-            _response(out, msgspec.json.decode(item, type=_Output))
+            _response(out, msgspec.json.decode(item, type=Output))
         elif head.type in ("reasoning", "compaction"):
             continue  # another provider's reasoning: readable by its issuer alone
         else:
@@ -250,9 +229,9 @@ def to_contents(items: Sequence[msgspec.Raw], model: str) -> Contents:
     return out
 
 
-def _message(out: Contents, message: _Message) -> None:
+def _message(out: Contents, message: Message) -> None:
     if message.role in ("system", "developer"):
-        text = message.content if isinstance(message.content, str) else text_of(message.content)
+        text = text_of(message.content)
         if text:
             out.system.append(text)
         return
@@ -261,17 +240,17 @@ def _message(out: Contents, message: _Message) -> None:
     if isinstance(message.content, str):
         parts = [{"text": message.content}] if message.content else []
     else:
-        parts = _parts(message.content)
+        parts = _parts(message.content or [])
     if parts:
         out.add("model" if message.role == "assistant" else "user", *parts)
 
 
-def _response(out: Contents, result: _Output) -> None:
+def _response(out: Contents, result: Output) -> None:
     """A function's output as a ``functionResponse`` of its call's name and id, before any
     text of the same user content; an output whose call is not in the request (it fell out of
     the window) as text, which Gemini takes without a call before it."""
     output = result.output
-    text = output if isinstance(output, str) else text_of(output)
+    text = text_of(output)
     media = [] if isinstance(output, str) else [p for p in output if p.get("type") != "input_text"]
     extra = _parts(media)
     if result.call_id not in out.calls:

@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 
-from migrations.commit_function import COMMIT, COMMIT_V2
+from migrations.commit_function import COMMIT, COMMIT_V2, COMMIT_V3
 from migrations.runner import LOCK_ID
 from service.platform import migrate
 from service.platform.db import driver_connect_args
@@ -137,14 +137,15 @@ class DistributedFunction:
 
 # Every function the migrations make, placed after the tables.
 FUNCTIONS: dict[str, DistributedFunction] = {
-    # A turn's commit: the plain turn's one round trip, on one worker, without 2PC (v2 is this
-    # release's; the first is the previous release's, during a rolling upgrade).
-    COMMIT.name: DistributedFunction(
-        COMMIT.signature, argument="p_cid", colocate_with="conversations"
-    ),
-    COMMIT_V2.name: DistributedFunction(
-        COMMIT_V2.signature, argument="p_cid", colocate_with="conversations"
-    ),
+    # A turn's commit: the plain turn's one round trip, on one worker, without 2PC (v3 is this
+    # release's; the first the previous release's, during a rolling upgrade; v2 that of images
+    # built between migrations 0019 and 0020).
+    **{
+        commit.name: DistributedFunction(
+            commit.signature, argument="p_cid", colocate_with="conversations"
+        )
+        for commit in (COMMIT, COMMIT_V2, COMMIT_V3)
+    },
     # A turn's place among its owner's running turns: on the worker of the owner's rows.
     "turnstore_take_turn": DistributedFunction(
         "turnstore_take_turn(text, uuid, timestamptz, timestamptz, integer)",

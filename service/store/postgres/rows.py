@@ -69,9 +69,7 @@ class Rows:
             user_message=self._field(row, "user_message"),
             assistant_message=self._field(row, "assistant_message"),
             replay_items=_ITEMS.decode(self._field(row, "replay_items")),
-            origin=Origin(row["provider"], row["endpoint"], row["model"])
-            if row["provider"]
-            else None,
+            origin=_origin(row),
             context_from=row["context_from"] or 1,
             prompt_version=row["prompt_version"],
             tool_calls=_CALLS.decode(calls) if calls else (),
@@ -127,6 +125,8 @@ class Rows:
             "provider": origin.provider if origin else None,
             "endpoint": origin.endpoint if origin else None,
             "model": origin.model if origin else None,
+            "kind": origin.kind if origin else None,
+            "key_fingerprint": origin.key_fingerprint if origin else None,
             "context_from": turn.context_from,
             "prompt_version": turn.prompt_version,
             "status": turn.status,
@@ -246,3 +246,11 @@ async def reading(
     """The rows of these (read back): with the owner's key if any of them holds a sealed field
     of ``names`` (rows in clear need no keyring)."""
     return Rows(await reading_key(keyring, owner, rows, names), conversation_id)
+
+
+def _origin(row: Row) -> Origin | None:
+    """Where a turn's items came from (None: a turn stored before origins were kept)."""
+    if not row["provider"]:
+        return None
+    kind, key = row["kind"], row["key_fingerprint"]
+    return Origin(row["provider"], row["endpoint"], row["model"], kind, key)

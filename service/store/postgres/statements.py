@@ -13,7 +13,7 @@ setting and are compiled where they are written.
 
 from __future__ import annotations
 
-from migrations.commit_function import COMMIT_V2, shredded
+from migrations.commit_function import COMMIT_V3, shredded
 from service.platform.crypto import OVERHEAD
 from service.store.postgres.tx import Compiled, sql
 
@@ -33,7 +33,8 @@ TURN = """
     turns.model, turns.context_from, turns.prompt_version, turns.status,
     turns.incomplete_reason, turns.created_at AS turn_created_at, turns.usage,
     turns.transcript, turns.sealed_transcript, turns.response, turns.sealed_response,
-    turns.response_deleted, turns.turn_id, turns.compacted, turns.sealed_compacted
+    turns.response_deleted, turns.turn_id, turns.compacted, turns.sealed_compacted,
+    turns.kind, turns.key_fingerprint
 """
 # The same without what its /v1 Response echoes (read only when the response is retrieved):
 # what a turn reads of its window, and a history cache keeps, holds no echo of any request.
@@ -47,7 +48,7 @@ TURN_VALUES = """
     prompt_version, tool_calls, status, incomplete_reason, turn_id, sealed_user_message,
     sealed_assistant_message, sealed_replay_items, sealed_tool_calls, usage, transcript,
     sealed_transcript, response, sealed_response, compacted, sealed_compacted, items_bytes,
-    opaque_bytes, turn_bytes
+    opaque_bytes, turn_bytes, kind, key_fingerprint
 """
 # The conversation's size as this release counts it (migration 0019: counted_bytes and the
 # revision it counts up to; the older stored_bytes counted items alone, and is not read).
@@ -184,7 +185,7 @@ TURN_SIZES = f"""
 # two-phase commit); :idle_s is the retention (NULL: none).
 COMMIT = f"""
     SELECT revision, created_at, updated_at, lease_wanted
-    FROM {COMMIT_V2.call()}
+    FROM {COMMIT_V3.call()}
 """
 # The same, giving the turn's place among its owner's running turns back in the same
 # statement (on Citus, where the place lives on the owner's worker, FREE_TURN follows it).
@@ -366,7 +367,7 @@ TURN_INSERT = f"""
         :incomplete_reason, :turn_id, :sealed_user_message, :sealed_assistant_message,
         :sealed_replay_items, :sealed_tool_calls, :usage, :transcript, :sealed_transcript,
         :response, :sealed_response, :compacted, :sealed_compacted, :items_bytes, :opaque_bytes,
-        :turn_bytes
+        :turn_bytes, :kind, :key_fingerprint
     )
 """
 # The same with its first time kept (a turn moved or copied).
@@ -379,7 +380,7 @@ TURN_MOVE = TURN_INSERT.replace("now()", ":created_at")
 FORKED = """
     seq, user_message, assistant_message, replay_items, created_at, provider, endpoint, model,
     context_from, prompt_version, tool_calls, status, incomplete_reason, usage, transcript,
-    response, compacted, items_bytes, opaque_bytes, turn_bytes
+    response, compacted, items_bytes, opaque_bytes, turn_bytes, kind, key_fingerprint
 """
 FORK = f"""
     WITH src AS (

@@ -1,5 +1,6 @@
 """Part 14, providers: what Anthropic's prompt cache saves a Claude conversation served by
-turnstore, and what a Claude turn costs the server next to a `fake-model` turn.
+turnstore, what Gemini's implicit cache saves a Gemini one, and what a Claude turn costs the
+server next to a `fake-model` turn.
 
 A `turnstore serve` process with PROVIDERS_FILE (the built-in fake and Claude) talks to the
 strict fake Anthropic API of the tests (tests/support/fake_anthropic.py: it counts cache reads
@@ -13,6 +14,13 @@ turns with thinking (``reasoning.effort=low``), each with a ~6 KB user message; 
   (read plus written): the share of the earlier prompt it did not pay full price for;
 - covered: cache reads plus writes over all its input tokens: what is billed at the full
   price is the rest (the newest input, and the newest reply until a later request carries it).
+
+Then one conversation of ``TURNS`` Gemini 3 turns (the strict fake Gemini API,
+tests/support/fake_gemini.py, with readable thoughts), which caches implicitly: a request
+reads back the longest prefix an earlier request had, so per turn, read is its cached tokens
+over the previous request's whole prompt (which Gemini holds from then on), and covered its
+cached tokens over its own prompt. With a stable prefix (the request of turn N+1 begins with
+turn N's, thought signatures and all) read stays at 100%.
 """
 
 from __future__ import annotations
@@ -30,12 +38,13 @@ import uvicorn
 
 from bench.database import sqlalchemy_url
 from bench.server import free_port, process_cpu_s, running, turnstore_command
+from tests.support import fake_gemini
 from tests.support.fake_anthropic import API_KEY, FakeMessagesAPI
 
 TURNS = 20
 ROUNDS = 5  # conversations of each model, for the CPU per turn (psutil's CPU time ticks at 10 ms)
 SHOWN = (2, 10, 20)
-CLAUDE, FAKE = "claude-test", "fake-llm"
+CLAUDE, FAKE, GEMINI = "claude-test", "fake-llm", "gemini-3-test"
 MESSAGE = "Tell me more about the history of the lighthouse. " * 120  # ~6 KB: past the
 # smallest prompt Anthropic caches (1,024 tokens), so the first turn's request is cached too
 
@@ -50,6 +59,7 @@ class Cached:
 @dataclass
 class ProvidersResult:
     cached: list[Cached] = field(default_factory=list)
+    gemini: list[Cached] = field(default_factory=list)
     claude_cpu_ms: float = 0.0
     fake_cpu_ms: float = 0.0
     fake_api_ms: float = 0.0  # the fake Anthropic's own time per call (in this process)
@@ -58,7 +68,7 @@ class ProvidersResult:
 class _Served:
     """The fake Anthropic API over HTTP, on a thread of its own (its own event loop)."""
 
-    def __init__(self, api: FakeMessagesAPI) -> None:
+    def __init__(self, api: FakeMessagesAPI | fake_gemini.FakeGeminiAPI) -> None:
         self.api, self.port, self.handled_s = api, free_port(), 0.0
         config = uvicorn.Config(
             self._app, host="127.0.0.1", port=self.port, log_level="error", interface="asgi3"
@@ -75,7 +85,8 @@ class _Served:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        url = f"http://127.0.0.1:{self.port}{scope['path']}"
+        query = f"?{scope['query_string'].decode()}" if scope.get("query_string") else ""
+        url = f"http://127.0.0.1:{self.port}{scope['path']}{query}"
         headers = [(k.decode(), v.decode()) for k, v in scope["headers"]]
         started = time.perf_counter()
         answer = await self.api.handle(
@@ -100,12 +111,14 @@ class _Served:
         self._thread.join(timeout=10)
 
 
-def _providers_file(path: Path, port: int) -> Path:
+def _providers_file(path: Path, port: int, gemini_port: int) -> Path:
     path.write_text(
         f'default_model = "{FAKE}"\n\n'
         f'[providers.local]\nkind = "fake"\nmodels = ["{FAKE}"]\n\n'
         f'[providers.claude]\nkind = "anthropic"\nbase_url = "http://127.0.0.1:{port}"\n'
-        f'api_key_env = "BENCH_ANTHROPIC_KEY"\nmodels = ["{CLAUDE}"]\n'
+        f'api_key_env = "BENCH_ANTHROPIC_KEY"\nmodels = ["{CLAUDE}"]\n\n'
+        f'[providers.google]\nkind = "gemini"\nbase_url = "http://127.0.0.1:{gemini_port}"\n'
+        f'api_key_env = "BENCH_GEMINI_KEY"\nmodels = ["{GEMINI}"]\n'
     )
     return path
 
@@ -121,6 +134,8 @@ async def _turns(port: int, pid: int, model: str) -> tuple[list[dict[str, Any]],
             body = {"model": model, "conversation": conversation, "input": f"{n}. {MESSAGE}"}
             if model == CLAUDE:
                 body["reasoning"] = {"effort": "low"}
+            elif model == GEMINI:
+                body["reasoning"] = {"effort": "low", "summary": "auto"}
             answered = await client.post("/v1/responses", json=body)
             answered.raise_for_status()
             usages.append(answered.json()["usage"])
@@ -129,13 +144,16 @@ async def _turns(port: int, pid: int, model: str) -> tuple[list[dict[str, Any]],
 
 def run(url: str, log_dir: Path) -> ProvidersResult:
     api = FakeMessagesAPI(min_cache_tokens=1024)
+    google = fake_gemini.FakeGeminiAPI(min_cache_tokens=1024)
     result = ProvidersResult()
-    with _Served(api) as served:
+    with _Served(api) as served, _Served(google) as gemini:
         port = free_port()
+        listed = _providers_file(log_dir / "providers.toml", served.port, gemini.port)
         env = {
             "DATABASE_URL": sqlalchemy_url(url),
-            "PROVIDERS_FILE": str(_providers_file(log_dir / "providers.toml", served.port)),
+            "PROVIDERS_FILE": str(listed),
             "BENCH_ANTHROPIC_KEY": API_KEY,
+            "BENCH_GEMINI_KEY": fake_gemini.API_KEY,
         }
         command = [*turnstore_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
         with running(command, port, env, log_dir / "providers.log") as pid:
@@ -143,7 +161,9 @@ def run(url: str, log_dir: Path) -> ProvidersResult:
             claude = [cpu, *(asyncio.run(_turns(port, pid, CLAUDE))[1] for _ in range(ROUNDS - 1))]
             fake = [asyncio.run(_turns(port, pid, FAKE))[1] for _ in range(ROUNDS)]
             result.claude_cpu_ms, result.fake_cpu_ms = min(claude), min(fake)
+            gemini_usages, _ = asyncio.run(_turns(port, pid, GEMINI))
         result.fake_api_ms = served.handled_s * 1000 / (TURNS * ROUNDS)
+    result.gemini = gemini_shares(gemini_usages)
     for n in range(2, TURNS + 1):
         before, now = usages[n - 2]["input_tokens_details"], usages[n - 1]
         details = now["input_tokens_details"]
@@ -155,6 +175,17 @@ def run(url: str, log_dir: Path) -> ProvidersResult:
     return result
 
 
+def gemini_shares(usages: list[dict[str, Any]]) -> list[Cached]:
+    """Per turn from the second: its cache reads over the previous request's whole prompt
+    (read), and over its own (covered)."""
+    shares = []
+    for n in range(2, len(usages) + 1):
+        before, now = usages[n - 2], usages[n - 1]
+        cached = now["input_tokens_details"]["cached_tokens"]
+        shares.append(Cached(n, cached / before["input_tokens"], cached / now["input_tokens"]))
+    return shares
+
+
 def lines(result: ProvidersResult) -> Iterator[str]:
     for row in result.cached:
         if row.turn in SHOWN:
@@ -164,6 +195,17 @@ def lines(result: ProvidersResult) -> Iterator[str]:
             )
     worst = min(result.cached, key=lambda row: row.read)
     yield f"lowest read share from turn 2 on: {worst.read:.1%} (turn {worst.turn}); target >= 90%"
+    for row in result.gemini:
+        if row.turn in SHOWN:
+            yield (
+                f"Gemini turn {row.turn:2}: read from the cache {row.read:6.1%} of the previous "
+                f"request's prompt; cache reads cover {row.covered:6.1%} of its input"
+            )
+    low = min(result.gemini, key=lambda row: row.read)
+    yield (
+        f"Gemini's lowest read share from turn 2 on: {low.read:.1%} (turn {low.turn}); "
+        "target >= 90%"
+    )
     ratio = result.claude_cpu_ms / result.fake_cpu_ms
     yield (
         f"server CPU per turn (least of {ROUNDS} conversations): Claude "

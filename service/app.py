@@ -59,6 +59,7 @@ from service.providers.anthropic import AnthropicEndpoint, AnthropicProvider
 from service.providers.base import Provider
 from service.providers.chat_completions import ChatEndpoint, ChatProvider
 from service.providers.fake import FakeProvider
+from service.providers.gemini import GeminiEndpoint, GeminiProvider
 from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.providers.routing import Routed
 from service.providers.wire import WireLimits
@@ -117,6 +118,8 @@ def build_provider(settings: Settings) -> Provider:
         return FakeProvider()
     if settings.llm_provider == "anthropic":
         return _anthropic(anthropic_endpoint(settings), settings)
+    if settings.llm_provider == "gemini":
+        return GeminiProvider(gemini_endpoint(settings), _limits(settings))
     if settings.llm_provider == "chat":
         return ChatProvider(chat_endpoint(settings), _limits(settings))
     return _responses(build_endpoint(settings), settings)
@@ -129,6 +132,8 @@ def check_provider(settings: Settings) -> None:
         build_endpoint(settings)
     elif settings.providers_file is None and settings.llm_provider == "anthropic":
         anthropic_endpoint(settings)
+    elif settings.providers_file is None and settings.llm_provider == "gemini":
+        gemini_endpoint(settings)
     elif settings.providers_file is None and settings.llm_provider == "chat":
         chat_endpoint(settings)
 
@@ -139,6 +144,14 @@ def anthropic_endpoint(settings: Settings) -> AnthropicEndpoint:
     if not (key and model):
         raise ValueError("anthropic needs ANTHROPIC_API_KEY and ANTHROPIC_MODEL")
     return AnthropicEndpoint("anthropic", settings.anthropic_base_url, key, model)
+
+
+def gemini_endpoint(settings: Settings) -> GeminiEndpoint:
+    """The Gemini API endpoint the settings name; ValueError naming what is missing."""
+    key, model = settings.gemini_api_key, settings.gemini_model
+    if not (key and model):
+        raise ValueError("gemini needs GEMINI_API_KEY and GEMINI_MODEL")
+    return GeminiEndpoint("gemini", settings.gemini_base_url, key, model)
 
 
 def chat_endpoint(settings: Settings) -> ChatEndpoint:
@@ -159,6 +172,10 @@ def _named_provider(spec: ProviderSpec, settings: Settings) -> Provider:
         assert spec.api_key is not None
         endpoint = AnthropicEndpoint(spec.name, spec.base_url, spec.api_key, model)
         return _anthropic(endpoint, settings)
+    if spec.kind == "gemini":
+        assert spec.api_key is not None
+        gemini = GeminiEndpoint(spec.name, spec.base_url, spec.api_key, model)
+        return GeminiProvider(gemini, _limits(settings))
     if spec.kind == "chat":
         assert spec.base_url is not None
         server = ChatEndpoint(spec.name, spec.base_url, spec.api_key, model)

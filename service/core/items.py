@@ -25,23 +25,13 @@ from service.core.errors import InvalidInput
 from service.core.ids import Ids, prefix_of, unstored_id
 from service.core.model import Said, Turn
 from service.core.strictjson import holds_nul, is_encodable
-from service.core.translate import OPAQUE_BLOCKS, SHOWN_AS, as_item, is_block, own_id
-from service.core.translate_chat import is_chat, message, shown
+from service.core.translate import FunctionCall, calls, form_of, readable, shown
 
 # --- items as the provider defines them: read by their heads, never rebuilt ---------------
 
 
 class _ItemHead(msgspec.Struct):
     type: str | None = None
-    encrypted_content: str | None = None
-    role: str | None = None
-
-
-@dataclass(frozen=True)
-class FunctionCall:
-    call_id: str
-    name: str
-    arguments: str  # the model's JSON text, unparsed: the tool gate judges it
 
 
 class _FunctionCallItem(msgspec.Struct):
@@ -49,27 +39,22 @@ class _FunctionCallItem(msgspec.Struct):
     call_id: str = ""
     name: str = ""
     arguments: str = ""
-    id: str = ""  # an Anthropic tool_use block's call id
-    input: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))  # its arguments
 
 
 def function_calls(items: list[msgspec.Raw]) -> list[FunctionCall]:
     """The function calls among a reply's output items, in order: ``function_call`` items,
-    Anthropic ``tool_use`` blocks, or a Chat message's ``tool_calls``."""
-    calls = []
+    or a provider form's calls (Anthropic's ``tool_use``, Gemini's ``functionCall``, a Chat
+    message's ``tool_calls``)."""
+    found: list[FunctionCall] = []
     for item in items:
-        if is_chat(item):
-            calls += [
-                FunctionCall(c.id or "", c.function.name, c.function.arguments)
-                for c in message(item).tool_calls or ()
-            ]
+        made = calls(item)
+        if made is not None:
+            found += made
             continue
         head = msgspec.json.decode(item, type=_FunctionCallItem)
         if head.type == "function_call":
-            calls.append(FunctionCall(head.call_id, head.name, head.arguments))
-        elif head.type == "tool_use":
-            calls.append(FunctionCall(head.id, head.name, bytes(head.input).decode()))
-    return calls
+            found.append(FunctionCall(head.call_id, head.name, head.arguments))
+    return found
 
 
 def function_outputs(items: Sequence[msgspec.Raw]) -> list[FunctionCall]:
@@ -87,6 +72,8 @@ def input_count(items: Sequence[msgspec.Raw]) -> int:
     """How many of a turn's items are its input (function outputs and messages the client
     sent), not the provider's output: the leading ones that are not the assistant's."""
     for index, item in enumerate(items):
+        if form_of(item) is not None:  # a provider's own item: always its output
+            return index
         head = msgspec.json.decode(item, type=_InputHead)
         if head.type not in (None, "message", "function_call_output") or head.role == "assistant":
             return index
@@ -104,8 +91,8 @@ def calls_made(items: Sequence[msgspec.Raw]) -> set[str]:
 
 
 def _call_ids(items: Sequence[msgspec.Raw], kind: str) -> set[str]:
-    if kind == "function_call":  # Anthropic's tool_use blocks and Chat's tool_calls are too
-        return {call.call_id for call in function_calls(list(items))}
+    if kind == "function_call":  # a provider form's calls are calls too
+        return {c.call_id for c in function_calls(list(items))}
     heads = (msgspec.json.decode(item, type=_FunctionCallItem) for item in items)
     return {h.call_id for h in heads if h.type == kind}
 
@@ -113,17 +100,6 @@ def _call_ids(items: Sequence[msgspec.Raw], kind: str) -> set[str]:
 def function_call_output(call_id: str, output: str) -> msgspec.Raw:
     item = {"type": "function_call_output", "call_id": call_id, "output": output}
     return msgspec.Raw(msgspec.json.encode(item))
-
-
-def is_opaque(item: msgspec.Raw) -> bool:
-    """An item only the provider, endpoint and model that made it can read: sealed reasoning,
-    a compaction item, or Anthropic's thinking (signed, or redacted)."""
-    head = msgspec.json.decode(item, type=_ItemHead)
-    return (
-        head.type == "compaction"
-        or (head.type == "reasoning" and bool(head.encrypted_content))
-        or (head.type in OPAQUE_BLOCKS and head.role is None)  # Anthropic's, kept as sent
-    )
 
 
 def compaction_item(items: Sequence[msgspec.Raw]) -> msgspec.Raw | None:
@@ -141,14 +117,18 @@ class _Listed(msgspec.Struct):
     role: str | None = None
 
 
-def _own(raw: msgspec.Raw, head: _Listed) -> tuple[str | None, str | None, str | None]:
-    """An item's own id, its call id and the type it is shown as: Anthropic's blocks as the
-    Responses items they read as (a tool_use's id is its call id; thinking, which carries no
-    id, is known by a digest of its bytes)."""
-    if head.role is None and head.type in SHOWN_AS:
-        call_id = head.id if head.type == "tool_use" else None
-        return own_id(raw, head.type, head.id), call_id, SHOWN_AS[head.type]
-    return head.id, head.call_id, head.type
+Head = tuple[str | None, str | None, str | None]  # an item's own id, call id, shown type
+
+
+def _parts(raw: msgspec.Raw) -> list[tuple[Head, msgspec.Raw]]:
+    """The items ``raw`` is listed as, each with its head: itself, or the Responses items a
+    provider form's item is shown as (service/core/translate/: a Chat message as several)."""
+    parts = shown(raw)
+    if parts is None:
+        head = msgspec.json.decode(raw, type=_Listed)
+        return [((head.id, head.call_id, head.type), raw)]
+    encode = msgspec.json.encode
+    return [((p.own, p.call_id, p.item["type"]), msgspec.Raw(encode(p.item))) for p in parts]
 
 
 def listed(
@@ -164,37 +144,32 @@ def listed(
     nowhere, shown by their own ids; ``first``: the index of the first of ``items`` in its
     turn). The calls of turnstore's own tools that ran inside the turn (``own_calls``, the
     call ids its tool records name) are not listed: a client shown them would try to run them
-    itself. Every other item is, whoever made it."""
+    itself. Every other item is, whoever made it; a provider form's item as the Responses
+    items it is shown as."""
     listing = []
     for index, raw in enumerate(items, start=first):
-        for part, (own, call_id, kind) in _parts(raw):
+        for (own, call_id, kind), part in _parts(raw):
             if call_id is None or call_id not in own_calls:
                 listing.append((shown_id(ids, cid, revision, index, own, kind), part))
     return listing
 
 
-Head = tuple[str | None, str | None, str | None]  # an item's own id, call id, shown type
-
-
-def _parts(raw: msgspec.Raw, sealed: str | None = None) -> list[tuple[msgspec.Raw, Head]]:
-    """The items ``raw`` is shown as, each with its head: itself, or a Chat message's parts
-    (its thinking, text and calls, service/core/translate_chat.py; ``sealed``: what the
-    thinking part carries as ``encrypted_content``)."""
-    if is_chat(raw):
-        return [
-            (msgspec.Raw(msgspec.json.encode(item)), (own, call_id, kind))
-            for own, call_id, kind, item in shown(raw, sealed)
-        ]
-    return [(raw, _own(raw, msgspec.json.decode(raw, type=_Listed)))]
-
-
-def restorable(raw: msgspec.Raw) -> list[tuple[str | None, msgspec.Raw]]:
-    """The items a stored item is shown as, with their own ids, as a client's reference to
-    one of them restores it: a Chat message's thinking part carries the whole message (it is
-    sent back verbatim to its origin; its text and calls, which follow it, are not sent twice:
-    service/providers/chat_completions_request.py)."""
+def restorable(stored: msgspec.Raw) -> list[tuple[str | None, msgspec.Raw, bool]]:
+    """What a reference to each item ``stored`` is listed as restores, with the id that item is
+    known by and whether it stands for a provider's own item shown as several: the item
+    itself; for a Chat message, the message itself for the part that stands for it (its
+    thinking: sent back verbatim to its origin, and its text and calls beside it not twice,
+    service/usecases/restore.py), else the Responses item the part is."""
+    parts = shown(stored)
+    if parts is None:
+        return [(msgspec.json.decode(stored, type=_Listed).id, stored, False)]
+    several = len(parts) > 1
+    encode = msgspec.json.encode
     return [
-        (head[0], part) for part, head in _parts(raw, bytes(raw).decode() if is_chat(raw) else None)
+        (part.own, stored, several)
+        if part.whole
+        else (part.own, msgspec.Raw(encode(part.item)), False)
+        for part in parts
     ]
 
 
@@ -217,12 +192,6 @@ def shown_id(
     if cid is None:
         return own or unstored_id(prefix_of(kind))
     return ids.item(cid, revision, index, own, kind)
-
-
-def item_head(raw: msgspec.Raw) -> tuple[str | None, str | None]:
-    """An item's own id and its type."""
-    own, _, kind = _own(raw, msgspec.json.decode(raw, type=_Listed))
-    return own, kind
 
 
 def listed_ids(ids: Ids, cid: uuid.UUID, revision: int, turn: Turn) -> list[str]:
@@ -411,26 +380,14 @@ def client_tools(tools: Sequence[Any] | None, reserved: set[str]) -> tuple[msgsp
     return tuple(encoded)
 
 
-def _readable(raw: msgspec.Raw) -> Any:
-    """An item as the Responses API reads it (Anthropic's blocks as the items they read as, a
-    Chat message as its text, else its last part)."""
-    if is_chat(raw):
-        parts = [item for _, _, _, item in shown(raw)]
-        return next((p for p in parts if p["type"] == "message"), parts[-1] if parts else _EMPTY)
-    return as_item(raw) if is_block(raw) else msgspec.json.decode(raw)
-
-
-_EMPTY = {"type": "message", "role": "assistant", "content": ""}
-
-
 def without_last_item(turn: Turn) -> Turn:
     """``turn`` with its last item removed (the Agents SDK's pop_item); its transcript
     follows when that item was a message."""
     rest = list(turn.replay_items[:-1])
-    popped = _readable(turn.replay_items[-1])
-    if not isinstance(popped, dict) or popped.get("type", "message") != "message":
+    popped = readable(turn.replay_items[-1])
+    if not any(item.get("type", "message") == "message" for item in popped):
         return dataclasses.replace(turn, replay_items=rest)
-    decoded = (_readable(raw) for raw in rest)
+    decoded = (item for raw in rest for item in readable(raw))
     said = tuple(
         message_text(item, "item_id")
         for item in decoded

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import msgspec
 
 from service.core.errors import ConversationFull
-from service.core.items import is_opaque
 from service.core.model import Turn
+from service.core.translate import is_opaque
 
 _JSON = msgspec.json.Encoder()
 

@@ -20,9 +20,8 @@ from pathlib import Path
 import msgspec
 
 from service.core.errors import ContextLengthExceeded
-from service.core.items import is_opaque
 from service.core.model import Origin, Turn
-from service.core.translate_chat import for_another
+from service.core.translate import neutral
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,8 @@ def window_start(
 @dataclass(frozen=True)
 class Window:
     """The earlier context one turn sends: the first turn it holds, and its items as this
-    provider can take them (``unsealed``: the same without opaque items, for the one retry).
+    provider can take them (``unsealed``: the same as another origin would get them, without
+    opaque items or signatures, for the one retry).
     ``compacted``: the compacted context it holds in place of earlier turns (the kept user
     messages, then the compaction item), when this turn made it (see ``compacted_to``)."""
 
@@ -81,7 +81,7 @@ class Window:
 
     @cached_property
     def unsealed(self) -> list[msgspec.Raw]:
-        return [item for item in self.items if not is_opaque(item)]
+        return _neutral(self.items)
 
     def compacted_to(self, items: Sequence[msgspec.Raw], revision: int) -> Window:
         """This window compacted by the turn that makes ``revision``: later windows start at
@@ -131,13 +131,18 @@ def _sendable_bytes(turn: Turn, origin: Origin, with_compacted: bool) -> int:
 
 def _sendable(turn: Turn, origin: Origin, with_compacted: bool) -> Sequence[msgspec.Raw]:
     """A turn's items, verbatim (after the compacted context it ran on, for the latest
-    compacting turn), except opaque items this provider cannot open: sealed reasoning and
-    compaction items made by another provider, endpoint or model are left out, and so is the
-    thinking inside a Chat message of another."""
+    compacting turn), when this provider made them; a turn another provider, endpoint or model
+    made as any other origin gets it (service/core/translate/ ``neutral``): its opaque items
+    (sealed reasoning, compaction items, thinking) left out, a provider's own items as the
+    Responses items they read as, without their signatures."""
     items = [*turn.compacted, *turn.replay_items] if with_compacted else turn.replay_items
     if turn.origin is not None and turn.origin != origin:
-        return [for_another(item) for item in items if not is_opaque(item)]
+        return _neutral(items)
     return items
+
+
+def _neutral(items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
+    return [kept for item in items for kept in neutral(item)]
 
 
 @dataclass(frozen=True)

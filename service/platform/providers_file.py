@@ -5,7 +5,7 @@ A TOML file (read with ``tomllib``)::
     default_model = "gpt-5"            # optional: else the first model of the first provider
 
     [providers.openai]
-    kind = "openai"                    # openai | azure | anthropic | chat | fake (see KINDS)
+    kind = "openai"                    # openai | azure | anthropic | gemini | chat | fake (KINDS)
     base_url = "https://api.openai.com/v1"
     api_key_env = "OPENAI_API_KEY"     # the NAME of the variable holding the key
     models = ["gpt-5", "gpt-5-mini"]
@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-# The kinds this release serves. The contract's `gemini` kind is refused by name until its
-# adapter lands (issue 32).
-KINDS = ("openai", "azure", "anthropic", "chat", "fake")
-NOT_YET = ("gemini",)
-_KEYED = ("azure", "anthropic")  # kinds that always need a key (a local Chat server has none)
+# The kinds this release serves (every kind the contract names).
+KINDS = ("openai", "azure", "anthropic", "gemini", "chat", "fake")
+# The kinds that always need a key (a local Chat server has none).
+_KEYED = ("azure", "anthropic", "gemini")
 _FIELDS = {"kind", "base_url", "api_key_env", "models"}
 
 
@@ -92,8 +91,6 @@ def _spec(name: str, table: Any, environ: Mapping[str, str]) -> ProviderSpec:
     if unknown:
         raise ProvidersFileError(f"{where}: unknown key {sorted(unknown)[0]!r}")
     kind = table.get("kind")
-    if kind in NOT_YET:
-        raise ProvidersFileError(f"{where}: kind {kind!r} is not served by this release yet")
     if kind not in KINDS:
         raise ProvidersFileError(f"{where}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
     models = table.get("models")

@@ -93,7 +93,7 @@ class Settings:
         "LLM_PROVIDER",
         "fake",
         "{choices}",
-        choices=("fake", "openai", "azure", "anthropic", "chat"),
+        choices=("fake", "openai", "azure", "anthropic", "gemini", "chat"),
     )
     providers_file: Path | None = _setting(
         "PROVIDERS_FILE",
@@ -134,6 +134,14 @@ class Settings:
         low=1,
         high=1_000_000,
     )
+    gemini_base_url: str = _setting(
+        "GEMINI_BASE_URL",
+        "https://generativelanguage.googleapis.com",
+        "for `gemini`: requests go to `{base}/v1beta/models/{model}:generateContent` (and "
+        "`:streamGenerateContent?alt=sse`) with `x-goog-api-key`",
+    )
+    gemini_api_key: str | None = _setting("GEMINI_API_KEY", None, "for `gemini`", secret=True)
+    gemini_model: str | None = _setting("GEMINI_MODEL", None, "for `gemini`")
     chat_base_url: str | None = _setting(
         "CHAT_BASE_URL",
         None,
@@ -472,10 +480,13 @@ class Settings:
     def __post_init__(self) -> None:
         for spec in fields(self):
             _check(spec.metadata, getattr(self, spec.name))
-        if urlsplit(self.anthropic_base_url).username is not None:
-            raise SettingsError("ANTHROPIC_BASE_URL must not carry credentials (user:password@)")
-        if self.chat_base_url and urlsplit(self.chat_base_url).username is not None:
-            raise SettingsError("CHAT_BASE_URL must not carry credentials (user:password@)")
+        for name, url in (
+            ("ANTHROPIC_BASE_URL", self.anthropic_base_url),
+            ("GEMINI_BASE_URL", self.gemini_base_url),
+            ("CHAT_BASE_URL", self.chat_base_url),
+        ):
+            if url and urlsplit(url).username is not None:
+                raise SettingsError(f"{name} must not carry credentials (user:password@)")
         if urlsplit(self.openai_base_url).username is not None:
             # httpx would turn them into Basic auth (replacing the key) and log them.
             raise SettingsError("OPENAI_BASE_URL must not carry credentials (user:password@)")

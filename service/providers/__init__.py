@@ -7,5 +7,6 @@ routing.py           several providers behind the port, routed by model (PROVIDE
 anthropic.py         Anthropic's Messages API over httpx (anthropic_request.py: its request)
 chat_completions.py  Chat Completions servers (vLLM, Ollama...) over httpx
                      (chat_completions_request.py: its request)
+gemini.py            the Gemini API (generateContent) over httpx (gemini_request.py: its request)
 wire.py              what every HTTP adapter does alike: httpx's errors, Retry-After, trace
 """

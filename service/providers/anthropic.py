@@ -28,7 +28,6 @@ import httpx
 import msgspec
 
 from service.core.errors import (
-    CompactionUnsupported,
     ContentFiltered,
     ContextLengthExceeded,
     InvalidEncryptedContent,
@@ -38,19 +37,24 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.model import Origin, ReplyStatus, fingerprint
-from service.core.translate import OPAQUE_BLOCKS
+from service.core.translate.anthropic import OPAQUE_BLOCKS
 from service.core.usage import Usage
 from service.providers.anthropic_request import count_body, messages_body
 from service.providers.base import (
-    Compacted,
     ItemDone,
-    Provider,
     ProviderEvent,
     ProviderRequest,
     Reply,
     TextDelta,
 )
-from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
+from service.providers.wire import (
+    ServerSentEvents,
+    Translating,
+    Wire,
+    WireLimits,
+    retry_after,
+    translated,
+)
 
 log = logging.getLogger("turnstore.provider")
 
@@ -331,7 +335,7 @@ class _EventStream:
         return self._open[index]
 
 
-class AnthropicProvider(Provider):
+class AnthropicProvider(Translating):
     def __init__(
         self,
         endpoint: AnthropicEndpoint,
@@ -355,15 +359,6 @@ class AnthropicProvider(Provider):
             transport,
         )
 
-    def __repr__(self) -> str:
-        return f"AnthropicProvider({self.origin!r})"
-
-    def compacts(self, model: str | None) -> bool:
-        return False
-
-    async def close(self) -> None:
-        await self._wire.close()
-
     async def respond(
         self, request: ProviderRequest, *, stream: bool
     ) -> AsyncGenerator[ProviderEvent, None]:
@@ -385,9 +380,6 @@ class AnthropicProvider(Provider):
                     if events.finished:
                         return
         raise UpstreamError("The provider's stream ended before the message was complete.")
-
-    async def compact(self, request: ProviderRequest) -> Compacted:
-        raise CompactionUnsupported()
 
     async def count_tokens(self, request: ProviderRequest) -> int:
         """``POST {base}/v1/messages/count_tokens``: the provider's count of the request."""

@@ -1,11 +1,12 @@
 """The Messages API request of a provider request: ``messages_body`` (and ``count_body``).
 
-The conversation comes from ``core/translate.to_messages`` (Anthropic's own blocks spliced
-byte for byte); the client's fields are mapped to the Messages API's or refused with their
-param, never dropped. Prompt caching: breakpoints on the system prompt's last block, on the
-end of the replayed history and on the request's last block, each on a block built here
-(never on a thinking block, never by re-serialising a block kept verbatim), so each request
-reads back what the one before it wrote.
+The conversation comes from ``core/translate/anthropic.to_messages`` (Anthropic's own blocks
+spliced byte for byte, other providers' own items as the Responses items they read as); the
+client's fields are mapped to the Messages API's or refused with their param, never dropped.
+Prompt caching: breakpoints on the system prompt's last block, on the end of the replayed
+history and on the request's last block, each on a block built here (never on a thinking
+block, never by re-serialising a block kept verbatim), so each request reads back what the
+one before it wrote.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate import OPAQUE_BLOCKS, to_messages
+from service.core.translate import for_form
+from service.core.translate.anthropic import ANTHROPIC, OPAQUE_BLOCKS, to_messages
 from service.providers.base import ProviderRequest
 from service.providers.request_fields import Fields, NamedChoice, function_tools
 
@@ -144,7 +146,7 @@ def _built_at_or_before(messages: list[dict[str, Any]], end: int) -> dict[str, A
 
 def _body(request: ProviderRequest, model: str, *, max_tokens: int) -> dict[str, Any]:
     fields = _fields(request.fields, max_tokens)
-    conversation = to_messages(request.input_items)
+    conversation = to_messages(for_form(request.input_items, ANTHROPIC))
     texts = [request.instructions, *conversation.system]
     system: list[dict[str, Any]] = [{"type": "text", "text": t} for t in texts if t]
     if system:

@@ -3,7 +3,7 @@ servers serve it, over httpx (``POST {base}/chat/completions``), natively and st
 
 One POST per call, never retried; ``Authorization: Bearer`` only when a key is configured
 (a local server has none). The request is built by ``chat_completions_request.chat_body``.
-The reply's one assistant message is its one output item (service/core/translate_chat.py): a whole
+The reply's one assistant message is its one output item (service/core/translate/chat.py): a whole
 reply's ``choices[0].message`` as the bytes the server sent; a stream's deltas joined into the
 message the server would have sent whole (``role``, ``content``, ``tool_calls`` in order of
 their index, then the thinking under the name the server streamed it by: ``reasoning_content``
@@ -33,7 +33,6 @@ import httpx
 import msgspec
 
 from service.core.errors import (
-    CompactionUnsupported,
     ContentFiltered,
     ContextLengthExceeded,
     InvalidInput,
@@ -43,19 +42,24 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.model import Origin, ReplyStatus, fingerprint
-from service.core.translate_chat import START, ChatMessage, reasoning_id
+from service.core.translate.chat import START, ChatMessage, reasoning_id
 from service.core.usage import Usage
 from service.providers.base import (
-    Compacted,
     ItemDone,
-    Provider,
     ProviderEvent,
     ProviderRequest,
     Reply,
     TextDelta,
 )
 from service.providers.chat_completions_request import chat_body
-from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
+from service.providers.wire import (
+    ServerSentEvents,
+    Translating,
+    Wire,
+    WireLimits,
+    retry_after,
+    translated,
+)
 
 # Chat's top-level fields in a 400, as the client's request names them.
 CLIENT_PARAMS = {
@@ -355,7 +359,7 @@ class _EventStream:
         return msgspec.Raw(msgspec.json.encode(out))
 
 
-class ChatProvider(Provider):
+class ChatProvider(Translating):
     def __init__(
         self,
         endpoint: ChatEndpoint,
@@ -370,15 +374,6 @@ class ChatProvider(Provider):
         self.origin = Origin(endpoint.name, str(url), endpoint.model, "chat", key)
         headers = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         self._wire = Wire(headers, _status_error, _request_id, limits, transport)
-
-    def __repr__(self) -> str:
-        return f"ChatProvider({self.origin!r})"
-
-    def compacts(self, model: str | None) -> bool:
-        return False
-
-    async def close(self) -> None:
-        await self._wire.close()
 
     async def respond(
         self, request: ProviderRequest, *, stream: bool
@@ -407,9 +402,6 @@ class ChatProvider(Provider):
                     if events.finished:
                         return
         raise UpstreamError("The provider's stream ended before the message was complete.")
-
-    async def compact(self, request: ProviderRequest) -> Compacted:
-        raise CompactionUnsupported()
 
     async def count_tokens(self, request: ProviderRequest) -> int:
         raise InvalidInput(

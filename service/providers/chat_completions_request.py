@@ -1,56 +1,28 @@
 """The Chat Completions request of a provider request: ``chat_body``.
 
-The conversation: a Chat server's own assistant messages go verbatim (spliced as the bytes
-kept, service/core/translate_chat.py), and so does one a stateless client brings back inside
-its reasoning item's sealed value (the text and calls it was also shown as, which follow it,
-are then not sent twice). Everything else is read as Responses items (another provider's
-blocks and parts through ``to_items``) and translated: system and developer messages and the
-instructions into one leading ``system`` message (chat templates want it first), a
-``function_call`` into its assistant message's ``tool_calls`` and its output into a ``tool``
-message with the same id, images as ``image_url`` parts; reasoning and compaction items of
-other providers are left out. The client's fields are mapped or refused with their param,
-never dropped.
+The conversation comes from ``core/translate/chat.to_chat`` (a Chat server's own assistant
+messages spliced as the bytes kept, other providers' own items as the Responses items they
+read as), with the instructions and system messages as one leading ``system`` message (chat
+templates want it first). The client's fields (read once: request_fields.py) are mapped or
+refused with their param, never dropped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate import to_items
-from service.core.translate_chat import is_chat, message, restored
+from service.core.translate import for_form
+from service.core.translate.chat import CHAT, to_chat
 from service.providers.base import ProviderRequest
 from service.providers.request_fields import Fields, Format, NamedChoice, function_tools
 
 # reasoning.effort as Chat's reasoning_effort (vLLM, Ollama, OpenRouter, DeepSeek take it).
 EFFORTS = frozenset({"none", "minimal", "low", "medium", "high"})
 MODELS = "Chat Completions models"  # as messages name the target
-
-
-class _Head(msgspec.Struct):
-    type: str | None = None
-    role: str | None = None
-    encrypted_content: str | None = None
-
-
-class _Message(msgspec.Struct):
-    role: str
-    content: str | list[dict[str, Any]] | None = ""
-
-
-class _Call(msgspec.Struct):
-    call_id: str
-    name: str
-    arguments: str = "{}"
-
-
-class _Output(msgspec.Struct):
-    call_id: str
-    output: str | list[dict[str, Any]] = ""
 
 
 def _fields(fields: Mapping[str, msgspec.Raw]) -> dict[str, Any]:
@@ -118,124 +90,11 @@ def _tools(tools: msgspec.Raw | None) -> list[dict[str, Any]]:
     return out
 
 
-@dataclass
-class Messages:
-    """A request's conversation as Chat takes it."""
-
-    system: list[str] = field(default_factory=list)
-    messages: list[Any] = field(default_factory=list)  # dicts built here, or Raw kept verbatim
-    # What the last message kept verbatim was also shown as (its text, its call ids): items a
-    # stateless client sent back after it, not sent twice.
-    _covered: tuple[str, set[str]] | None = None
-
-    def add(self, item: msgspec.Raw) -> None:
-        if is_chat(item):
-            self._verbatim(item)
-            return
-        head = msgspec.json.decode(item, type=_Head)
-        kept = restored(head.encrypted_content) if head.type == "reasoning" else None
-        if kept is not None:
-            self._verbatim(kept)
-        elif head.type in ("reasoning", "compaction"):
-            return  # another provider's: readable by its issuer alone
-        elif not self._is_covered(item, head):
-            self._covered = None
-            for neutral in to_items([item]):  # another provider's blocks and parts
-                self._translated(neutral)
-
-    def _verbatim(self, raw: msgspec.Raw) -> None:
-        read = message(raw)
-        self.messages.append(raw)
-        self._covered = (read.text, {call.id or "" for call in read.tool_calls or ()})
-
-    def _is_covered(self, item: msgspec.Raw, head: _Head) -> bool:
-        if self._covered is None:
-            return False
-        text, calls = self._covered
-        if head.type == "function_call":
-            return msgspec.json.decode(item, type=_Call).call_id in calls
-        if head.type in (None, "message") and head.role == "assistant":
-            return _text(msgspec.json.decode(item, type=_Message).content) == text
-        return False
-
-    def _translated(self, item: msgspec.Raw) -> None:
-        head = msgspec.json.decode(item, type=_Head)
-        if head.type in (None, "message") and head.role is not None:
-            self._message(msgspec.json.decode(item, type=_Message))
-        elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=_Call)
-            entry = {
-                "id": call.call_id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            last = self.messages[-1] if self.messages else None
-            if isinstance(last, dict) and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(entry)
-            else:
-                self.messages.append({"role": "assistant", "content": None, "tool_calls": [entry]})
-        elif head.type == "function_call_output":
-            result = msgspec.json.decode(item, type=_Output)
-            output = result.output if isinstance(result.output, str) else _text(result.output)
-            self.messages.append(
-                {"role": "tool", "tool_call_id": result.call_id, "content": output}
-            )
-        elif head.type in ("reasoning", "compaction"):
-            return
-        else:
-            raise InvalidInput(
-                f"An item of type {head.type!r} cannot be sent to a Chat Completions model.",
-                param="input",
-            )
-
-    def _message(self, read: _Message) -> None:
-        if read.role in ("system", "developer"):
-            self.system.append(_text(read.content))
-            return
-        if read.role not in ("user", "assistant"):
-            raise InvalidInput(f"A message of role {read.role!r} is not supported.", param="input")
-        content = read.content if isinstance(read.content, str) else _parts(read.content or [])
-        if content:
-            self.messages.append({"role": read.role, "content": content})
-
-
-def _text(content: str | list[dict[str, Any]] | None) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(
-        str(p.get("text") or p.get("refusal") or "") for p in content or () if isinstance(p, dict)
-    )
-
-
-def _parts(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    """Responses content parts as Chat's: text alone as a string (what every server takes),
-    else text and ``image_url`` parts; files cannot go (no Chat server reads them)."""
-    out: list[dict[str, Any]] = []
-    for part in parts:
-        kind = part.get("type")
-        if kind in ("input_text", "output_text", "text") and part.get("text"):
-            out.append({"type": "text", "text": part["text"]})
-        elif kind == "refusal" and part.get("refusal"):
-            out.append({"type": "text", "text": part["refusal"]})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
-        elif kind not in ("input_text", "output_text", "text", "refusal"):
-            raise InvalidInput(
-                f"A content part of type {kind!r} cannot be sent to a Chat Completions model.",
-                param="input",
-            )
-    if all(part["type"] == "text" for part in out):
-        return "".join(part["text"] for part in out)
-    return out
-
-
 def chat_body(request: ProviderRequest, model: str, *, stream: bool) -> bytes:
     """The ``POST {base}/chat/completions`` body of ``request``: its model, messages (Chat's
     own spliced as the bytes kept), stream with usage, tools and the client's fields mapped."""
     fields = _fields(request.fields)
-    conversation = Messages()
-    for item in request.input_items:
-        conversation.add(item)
+    conversation = to_chat(for_form(request.input_items, CHAT))
     texts = [text for text in (request.instructions, *conversation.system) if text]
     system = [{"role": "system", "content": "\n\n".join(texts)}] if texts else []
     body: dict[str, Any] = {"model": model, "messages": [*system, *conversation.messages]}

@@ -1,7 +1,7 @@
 """A client's Responses request fields as the adapters that translate them read them
-(anthropic_request.py, chat_completions_request.py): decoded once into one value, with every
-refusal they share, each naming its param. Each adapter then writes the fields in its own
-API's form and refuses what its API alone cannot honour.
+(anthropic_request.py, gemini_request.py, chat_completions_request.py): decoded once into
+one value, with every refusal they share, each naming its param. Each adapter then writes the
+fields in its own API's form and refuses what its API alone cannot honour.
 
 ``Fields.read(fields, models)``: ``models`` names the target in messages ("Anthropic
 models"). A field that is neither mapped nor turnstore's own is refused, never dropped.

@@ -25,7 +25,13 @@ import httpx
 import msgspec
 from opentelemetry import propagate, trace
 
-from service.core.errors import TurnstoreError, UpstreamError, UpstreamTimeout
+from service.core.errors import (
+    CompactionUnsupported,
+    TurnstoreError,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from service.providers.base import Compacted, Provider, ProviderRequest
 
 log = logging.getLogger("turnstore.provider")
 T = TypeVar("T")
@@ -181,3 +187,23 @@ class ServerSentEvents:
                 yield event
             if finished():
                 return
+
+
+class Translating(Provider):
+    """What the adapters of an API other than the Responses API (Anthropic's, Gemini's, a Chat
+    server's: they translate the request) do alike: none compacts (``context_management`` is
+    400 with its param), each is shown by its origin (never its key) and closes its wire."""
+
+    _wire: Wire
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.origin!r})"
+
+    def compacts(self, model: str | None) -> bool:
+        return False
+
+    async def compact(self, request: ProviderRequest) -> Compacted:
+        raise CompactionUnsupported()
+
+    async def close(self) -> None:
+        await self._wire.close()

@@ -199,7 +199,7 @@ class Exchange:
             except InvalidEncryptedContent:
                 # The provider cannot open some sealed reasoning (a key or organisation
                 # changed): resend without any, once, if that changes the request.
-                if self._drop_sealed or self._streamed or len(window.unsealed) == len(history):
+                if self._drop_sealed or self._streamed or window.unsealed == history:
                     raise
                 self._drop_sealed = True
                 metrics.series(metrics.PROVIDER_RETRIES, model).inc()

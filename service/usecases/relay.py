@@ -18,12 +18,10 @@ import msgspec
 from service.core.asks import Asked
 from service.core.errors import ProviderRefused
 from service.core.ids import Ids
-from service.core.items import check_history, is_opaque
+from service.core.items import check_history
 from service.core.model import Origin
 from service.core.plans import PlanRules
-from service.core.translate import as_item, is_block, provider_id
-from service.core.translate_chat import is_chat
-from service.core.translate_chat import shown as chat_shown
+from service.core.translate import form_of, is_opaque, provider_id, relayed
 from service.core.window import SystemPrompt, instructions_for
 from service.platform import metrics
 from service.providers.base import (
@@ -150,36 +148,21 @@ class _Sealing:
         return event
 
     def items(self, items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
-        return [shown for item in items for shown in self._parts(item)]
-
-    def _parts(self, raw: msgspec.Raw) -> list[msgspec.Raw]:
-        """A Chat message as the items it reads as: its thinking carrying the whole message
-        sealed (back byte for byte when the client sends it back), its text under its deltas'
-        id, its calls (service/core/translate_chat.py)."""
-        if not is_chat(raw):
-            return [self.item(raw)]
-        sealed = self._ids.seal(self._origin, bytes(raw).decode())
-        out = []
-        for _, _, kind, item in chat_shown(raw, sealed):
-            if kind == "message":
-                item["id"] = self._message_id or provider_id("message", raw)
-                self._message_id = None
-            out.append(msgspec.Raw(msgspec.json.encode(item)))
-        return out
+        return [shown for item in items for shown in self._shown(item)]
 
     def item(self, raw: msgspec.Raw) -> msgspec.Raw:
-        if is_block(raw):  # Anthropic's: shown as the Responses item it reads as, sealed whole
-            opaque = is_opaque(raw)
-            item = as_item(
-                raw, self._ids.seal(self._origin, bytes(raw).decode()) if opaque else None
-            )
-            if item["type"] == "message" and self._message_id is not None:
-                item["id"], self._message_id = self._message_id, None  # its deltas' message
-            else:  # the same id for the same block, announced early or in the final output
-                item["id"] = provider_id(item["type"], raw)
-            return msgspec.Raw(msgspec.json.encode(item))
+        """An item finished before the text (reasoning: shown as one item)."""
+        return self._shown(raw)[0]
+
+    def _shown(self, raw: msgspec.Raw) -> list[msgspec.Raw]:
+        if form_of(raw) is not None:  # a provider's own: the Responses items it reads as
+            shown = relayed(raw, lambda content: self._ids.seal(self._origin, content))
+            said = next((item for item in shown if item["type"] == "message"), None)
+            if said is not None and self._message_id is not None:
+                said["id"], self._message_id = self._message_id, None  # its deltas' message
+            return [msgspec.Raw(msgspec.json.encode(item)) for item in shown]
         if not is_opaque(raw):
-            return raw
+            return [raw]
         item = msgspec.json.decode(raw)
         sealed = self._ids.seal(self._origin, item["encrypted_content"])
-        return msgspec.Raw(msgspec.json.encode({**item, "encrypted_content": sealed}))
+        return [msgspec.Raw(msgspec.json.encode({**item, "encrypted_content": sealed}))]

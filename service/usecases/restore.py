@@ -15,9 +15,14 @@ conversation) they are restored:
 - an item under any other id (a provider's: OpenAI's are a prefix and 48 hex digits) is sent
   on as it came, its sealed content opened; one that needs what only a stored copy holds
   (reasoning without ``encrypted_content``, an ``item_reference``) is 400;
-- an opaque item (sealed reasoning, a compaction item) made by another provider, endpoint or
-  model than the one the request goes to is left out, as in a conversation (service/core/
-  window.py), so a handoff between agents on two models never fails.
+- an item made by another provider, endpoint or model than the one the request goes to is
+  sent as another origin gets it, as in a conversation (service/core/window.py): its opaque
+  items (sealed reasoning, a compaction item, thinking) left out, a provider's own items as
+  the Responses items they read as, so a handoff between agents on two models never fails;
+- an item that stands for a provider's own item (a reasoning item whose sealed value opens
+  to it, or a reference to the part of a Chat message that stands for the whole message:
+  service/core/translate/ ``relayed``, ``Shown.whole``) brings that item back whole, and the
+  items beside it that it was also shown as (its call, its text) are not sent twice.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.ids import Ids, ItemRef
-from service.core.items import is_opaque, restorable
+from service.core.items import restorable
 from service.core.model import Origin
-from service.core.translate import opened_block
+from service.core.translate import is_opaque, neutral, opened, shown, twin
 from service.store.ports import Reads
 from service.usecases.secret_ids import IdsSource
 
@@ -40,6 +45,8 @@ MAX_CONVERSATIONS = 20  # a request may name items of at most this many conversa
 MAX_TURNS = 1000  # and of at most this many turns (a request body holds no more, mostly)
 PAGE_TURNS = 16  # turns read at once
 Stored = tuple[msgspec.Raw, Origin | None]  # an item's stored bytes and its turn's origin
+# ... and whether it stands for a provider's own item shown as several (its twins beside it).
+Restored = tuple[msgspec.Raw, Origin | None, bool]
 
 
 class Restorer:
@@ -55,7 +62,7 @@ class Restorer:
     ) -> list[msgspec.Raw]:
         """The items to send to ``origin`` (None: every one), in order."""
         restored = await self._restored(owner, items, param)
-        return [raw for raw, made_by in restored if not _elsewhere(raw, made_by, origin)]
+        return _for(restored, origin)
 
     async def kept(
         self, owner: str, items: Sequence[dict[str, Any]], param: str
@@ -66,7 +73,7 @@ class Restorer:
         restored = await self._restored(owner, items, param)
         makers = (made_by for raw, made_by in restored if made_by is not None and is_opaque(raw))
         origin = next(makers, None)
-        return [raw for raw, made_by in restored if not _elsewhere(raw, made_by, origin)], origin
+        return _for(restored, origin), origin
 
     async def _restored(
         self, owner: str, items: Sequence[dict[str, Any]], param: str
@@ -75,20 +82,20 @@ class Restorer:
         ids = await self.ids.get()
         refs = [_ref(ids, item, param) for item in items]
         stored = await self._stored(owner, [ref for ref in refs if ref is not None], param)
-        restored = []
+        restored: list[Restored] = []
         for item, ref in zip(items, refs, strict=True):
             if ref is None:
                 raw, made_by = _as_sent(ids, item, param)
+                restored.append((raw, made_by, made_by is not None and shown(raw) is not None))
             elif ref not in stored:
                 raise InvalidInput(
                     f"{param}: no stored item {item.get('id')!r} of yours.", param=param
                 )
             else:
-                raw, made_by = stored[ref]
-            restored.append((raw, made_by))
-        return restored
+                restored.append(stored[ref])
+        return _without_twins(restored)
 
-    async def _stored(self, owner: str, refs: list[ItemRef], param: str) -> dict[ItemRef, Stored]:
+    async def _stored(self, owner: str, refs: list[ItemRef], param: str) -> dict[ItemRef, Restored]:
         """The stored items ``refs`` name: the turns they name, read by their primary keys, a
         run of consecutive turns (up to PAGE_TURNS) in one read."""
         if len({ref.conversation_id for ref in refs}) > MAX_CONVERSATIONS:
@@ -103,7 +110,7 @@ class Restorer:
             raise InvalidInput(
                 f"{param}: items of at most {MAX_TURNS} turns in one request.", param=param
             )
-        found: dict[ItemRef, Stored] = {}
+        found: dict[ItemRef, Restored] = {}
         for cid, low, high in _runs(sorted(wanted)):
             page = await self._store.turns(
                 cid, owner, low, high, newest_first=False, limit=high - low + 1
@@ -113,10 +120,10 @@ class Restorer:
                 # of a compacted context are never shown).
                 placed = [*enumerate(turn.replay_items), *((-1, raw) for raw in turn.compacted)]
                 for index, stored in placed:
-                    for own, raw in restorable(stored):  # a Chat message: each of its parts
+                    for own, raw, whole in restorable(stored):
                         for ref in wanted.get((cid, revision), ()):
                             if ref.names(index, own):
-                                found[ref] = (raw, turn.origin)
+                                found[ref] = (raw, turn.origin, whole)
         return found
 
 
@@ -133,9 +140,36 @@ def _runs(turns: list[tuple[UUID, int]]) -> list[tuple[UUID, int, int]]:
     return runs
 
 
-def _elsewhere(raw: msgspec.Raw, made_by: Origin | None, origin: Origin | None) -> bool:
-    """Opaque content another origin made than ``origin`` (which could not open it)."""
-    return origin is not None and made_by is not None and made_by != origin and is_opaque(raw)
+def _without_twins(restored: list[Restored]) -> list[Stored]:
+    """``restored`` without what a provider's own item brought back whole was also shown as,
+    sent beside it (a stateless client sends back every item it was shown: a Gemini call
+    before the reasoning item that carries it, a Chat message's text and calls after the
+    thinking that stands for it)."""
+    dropped: set[int] = set()
+    for n, (raw, _, whole) in enumerate(restored):
+        if not whole:
+            continue
+        parts = shown(raw) or []
+        left = sum(part.item["type"] != "reasoning" for part in parts)
+        for side in (range(n - 1, -1, -1), range(n + 1, len(restored))):
+            for m in side:
+                if not left or m in dropped or restored[m][2]:
+                    break
+                if not twin(msgspec.json.decode(restored[m][0]), raw):
+                    break
+                dropped.add(m)
+                left -= 1
+    return [(raw, made_by) for n, (raw, made_by, _) in enumerate(restored) if n not in dropped]
+
+
+def _for(restored: list[Stored], origin: Origin | None) -> list[msgspec.Raw]:
+    """The restored items as ``origin`` (None: every one) gets them: what another origin made,
+    as another origin gets it (its opaque content left out: ``origin`` could not open it)."""
+    out: list[msgspec.Raw] = []
+    for raw, made_by in restored:
+        elsewhere = origin is not None and made_by is not None and made_by != origin
+        out += neutral(raw) if elsewhere else [raw]
+    return out
 
 
 def _ref(ids: Ids, item: dict[str, Any], param: str) -> ItemRef | None:
@@ -159,15 +193,15 @@ def _as_sent(ids: Ids, item: dict[str, Any], param: str) -> tuple[msgspec.Raw, O
     if not isinstance(content, str):
         return msgspec.Raw(msgspec.json.encode(item)), None
     try:
-        opened = ids.unseal(content)
+        unsealed = ids.unseal(content)
     except ValueError:
         raise InvalidInput(
             f"{param}: the encrypted_content of item {item.get('id')!r} was altered.", param=param
         ) from None
-    if opened is None:  # the provider's own, as a client may keep it
+    if unsealed is None:  # the provider's own, as a client may keep it
         return msgspec.Raw(msgspec.json.encode(item)), None
-    made_by, original = opened
-    block = opened_block(original)  # Anthropic's thinking, sealed whole: back byte for byte
+    made_by, original = unsealed
+    block = opened(original)  # a provider's own item, sealed whole: back byte for byte
     if block is not None:
         return block, made_by
     return msgspec.Raw(msgspec.json.encode({**item, "encrypted_content": original})), made_by

@@ -6,6 +6,7 @@ story). The event names and payloads are service/core/events.py's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncGenerator, Callable
 
@@ -14,7 +15,7 @@ from service.core.errors import Cancelled, TurnstoreError
 from service.core.events import RunEvent
 from service.core.model import NewRun, RunCommit, RunEnd, RunStatus, Turn
 from service.core.plans import TurnPlan
-from service.core.translate import shown_item
+from service.core.translate import shown_items
 from service.core.usage import Usage
 from service.providers.base import ItemDone, TextDelta
 from service.store.ports import RunReads, RunWrites
@@ -68,11 +69,9 @@ class Run:
         elif isinstance(event, ToolCalled):
             self._publish(lambda seq: events.tool_call(seq, event.name, event.status))
         elif isinstance(event, ItemDone):
-            if (
-                self.plan.response is not None
-            ):  # a /v1 stream announces it; /api/v1 has no such event
-                item = shown_item(event.item)
-                self._publish(lambda seq: events.item_done(seq, item))
+            if self.plan.response is not None:  # a /v1 stream announces it; /api/v1 does not
+                for item in shown_items(event.item):
+                    self._publish(functools.partial(events.item_done, item=item))
         else:
             self.result = event
             await self._done(event)

@@ -22,7 +22,7 @@ from service.providers.wire import WireLimits
 from tests.support import fake_anthropic
 from tests.support.fake_anthropic import API_KEY, FakeMessagesAPI, Redacted, Script, Text, Thinking
 from tests.support.fake_anthropic import ToolUse as Call
-from tests.support.helpers import Target, sdk
+from tests.support.helpers import Target, retries, sdk
 
 CLAUDE, FAKE, OTHER = "claude-test", "fake-llm", "claude-other"
 MODELS = f"{FAKE},{CLAUDE}"
@@ -232,7 +232,7 @@ async def test_a_refused_signature_is_retried_once_without_earlier_thinking_and_
     api = FakeMessagesAPI()
     async with sdk(target, claude_beside_the_fake(api), models=MODELS) as (client, _, plain):
         conversation = await client.conversations.create()
-        before = retries((await plain.get("/metrics")).text)
+        before = retries((await plain.get("/metrics")).text, CLAUDE)
         for n in (1, 2):
             if n == 2:
                 monkeypatch.setattr(fake_anthropic, "SECRET", b"another organisation's key")
@@ -247,14 +247,7 @@ async def test_a_refused_signature_is_retried_once_without_earlier_thinking_and_
     assert all(
         b["type"] not in ("thinking", "redacted_thinking") for m in retried for b in m["content"]
     )
-    assert retries(metrics) == before + 1
-
-
-def retries(metrics: str) -> float:
-    """turnstore_provider_retries_total of Claude's model in a /metrics text (0 before any)."""
-    series = f'turnstore_provider_retries_total{{model="{CLAUDE}"}} '
-    found = [line for line in metrics.splitlines() if line.startswith(series)]
-    return float(found[0].removeprefix(series)) if found else 0.0
+    assert retries(metrics, CLAUDE) == before + 1
 
 
 async def test_claude_counts_input_tokens_and_refuses_compaction_a_client_asks_for(

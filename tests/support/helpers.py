@@ -338,3 +338,10 @@ def error_code(response: httpx.Response) -> str:
         return str(response.json()["error"]["code"])
     except (ValueError, KeyError, TypeError):
         return f"HTTP {response.status_code} without an error envelope"
+
+
+def retries(metrics: str, model: str) -> float:
+    """turnstore_provider_retries_total of ``model`` in a /metrics text (0 before any)."""
+    series = f'turnstore_provider_retries_total{{model="{model}"}} '
+    found = [line for line in metrics.splitlines() if line.startswith(series)]
+    return float(found[0].removeprefix(series)) if found else 0.0

@@ -1,4 +1,4 @@
-"""Responses items and Anthropic content blocks (service/core/translate.py): each
+"""Responses items and Anthropic content blocks (service/core/translate/anthropic.py): each
 provider's items go to it byte for byte, and to any other provider translated, its thinking
 left out."""
 
@@ -10,8 +10,9 @@ import msgspec
 import pytest
 
 from service.core.errors import InvalidInput
-from service.core.items import function_calls, is_opaque
-from service.core.translate import to_items, to_messages
+from service.core.items import function_calls
+from service.core.translate import is_opaque, to_items
+from service.core.translate.anthropic import to_messages
 
 
 def raw(text: str) -> msgspec.Raw:

@@ -1,5 +1,5 @@
 """Chat Completions assistant messages among a conversation's items
-(service/core/translate_chat.py and the dispatch points that read it): told from Responses
+(service/core/translate/chat.py and the seam that reads it, translate/__init__.py): told from Responses
 items, sent to their own origin verbatim and to any other without their thinking, listed on
 /v1 as their parts, each under an id of its own."""
 
@@ -16,15 +16,15 @@ from service.app import build_provider, check_provider
 from service.core.ids import Ids
 from service.core.items import (
     function_calls,
-    is_opaque,
     listed,
     open_calls,
     restorable,
     without_last_item,
 )
 from service.core.model import Origin, Turn
-from service.core.translate import to_items, to_messages
-from service.core.translate_chat import is_chat, reasoning_id
+from service.core.translate import for_form, is_opaque, neutral, to_items
+from service.core.translate.anthropic import ANTHROPIC, to_messages
+from service.core.translate.chat import is_chat, reasoning_id
 from service.core.window import Budget, choose_window
 from service.platform.settings import Settings
 from service.providers.chat_completions import ChatProvider
@@ -72,7 +72,7 @@ def test_a_chat_message_is_told_from_a_responses_item(text: str, chat: bool) -> 
     assert is_chat(raw(text)) is chat
 
 
-def test_its_tool_calls_are_function_calls_and_it_is_no_opaque_item() -> None:
+def test_its_tool_calls_are_function_calls_and_they_outlive_its_thinking() -> None:
     [call] = function_calls([VLLM])
     assert (call.call_id, call.name, json.loads(call.arguments)) == (
         "chatcmpl-tool-1a",
@@ -81,7 +81,9 @@ def test_its_tool_calls_are_function_calls_and_it_is_no_opaque_item() -> None:
     )
     assert open_calls([ASKED, VLLM]) == {"chatcmpl-tool-1a"}
     assert open_calls([ASKED, VLLM, ANSWERED]) == set()
-    assert not is_opaque(VLLM)  # its text and calls must stay when its thinking goes
+    # Its thinking is its issuer's alone; its text and calls stay when its thinking goes.
+    assert is_opaque(VLLM) and not is_opaque(CALLS_ONLY)
+    assert [json.loads(bytes(i))["type"] for i in neutral(VLLM)] == ["message", "function_call"]
 
 
 def test_other_providers_read_its_text_and_calls_never_its_thinking() -> None:
@@ -95,7 +97,7 @@ def test_other_providers_read_its_text_and_calls_never_its_thinking() -> None:
     ]
     assert responses[2]["call_id"] == "chatcmpl-tool-1a"
     assert "The user wants" not in json.dumps(responses) and "Easy." not in json.dumps(responses)
-    claude = to_messages([ASKED, VLLM, ANSWERED]).messages
+    claude = to_messages(for_form([ASKED, VLLM, ANSWERED], ANTHROPIC)).messages
     blocks = json.loads(msgspec.json.encode(claude))
     assert blocks[1]["content"] == [
         {"type": "text", "text": "Checking."},
@@ -117,9 +119,11 @@ def test_a_turn_of_another_origin_sends_it_without_its_thinking() -> None:
     same = choose_window([turn], 1, vllm, 100, Budget()).items
     assert same == [ASKED, VLLM, ANSWERED, OLLAMA]  # verbatim, the same objects
     other = choose_window([turn], 1, vllm.with_model("llama"), 100, Budget()).items
-    decoded = [json.loads(bytes(i)) for i in other]
-    assert "reasoning_content" not in decoded[1] and "reasoning" not in decoded[3]
-    assert decoded[1]["tool_calls"] == json.loads(bytes(VLLM))["tool_calls"]
+    sent = json.dumps([json.loads(bytes(i)) for i in other])
+    assert "The user wants" not in sent and "Easy." not in sent
+    [call] = json.loads(bytes(VLLM))["tool_calls"]
+    assert function_calls(other) == function_calls([VLLM])  # the same id, name and arguments
+    assert call["id"] in sent
 
 
 def test_on_v1_it_is_listed_as_its_parts_each_under_its_own_id() -> None:
@@ -143,12 +147,9 @@ def test_on_v1_it_is_listed_as_its_parts_each_under_its_own_id() -> None:
     hidden = listed(ids, cid, 3, [ASKED, VLLM, ANSWERED], own_calls={"chatcmpl-tool-1a"})
     kinds = [json.loads(bytes(p)).get("type") for _, p in hidden]
     assert kinds == ["message", "reasoning", "message"]  # turnstore's own call and its output
-    # Restored by reference, the thinking part carries the whole message, byte for byte.
-    parts = dict(restorable(VLLM))
-    assert (
-        json.loads(bytes(parts[reasoning_id("The user wants weather.")]))["encrypted_content"]
-        == bytes(VLLM).decode()
-    )
+    # Restored by reference, the thinking part brings the whole message back, byte for byte.
+    parts = {own: part for own, part, _ in restorable(VLLM)}
+    assert parts[reasoning_id("The user wants weather.")] is VLLM
 
 
 def test_removing_a_chat_answer_keeps_the_transcript_readable() -> None:

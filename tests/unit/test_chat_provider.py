@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 import httpx
@@ -26,14 +27,17 @@ from service.core.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from service.core.model import key_id
-from service.core.translate_chat import is_chat, reasoning_id
+from service.core.model import Origin, key_id
+from service.core.translate.chat import is_chat, reasoning_id
 from service.core.usage import Usage
 from service.providers.base import ItemDone, ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.chat_completions import ChatEndpoint, ChatProvider, kept
 from service.providers.chat_completions_request import chat_body
 from service.providers.wire import WireLimits
+from service.usecases.restore import Restorer
+from service.usecases.secret_ids import IdsSource
 from tests.support.fake_chat import API_KEY, BASE_URL, Call, FakeChatServer, Script
+from tests.support.memory import MemoryStore
 
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 MODES = pytest.mark.parametrize("mode", ["vllm", "ollama"])
@@ -426,16 +430,23 @@ def test_anthropics_blocks_go_as_text_and_tool_calls_without_their_thinking() ->
     assert "hmm" not in json.dumps(messages)
 
 
-def test_a_message_brought_back_in_a_reasoning_item_goes_verbatim_and_once() -> None:
+async def test_a_message_brought_back_in_a_reasoning_item_goes_verbatim_and_once() -> None:
+    """A client that keeps its own history sends back what it was shown of a Chat message:
+    its thinking carrying the message sealed, then its text and its call. The message goes to
+    its server verbatim, and its text and call not a second time."""
     message = b'{"role":"assistant","content":"Done.","tool_calls":[{"id":"c9","type":"function","function":{"name":"w","arguments":"{}"}}],"reasoning_content":"why"}'
+    ids = IdsSource(os.urandom(32))
+    origin = Origin("vllm", BASE_URL, MODEL)
+    sealed = (await ids.get()).seal(origin, message.decode())
     items = [
-        user("Hi"),
-        raw({"type": "reasoning", "id": "rs_x", "summary": [], "encrypted_content": message.decode()}),
-        raw({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]}),
-        raw({"type": "function_call", "call_id": "c9", "name": "w", "arguments": "{}"}),
-        output_of("c9", "ok"),
+        {"type": "message", "role": "user", "content": "Hi"},
+        {"type": "reasoning", "id": "rs_x", "summary": [], "encrypted_content": sealed},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
+        {"type": "function_call", "call_id": "c9", "name": "w", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c9", "output": "ok"},
     ]  # fmt: skip
-    sent = chat_body(ProviderRequest(items), MODEL, stream=False)
+    restored = await Restorer(MemoryStore().reads, ids).restore("owner", items, origin=origin)
+    sent = chat_body(ProviderRequest(restored), MODEL, stream=False)
     assert message in sent
     messages = json.loads(sent)["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "tool"]

@@ -40,19 +40,27 @@ def test_the_example_file_reads_as_the_readme_says(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("OPENAI_API_KEY", "sk-example")
     monkeypatch.setenv("AZURE_OPENAI_API_KEY", "azure-example")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-example")
+    monkeypatch.setenv("GEMINI_API_KEY", "gemini-example")
     named = Settings(providers_file=EXAMPLE).providers()
     assert named is not None and named.default_model == "gpt-5-mini"
     assert [(p.name, p.kind, p.models) for p in named.providers] == [
         ("openai", "openai", ("gpt-5", "gpt-5-mini")),
         ("claude", "anthropic", ("claude-sonnet-4-5", "claude-haiku-4-5")),
+        ("google", "gemini", ("gemini-3-pro-preview", "gemini-2.5-flash")),
         ("eu", "azure", ("my-deployment",)),
         ("local", "chat", ("Qwen/Qwen3-8B",)),
         ("offline", "fake", ("fake-llm",)),
     ]
-    assert named.providers[3].api_key is None  # no key: no Authorization header
+    assert named.providers[4].api_key is None  # no key: no Authorization header
     assert named.providers[0].api_key == "sk-example"  # read from the variable it names
     served = {"gpt-5", "gpt-5-mini", "claude-sonnet-4-5", "claude-haiku-4-5"}
-    served |= {"my-deployment", "Qwen/Qwen3-8B", "fake-llm"}
+    served |= {
+        "my-deployment",
+        "Qwen/Qwen3-8B",
+        "fake-llm",
+        "gemini-3-pro-preview",
+        "gemini-2.5-flash",
+    }
     assert Settings(providers_file=EXAMPLE).served_models() == served
 
 
@@ -64,7 +72,7 @@ def test_the_example_file_reads_as_the_readme_says(monkeypatch: pytest.MonkeyPat
             TWO_FAKES.replace(
                 'kind = "fake"\nmodels = ["fake-c"]', 'kind = "bard"\nmodels = ["x"]'
             ),
-            "kind must be one of openai, azure, anthropic, chat, fake, not 'bard'",
+            "kind must be one of openai, azure, anthropic, gemini, chat, fake, not 'bard'",
         ),
         (
             '[providers.v]\nkind = "chat"\nmodels = ["qwen"]',
@@ -72,7 +80,7 @@ def test_the_example_file_reads_as_the_readme_says(monkeypatch: pytest.MonkeyPat
         ),
         (
             '[providers.g]\nkind = "gemini"\nmodels = ["gemini-3"]',
-            "kind 'gemini' is not served by this release yet",
+            "kind 'gemini' needs api_key_env",
         ),
         (
             '[providers.c]\nkind = "anthropic"\nmodels = ["claude"]',
@@ -192,7 +200,8 @@ async def test_each_request_reaches_the_endpoint_of_its_models_provider() -> Non
 async def test_the_example_file_builds_each_kind_on_its_own_endpoint(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for variable in ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+    keys = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY")
+    for variable in keys:
         monkeypatch.setenv(variable, f"key-of-{variable}")
     provider = build_provider(Settings(providers_file=EXAMPLE))
     try:
@@ -206,7 +215,10 @@ async def test_the_example_file_builds_each_kind_on_its_own_endpoint(
         eu = ("eu", "https://my-resource.openai.azure.com/openai/v1/responses")
         assert endpoints["my-deployment"] == eu
         assert endpoints["fake-llm"] == ("offline", "builtin")
+        google = ("google", "https://generativelanguage.googleapis.com/v1beta/models/")
+        assert endpoints["gemini-2.5-flash"] == google
         assert "key-of" not in repr(provider.origin_for("claude-haiku-4-5"))
+        assert "key-of" not in repr(provider.origin_for("gemini-2.5-flash"))
     finally:
         await provider.close()
 
@@ -215,6 +227,7 @@ async def test_the_example_file_builds_each_kind_on_its_own_endpoint(
     ("provider", "names"),
     [
         ("anthropic", "anthropic needs ANTHROPIC_API_KEY and ANTHROPIC_MODEL"),
+        ("gemini", "gemini needs GEMINI_API_KEY and GEMINI_MODEL"),
         ("openai", "openai needs OPENAI_API_KEY and OPENAI_MODEL"),
         ("azure", "azure needs AZURE_OPENAI_ENDPOINT, _API_KEY and _DEPLOYMENT"),
     ],

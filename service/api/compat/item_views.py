@@ -18,7 +18,6 @@ from service.core.errors import InvalidInput, ItemNotFound
 from service.core.ids import Ids
 from service.core.items import compaction_item, input_count, listed
 from service.core.model import Turn
-from service.core.translate import as_item, is_block
 
 ENCRYPTED = "reasoning.encrypted_content"
 INCLUDABLE = frozenset({ENCRYPTED, "message.output_text.logprobs"})
@@ -86,19 +85,13 @@ def output_items(
     output: those after its input items, after the ``compaction`` item the turn ran on, as
     OpenAI's output holds it); ``cid``, ``own_calls``: see core.items.listed."""
     shown = [
-        _shown(_decoded(raw), item_id, encrypted)
+        _shown(msgspec.json.decode(raw), item_id, encrypted)
         for item_id, raw in listed(ids, cid, revision, items, first, own_calls)
     ]
     if compaction is not None:
         [(item_id, raw)] = listed(ids, cid, revision, [compaction], len(items) + first)
         shown.insert(0, _shown(msgspec.json.decode(raw), item_id, encrypted))
     return shown
-
-
-def _decoded(raw: msgspec.Raw) -> dict[str, Any]:
-    """A stored item as a Responses item: Anthropic's blocks as they read (its thinking's
-    blocks are opened only by the turn's own stored copy: never shown in clear)."""
-    return as_item(raw) if is_block(raw) else msgspec.json.decode(raw)
 
 
 def _shown(item: dict[str, Any], item_id: str, encrypted: bool) -> dict[str, Any]:

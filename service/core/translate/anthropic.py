@@ -12,15 +12,14 @@ them, one item a block (``thinking`` with its ``signature``, ``redacted_thinking
   and a ``tool_result`` of the same id, the result first in the next user message); system
   and developer messages join the system prompt. Opaque items of another provider never get
   here (the window leaves them out: window.py).
-- ``to_items``: Anthropic blocks among a request's items, as the Responses API takes them
-  (text as an assistant message, ``tool_use`` as a ``function_call``); thinking is left out,
-  as it is readable by its issuer alone.
+- ``ANTHROPIC``: the form (service/core/translate/base.py) the rest of turnstore reads
+  Anthropic's blocks by: a ``tool_use`` is a call, thinking is opaque, and to any other
+  provider text is an assistant message and a ``tool_use`` a ``function_call`` (thinking
+  left out, as it is readable by its issuer alone).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,39 +27,22 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate_chat import is_chat, readable
+from service.core.translate.base import (
+    CallItem,
+    FunctionCall,
+    ItemHead,
+    Message,
+    Output,
+    Shown,
+    arguments,
+    data_url,
+    provider_id,
+    text_of,
+)
 
 # The block types of an Anthropic assistant message that turnstore keeps (and replays).
 BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
 OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})  # readable by their issuer alone
-# The Responses item each block is shown as on the OpenAI surface (as_item).
-SHOWN_AS = {
-    "text": "message",
-    "thinking": "reasoning",
-    "redacted_thinking": "reasoning",
-    "tool_use": "function_call",
-}
-
-
-class _Head(msgspec.Struct):
-    type: str | None = None
-    role: str | None = None
-
-
-class _Message(msgspec.Struct):
-    role: str
-    content: str | list[dict[str, Any]] = ""
-
-
-class _Call(msgspec.Struct):
-    call_id: str
-    name: str
-    arguments: str = "{}"
-
-
-class _Output(msgspec.Struct):
-    call_id: str
-    output: str | list[dict[str, Any]] = ""
 
 
 class _Block(msgspec.Struct):
@@ -82,7 +64,7 @@ def is_block(item: msgspec.Raw) -> bool:
     """An Anthropic content block (kept as Anthropic sent it), not a Responses item."""
     if not memoryview(item)[:32].tobytes().startswith(_STARTS):
         return False
-    head = msgspec.json.decode(item, type=_Head)
+    head = msgspec.json.decode(item, type=ItemHead)
     return head.role is None and head.type in BLOCK_TYPES
 
 
@@ -104,18 +86,18 @@ class Messages:
 
 def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
     out = Messages()
-    for item in _chat_read(items):
-        head = msgspec.json.decode(item, type=_Head)
+    for item in items:
+        head = msgspec.json.decode(item, type=ItemHead)
         if head.role is None and head.type in BLOCK_TYPES:
             out.add("assistant", item)  # verbatim: signatures bind its exact content
         elif head.type in (None, "message") and head.role is not None:
-            _message(out, msgspec.json.decode(item, type=_Message))
+            _message(out, msgspec.json.decode(item, type=Message))
         elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=_Call)
+            call = msgspec.json.decode(item, type=CallItem)
             block = {"type": "tool_use", "id": call.call_id, "name": call.name}
-            out.add("assistant", block | {"input": _arguments(call.arguments)})
+            out.add("assistant", block | {"input": arguments(call.arguments)})
         elif head.type == "function_call_output":
-            result = msgspec.json.decode(item, type=_Output)
+            result = msgspec.json.decode(item, type=Output)
             content = result.output if isinstance(result.output, str) else _parts(result.output)
             _tool_result(out, {"type": "tool_result", "tool_use_id": result.call_id}, content)
         elif head.type in ("reasoning", "compaction"):
@@ -128,9 +110,9 @@ def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
     return out
 
 
-def _message(out: Messages, message: _Message) -> None:
+def _message(out: Messages, message: Message) -> None:
     if message.role in ("system", "developer"):
-        text = message.content if isinstance(message.content, str) else _text(message.content)
+        text = text_of(message.content)
         out.system.append(text)
         return
     if message.role not in ("user", "assistant"):
@@ -138,7 +120,7 @@ def _message(out: Messages, message: _Message) -> None:
     if isinstance(message.content, str):
         blocks = [{"type": "text", "text": message.content}] if message.content else []
     else:
-        blocks = _parts(message.content)
+        blocks = _parts(message.content or [])
     if blocks:
         out.add(message.role, *blocks)
 
@@ -158,7 +140,7 @@ def _tool_result(out: Messages, block: dict[str, Any], content: Any) -> None:
 
 def _type(block: Any) -> str | None:
     if isinstance(block, msgspec.Raw):
-        return msgspec.json.decode(block, type=_Head).type
+        return msgspec.json.decode(block, type=ItemHead).type
     return block.get("type") if isinstance(block, dict) else None
 
 
@@ -205,68 +187,17 @@ def _document(part: dict[str, Any]) -> dict[str, Any]:
 
 
 def _source(url: str) -> dict[str, str]:
-    if url.startswith("data:"):
-        meta, _, data = url[5:].partition(",")
-        media_type, _, encoding = meta.partition(";")
-        if encoding != "base64" or not data:
-            raise InvalidInput("A data URL of an image or a file must be base64.", param="input")
-        return {"type": "base64", "media_type": media_type, "data": data}
+    inline = data_url(url)
+    if inline is not None:
+        return {"type": "base64", "media_type": inline[0], "data": inline[1]}
     return {"type": "url", "url": url}
 
 
-def _text(parts: list[dict[str, Any]]) -> str:
-    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
-
-
-def _arguments(arguments: str) -> Any:
-    try:
-        value = msgspec.json.decode(arguments)
-    except msgspec.DecodeError:
-        return {"arguments": arguments}  # a model's malformed call, kept readable
-    return value if isinstance(value, dict) else {"value": value}
-
-
-def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
-    """``items`` with Anthropic blocks made Responses items (others as they are; ``items``
-    itself when it holds none, as most requests)."""
-    items = _chat_read(items)
-    blocks = [is_block(item) for item in items]
-    if not any(blocks):
-        return items
-    out: list[msgspec.Raw] = []
-    for item, block in zip(items, blocks, strict=True):
-        if not block:
-            out.append(item)
-            continue
-        kind = msgspec.json.decode(item, type=_Head).type
-        if kind == "tool_use" or (kind == "text" and msgspec.json.decode(item, type=_Block).text):
-            out.append(msgspec.Raw(msgspec.json.encode(as_item(item))))
-    return out
-
-
-def _chat_read(items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:
-    """``items`` with Chat Completions messages as the Responses items another provider reads
-    them as (service/core/translate_chat.py); ``items`` itself when it holds none."""
-    chat = [is_chat(item) for item in items]
-    if not any(chat):
-        return items if isinstance(items, list) else list(items)
-    return [
-        read
-        for item, is_one in zip(items, chat, strict=True)
-        for read in (
-            [msgspec.Raw(msgspec.json.encode(part)) for part in readable(item)]
-            if is_one
-            else [item]
-        )
-    ]
-
-
-def as_item(block: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
+def as_item(block: msgspec.Raw) -> dict[str, Any]:
     """An Anthropic block as the OpenAI surface shows it: thinking (readable or redacted) as a
-    ``reasoning`` item, its text as ``summary_text`` and ``sealed`` (the block itself, sealed
-    by turnstore) as its ``encrypted_content`` (left out without: never shown in clear);
-    text as an assistant ``message``; a ``tool_use`` as a ``function_call`` (its id the
-    ``call_id``). The item's ``id`` is the caller's to give."""
+    ``reasoning`` item, its text as ``summary_text`` (never its signature: sealed by the seam,
+    translate/__init__.py ``relayed``); text as an assistant ``message``; a ``tool_use`` as a
+    ``function_call`` (its id the ``call_id``). The item's ``id`` is the caller's to give."""
     read = msgspec.json.decode(block, type=_Block)
     if read.type == "text":
         part = {"type": "output_text", "text": read.text, "annotations": []}
@@ -280,13 +211,7 @@ def as_item(block: msgspec.Raw, sealed: str | None = None) -> dict[str, Any]:
             "arguments": arguments,
         }
     summary = [{"type": "summary_text", "text": read.thinking}] if read.thinking else []
-    item: dict[str, Any] = {"type": "reasoning", "summary": summary}
-    if sealed is not None:
-        item["encrypted_content"] = sealed
-    return item
-
-
-_ID_PREFIXES = {"message": "msg", "function_call": "fc", "reasoning": "rs"}
+    return {"type": "reasoning", "summary": summary}
 
 
 def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | None:
@@ -298,27 +223,37 @@ def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | Non
     return given
 
 
-def provider_id(kind: str, block: msgspec.Raw | None = None) -> str:
-    """An id for an item a provider sent without one, shaped as OpenAI's (a prefix and 48 hex
-    digits: a client that keeps its own history sends it back as a provider's, not as one
-    naming something turnstore stored): a digest of ``block``, random without one."""
-    token = hashlib.sha256(block).hexdigest()[:48] if block is not None else os.urandom(24).hex()
-    return f"{_ID_PREFIXES[kind]}_{token}"
+class _Anthropic:
+    """Anthropic's content blocks as the rest of turnstore reads them (base.Form): each block
+    one Responses item."""
+
+    name = "anthropic"
+
+    def owns(self, item: msgspec.Raw) -> bool:
+        return is_block(item)
+
+    def opaque(self, item: msgspec.Raw) -> bool:
+        return msgspec.json.decode(item, type=ItemHead).type in OPAQUE_BLOCKS
+
+    def shown(self, item: msgspec.Raw) -> list[Shown]:
+        head = msgspec.json.decode(item, type=_Block)
+        read = as_item(item)
+        call_id = head.id if head.type == "tool_use" else None
+        own = own_id(item, head.type, head.id or None)
+        return [Shown(read, provider_id(read["type"], item), own, call_id, whole=True)]
+
+    def calls(self, item: msgspec.Raw) -> list[FunctionCall]:
+        read = msgspec.json.decode(item, type=_ToolUse)
+        if read.type != "tool_use":
+            return []
+        return [FunctionCall(read.id, read.name, bytes(read.input).decode())]  # the model's text
 
 
-def opened_block(content: str) -> msgspec.Raw | None:
-    """The Anthropic block a reasoning item's opened ``encrypted_content`` holds (``as_item``
-    sealed it whole), or None: another provider's encrypted content."""
-    if not content.startswith("{"):
-        return None
-    raw = msgspec.Raw(content.encode())
-    return raw if is_block(raw) else None
+class _ToolUse(msgspec.Struct):
+    type: str
+    id: str = ""
+    name: str = ""
+    input: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
 
 
-def shown_item(raw: msgspec.Raw) -> dict[str, Any]:
-    """An output item as a client is shown it before its turn ends: Anthropic's blocks as the
-    Responses items they read as, under the id they are listed by (others as they are)."""
-    if not is_block(raw):
-        return msgspec.json.decode(raw)  # type: ignore[no-any-return]
-    head = msgspec.json.decode(raw, type=_Block)
-    return {**as_item(raw), "id": own_id(raw, head.type, head.id or None)}
+ANTHROPIC = _Anthropic()

@@ -25,4 +25,6 @@ carries its own SQL).
   turnstore_commit_v2()
 - 2026_12_07_0020_turn_kind_key.py: a turn's provider kind and key fingerprint;
   turnstore_commit_v3()
+- 2026_12_07_0021_run_functions.py: a durable turn's writes of its run as functions, each on
+  its conversation's worker on Citus
 """

@@ -12,7 +12,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from migrations.commit_function import COMMIT, COMMIT_V2, COMMIT_V3
+from migrations.commit_function import (
+    COMMIT,
+    COMMIT_RUN,
+    COMMIT_V2,
+    COMMIT_V3,
+    CREATE_RUN,
+    END_RUN,
+    LOG_RUN,
+)
 from service import cli
 from service.platform import migrate
 from service.store.postgres.placement import (
@@ -84,7 +92,7 @@ def test_every_function_of_the_schema_is_placed_with_its_signature(database_url:
 def test_the_commit_functions_take_the_arguments_the_code_binds(database_url: str) -> None:
     """The migrations carry their own text of each commit function; the code binds its
     arguments by the names and order migrations/commit_function.py gives: the two agree."""
-    for function in (COMMIT, COMMIT_V2, COMMIT_V3):
+    for function in (COMMIT, COMMIT_V2, COMMIT_V3, CREATE_RUN, LOG_RUN, END_RUN, COMMIT_RUN):
         rows = fetch(
             database_url,
             "SELECT proargnames[1:pronargs] AS names FROM pg_proc WHERE oid = $1::regprocedure",
@@ -300,7 +308,8 @@ def test_0020_on_a_distributed_coordinator_distributes_its_commit_itself(
     again, as 0020 distributes it itself; the next `db distribute` has nothing to do."""
     with citus_database(citus) as url:
         migrate.upgrade(url, "0019")
-        functions = {f: p for f, p in FUNCTIONS.items() if f != COMMIT_V3.name}
+        later = {COMMIT_V3.name, *RUN_FUNCTIONS}  # 0021 distributes its own functions too
+        functions = {f: p for f, p in FUNCTIONS.items() if f not in later}
         with monkeypatch.context() as patched:
             patched.setattr(migrate, "head_revision", lambda: "0019")
             asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT, functions=functions))
@@ -317,7 +326,8 @@ def test_0020_on_a_distributed_coordinator_distributes_its_commit_itself(
 
 
 NEW_IN_0019 = {"turnstore_secrets", "owner_tombstones"}
-NEW_FUNCTIONS = {COMMIT_V2.name, COMMIT_V3.name}  # 0019's and 0020's
+RUN_FUNCTIONS = {f.name for f in (CREATE_RUN, LOG_RUN, END_RUN, COMMIT_RUN)}  # 0021's
+NEW_FUNCTIONS = {COMMIT_V2.name, COMMIT_V3.name, *RUN_FUNCTIONS}  # 0019's to 0021's
 # The previous release's commit of a first turn, as it calls the function.
 OLD_COMMIT = (
     "SELECT revision FROM turnstore_commit($1, 0, $2, NULL, 1, NULL, NULL, NULL, 'u', 'a',"

@@ -15,7 +15,15 @@ from typing import Any
 
 import asyncpg
 
-from migrations.commit_function import COMMIT, COMMIT_V2, COMMIT_V3
+from migrations.commit_function import (
+    COMMIT,
+    COMMIT_RUN,
+    COMMIT_V2,
+    COMMIT_V3,
+    CREATE_RUN,
+    END_RUN,
+    LOG_RUN,
+)
 from migrations.runner import LOCK_ID
 from service.platform import migrate
 from service.platform.db import driver_connect_args
@@ -145,6 +153,13 @@ FUNCTIONS: dict[str, DistributedFunction] = {
             commit.signature, argument="p_cid", colocate_with="conversations"
         )
         for commit in (COMMIT, COMMIT_V2, COMMIT_V3)
+    },
+    # A durable turn's writes of its run (0021): on its conversation's worker, as its commit.
+    **{
+        function.name: DistributedFunction(
+            function.signature, argument="p_cid", colocate_with="conversations"
+        )
+        for function in (CREATE_RUN, LOG_RUN, END_RUN, COMMIT_RUN)
     },
     # A turn's place among its owner's running turns: on the worker of the owner's rows.
     "turnstore_take_turn": DistributedFunction(

@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import asyncpg
@@ -168,6 +168,7 @@ class Conversations:
     chat: str = ""
     v1: str = ""
     response: str = ""  # the last /v1 response of a chain (its conversation's head)
+    others: list[str] = field(default_factory=list)  # for turns at once
 
 
 async def prepare(r: Replica) -> Conversations:
@@ -175,6 +176,9 @@ async def prepare(r: Replica) -> Conversations:
     made.chat = str(
         (await _ok(await r.client.post(CHAT, json={"message": "first"})))["conversation_id"]
     )
+    for _ in range(4):
+        started = await _ok(await r.client.post(CHAT, json={"message": "first"}))
+        made.others.append(str(started["conversation_id"]))
     made.v1 = str((await _ok(await r.client.post("/v1/conversations", json={})))["id"])
     # A stored response of a conversation of its own, which chained turns continue.
     made.response = str(
@@ -216,12 +220,27 @@ def kinds(made: Conversations) -> dict[str, Callable[[Replica], Awaitable[None]]
         assert (await follow(r.client, started["turn_id"]))[-1].name == "message.done"
 
     async def cancelled(r: Replica) -> None:
-        answer, renewals = r.held(), r.renewals()
+        """A background turn cancelled while its provider answers (it never does)."""
+        answer, renewals = Script(gate=asyncio.Event()), r.renewals()
+        r.api.then(answer)
         started = await background(r.client, message="stop", conversation_id=made.chat)
         await answer.started.wait()
         await r.renewed(renewals)  # a long turn, cancelled
         await _ok(await r.client.post(f"{TURNS}/{started['turn_id']}/cancel"))
         assert (await follow(r.client, started["turn_id"]))[-1].name == "error"
+        assert answer.gate is not None
+        answer.gate.set()
+
+    async def at_once(r: Replica) -> None:
+        """Plain turns at once, one on each of four conversations (on both workers)."""
+
+        async def one(cid: str) -> None:
+            body = {"message": "hi", "conversation_id": cid}
+            await _ok(await r.client.post(CHAT, json=body))
+
+        for _ in made.others:
+            r.held()
+        await asyncio.gather(*(one(cid) for cid in made.others))
 
     async def v1(r: Replica) -> None:
         r.held()
@@ -247,6 +266,7 @@ def kinds(made: Conversations) -> dict[str, Callable[[Replica], Awaitable[None]]
         "background": in_background,
         "background, followed (resume)": resumed,
         "background, cancelled": cancelled,
+        "4 plain turns at once": at_once,
         "/v1": v1,
         "/v1 streamed": v1_streamed,
         "/v1 chained (previous_response_id)": v1_chained,
@@ -261,6 +281,9 @@ IDEMPOTENT = "plain with an Idempotency-Key"
 
 async def measure_all(url: str, held_s: float = HELD_S, **settings: Any) -> dict[str, Cost]:
     """Each kind's cost, in turn, on one replica over the database at ``url``."""
-    async with replica(url, held_s, **settings) as r:
+    async with replica(url, 0.0, **settings) as r:
         made = await prepare(r)
+        for kind in kinds(made).values():  # once unheld first: the pool's connections made
+            await r.measure(kind)
+        r.held_s = held_s
         return {name: await r.measure(kind) for name, kind in kinds(made).items()}

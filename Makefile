@@ -42,7 +42,8 @@ system-deps: ## install nginx-light, pgbouncer and chromium with apt-get when mi
 # The Citus tests (tests/support/citus.py) start a coordinator and two workers of the system
 # PostgreSQL 15 with Citus, built from source by CITUS_BUILD when missing and possible
 # (root, apt-get; 2-4 minutes once). Otherwise those tests skip; this never fails `make test`.
-CITUS_BUILD ?= /work/shared/citus/build.sh
+# The script lives beside the checkout (../shared/citus/build.sh), wherever that is.
+CITUS_BUILD ?= $(abspath $(dir $(lastword $(MAKEFILE_LIST)))/../shared/citus/build.sh)
 citus-deps: ## build and install Citus into PostgreSQL 15 when missing (needs root and apt-get)
 	@if [ ! -x "$(CITUS_BUILD)" ]; then \
 		echo "note: no Citus build script at $(CITUS_BUILD) (set CITUS_BUILD): the Citus tests skip"; \

@@ -35,6 +35,7 @@ from service.store.postgres import PostgresStore, StoreConfig
 from service.store.postgres.placement import distribute
 from tests.support.citus import citus_cluster, citus_database, citus_missing
 from tests.support.database import asyncpg_dsn
+from tests.support.turn_kinds import HELD_S, Cost, measure_all
 
 SHARDS = 32  # per co-location group
 # As durable as the plain server: the test cluster's fsync and full-page writes are off.
@@ -155,19 +156,35 @@ def citus_url() -> Iterator[str]:
         yield url
 
 
-def run(plain_url: str, config: CitusConfig) -> list[CitusResult] | str:
+@dataclass
+class Kinds:
+    """Every kind of turn once through one replica over HTTP (tests/support/turn_kinds.py),
+    at once and held by its provider for HELD_S (everything it holds renewed meanwhile)."""
+
+    plain: dict[str, Cost]
+    citus: dict[str, Cost]
+    plain_held: dict[str, Cost]
+    citus_held: dict[str, Cost]
+
+
+def run(plain_url: str, config: CitusConfig) -> tuple[list[CitusResult], Kinds] | str:
     """Both measured, plain first; or why Citus could not be measured."""
     if (missing := citus_missing()) is not None:
         return missing
     plain = asyncio.run(measure("plain PostgreSQL (one server)", plain_url, config))
+    plain_kinds = asyncio.run(measure_all(plain_url, 0.0))
+    plain_held = asyncio.run(measure_all(plain_url))
     with citus_url() as url:
         citus = asyncio.run(measure("Citus (coordinator + 2 workers)", url, config))
-    return [plain, citus]
+        kinds = Kinds(plain_kinds, asyncio.run(measure_all(url, 0.0)), plain_held, {})
+        kinds.citus_held = asyncio.run(measure_all(url))
+    return [plain, citus], kinds
 
 
-def lines(results: list[CitusResult] | str) -> list[str]:
-    if isinstance(results, str):
-        return [f"   not measured: {results}"]
+def lines(measured: tuple[list[CitusResult], Kinds] | str) -> list[str]:
+    if isinstance(measured, str):
+        return [f"   not measured: {measured}"]
+    results, kinds = measured
     out = [f"   {'':34} {'turns/s':>9} {'round trips/turn':>17} {'2PC/turn':>9}"]
     for r in results:
         if r.error:
@@ -175,4 +192,17 @@ def lines(results: list[CitusResult] | str) -> list[str]:
             continue
         two_phase = "-" if r.two_phase is None else f"{r.two_phase:.2f}"
         out.append(f"   {r.name:34} {r.best:9.0f} {r.round_trips:17.2f} {two_phase:>9}")
+    out.append(
+        f"   Each kind of turn once over HTTP (one replica): round trips, and the coordinator's"
+        f" prepared transactions (2PC); answered at once, and held {HELD_S:.0f} s (renewals)"
+    )
+    head = f"   {'':36} {'PG':>4} {'Citus':>6} {'2PC':>4} | {'PG':>4} {'Citus':>6} {'2PC':>4}"
+    out.append(head)
+    for name, cost in kinds.citus.items():
+        held = kinds.citus_held[name]
+        out.append(
+            f"   {name:36} {kinds.plain[name].round_trips:4} {cost.round_trips:6}"
+            f" {cost.two_phase:4} | {kinds.plain_held[name].round_trips:4}"
+            f" {held.round_trips:6} {held.two_phase:4}"
+        )
     return out

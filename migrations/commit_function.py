@@ -1,9 +1,10 @@
-"""The schema's commit functions as the code calls them: ``turnstore_commit_v3()``, which this
+"""The schema's commit functions (and a durable turn's writes of its run: LOG_RUN, END_RUN,
+COMMIT_RUN, migration 0022) as the code calls them: ``turnstore_commit_v3()``, which this
 release calls (store/postgres/statements.py), ``turnstore_commit()``, which the release before
 it calls during a rolling upgrade, and ``turnstore_commit_v2()``, which images built between
 migrations 0019 and 0021 call; store/postgres/placement.py places all three on Citus. Each is
 named here once with its arguments, in order, and its call and its signature are read from
-that. The migrations that made them (0017 to 0021) carry their own text
+that. The migrations that made them (0017 to 0022) carry their own text
 (migrations/__init__.py); tests/system/test_placement.py checks that the two agree.
 
 ``shredded(owner)`` is the one test of a shred's tombstone (migration 0019) in SQL, as the
@@ -109,6 +110,54 @@ class Function:
 # terms join its conversation's (store/postgres/terms.py: words in clear, terms made here).
 SEARCH = (("search_text", "text"), ("search_terms", "text[]"))
 ARGUMENTS_V3 = (*ARGUMENTS_V2, ("kind", "text"), ("key_fingerprint", "text"), *SEARCH)
+
+# A durable turn's writes of its run (0022), each on its conversation's worker on Citus: the run
+# made, a batch of events logged, the run ended without a commit, and the commit that ends it.
+BATCH = (("events", "json"), ("sealed_events", "bytea"))
+CREATE_RUN = Function(
+    "turnstore_create_run",
+    (
+        ("cid", "uuid"),
+        ("id", "uuid"),
+        ("owner", "text"),
+        ("background", "boolean"),
+        ("hb", "double precision"),
+        ("response", "json"),
+        ("sealed_response", "bytea"),
+    ),
+)
+LOG_RUN = Function(
+    "turnstore_log_run",
+    (("cid", "uuid"), ("id", "uuid"), ("last", "integer"), ("message_id", "text"), *BATCH),
+)
+END_RUN = Function(
+    "turnstore_end_run",
+    (
+        ("cid", "uuid"),
+        ("id", "uuid"),
+        ("status", "text"),
+        ("code", "text"),
+        ("message", "text"),
+        ("last", "integer"),
+        ("revision", "integer"),
+        ("ttl", "double precision"),
+        *BATCH,
+    ),
+)
+COMMIT_RUN = Function(
+    "turnstore_commit_run",
+    (
+        *ARGUMENTS_V3,
+        ("run", "uuid"),
+        ("run_status", "text"),
+        ("done_seq", "integer"),
+        ("events_ttl_s", "double precision"),
+        *BATCH,
+    ),
+)
+# What turnstore_commit_run raises when the turn's run had ended meanwhile (interrupted): the
+# whole commit rolled back.
+RUN_ENDED_STATE = "TSRUN"
 
 COMMIT = Function("turnstore_commit", ARGUMENTS)  # the previous release's (0017, 0018, 0019)
 COMMIT_V2 = Function("turnstore_commit_v2", ARGUMENTS_V2)  # images between 0019 and 0020

@@ -16,6 +16,7 @@ import asyncio
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from alembic.config import Config
@@ -85,6 +86,37 @@ def describe(
         f"data schema: {_state(ScriptDirectory.from_config(data), found)}\n"
         f"keyring{where}: {_state(ScriptDirectory.from_config(keyring), keys)}"
     )
+
+
+@dataclass(frozen=True)
+class Revision:
+    """Where one schema is (its version table's rows), this release's head, and in words."""
+
+    at: list[str]
+    head: str | None
+    words: str
+
+    @property
+    def ok(self) -> bool:
+        return self.at == [self.head]
+
+
+def status(
+    data: Config, keyring: Config, database_url: str, keyring_url: str | None = None
+) -> dict[str, Revision]:
+    """The data schema's and the keyring's revisions against this release's heads."""
+    found = {
+        "data schema": (data, _sync(database_url, lambda c: versions(c, "alembic_version"))),
+        "keyring": (
+            keyring,
+            _sync(keyring_url or database_url, lambda c: versions(c, "keyring_version")),
+        ),
+    }
+    revisions = {}
+    for name, (config, at) in found.items():
+        script = ScriptDirectory.from_config(config)
+        revisions[name] = Revision(at, script.get_current_head(), _state(script, at))
+    return revisions
 
 
 def undone(script: ScriptDirectory, current: str | None, target: str) -> list[Script]:

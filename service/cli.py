@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import signal
@@ -34,6 +35,7 @@ from service.store.postgres import (
     destroy_key,
     live_keys,
     owner_digests,
+    placement,
 )
 from service.store.postgres.placement import DEFAULT_SHARD_COUNT, distribute
 from service.store.postgres.tx import FAILURES, sqlstate
@@ -121,6 +123,12 @@ def _db(action: DbAction) -> Callable[[argparse.Namespace, Settings], None]:
 
 
 def _upgrade(url: str, args: argparse.Namespace, settings: Settings) -> None:
+    group = asyncio.run(placement.worker_group(url))
+    if group is not None:  # its migrations fail on the first table Citus owns
+        raise migrate.Refused(
+            f"this is a Citus worker (group {group}), not the coordinator: run `turnstore db"
+            " upgrade` with DATABASE_URL naming the coordinator"
+        )
     migrate.upgrade(
         url,
         keyring_url=settings.keyring_database_url,
@@ -142,7 +150,56 @@ def _current(url: str, args: argparse.Namespace, settings: Settings) -> object:
 
 
 def _distribute(url: str, args: argparse.Namespace, settings: Settings) -> object:
-    return asyncio.run(distribute(url, shard_count=args.shard_count))
+    return asyncio.run(distribute(url, shard_count=args.shard_count, progress=print))
+
+
+def _status(url: str, args: argparse.Namespace, settings: Settings) -> None:
+    """The schemas against this release's heads, and the placement on Citus; exit 1 unless
+    all is as it should be."""
+    schemas = migrate.status(url, settings.keyring_database_url)
+    citus = asyncio.run(placement.status(url))
+    ok = citus.ok and all(each.ok for each in schemas.values())
+    if args.json:
+        print(json.dumps(_status_json(schemas, citus, ok), indent=2))
+    else:
+        for name, each in schemas.items():
+            print(f"{name}: {each.words}")
+        print(_citus_line(citus))
+        for what, should in (citus.misplaced or {}).items():
+            print(f"  {what}: not placed as it should be ({should})")
+        print("all is as it should be" if ok else "NOT as it should be: see above")
+    if not ok:
+        sys.exit(1)
+
+
+def _citus_line(citus: placement.CitusStatus) -> str:
+    if citus.version is None:
+        return "citus: not installed (plain PostgreSQL: nothing to place)"
+    if not citus.coordinator:
+        return f"citus {citus.version}: NOT a coordinator (no worker added, or a worker itself)"
+    where = f"citus {citus.version}: coordinator with {citus.workers} active workers"
+    if citus.misplaced:
+        return f"{where}; {len(citus.misplaced)} not placed: run `turnstore db distribute`"
+    return f"{where}; every table and function placed"
+
+
+def _status_json(schemas: dict[str, Any], citus: placement.CitusStatus, ok: bool) -> dict[str, Any]:
+    return {
+        "ok": ok,
+        **{
+            name.replace(" ", "_"): {"at": each.at, "head": each.head, "ok": each.ok}
+            for name, each in schemas.items()
+        },
+        "citus": None
+        if citus.version is None
+        else {
+            "version": citus.version,
+            "coordinator": citus.coordinator,
+            "workers": citus.workers,
+            "misplaced": citus.misplaced or {},
+            "ok": citus.ok,
+        },
+    }
 
 
 def _purge(args: argparse.Namespace, settings: Settings) -> None:
@@ -415,6 +472,13 @@ def _db_commands(db: argparse.ArgumentParser) -> None:
         help="shards of a new co-location group",
     )
     place.set_defaults(run=_db(_distribute))
+    status = commands.add_parser(
+        "status",
+        help="the schemas against this release's heads and the placement on Citus (exit 1"
+        " unless all is as it should be)",
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    status.set_defaults(run=_db(_status))
 
 
 def _data_commands(commands: Any) -> None:

@@ -26,4 +26,6 @@ carries its own SQL).
 - 2026_12_07_0020_turn_kind_key.py: a turn's provider kind and key fingerprint
 - 2026_12_07_0021_finding.py: conversations' search terms and the fork they came from; the
   indexes of the listing's filters; turnstore_commit_v3()
+- 2026_12_07_0022_run_functions.py: a durable turn's writes of its run as functions, each on
+  its conversation's worker on Citus
 """

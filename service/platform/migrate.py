@@ -105,3 +105,10 @@ def current(database_url: str, keyring_url: str | None = None) -> str:
     return revisions.describe(
         alembic_config(), alembic_config(keyring=True), database_url, keyring_url
     )
+
+
+def status(database_url: str, keyring_url: str | None = None) -> dict[str, revisions.Revision]:
+    """The data schema's and the keyring's revisions against this release's heads."""
+    return revisions.status(
+        alembic_config(), alembic_config(keyring=True), database_url, keyring_url
+    )

@@ -12,7 +12,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from migrations.commit_function import COMMIT, COMMIT_V2, COMMIT_V3
+from migrations.commit_function import (
+    COMMIT,
+    COMMIT_RUN,
+    COMMIT_V2,
+    COMMIT_V3,
+    CREATE_RUN,
+    END_RUN,
+    LOG_RUN,
+)
 from service import cli
 from service.platform import migrate
 from service.store.postgres.placement import (
@@ -84,7 +92,7 @@ def test_every_function_of_the_schema_is_placed_with_its_signature(database_url:
 def test_the_commit_functions_take_the_arguments_the_code_binds(database_url: str) -> None:
     """The migrations carry their own text of each commit function; the code binds its
     arguments by the names and order migrations/commit_function.py gives: the two agree."""
-    for function in (COMMIT, COMMIT_V2, COMMIT_V3):
+    for function in (COMMIT, COMMIT_V2, COMMIT_V3, CREATE_RUN, LOG_RUN, END_RUN, COMMIT_RUN):
         rows = fetch(
             database_url,
             "SELECT proargnames[1:pronargs] AS names FROM pg_proc WHERE oid = $1::regprocedure",
@@ -289,35 +297,41 @@ def test_0019_on_a_distributed_coordinator_places_its_tables_before_the_next_dis
         committed = fetch(url, OLD_COMMIT, uuid.uuid4(), "alice")  # as the previous release
         assert [row["revision"] for row in committed] == [1]
         placed = asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT))
-        assert placed == "turnstore_commit_v2(): distributed by p_cid, with conversations"
+        assert placed.splitlines()[0] == (
+            "turnstore_commit_v2(): distributed by p_cid, with conversations"
+        )
 
 
-def test_0021_on_a_distributed_coordinator_distributes_its_commit_itself(
+def test_0021_and_0022_on_a_distributed_coordinator_distribute_their_functions_themselves(
     citus: CitusCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fleet on Citus distributed at 0019 is upgraded: this release's first commit
-    (turnstore_commit_v3) runs on its conversation's worker before `db distribute` runs
-    again, as 0021 distributes it itself; the next `db distribute` has nothing to do."""
+    """A fleet on Citus distributed at 0019 is upgraded: this release's first commits
+    (turnstore_commit_v3) and runs (0022's functions) run on their conversation's worker
+    before `db distribute` runs again, as 0021 and 0022 distribute their functions
+    themselves; the next `db distribute` has nothing to do."""
     with citus_database(citus) as url:
         migrate.upgrade(url, "0019")
-        functions = {f: p for f, p in FUNCTIONS.items() if f != COMMIT_V3.name}
+        later = {COMMIT_V3.name, *RUN_FUNCTIONS}
+        functions = {f: p for f, p in FUNCTIONS.items() if f not in later}
         with monkeypatch.context() as patched:
             patched.setattr(migrate, "head_revision", lambda: "0019")
             asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT, functions=functions))
         migrate.upgrade(url)
-        placed = fetch(
-            url,
-            "SELECT distribution_argument_index AS argument FROM pg_catalog.pg_dist_object"
-            " WHERE classid = 'pg_proc'::regclass AND objid = $1::regprocedure",
-            COMMIT_V3.signature,
-        )
-        assert [row["argument"] for row in placed] == [0]  # p_cid
+        for name in later:
+            placed = fetch(
+                url,
+                "SELECT distribution_argument_index AS argument FROM pg_catalog.pg_dist_object"
+                " WHERE classid = 'pg_proc'::regclass AND objid = $1::regprocedure",
+                FUNCTIONS[name].signature,
+            )
+            assert [row["argument"] for row in placed] == [0], name  # p_cid
         again = asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT))
         assert again == "every table is placed already: nothing to do"
 
 
 NEW_IN_0019 = {"turnstore_secrets", "owner_tombstones"}
-NEW_FUNCTIONS = {COMMIT_V2.name, COMMIT_V3.name}  # 0019's and 0021's
+RUN_FUNCTIONS = {f.name for f in (CREATE_RUN, LOG_RUN, END_RUN, COMMIT_RUN)}  # 0022's
+NEW_FUNCTIONS = {COMMIT_V2.name, COMMIT_V3.name, *RUN_FUNCTIONS}  # 0019's to 0022's
 # The previous release's commit of a first turn, as it calls the function.
 OLD_COMMIT = (
     "SELECT revision FROM turnstore_commit($1, 0, $2, NULL, 1, NULL, NULL, NULL, 'u', 'a',"

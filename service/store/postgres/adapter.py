@@ -6,7 +6,9 @@ wake waiters on other replicas."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,7 @@ from service.store.postgres.keyring import Keyring
 from service.store.postgres.rows import reading
 from service.store.postgres.running_turns import RunningTurns
 from service.store.postgres.statements import Statements
-from service.store.postgres.tx import driver
+from service.store.postgres.tx import Compiled, Params, driver
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,34 @@ class Adapter:
         self.sql = Statements(self.config.retention_days)
         self.places = RunningTurns(engine, self.config.running_turns)
 
+    async def distributed(self) -> bool:
+        """Whether this is a Citus coordinator (the store asks the server once)."""
+        return not await self.places.folded()
+
+    async def each_group(
+        self, statement: Compiled, batches: Sequence[Params]
+    ) -> list[asyncpg.Record]:
+        """``statement`` (autocommitted) over rows of several shard groups, each batch naming
+        one group's rows in its list parameters (one conversation's, or one owner's). On Citus
+        one statement per batch, side by side, each routed to the worker of its group: one
+        statement over several groups would touch every shard, and a write would be a
+        two-phase commit on every worker it reaches. On plain PostgreSQL one statement over
+        all of them (a list parameter that is None in a batch, not known there, is None)."""
+        if not batches:
+            return []
+        if not await self.distributed():
+            batches = [merged(batches)]
+
+        async def one(params: Params) -> list[asyncpg.Record]:
+            async with driver(self.engine, write=False) as conn:
+                return await statement.fetch(conn, params)
+
+        done = await asyncio.gather(*(one(params) for params in batches), return_exceptions=True)
+        for result in done:  # every statement finished first: none cut short mid-query
+            if isinstance(result, BaseException):
+                raise result
+        return [row for rows in done if not isinstance(rows, BaseException) for row in rows]
+
     async def completed(
         self, conn: asyncpg.Connection, key: IdempotencyKey | None, cid: Any, revision: int | None
     ) -> None:
@@ -72,3 +102,13 @@ class Adapter:
         with contextlib.suppress(StorageError):  # those woken look again by themselves
             async with driver(self.engine, write=False) as conn:
                 await self.sql.wake.execute(conn, {"topics": topics})
+
+
+def merged(batches: Sequence[Params]) -> Params:
+    """Batches of Adapter.each_group as one: list parameters joined (None if one is None)."""
+    merged = dict(batches[0])
+    for name in batches[0]:
+        values = [batch[name] for batch in batches]
+        if any(isinstance(value, list) for value in values):
+            merged[name] = None if None in values else [v for each in values for v in each]
+    return merged

@@ -14,7 +14,7 @@ from service.platform.crypto import DataKey
 from service.store.postgres import idempotency as idem
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.sealed import writing_key
-from service.store.postgres.tx import driver, written
+from service.store.postgres.tx import driver, grouped, written
 
 
 class PostgresIdempotency:
@@ -42,14 +42,16 @@ class PostgresIdempotency:
 
     async def renew(self, keys: Sequence[IdempotencyKey], lease_s: float) -> None:
         until = datetime.now(UTC) + timedelta(seconds=lease_s)
-        params = {
-            "owners": [key.owner for key in keys],
-            "keys": [key.key for key in keys],
-            "claims": [key.claim for key in keys],
-            "until": until,
-        }
-        async with driver(self._db.engine, write=False) as conn:  # one statement: autocommit
-            await idem.RENEW.execute(conn, params)
+        batches = [
+            {
+                "owners": [owner],
+                "keys": [key.key for key in held],
+                "claims": [key.claim for key in held],
+                "until": until,
+            }
+            for owner, held in grouped((key.owner, key) for key in keys).items()
+        ]
+        await self._db.each_group(idem.RENEW, batches)
 
     async def check(self, key: IdempotencyKey) -> None:
         async with driver(self._db.engine, write=False) as conn:

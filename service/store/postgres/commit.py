@@ -46,9 +46,13 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
         **terms.of_turn(codec.key, append.turn),
     }
     wake: list[str] = []  # topics to notify once committed
-    plain = append.fork_of is None and run is None
     folded = await db.places.folded()
-    async with driver(db.engine, write=not plain) as conn:
+    # One statement (a function, on Citus sent whole to the conversation's worker), unless
+    # the turn makes its fork: a transaction then, over the source's group and the fork's.
+    one = append.fork_of is None
+    if one and run is not None:
+        params.update(_run_end(db, run, revision, codec.key))
+    async with driver(db.engine, write=not one) as conn:
         if append.fork_of is not None:
             fork = {
                 "src": append.fork_of.source,
@@ -58,13 +62,16 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
             }
             if await forks.copy(db, conn, fork, codec.key, counted=False) is None:
                 raise await forks.why_not(db, conn, fork)  # the source went meanwhile
-        row = await db.sql.commit[folded].fetchrow(conn, params)
+        statement = db.sql.commit if run is None or not one else db.sql.commit_run
+        row = await statement[folded].fetchrow(conn, params)
         if row is None:
             raise await _why_not(db, conn, params)
         if row["lease_wanted"]:  # turns wait for the lease this commit released
             wake.append(f"lease:{cid}")
-        if run is not None and await _end_run(db, conn, cid, run, revision, codec.key):
+        if run is not None and one and row["watched"]:
             wake.append(f"events:{run.run_id}")  # its events are followed elsewhere
+        if run is not None and not one and await _end_run(db, conn, cid, run, revision, codec.key):
+            wake.append(f"events:{run.run_id}")
     if append.lease is not None and await db.places.apart():  # on the owner's worker
         with contextlib.suppress(StorageError):  # it stops counting at its ``until``
             await db.places.free(append.owner, append.lease)
@@ -79,6 +86,18 @@ def _expiry(db: Adapter, append: Append) -> datetime | None:
     if append.stored_response or append.expected_revision > 0 or append.fork_of:
         return datetime.now(UTC) + timedelta(seconds=db.config.stored_response_ttl_s)
     return None
+
+
+def _run_end(db: Adapter, run: RunCommit, revision: int, key: DataKey | None) -> Params:
+    """The run's end as COMMIT_RUN takes it, with its message.done at ``revision``."""
+    batch = Events(key, run.run_id).batch_columns([run.done.event(run.done_seq, revision)])
+    return {
+        "run": run.run_id,
+        "run_status": run.status,
+        "done_seq": run.done_seq,
+        "events_ttl_s": db.config.events_ttl_s,
+        **batch,
+    }
 
 
 async def _end_run(

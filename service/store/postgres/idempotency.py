@@ -68,12 +68,12 @@ COMPLETE = sql("""
     RETURNING 1
 """)
 # The claims a replica's writes hold, kept alive while they run (TURN_LEASE_S each).
+# By owner (the distribution column): on Citus made once per owner, routed to the owner's
+# worker (Adapter.each_group). A claim is one attempt's: the keys and claims pair up.
 RENEW = sql("""
     UPDATE idempotency_keys SET expires_at = CAST(:until AS timestamptz)
-    FROM unnest(CAST(:owners AS text[]), CAST(:keys AS text[]), CAST(:claims AS uuid[]))
-        AS held (owner, key, claim)
-    WHERE idempotency_keys.owner = held.owner AND idempotency_keys.key = held.key
-        AND idempotency_keys.state = 'running' AND idempotency_keys.claim_id = held.claim
+    WHERE owner = ANY(CAST(:owners AS text[])) AND key = ANY(CAST(:keys AS text[]))
+        AND state = 'running' AND claim_id = ANY(CAST(:claims AS uuid[]))
 """)
 RELEASE_RUN = sql("""
     DELETE FROM idempotency_keys WHERE owner = :owner AND turn_id = :turn_id AND state = 'running'

@@ -10,12 +10,22 @@ The whole placement is one transaction, under the migrations' advisory lock.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from migrations.commit_function import COMMIT, COMMIT_V2, COMMIT_V3
+from migrations.commit_function import (
+    COMMIT,
+    COMMIT_RUN,
+    COMMIT_V2,
+    COMMIT_V3,
+    CREATE_RUN,
+    END_RUN,
+    LOG_RUN,
+)
 from migrations.runner import LOCK_ID
 from service.platform import migrate
 from service.platform.db import driver_connect_args
@@ -146,6 +156,13 @@ FUNCTIONS: dict[str, DistributedFunction] = {
         )
         for commit in (COMMIT, COMMIT_V2, COMMIT_V3)
     },
+    # A durable turn's writes of its run (0022): on its conversation's worker, as its commit.
+    **{
+        function.name: DistributedFunction(
+            function.signature, argument="p_cid", colocate_with="conversations"
+        )
+        for function in (CREATE_RUN, LOG_RUN, END_RUN, COMMIT_RUN)
+    },
     # A turn's place among its owner's running turns: on the worker of the owner's rows.
     "turnstore_take_turn": DistributedFunction(
         "turnstore_take_turn(text, uuid, timestamptz, timestamptz, integer)",
@@ -161,11 +178,16 @@ async def distribute(
     shard_count: int = DEFAULT_SHARD_COUNT,
     placement: dict[str, Placement] | None = None,
     functions: dict[str, DistributedFunction] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> str:
     """Place every table of the schema at ``url`` (a Citus coordinator) as ``placement`` says;
-    what was done, one line per table, or that nothing was to do."""
+    what was done, one line per table, or that nothing was to do. ``progress`` is told each
+    table as it starts (its rows, as the statistics estimate them): a populated table is
+    copied to the workers, which takes a while, under a lock that holds its writes until the
+    whole placement commits."""
     placement = PLACEMENT if placement is None else placement
     functions = FUNCTIONS if functions is None else functions
+    say = progress or (lambda _line: None)
     conn = await asyncpg.connect(**_connect_args(url))
     try:
         await _check_server(conn)
@@ -177,13 +199,23 @@ async def distribute(
             # DDL after a distributed table was made in the same transaction must not open
             # parallel connections to the workers.
             await conn.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
-            done = await _place(conn, placement)
+            started = time.monotonic()
+            done = await _place(conn, placement, say)
             done += await _place_functions(conn, functions)
+            locked_s = time.monotonic() - started
     except asyncpg.PostgresError as exc:
         raise Refused(f"Citus refused the placement: {exc}".splitlines()[0]) from exc
     finally:
         await conn.close()
-    return "\n".join(done) or "every table is placed already: nothing to do"
+    if not done:
+        return "every table is placed already: nothing to do"
+    return "\n".join(
+        [
+            *done,
+            f"done in one transaction: the tables placed were locked for {locked_s:.1f} s"
+            " (requests that wrote them waited until it committed)",
+        ]
+    )
 
 
 async def _check_server(conn: asyncpg.Connection) -> None:
@@ -253,7 +285,9 @@ async def _tables(conn: asyncpg.Connection) -> list[str]:
     return [row["tablename"] for row in rows]
 
 
-async def _place(conn: asyncpg.Connection, placement: dict[str, Placement]) -> list[str]:
+async def _place(
+    conn: asyncpg.Connection, placement: dict[str, Placement], say: Callable[[str], None]
+) -> list[str]:
     tables = set(await _tables(conn))
     on_citus = {
         t: p for t, p in placement.items() if t in tables and not isinstance(p, Coordinator)
@@ -267,8 +301,17 @@ async def _place(conn: asyncpg.Connection, placement: dict[str, Placement]) -> l
         for row in await conn.fetch(_FOREIGN_KEYS, table):
             await conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {row['conname']}")
     done = []
-    for table in todo:
-        done.append(await _create(conn, table, on_citus[table]))
+    if todo:
+        say(f"placing {len(todo)} tables in one transaction (each locked until it commits)")
+    for n, table in enumerate(todo, 1):
+        rows = await conn.fetchval(
+            "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = $1::regclass", table
+        )
+        say(f"[{n}/{len(todo)}] {table}: about {rows} rows...")
+        started = time.monotonic()
+        line = await _create(conn, table, on_citus[table])
+        done.append(f"{line} ({time.monotonic() - started:.1f} s)")
+        say(f"[{n}/{len(todo)}] {done[-1]}")
     for table, where in on_citus.items():
         for key in where.foreign_keys:
             if not await conn.fetchval(_CONSTRAINT, table, key.name):
@@ -317,25 +360,99 @@ async def _create(conn: asyncpg.Connection, table: str, where: Placement) -> str
     return f"{table}: distributed by {where.column}, {group}, key ({', '.join(where.primary_key)})"
 
 
+def wanted(where: Placement) -> str:
+    """The placement in words."""
+    if isinstance(where, Coordinator):
+        return "a plain table on the coordinator"
+    if isinstance(where, Reference):
+        return "a reference table"
+    with_group = "" if where.colocate_with == "none" else f" with {where.colocate_with}"
+    return f"distributed by {where.column}{with_group}"
+
+
+def _as_wanted(table: str, where: Placement, placed: dict[str, Any]) -> bool:
+    """Whether the table is where the placement says (on the coordinator: not in Citus)."""
+    row = placed.get(table)
+    if isinstance(where, Coordinator) or row is None:
+        return isinstance(where, Coordinator) and row is None
+    if isinstance(where, Reference):
+        return bool(row["partmethod"] == "n")
+    group = placed.get(where.colocate_with)
+    return bool(
+        row["partmethod"] == "h"
+        and row["column"] == where.column
+        and (group is None or group["colocationid"] == row["colocationid"])
+    )
+
+
 def _check_placed(table: str, where: Placement, placed: dict[str, Any]) -> None:
     """A table placed before: as the placement says, or the operator decides."""
-    row = placed[table]
-    if isinstance(where, Coordinator):
-        ok, wanted = False, "a plain table on the coordinator"
-    elif isinstance(where, Reference):
-        ok, wanted = row["partmethod"] == "n", "a reference table"
-    else:
-        group = placed.get(where.colocate_with)
-        ok = (
-            row["partmethod"] == "h"
-            and row["column"] == where.column
-            and (group is None or group["colocationid"] == row["colocationid"])
+    if not _as_wanted(table, where, placed):
+        raise Refused(f"{table} is placed otherwise than {wanted(where)}: change it by hand first")
+
+
+@dataclass(frozen=True)
+class CitusStatus:
+    """What `turnstore db status` says of Citus: its version (None: not installed), whether
+    this is the coordinator, and each table and function not placed as it should be (with
+    what it should be)."""
+
+    version: str | None
+    coordinator: bool = False
+    workers: int = 0
+    misplaced: dict[str, str] | None = None  # table or function() -> what it should be
+
+    @property
+    def ok(self) -> bool:
+        return self.version is None or (self.coordinator and not self.misplaced)
+
+
+async def status(url: str) -> CitusStatus:
+    """Whether the database at ``url`` is placed as this release's PLACEMENT and FUNCTIONS
+    say (on plain PostgreSQL there is nothing to place)."""
+    conn = await asyncpg.connect(**_connect_args(url))
+    try:
+        version = await conn.fetchval("SELECT extversion FROM pg_extension WHERE extname = 'citus'")
+        if version is None:
+            return CitusStatus(None)
+        if not await conn.fetchval("SELECT citus_is_coordinator()"):
+            return CitusStatus(version)
+        workers = await conn.fetchval(
+            "SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND isactive"
         )
-        wanted = f"distributed by {where.column}"
-        if where.colocate_with != "none":
-            wanted += f" with {where.colocate_with}"
-    if not ok:
-        raise Refused(f"{table} is placed otherwise than {wanted}: change it by hand first")
+        placed, tables = await _placed(conn), set(await _tables(conn))
+        misplaced = {
+            table: wanted(where)
+            for table, where in PLACEMENT.items()
+            if table in tables and not _as_wanted(table, where, placed)
+        }
+        misplaced.update({t: "a table this release does not know" for t in tables - set(PLACEMENT)})
+        for name, function in FUNCTIONS.items():
+            argument = await conn.fetchval(
+                "SELECT distribution_argument_index FROM pg_catalog.pg_dist_object"
+                " WHERE classid = 'pg_proc'::regclass"
+                " AND objid = to_regprocedure($1)",
+                function.signature,
+            )
+            if argument is None:
+                misplaced[f"{name}()"] = (
+                    f"distributed by {function.argument} with {function.colocate_with}"
+                )
+        return CitusStatus(version, True, int(workers), misplaced)
+    finally:
+        await conn.close()
+
+
+async def worker_group(url: str) -> int | None:
+    """The Citus worker group the server at ``url`` is (None: a coordinator or no Citus)."""
+    conn = await asyncpg.connect(**_connect_args(url))
+    try:
+        if await conn.fetchval("SELECT to_regclass('pg_dist_local_group') IS NULL"):
+            return None
+        group = await conn.fetchval("SELECT groupid FROM pg_dist_local_group")
+        return int(group) if group else None
+    finally:
+        await conn.close()
 
 
 def _connect_args(url: str) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
-from service.store.postgres import forks
+from service.store.postgres import forks, running_turns
 from service.store.postgres.adapter import Adapter
-from service.store.postgres.tx import driver, written
+from service.store.postgres.tx import driver, grouped, written
 
 
 async def release(db: Adapter, conversation_id: UUID, holder: UUID) -> None:
@@ -34,11 +34,12 @@ class PostgresPlaces:
         await release(self._db, conversation_id, holder)
 
     async def renew_leases(self, leases: Sequence[tuple[UUID, UUID]], lease_s: float) -> set[UUID]:
-        cids, holders = [cid for cid, _ in leases], [holder for _, holder in leases]
         until = datetime.now(UTC) + timedelta(seconds=lease_s)
-        params = {"cids": cids, "holders": holders, "until": until}
-        async with driver(self._db.engine, write=False) as conn:
-            return {row["id"] for row in await self._db.sql.renew_leases.fetch(conn, params)}
+        batches = [
+            {"cids": [cid], "holders": holders, "until": until}
+            for cid, holders in grouped(leases).items()
+        ]  # each conversation's on its worker
+        return {row["id"] for row in await self._db.each_group(self._db.sql.renew_leases, batches)}
 
     async def take_turn(self, owner: str, holder: UUID, lease_s: float) -> bool:
         return await self._db.places.take(owner, holder, lease_s)
@@ -47,7 +48,8 @@ class PostgresPlaces:
         await self._db.places.free(owner, holder)
 
     async def renew_turns(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
-        await self._db.places.renew(turns, lease_s)
+        places = self._db.places
+        await self._db.each_group(running_turns.RENEW, places.renewals(turns, lease_s))
 
     async def take_fork(self, owner: str, conversation_id: UUID) -> None:
         most = self._db.config.forks_per_minute

@@ -9,7 +9,7 @@ lock at commit, so it is not sent for nothing.
 
 from __future__ import annotations
 
-from migrations.commit_function import shredded
+from migrations.commit_function import CREATE_RUN, END_RUN, LOG_RUN
 from service.store.postgres.statements import NO_SYNC_WAIT, TAKE_TURN_CALL, WAKE
 from service.store.postgres.tx import sql
 
@@ -19,23 +19,6 @@ UNFINISHED = "status IN ('queued', 'in_progress')"
 HERE = "(CAST(:cid AS uuid) IS NULL OR conversation_id = :cid)"
 R_HERE = "(CAST(:cid AS uuid) IS NULL OR r.conversation_id = :cid)"
 LIVE = "(r.expires_at IS NULL OR r.expires_at > now())"
-# A run's row updated while it is unfinished (r), a batch of events written with it (e) unless
-# it was already (a retry); whether it was, and the run's readers elsewhere woken.
-LOGGED = f"""
-    WITH r AS (
-        UPDATE turn_runs SET {{changes}}
-        WHERE id = :id AND {HERE} AND {UNFINISHED}
-        RETURNING id, conversation_id, watched
-    ), e AS (
-        INSERT INTO turn_events (conversation_id, turn_id, seq, events, sealed_events)
-        SELECT r.conversation_id, r.id, :last, CAST(:events AS json), :sealed_events FROM r
-        ON CONFLICT DO NOTHING
-        RETURNING 1
-    )
-    SELECT (SELECT count(*) FROM e) AS written, r.watched, {NO_SYNC_WAIT}
-    FROM r
-"""
-
 RUN_COLUMNS = """
     id, conversation_id, owner, background, status, heartbeat_until, created_at, last_event,
     cancel_requested, watched, response, sealed_response
@@ -44,11 +27,10 @@ RUN_VALUES = """
     :id, :cid, :owner, :background, 'queued', now() + make_interval(secs => :hb), now(), 0,
     false, false, CAST(:response AS json), :sealed_response
 """
-# Nothing is made for a shredded owner (no row: see commit_function.shredded).
-CREATE = sql(
-    f"INSERT INTO turn_runs ({RUN_COLUMNS}) SELECT {RUN_VALUES} WHERE NOT {shredded(':owner')}"
-    " RETURNING 1"
-)
+# Nothing is made for a shredded owner (SHREDDED_STATE). A function (migration 0022): on Citus
+# run whole on the conversation's worker (an INSERT ... SELECT that reads the tombstones goes
+# through the coordinator, in a two-phase commit).
+CREATE = sql(f"SELECT {CREATE_RUN.call()}")
 # The same, when the run's turn has its place among its owner's running turns (running_turns.py), in
 # the same statement; whether it had (nothing is made when not). Plain PostgreSQL only: on
 # Citus the place is on the owner's worker, taken by a statement of its own before CREATE.
@@ -60,25 +42,15 @@ CREATE_COUNTED = sql(f"""
     )
     SELECT taken FROM slot
 """)
-LOG = sql(
-    LOGGED.format(
-        changes="""
-    last_event = :last, message_id = coalesce(message_id, CAST(:message_id AS text)),
-    status = CASE WHEN status = 'queued' THEN 'in_progress' ELSE status END
-"""
-    )
-)
-END = sql(
-    LOGGED.format(
-        changes="""
-    status = :status, error_code = :code, error_message = :message, last_event = :last,
-    revision = :revision, finished_at = now(), expires_at = now() + make_interval(secs => :ttl)
-"""
-    )
-)
-# A durable turn's commit ends its run (in the commit's transaction, after the turn row): no
-# row means the run was interrupted meanwhile, and the whole commit is rolled back. Named by
-# its conversation too: on Citus the same worker as the turn's commit (no two-phase commit).
+# A batch logged with its run's progress, or the run ended without a commit (migration 0022):
+# whether the batch was written (not if it was already: a retry) and whether readers elsewhere
+# follow the run; no row if the run had ended. Functions: on Citus each runs whole on the
+# conversation's worker (a statement whose CTE inserts is never routed there).
+LOG = sql(f"SELECT written, watched FROM {LOG_RUN.call()}")
+END = sql(f"SELECT written, watched FROM {END_RUN.call()}")
+# A forked durable turn's commit ends its run (in the fork's transaction, after the turn row):
+# no row means the run was interrupted meanwhile, and the whole commit is rolled back. Named by
+# its conversation too. (Without a fork: statements.COMMIT_RUN_CALL, one function.)
 COMMIT = sql(f"""
     WITH r AS (
         UPDATE turn_runs SET
@@ -138,16 +110,20 @@ CANCEL = sql(f"""
     WHERE id = :id AND {HERE} AND owner = :owner AND {UNFINISHED}
     RETURNING id
 """)
+# Runs found by their ids and (:cids, NULL when some are not known) their conversations': on
+# Citus the heartbeat is made once per conversation (Adapter.each_group), each routed to its
+# worker, and the read looks at those conversations' shards only.
+AMONG = "(CAST(:cids AS uuid[]) IS NULL OR conversation_id = ANY(CAST(:cids AS uuid[])))"
 RENEW = sql(f"""
     WITH r AS (
         UPDATE turn_runs SET heartbeat_until = now() + make_interval(secs => :hb)
-        WHERE id = ANY(CAST(:ids AS uuid[])) AND {UNFINISHED}
+        WHERE id = ANY(CAST(:ids AS uuid[])) AND {AMONG} AND {UNFINISHED}
         RETURNING id, cancel_requested, watched
     )
     SELECT r.id, r.cancel_requested, r.watched, {NO_SYNC_WAIT} FROM r
 """)
-CANCEL_REQUESTED = sql("""
-    SELECT id FROM turn_runs WHERE id = ANY(CAST(:ids AS uuid[])) AND cancel_requested
+CANCEL_REQUESTED = sql(f"""
+    SELECT id FROM turn_runs WHERE id = ANY(CAST(:ids AS uuid[])) AND {AMONG} AND cancel_requested
 """)
 # A stalled run's next event number, read first so its terminal event can be sealed for its
 # place (the batch is named by its event's number); the interruption is then written only if

@@ -17,7 +17,7 @@ from service.core.events import ERROR, RunEvent
 from service.core.model import NewRun, Renewed, RunEnd, RunView
 from service.platform.crypto import DataKey
 from service.store.postgres import run_statements as sql
-from service.store.postgres.adapter import Adapter
+from service.store.postgres.adapter import Adapter, merged
 from service.store.postgres.rows import Events
 from service.store.postgres.sealed import (
     get,
@@ -27,7 +27,7 @@ from service.store.postgres.sealed import (
     turn_place,
     writing_key,
 )
-from service.store.postgres.tx import Compiled, driver, written
+from service.store.postgres.tx import Compiled, driver, grouped, written
 
 KNOWN_RUNS = 10_000  # runs whose conversation a process remembers
 
@@ -68,6 +68,15 @@ class KnownRuns:
     def at(self, run_id: UUID) -> dict[str, Any]:
         """The run's id, and its conversation's if known (None: found by the id alone)."""
         return {"id": run_id, "cid": self._conversations.get(run_id)}
+
+    def among(self, run_ids: Sequence[UUID]) -> list[dict[str, Any]]:
+        """The runs' ids by conversation, each with its conversation's (``cids``, one; None
+        for those not known: found by their ids alone)."""
+        by_conversation = grouped((self._conversations.get(run_id), run_id) for run_id in run_ids)
+        return [
+            {"ids": ids, "cids": None if cid is None else [cid]}
+            for cid, ids in by_conversation.items()
+        ]
 
 
 class PostgresRunWrites:
@@ -128,8 +137,8 @@ class PostgresRunWrites:
         return await self._logged(run_id, await self._rows(sql.END, params))
 
     async def renew_runs(self, run_ids: Sequence[UUID], heartbeat_s: float) -> Renewed:
-        async with driver(self._db.engine, write=False) as conn:
-            rows = await sql.RENEW.fetch(conn, {"ids": list(run_ids), "hb": heartbeat_s})
+        batches = [{**batch, "hb": heartbeat_s} for batch in self._known.among(run_ids)]
+        rows = await self._db.each_group(sql.RENEW, batches)
         return Renewed(
             frozenset(row["id"] for row in rows if row["cancel_requested"]),
             frozenset(row["id"] for row in rows if row["watched"]),
@@ -230,6 +239,9 @@ class PostgresRunReads:
         return found
 
     async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
-        async with driver(self._db.engine, write=False) as conn:
-            rows = await sql.CANCEL_REQUESTED.fetch(conn, {"ids": list(run_ids)})
+        if not run_ids:
+            return set()
+        async with driver(self._db.engine, write=False) as conn:  # a read: one statement
+            params = merged(self._known.among(run_ids))
+            rows = await sql.CANCEL_REQUESTED.fetch(conn, params)
         return {row["id"] for row in rows}

@@ -21,14 +21,15 @@ from uuid import UUID
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store.postgres.statements import FREE_TURN, TAKE_TURN_CALL
-from service.store.postgres.tx import Params, driver, sql, written
+from service.store.postgres.tx import Params, driver, grouped, sql, written
 
 TAKE = sql(f"SELECT taken FROM {TAKE_TURN_CALL}")
 FREE = sql(FREE_TURN)
+# By owner (the distribution column) and holder (a turn's, so of one owner): on Citus made
+# once per owner, routed to the owner's worker (Adapter.each_group).
 RENEW = sql("""
     UPDATE owner_turns SET until = CAST(:until AS timestamptz)
-    FROM unnest(CAST(:owners AS text[]), CAST(:holders AS uuid[])) AS held (owner, holder)
-    WHERE owner_turns.owner = held.owner AND owner_turns.holder = held.holder
+    WHERE owner = ANY(CAST(:owners AS text[])) AND holder = ANY(CAST(:holders AS uuid[]))
 """)
 CITUS = sql("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
 
@@ -82,7 +83,10 @@ class RunningTurns:
 
         await written(free)
 
-    async def renew(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> None:
-        params = {"owners": [o for o, _ in turns], "holders": [h for _, h in turns]}
-        async with driver(self._engine, write=False) as conn:
-            await RENEW.execute(conn, {**params, "until": clock(lease_s)["until"]})
+    def renewals(self, turns: Sequence[tuple[str, UUID]], lease_s: float) -> list[Params]:
+        """RENEW's batches, one per owner."""
+        until = clock(lease_s)["until"]
+        return [
+            {"owners": [owner], "holders": holders, "until": until}
+            for owner, holders in grouped(turns).items()
+        ]

@@ -13,7 +13,7 @@ setting and are compiled where they are written.
 
 from __future__ import annotations
 
-from migrations.commit_function import COMMIT_V3, shredded
+from migrations.commit_function import COMMIT_RUN, COMMIT_V3, shredded
 from service.platform.crypto import OVERHEAD
 from service.store.postgres.tx import Compiled, sql
 
@@ -191,6 +191,15 @@ COMMIT = f"""
 # The same, giving the turn's place among its owner's running turns back in the same
 # statement (on Citus, where the place lives on the owner's worker, FREE_TURN follows it).
 COMMIT_COUNTED = f"WITH freed AS ({FREE_TURN}) {COMMIT}"
+# A durable turn's commit that ends its run, with its last batch (migration 0022): the commit
+# above, then the run's end, in one function, so that on Citus it too runs whole on the
+# conversation's worker (a transaction around the two would route them one by one); whether a
+# reader elsewhere follows the run. SQLSTATE RUN_ENDED_STATE if the run ended meanwhile.
+COMMIT_RUN_CALL = f"""
+    SELECT revision, created_at, updated_at, lease_wanted, watched
+    FROM {COMMIT_RUN.call()}
+"""
+COMMIT_RUN_COUNTED = f"WITH freed AS ({FREE_TURN}) {COMMIT_RUN_CALL}"
 # Why a commit found no row: the conversation is gone, or it moved on.
 EXISTS = f"SELECT 1 FROM conversations WHERE {THE_CONVERSATION}"
 
@@ -629,6 +638,8 @@ class Statements:
         self.lease = {counted: compiled(leased(counted)) for counted in (False, True)}
         self.commit = {counted: compiled(COMMIT_COUNTED if counted else COMMIT)
                        for counted in (False, True)}  # fmt: skip
+        self.commit_run = {counted: compiled(COMMIT_RUN_COUNTED if counted else COMMIT_RUN_CALL)
+                           for counted in (False, True)}  # fmt: skip
         self.idle_s = retention_days * 86_400 if retention_days else None  # for the commit
         self.exists = compiled(EXISTS)
         self.release_lease = compiled(RELEASE_LEASE)

@@ -18,8 +18,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
 from sqlalchemy.util import greenlet_spawn
 
-from migrations.commit_function import CLAIM_LOST_STATE, SHREDDED_STATE
-from service.core.errors import OwnerShredded, RequestInProgress, StorageError, TurnstoreError
+from migrations.commit_function import CLAIM_LOST_STATE, RUN_ENDED_STATE, SHREDDED_STATE
+from service.core.errors import (
+    OwnerShredded,
+    RequestInProgress,
+    StorageError,
+    TurnInterrupted,
+    TurnstoreError,
+)
 from service.platform.db import POOL_TIMEOUT_S, readable
 
 # What a database failure looks like, from SQLAlchemy or from the driver underneath it, by
@@ -52,7 +58,17 @@ _CHECKOUT_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, sa.exc.Invalid
 
 READ_ONLY = "25006"  # read_only_sql_transaction: the statement did nothing
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 Params = dict[str, Any]
+
+
+def grouped(pairs: Iterable[tuple[K, V]]) -> dict[K, list[V]]:
+    """The second of each pair, by the first (rows by their shard group's key)."""
+    groups: dict[K, list[V]] = {}
+    for key, value in pairs:
+        groups.setdefault(key, []).append(value)
+    return groups
 
 
 def sqlstate(exc: BaseException | None) -> str | None:
@@ -282,14 +298,17 @@ class _Borrowed:
 
 async def _failure(engine: AsyncEngine, exc: BaseException) -> TurnstoreError:
     """What a database failure is to the caller; after a read-only refusal the engine's idle
-    sessions are closed. A write refused because its owner was shredded, or because its
-    attempt lost its Idempotency-Key's claim (a statement raised SHREDDED_STATE or
-    CLAIM_LOST_STATE, migrations/commit_function.py), is no failure: it wrote nothing."""
+    sessions are closed. A write refused because its owner was shredded, because its
+    attempt lost its Idempotency-Key's claim, or because the run its commit ends had ended (a
+    statement raised SHREDDED_STATE, CLAIM_LOST_STATE or RUN_ENDED_STATE,
+    migrations/commit_function.py), is no failure: it wrote nothing."""
     state = sqlstate(exc)
     if state == SHREDDED_STATE:
         return OwnerShredded()
     if state == CLAIM_LOST_STATE:  # another attempt with its Idempotency-Key runs it now
         return RequestInProgress()
+    if state == RUN_ENDED_STATE:  # the turn's run was interrupted meanwhile: nothing committed
+        return TurnInterrupted()
     if state == READ_ONLY:
         await engine.dispose()
     return StorageError(sqlstate=state)

@@ -1,7 +1,7 @@
 """`python -m bench` (or `make bench`): every figure and ratio from one run, one PostgreSQL.
 
 Options: --parts store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,
-compaction,citus,running,providers,finding
+compaction,citus,running,providers,finding,latency
 --subjects ...
 --rounds N  --flame, --realtime (floors: flame graphs into bench/flame/; servers under
 SCHED_FIFO)
@@ -28,6 +28,7 @@ from bench import (
     fork,
     holding,
     hostile,
+    latency,
     migrate,
     plots,
     providers,
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="store,e2e,scale,holding,hostile,durable,fork,tracing,migrate,floors,responses,"
-        "compaction,citus,running,providers,finding",
+        "compaction,citus,running,providers,finding,latency",
     )
     parser.add_argument("--subjects", default=",".join(SUBJECTS))
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (best counts)")
@@ -203,6 +204,14 @@ def main() -> None:
             )
             for line in finding.lines(finding.run(server_url, logs)):
                 _say(line)
+        if "latency" in parts:
+            _say(
+                f"\n16. Latency added: what turnstore adds before the provider's request starts "
+                f"and to each streamed delta ({latency.SAMPLES} turns each, the fake Responses API "
+                f"over HTTP streaming {latency.DELTAS} deltas {latency.DRIP_S * 1000:.0f} ms apart)"
+            )
+            for line in latency.lines(latency.run(url, logs)):
+                _say("   " + line)
         _say("\nTargets (ratios from this run)")
         if floor is not None:
             for line in report.floor_targets(floors.ratios(floor)):

@@ -71,6 +71,7 @@ CREATE FUNCTION turnstore_create_run(p_cid uuid, p_id uuid, p_owner text, p_back
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     {REFUSAL}
+    PERFORM set_config('synchronous_commit', 'off', true);
     INSERT INTO turn_runs (id, conversation_id, owner, background, status, heartbeat_until,
         created_at, last_event, cancel_requested, watched, response, sealed_response)
     VALUES (p_id, p_cid, p_owner, p_background, 'queued', now() + make_interval(secs => p_hb),

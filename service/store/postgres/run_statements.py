@@ -1,8 +1,10 @@
 """The statements about durable turns: runs and their event batches.
 
-Events and a run's progress are written without waiting for a synchronous standby or for
-their own WAL flush (``NO_SYNC_WAIT``): they are what a client saw, not what the conversation
-keeps, and the commit of the turn (which ends its run, ``COMMIT``) waits as every commit does.
+A run, its events and its progress are written without waiting for a synchronous standby or
+for their own WAL flush (``NO_SYNC_WAIT``): they are what a client saw, not what the
+conversation keeps (a run lost in a crash is a turn that fails, as it would anyway), and the
+commit of the turn (which ends its run, ``COMMIT``) waits as every commit does (and flushes
+what came before it).
 Readers elsewhere are woken only for runs that have one (``watched``): a NOTIFY takes a global
 lock at commit, so it is not sent for nothing.
 """
@@ -40,7 +42,7 @@ CREATE_COUNTED = sql(f"""
     ), made AS (
         INSERT INTO turn_runs ({RUN_COLUMNS}) SELECT {RUN_VALUES} FROM slot WHERE slot.taken
     )
-    SELECT taken FROM slot
+    SELECT taken, {NO_SYNC_WAIT} FROM slot
 """)
 # A batch logged with its run's progress, or the run ended without a commit (migration 0022):
 # whether the batch was written (not if it was already: a retry) and whether readers elsewhere

@@ -364,7 +364,11 @@ FILTERS = {
     "created_after": "conversations.created_at > CAST(:created_after AS timestamptz)",
     "created_before": "conversations.created_at < CAST(:created_before AS timestamptz)",
     "updated_after": "conversations.updated_at > CAST(:updated_after AS timestamptz)",
-    "updated_before": "conversations.updated_at < CAST(:updated_before AS timestamptz)",
+    # A conversation is updated at or after it is made (both are now() of their statements),
+    # so one updated before T was made before T too: said, it bounds the created index's walk
+    # (without it, an old T walked every newer conversation of the owner).
+    "updated_before": """conversations.updated_at < CAST(:updated_before AS timestamptz)
+        AND conversations.created_at < CAST(:updated_before AS timestamptz)""",
     "terms": "conversations.search @@ CAST(:terms AS tsquery)",
     "q": "conversations.search @@ plainto_tsquery('simple', :q)",
 }

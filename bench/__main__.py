@@ -193,7 +193,8 @@ def main() -> None:
             _say(
                 f"\n14. Providers: a {providers.TURNS}-turn Claude conversation with thinking "
                 "(the strict fake Anthropic API, over HTTP), its prompt cache, and a Claude turn's "
-                "server CPU next to a fake-model turn's; a Gemini 3 conversation's implicit cache"
+                "server CPU next to a fake-model turn's; a Gemini 3 conversation's implicit cache "
+                "and an OpenAI Responses one's; what each cache saves at list prices"
             )
             for line in providers.lines(providers.run(url, logs)):
                 _say("   " + line)

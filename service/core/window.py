@@ -6,6 +6,13 @@ transport limits, not token counts: at most ``max_turns`` earlier turns, and a s
 request of at most ``max_request_bytes`` UTF-8 bytes. The window start never moves back: it
 is committed with each turn and only ever advances.
 
+It stays where it is until a limit forces it on, and then moves past a low-water mark (the
+earlier turns down to 3/4 of what the byte budget leaves them, and ``max_turns`` less a
+quarter, rounded down: a window of 1 to 3 turns still slides), not just as far as the limit
+needs: a provider's prompt cache holds the previous
+request's prefix, which a window that slid by one turn every turn would change on every turn
+(every turn paying its whole input in full); this way it changes on one turn in several.
+
 This module is the one place that counts a request's bytes (``request_bytes``).
 """
 
@@ -44,9 +51,9 @@ def request_bytes(overhead: int, items: Sequence[msgspec.Raw]) -> int:
 def window_start(
     turn_sizes: Sequence[int], committed_start: int, fixed_bytes: int, budget: Budget
 ) -> int:
-    """The first turn (its place, from 1) to send: the smallest start at or after
-    ``committed_start`` whose suffix of turns fits. ``len(turn_sizes) + 1`` means no earlier
-    turn fits.
+    """The first turn (its place, from 1) to send: ``committed_start`` when its suffix of
+    turns fits; else the smallest later start whose suffix fits the low-water mark
+    (``low_water``). ``len(turn_sizes) + 1`` means no earlier turn is sent.
 
     ``fixed_bytes`` is the request without earlier turns (envelope, instructions and the
     new user item); ``turn_sizes`` what each turn's items add (their bytes and commas).
@@ -56,8 +63,31 @@ def window_start(
         raise ContextLengthExceeded(
             "The message (with the system prompt) alone exceeds the context budget."
         )
-    count = len(turn_sizes)
     start = max(committed_start, 1)
+    if _fits(turn_sizes, start, fixed_bytes, budget):
+        return start
+    return _fitting_start(turn_sizes, start, fixed_bytes, low_water(budget, fixed_bytes))
+
+
+def low_water(budget: Budget, fixed_bytes: int) -> Budget:
+    """What a window that had to move is cut down to: the earlier turns to 3/4 of the bytes
+    the budget leaves them, ``max_turns`` less a quarter (rounded down)."""
+    turns = budget.max_turns
+    lowered = None if turns is None else turns - turns // 4
+    room = budget.max_request_bytes - fixed_bytes
+    return Budget(lowered, fixed_bytes + room * 3 // 4)
+
+
+def _fits(turn_sizes: Sequence[int], start: int, fixed_bytes: int, budget: Budget) -> bool:
+    kept = turn_sizes[start - 1 :]
+    if budget.max_turns is not None and len(kept) > budget.max_turns:
+        return False
+    return fixed_bytes + sum(kept) <= budget.max_request_bytes
+
+
+def _fitting_start(turn_sizes: Sequence[int], start: int, fixed_bytes: int, budget: Budget) -> int:
+    """The smallest start at or after ``start`` whose suffix of turns fits ``budget``."""
+    count = len(turn_sizes)
     if budget.max_turns is not None:
         start = max(start, count + 1 - budget.max_turns)
     size = fixed_bytes + sum(turn_sizes[start - 1 :])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.errors import ContextLengthExceeded
-from service.core.window import Budget, window_start
+from service.core.window import Budget, low_water, window_start
 from tests.conftest import ClientFactory
 from tests.support.fakeapi import FakeResponsesAPI, Script
 from tests.support.helpers import CHAT, assert_error, snapshot
@@ -31,7 +31,7 @@ budgets = st.builds(
     st.integers(min_value=1, max_value=3_000),
     budgets,
 )
-def test_the_window_is_the_longest_fitting_suffix_not_before_the_committed_start(
+def test_the_window_stays_until_it_must_move_then_moves_to_the_low_water_mark(
     turn_sizes: list[int], committed: int, fixed: int, budget: Budget
 ) -> None:
     committed = min(committed, len(turn_sizes) + 1)
@@ -45,10 +45,37 @@ def test_the_window_is_the_longest_fitting_suffix_not_before_the_committed_start
     sent = turn_sizes[start - 1 :]
     assert fixed + sum(sent) <= budget.max_request_bytes or start == count + 1
     assert budget.max_turns is None or len(sent) <= budget.max_turns
-    if start > committed:  # minimal: one more turn would not fit
+    whole = turn_sizes[committed - 1 :]
+    fits = fixed + sum(whole) <= budget.max_request_bytes and (
+        budget.max_turns is None or len(whole) <= budget.max_turns
+    )
+    assert (start == committed) == fits  # it moves only when it must
+    if start > committed:  # then past the low-water mark, and no further
+        low = low_water(budget, fixed)
+        assert fixed + sum(sent) <= low.max_request_bytes or start == count + 1
+        assert low.max_turns is None or len(sent) <= low.max_turns
         longer = turn_sizes[start - 2 :]
-        too_many = budget.max_turns is not None and len(longer) > budget.max_turns
-        assert too_many or fixed + sum(longer) > budget.max_request_bytes
+        too_many = low.max_turns is not None and len(longer) > low.max_turns
+        assert too_many or fixed + sum(longer) > low.max_request_bytes
+
+
+def test_a_growing_conversation_moves_its_window_on_one_turn_in_several() -> None:
+    """Turns of 1,000 bytes under a 10,000-byte budget: the window moves when the request
+    would pass the budget, down to 3/4 of it, so the prefix a provider caches survives the
+    turns in between; a window sliding by one turn would move on every turn from the tenth."""
+    committed, starts = 1, []
+    for count in range(40):
+        committed = window_start([1_000] * count, committed, 500, Budget(None, 10_000))
+        starts.append(committed)
+    moves = [n for n in range(1, 40) if starts[n] != starts[n - 1]]
+    assert moves == [10, 13, 16, 19, 22, 25, 28, 31, 34, 37]  # not 10, 11, 12, ...
+    assert all(500 + 1_000 * (count - start + 1) <= 10_000 for count, start in enumerate(starts))
+    # Under max_turns alone: 8 earlier turns at most, cut to 6 when it must move.
+    committed, kept = 1, []
+    for count in range(20):
+        committed = window_start([10] * count, committed, 10, Budget(8, 10**6))
+        kept.append(count - committed + 1)
+    assert max(kept) == 8 and kept[8:] == [8, 6, 7] * 4  # moves on one turn in three
 
 
 @given(
@@ -105,9 +132,12 @@ async def test_a_long_reply_forces_whole_turns_out_and_they_never_come_back(
     make_client: ClientFactory,
 ) -> None:
     api = FakeResponsesAPI()
-    budget = 3_600  # turn 2 alone fits; turns 1 and 2 (3.8 KB) do not
+    # Turns 1 and 2 (6.5 KB) do not fit; turn 2 alone is under the low-water mark (3/4 of the
+    # budget): the window moves past turn 1 and no further.
+    budget = 5_000
+    first = "first " * 500
     async with make_client(provider=api.provider(), context_max_request_bytes=budget) as client:
-        cid = (await client.post(CHAT, json={"message": "first"})).json()["conversation_id"]
+        cid = (await client.post(CHAT, json={"message": first})).json()["conversation_id"]
         api.then(Script(text="long " * 600))  # a 3 KB reply: the next request must trim
         await client.post(CHAT, json={"message": "second", "conversation_id": cid})
         third = await client.post(CHAT, json={"message": "third", "conversation_id": cid})
@@ -132,7 +162,7 @@ async def test_a_long_reply_forces_whole_turns_out_and_they_never_come_back(
             for part in item.get("content", [])
             if isinstance(part, dict) and "text" in part
         ]
-        assert "first" not in texts and "second" in texts
+        assert first not in texts and "second" in texts
         assert (await conversation(client, cid))["context_start"] == 2
 
 

@@ -4,6 +4,18 @@ code runs against it, and each call answers what a test scripted for it.
 Every call records the decoded request body; ``Script`` says how one call answers. Bodies and
 stream events follow the wire format: ``tests/unit/test_fakeapi_wire_format.py`` checks them
 against the ``openai`` SDK's models. Like the real API, a response echoes ``store``.
+
+Prompt caching, as OpenAI's works (its prompt caching guide): automatic, per model, on an
+exact prefix of the prompt of at least 1,024 tokens, hit in increments of 128 tokens. The
+prompt is what the model reads, in its order: the reasoning settings, the instructions, the
+tools, the output format (``text``), then each input item (each as canonical JSON: key order
+and whitespace do not matter, as they do not to the real renderer); tokens are
+``estimate_tokens``' (UTF-8 bytes / 4). A create request reads back the longest prefix of its
+prompt, ending at 1,024 + 128k tokens, that an earlier request of the same model had, and
+caches each of its own such prefixes; ``usage.input_tokens_details.cached_tokens`` says how
+much it read. A prompt under ``min_cache_tokens`` keeps the flat usage the tests expect
+(10 tokens in, 5 out, none cached); a longer one reports its estimated size, so cached tokens
+never exceed input tokens. Entries never expire (no clock).
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ import asyncio
 import hashlib
 import itertools
 import json
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -22,6 +35,9 @@ import httpx
 
 from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.providers.wire import WireLimits
+from tests.support.fake_anthropic import canonical
+
+TOKEN_BYTES = 4  # estimate_tokens': UTF-8 bytes of canonical JSON / 4
 
 
 @dataclass
@@ -48,7 +64,9 @@ class Script:
 
 
 class FakeResponsesAPI:
-    def __init__(self) -> None:
+    def __init__(self, *, min_cache_tokens: int = 1024, cache_increment: int = 128) -> None:
+        self.min_cache_tokens, self.cache_increment = min_cache_tokens, cache_increment
+        self._cache: set[str] = set()  # digests of (model, cached prefix)
         self.requests: list[dict[str, Any]] = []
         self.bodies: list[bytes] = []  # the raw request bodies, for byte budgets
         self.headers: list[httpx.Headers] = []
@@ -118,11 +136,49 @@ class FakeResponsesAPI:
             for i, (name, args) in enumerate(script.calls or ())
         ]
         response = response_object(number, script, items)
+        prompt, cached = self.cached(json.loads(body))
+        if prompt >= self.min_cache_tokens:
+            usage = response["usage"]
+            usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"] = prompt, cached
+            usage["total_tokens"] = prompt + usage["output_tokens"]
         if json.loads(body).get("stream"):  # this request's own body: calls may interleave
             events = stream_events(response, items, text, script)
             headers = {**script.headers, "content-type": "text/event-stream"}
             return httpx.Response(200, headers=headers, stream=_SSEStream(events, script))
         return httpx.Response(200, json=response, headers=script.headers)
+
+    def cached(self, body: dict[str, Any]) -> tuple[int, int]:
+        """A create request's prompt tokens, and how many of them it reads back from the cache:
+        the longest prefix ending at ``min_cache_tokens`` + k * ``cache_increment`` tokens
+        that an earlier request of the same model had. Caches this prompt's own such prefixes.
+        """
+        prompt = prompt_bytes(body)
+        tokens = max(1, math.ceil(len(prompt) / TOKEN_BYTES))
+        running = hashlib.sha256(str(body.get("model")).encode() + b"\0")
+        read, done, hit = 0, 0, True
+        for end in range(self.min_cache_tokens, tokens + 1, self.cache_increment):
+            running.update(prompt[done * TOKEN_BYTES : end * TOKEN_BYTES])
+            digest, done = running.hexdigest(), end
+            hit = hit and digest in self._cache  # a prefix hits only if all shorter ones do
+            read = end if hit else read
+            self._cache.add(digest)
+        return tokens, read
+
+
+def prompt_bytes(body: dict[str, Any]) -> bytes:
+    """The prompt as the cache sees it, in the order the model reads it: the reasoning
+    settings, the instructions, the tools, the output format, then each input item (a string
+    input as one user message), each as canonical JSON."""
+    items = body.get("input", [])
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    head = [
+        {"reasoning": body.get("reasoning")},
+        {"instructions": body.get("instructions")},
+        {"tools": body.get("tools")},
+        {"text": body.get("text")},
+    ]
+    return b"".join(canonical(block) for block in [*head, *items])
 
 
 def openai_id(prefix: str, *parts: object) -> str:

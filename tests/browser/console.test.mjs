@@ -1,5 +1,5 @@
 // The console with AUTH_MODE=api_key, behind a balancer of two replicas (tests/test_console.py):
-// sign in, list, open, send a streamed turn, reload mid-stream and resume on the other
+// sign in, list, find, usage, open, send a streamed turn, reload mid-stream and resume on the other
 // replica, cancel, fork, delete, another owner's conversation, sign out.
 
 import assert from "node:assert/strict";
@@ -87,6 +87,109 @@ test("lists the owner's conversations newest first, with metadata, a page at a t
   assert.match(older[0], /n=2\b/);
   assert.match(older[1], /n=1\b/);
   assert.equal(await page.locator("#next-page").isDisabled(), true);
+  assert.ok(!(await page.content()).includes(BOB_CONVERSATION));
+});
+
+// The ids the list shows once it is drawn again after action (what was shown before is marked
+// stale): a table, "no match" or an error.
+async function relisted(action) {
+  await page.evaluate(() => document.querySelectorAll("main > *").forEach((e) => e.classList.add("stale")));
+  await action();
+  await page.locator("main > :is(table.conversations, #no-match, [role=alert]):not(.stale)").waitFor();
+  return page.locator("table.conversations tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.id));
+}
+
+async function find(filters) {
+  return relisted(async () => {
+    for (const [name, value] of Object.entries({ q: "", model: "", metadata: "", updated_from: "", updated_to: "", ...filters })) {
+      await page.fill(`#filter-${name}`, value);
+    }
+    await page.click("#find");
+  });
+}
+
+function utcDay(plus = 0) {
+  return new Date(Date.now() + plus * 86_400_000).toISOString().slice(0, 10);
+}
+
+let lighthouse;
+let harbour;
+
+test("finds conversations by words, model, metadata and day; paging keeps the filters", async () => {
+  const said = async (body) => (await api("POST", "/api/v1/chat", { key: ALICE, body })).body.conversation_id;
+  lighthouse = await said({ message: "the Lighthouse keeper" });
+  harbour = await said({ message: "a quiet harbour", model: "fake-harbour" });
+  assert.ok(lighthouse && harbour);
+  await page.goto(`${BASE}/console/#/`);
+  await page.reload();
+  await page.locator(`tr[data-id="${harbour}"]`).waitFor();
+  assert.deepEqual(await find({ q: "LIGHTHOUSE" }), [lighthouse]);
+  assert.equal(await page.evaluate(() => location.hash), "#/?q=LIGHTHOUSE");
+  assert.equal(await page.inputValue("#filter-q"), "LIGHTHOUSE");
+  await shot(page, "search");
+  assert.deepEqual(await find({ q: "lighthouse keeper" }), [lighthouse]);
+  assert.deepEqual(await find({ q: "lighthouse harbour" }), []);
+  assert.match(await textOf(page, "#no-match"), /No conversation matches/);
+  assert.deepEqual(await find({ model: "fake-harbour" }), [harbour]);
+  assert.deepEqual(await find({ metadata: "topic=console demo" }), [conversation]);
+  const seven = await find({ metadata: "n=7", updated_to: utcDay() });
+  assert.equal(seven.length, 1);
+  assert.match(await page.locator(`tr[data-id="${seven[0]}"]`).textContent(), /n=7\b/);
+  assert.deepEqual(await find({ updated_from: utcDay(1) }), []);
+  assert.deepEqual(await find({ updated_to: utcDay(-1) }), []);
+  // All 24 of alice's, updated today: the second page is asked with the same filter.
+  assert.equal((await find({ updated_from: utcDay() })).length, 20);
+  const second = await relisted(() => page.click("#next-page"));
+  assert.equal(second.length, 4);
+  const asked = new URL(seen.requests.filter(({ url }) => url.includes("/api/v1/conversations?")).at(-1).url);
+  assert.equal(asked.searchParams.get("updated_after"), `${utcDay()}T00:00:00Z`);
+  assert.ok(asked.searchParams.get("after"));
+  assert.ok(!second.includes(BOB_CONVERSATION));
+});
+
+test("a filter the API refuses shows its error, not an empty list", async () => {
+  assert.deepEqual(await find({ q: ",,," }), []);
+  assert.match(await textOf(page, "main > [role=alert]"), /q has no word to search for\.\s*invalid_input/);
+  assert.equal(await page.locator("#no-match").count(), 0);
+  assert.equal(await page.inputValue("#filter-q"), ",,,"); // kept, to be corrected
+  // An address typed by hand is judged by the API too.
+  await relisted(() => page.goto(`${BASE}/console/#/?updated_from=yesterday`));
+  assert.match(await textOf(page, "main > [role=alert]"), /updated_after must be an RFC 3339 date/);
+});
+
+test("shows usage totals for the last 30 days by day, model and conversation, as the API sums them", async () => {
+  await page.click("nav >> text=Usage");
+  await page.locator("table.usage").waitFor();
+  assert.equal(await page.inputValue("#filter-to"), utcDay());
+  assert.equal(await page.inputValue("#filter-from"), utcDay(-29));
+  const everything = await api("GET", "/api/v1/usage", { key: ALICE }); // the API's own default: 30 days
+  assert.equal(everything.body.total.turns, 4); // hello, and again, lighthouse, harbour
+  for (const group of ["model", "conversation", "day"]) {
+    await page.evaluate(() => document.querySelectorAll("main > *").forEach((e) => e.classList.add("stale")));
+    await page.selectOption("#usage-group", group);
+    await page.click("#show-usage");
+    const table = page.locator(`table.usage[data-group="${group}"]:not(.stale)`);
+    await table.waitFor();
+    const asked = new URL(seen.requests.filter(({ url }) => url.includes("/api/v1/usage?")).at(-1).url);
+    assert.equal(asked.searchParams.get("from"), `${utcDay(-29)}T00:00:00Z`);
+    assert.equal(asked.searchParams.get("to"), `${utcDay(1)}T00:00:00Z`);
+    const expected = await api("GET", `/api/v1/usage${asked.search}`, { key: ALICE });
+    assert.deepEqual(expected.body.total, everything.body.total);
+    const shown = await table.evaluate((t) => {
+      const numbers = (row) => Object.fromEntries([...row.querySelectorAll("td.num")].map((td) => [td.dataset.field, Number(td.textContent.replace(/\D/g, ""))]));
+      return {
+        data: [...t.querySelectorAll("tbody tr")].map((row) => ({ key: row.dataset.key, ...numbers(row) })),
+        total: { key: "total", ...numbers(t.querySelector("tfoot tr")) },
+      };
+    });
+    assert.deepEqual(shown, expected.body);
+    if (group === "model") assert.ok(shown.data.some((line) => line.key === "fake-harbour"));
+    if (group === "conversation") {
+      assert.deepEqual(new Set(shown.data.map((line) => line.key)), new Set([conversation, lighthouse, harbour]));
+      await table.locator(`a[href="#/conversations/${harbour}"]`).waitFor();
+      await shot(page, "usage");
+    }
+  }
   assert.ok(!(await page.content()).includes(BOB_CONVERSATION));
 });
 
@@ -253,5 +356,5 @@ test("the page asked nothing but its own origin's files and public API, with the
   assert.ok(calls.length > 20, calls.length);
   for (const { url, authorization } of calls) assert.equal(authorization, `Bearer ${ALICE}`, url);
   const paths = new Set(calls.map(({ url }) => new URL(url).pathname.split("/").slice(0, 4).join("/")));
-  for (const prefix of paths) assert.match(prefix, /^\/(api\/v1\/(conversations|chat|turns)|v1\/(conversations|responses))\b/);
+  for (const prefix of paths) assert.match(prefix, /^\/(api\/v1\/(conversations|chat|turns|usage)|v1\/(conversations|responses))\b/);
 });

@@ -39,3 +39,40 @@ export function bytes(count) {
 export function shorten(text, length = 240) {
   return text.length > length ? `${text.slice(0, length)}…` : text;
 }
+
+// The start of a UTC day (YYYY-MM-DD) some days later, in RFC 3339. What is not a day is left
+// as typed, for the API to refuse by name.
+export function utcDay(day, plus = 0) {
+  const start = new Date(`${day}T00:00:00Z`);
+  if (Number.isNaN(start.getTime())) return day;
+  start.setUTCDate(start.getUTCDate() + plus);
+  return start.toISOString().replace(".000Z", "Z");
+}
+
+// A form of labelled fields whose submission becomes the address #/<view>?<its fields>: the
+// view shows again from its first page (at once when the address is already that one).
+export function filterForm(view, label, fields, again) {
+  return h(
+    "form.filters",
+    {
+      role: "search",
+      "aria-label": label,
+      onsubmit: (event) => {
+        event.preventDefault();
+        const chosen = new URLSearchParams();
+        for (const [name, value] of new FormData(event.target)) if (value.trim()) chosen.set(name, value);
+        const target = `#/${view}${chosen.size ? `?${chosen}` : ""}`;
+        if ((location.hash || "#/") === target) again();
+        else location.hash = target;
+      },
+    },
+    fields,
+  );
+}
+
+// One labelled input of a filterForm, holding the value the address gave it.
+export function field(name, label, value, attributes = {}) {
+  const id = `filter-${name}`;
+  const input = h("input", { id, name, value: value || undefined, ...attributes });
+  return h("label", { for: id }, label, input);
+}

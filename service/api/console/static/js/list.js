@@ -1,25 +1,30 @@
 // The owner's conversations, newest first (GET /api/v1/conversations), a page at a time,
-// each with its /v1 metadata (GET /v1/conversations/{id}).
+// each with its /v1 metadata (GET /v1/conversations/{id}). The filters live in the address
+// (#/?q=…&model=…&metadata=KEY=VALUE&updated_from=DAY&updated_to=DAY, days UTC and inclusive),
+// so paging, reloading and going back keep them.
 
-import { convId, json, path } from "./api.js";
-import { errorBox, h, show, when } from "./dom.js";
+import { ApiError, convId, json, path } from "./api.js";
+import { errorBox, field, filterForm, h, show, utcDay, when } from "./dom.js";
 import * as run from "./run.js";
 
 const PAGE = 20;
 const cursors = [null]; // the cursor of each page seen, to go back
 
-export async function listView(main, signal) {
+export async function listView(main, signal, asked = new URLSearchParams()) {
   let page = 0;
+  const filtered = [...asked.keys()].length > 0;
 
   async function load() {
-    show(main, h("h1", {}, "Conversations"), h("p.muted", {}, "Loading…"));
-    const query = new URLSearchParams({ limit: String(PAGE) });
-    if (cursors[page]) query.set("after", cursors[page]);
+    const form = filters(asked, () => go(0));
+    show(main, h("h1", {}, "Conversations"), form, h("p.muted", {}, "Loading…"));
     let body;
     try {
+      const query = listing(asked);
+      query.set("limit", String(PAGE));
+      if (cursors[page]) query.set("after", cursors[page]);
       ({ body } = await json("GET", `/api/v1/conversations?${query}`, { signal }));
     } catch (error) {
-      if (!signal.aborted) show(main, h("h1", {}, "Conversations"), errorBox(error));
+      if (!signal.aborted) show(main, h("h1", {}, "Conversations"), form, errorBox(error));
       return;
     }
     cursors[page + 1] = body.next;
@@ -33,6 +38,9 @@ export async function listView(main, signal) {
       h("span.muted", {}, `page ${page + 1}`),
       h("button.quiet", { type: "button", id: "next-page", disabled: !body.next, onclick: () => go(page + 1) }, "Older →"),
     );
+    const none = filtered
+      ? h("p.muted", { id: "no-match" }, "No conversation matches these filters.")
+      : h("p.muted", {}, "No conversations yet. ", h("a", { href: "#/new" }, "Start one."));
     const table = rows.length
       ? h(
           "table.conversations",
@@ -40,17 +48,44 @@ export async function listView(main, signal) {
           h("thead", {}, h("tr", {}, ["Conversation", "Revision", "Updated", "Created", "Metadata"].map((t) => h("th", {}, t)))),
           h("tbody", {}, rows),
         )
-      : h("p.muted", {}, "No conversations yet. ", h("a", { href: "#/new" }, "Start one."));
-    show(main, h("h1", {}, "Conversations"), runNote(), table, pager);
+      : none;
+    show(main, h("h1", {}, "Conversations"), runNote(), form, table, pager);
   }
 
   function go(to) {
+    if (to === 0) cursors.length = 1;
     page = to;
     load();
   }
 
   cursors.length = 1;
   await load();
+}
+
+function filters(asked, again) {
+  return filterForm("", "Find conversations", [
+    field("q", "Words", asked.get("q"), { type: "search", placeholder: "all of them, whole words" }),
+    field("model", "Model", asked.get("model"), { placeholder: "a turn used it" }),
+    field("metadata", "Metadata", asked.get("metadata"), { placeholder: "KEY=VALUE", pattern: "[^=]+=.+", title: "KEY=VALUE" }),
+    field("updated_from", "Updated from (UTC)", asked.get("updated_from"), { type: "date" }),
+    field("updated_to", "Updated to (UTC)", asked.get("updated_to"), { type: "date" }),
+    h("div.actions", {}, h("button", { type: "submit", id: "find" }, "Find"), h("a", { href: "#/" }, "Clear")),
+  ], again);
+}
+
+// The API's query for the filters of the address.
+function listing(asked) {
+  const query = new URLSearchParams();
+  for (const name of ["q", "model"]) if (asked.get(name)) query.set(name, asked.get(name));
+  const pair = asked.get("metadata");
+  if (pair) {
+    const at = pair.indexOf("=");
+    if (at < 1) throw new ApiError(400, "invalid_input", "A metadata filter is KEY=VALUE.");
+    query.set(`metadata[${pair.slice(0, at)}]`, pair.slice(at + 1));
+  }
+  if (asked.get("updated_from")) query.set("updated_after", utcDay(asked.get("updated_from")));
+  if (asked.get("updated_to")) query.set("updated_before", utcDay(asked.get("updated_to"), 1));
+  return query;
 }
 
 async function metadataOf(conversation, signal) {

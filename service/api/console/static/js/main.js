@@ -1,5 +1,5 @@
 // The console's start: who is signing in, then the view the address names:
-// #/ (conversations), #/new, #/conversations/<id>.
+// #/ (conversations, #/?q=… with filters), #/new, #/conversations/<id>, #/usage?….
 
 import { ApiError, call, session } from "./api.js";
 import { conversationView } from "./conversation.js";
@@ -7,6 +7,7 @@ import { errorBox, h, show } from "./dom.js";
 import { listView } from "./list.js";
 import * as run from "./run.js";
 import { newView } from "./turn.js";
+import { usageView } from "./usage.js";
 
 const main = document.getElementById("main");
 let view = new AbortController();
@@ -79,10 +80,13 @@ async function route() {
   if (!ready) return;
   view.abort();
   view = new AbortController();
-  const [, name, id] = (location.hash.slice(1) || "/").split("/");
+  const [where, query] = (location.hash.slice(1) || "/").split("?");
+  const [, name, id] = where.split("/");
+  const asked = new URLSearchParams(query);
   if (name === "conversations" && id) await conversationView(main, view.signal, decodeURIComponent(id));
   else if (name === "new") newView(main, view.signal);
-  else await listView(main, view.signal);
+  else if (name === "usage") await usageView(main, view.signal, asked);
+  else await listView(main, view.signal, asked);
 }
 
 document.getElementById("sign-out").addEventListener("click", () => {

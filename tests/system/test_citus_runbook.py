@@ -1,23 +1,30 @@
 """deploy/CITUS-RUNBOOK.md's commands are real: each `turnstore` command line parses with the
 CLI's own parser; on the local Citus cluster each SQL statement that only reads runs as
 written, and each one that changes the cluster (adding a node, a rebalance) calls functions
-Citus has, with a number of arguments they take; the defaults it quotes are Citus' own."""
+Citus has, with a number of arguments they take; the defaults it quotes are Citus' own. And
+the Kubernetes migration Job's script, with TURNSTORE_DISTRIBUTE=1, leaves a new coordinator
+migrated and placed."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import asyncpg
 import pytest
+import yaml
 
 from service.cli import build_parser
+from tests.support.citus import CitusCluster, citus_database
 from tests.support.database import asyncpg_dsn
 
 pytestmark = pytest.mark.citus
 
-RUNBOOK = Path(__file__).resolve().parents[2] / "deploy" / "CITUS-RUNBOOK.md"
+ROOT = Path(__file__).resolve().parents[2]
+RUNBOOK = ROOT / "deploy" / "CITUS-RUNBOOK.md"
 # What changes a cluster, or needs one in a given state: checked by name and arguments only.
 CHANGES = re.compile(
     r"CREATE |\\c |citus_set_coordinator_host|citus_add_node|citus_rebalance_start"
@@ -97,3 +104,30 @@ async def test_the_defaults_it_quotes_are_citus_own(citus_url: str) -> None:
             assert f"{int(boot) // 1000} s" == quoted
     finally:
         await conn.close()
+
+
+def test_the_migration_job_places_a_new_coordinator(citus: CitusCluster, tmp_path: Path) -> None:
+    """deploy/k8s/migrate-job.yaml's script as written, with TURNSTORE_DISTRIBUTE=1, and this
+    checkout's `turnstore`: the first run migrates and places every table and function (its
+    last command, `db status`, exits 0 only then), the second finds nothing to do."""
+    job = yaml.safe_load((ROOT / "deploy" / "k8s" / "migrate-job.yaml").read_text())
+    (migrate,) = job["spec"]["template"]["spec"]["containers"]
+    (script,) = migrate["args"]
+    turnstore = tmp_path / "turnstore"
+    turnstore.write_text(f'#!/bin/sh\nexec {sys.executable} -m service.cli "$@"\n')
+    turnstore.chmod(0o755)
+    with citus_database(citus) as url:
+        env = {
+            "PATH": f"{tmp_path}:/usr/bin:/bin", "PYTHONPATH": str(ROOT), "DATABASE_URL": url,
+            "TURNSTORE_DISTRIBUTE": "1",
+        }  # fmt: skip
+        command = [*migrate["command"], script]
+        first, second = (
+            subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            for _ in range(2)
+        )
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "conversations: distributed by id" in first.stdout
+    assert "all is as it should be" in first.stdout
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "nothing to do" in second.stdout and "all is as it should be" in second.stdout

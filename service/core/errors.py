@@ -247,9 +247,12 @@ class TooManyRequests(RateLimited):
 class StorageError(TurnstoreError):
     code, status, default_message = "storage_error", 500, "The database failed; nothing was kept."
 
-    def __init__(self, message: str | None = None, *, sqlstate: str | None = None) -> None:
+    def __init__(
+        self, message: str | None = None, *, sqlstate: str | None = None, worker: str | None = None
+    ) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate  # for the log line, never for the client
+        self.worker = worker  # the Citus worker that failed ("host:port"), for the log line too
 
     @property
     def hopeless(self) -> bool:

@@ -26,6 +26,7 @@ from service.core.errors import (
     ConversationNotFound,
     IdempotencyKeyReused,
     InvalidInput,
+    NotMigrated,
     NotReady,
     PreconditionFailed,
     RateLimited,
@@ -56,6 +57,8 @@ def documented(
     """The OpenAPI responses of an operation that may raise ``errors``: one entry per status,
     naming the codes (derived from the error classes, so the document cannot drift)."""
     codes: dict[int, list[str]] = {}
+    if StorageError in errors:  # a replica whose database is not migrated yet answers 503
+        errors = (*errors, NotMigrated)
     for error in errors:
         codes.setdefault(error.status, []).append(error.code)
     return {

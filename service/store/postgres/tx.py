@@ -21,6 +21,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from migrations.commit_function import CLAIM_LOST_STATE, RUN_ENDED_STATE, SHREDDED_STATE
 from service.core.errors import (
+    NotMigrated,
     OwnerShredded,
     RequestInProgress,
     StorageError,
@@ -58,6 +59,7 @@ _CHECKOUT_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, sa.exc.Invalid
 
 
 READ_ONLY = "25006"  # read_only_sql_transaction: the statement did nothing
+NOT_MIGRATED = frozenset({"42P01", "42883"})  # undefined_table, undefined_function
 T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
@@ -312,6 +314,8 @@ async def _failure(engine: AsyncEngine, exc: BaseException) -> TurnstoreError:
         return TurnInterrupted()
     if state == READ_ONLY:
         await engine.dispose()
+    if state in NOT_MIGRATED:  # this release's table or function is not there (yet)
+        return NotMigrated(sqlstate=state, worker=worker_of(exc))
     return StorageError(sqlstate=state, worker=worker_of(exc))
 
 

@@ -26,6 +26,7 @@ from service.core.errors import (
     ConversationNotFound,
     IdempotencyKeyReused,
     InvalidInput,
+    NotMigrated,
     NotReady,
     PreconditionFailed,
     RateLimited,
@@ -56,6 +57,8 @@ def documented(
     """The OpenAPI responses of an operation that may raise ``errors``: one entry per status,
     naming the codes (derived from the error classes, so the document cannot drift)."""
     codes: dict[int, list[str]] = {}
+    if StorageError in errors:  # a replica whose database is not migrated yet answers 503
+        errors = (*errors, NotMigrated)
     for error in errors:
         codes.setdefault(error.status, []).append(error.code)
     return {
@@ -135,12 +138,16 @@ def _printable(text: str) -> str:
 
 def log_failure(exc: TurnstoreError, cid: str) -> None:
     """One line for a 5xx: the cause's class and SQLSTATE only (a driver error's text can
-    quote user data)."""
+    quote user data), and the Citus worker that failed when the error names one."""
     cause = type(exc.__cause__).__name__ if exc.__cause__ else "-"
     state = getattr(exc, "sqlstate", None)
     # not_ready's message is the service's own words (which schema, which database): keep it.
     why = f" ({exc.message})" if isinstance(exc, NotReady) else ""
-    log.warning("%s%s: %s sqlstate=%s", exc.code, why, cause, state, extra={"correlation_id": cid})
+    worker = getattr(exc, "worker", None)
+    at = f" worker={worker}" if worker else ""
+    log.warning(
+        "%s%s: %s sqlstate=%s%s", exc.code, why, cause, state, at, extra={"correlation_id": cid}
+    )
 
 
 def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

@@ -28,6 +28,7 @@ TurnstoreError
  +-- RateLimited                  429 rate_limited (+ Retry-After)
  |    +-- TooManyRequests              429 too_many_requests (an owner limit)
  +-- StorageError                 500 storage_error
+ |    +-- NotMigrated                  503 not_ready (the schema is behind: no such table)
  +-- RequestRefused               400 <the provider's code> (the OpenAI surface: a client's
  |                                     request the provider refused, with its param)
  +-- UpstreamError                502 upstream_error
@@ -247,9 +248,12 @@ class TooManyRequests(RateLimited):
 class StorageError(TurnstoreError):
     code, status, default_message = "storage_error", 500, "The database failed; nothing was kept."
 
-    def __init__(self, message: str | None = None, *, sqlstate: str | None = None) -> None:
+    def __init__(
+        self, message: str | None = None, *, sqlstate: str | None = None, worker: str | None = None
+    ) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate  # for the log line, never for the client
+        self.worker = worker  # the Citus worker that failed ("host:port"), for the log line too
 
     @property
     def hopeless(self) -> bool:
@@ -257,6 +261,15 @@ class StorageError(TurnstoreError):
         as such (SQLSTATE class 0A feature not supported, e.g. by Citus; 42 syntax error or
         undefined object), as opposed to a connection lost or a server restarting."""
         return self.sqlstate is not None and self.sqlstate[:2] in {"0A", "42"}
+
+
+class NotMigrated(StorageError):
+    """The database lacks a table or function of this release (SQLSTATE 42P01, 42883): its
+    schema is behind, as ``/readyz`` says of this replica; not ready rather than failed (the
+    same request succeeds once ``turnstore db upgrade`` ran)."""
+
+    code, status = "not_ready", 503
+    default_message = "The database is not migrated to this release's schema yet; retry later."
 
 
 class UpstreamError(TurnstoreError):

@@ -61,6 +61,29 @@ async def test_readyz_flips_to_ready_once_migrated_without_restart(
         assert (await client.post("/api/v1/chat", json={"message": "hi"})).status_code == 200
 
 
+async def test_requests_to_a_replica_not_ready_are_503_not_500(empty_database: str) -> None:
+    """What /readyz says, every route says while the schema is missing (a replica started
+    before the migration, or reached past its readiness probe): 503 not_ready, which clients
+    and load balancers retry, not 500 storage_error; once migrated, the same requests work."""
+    from service.providers.fake import FakeProvider
+
+    app = create_app(Settings(database_url=empty_database), provider=FakeProvider())
+    requests = [
+        ("POST", "/api/v1/chat", {"message": "hi"}),
+        ("GET", "/api/v1/conversations", None),
+        ("POST", "/v1/responses", {"model": "fake", "input": "hi"}),
+    ]
+    async with serve(app) as base, httpx.AsyncClient(base_url=base) as client:
+        for method, path, body in requests:
+            response = await client.request(method, path, json=body)
+            assert response.status_code == 503, (path, response.text)
+            assert response.json()["error"]["code"] == "not_ready", path
+        await asyncio.to_thread(migrate.upgrade, empty_database)
+        for method, path, body in requests:
+            response = await client.request(method, path, json=body)
+            assert response.status_code == 200, (path, response.text)
+
+
 async def test_readyz_is_503_when_the_database_is_unreachable() -> None:
     app = create_app(Settings(database_url="postgresql://nobody@127.0.0.1:1/none"))
     async with serve(app) as base, httpx.AsyncClient(base_url=base) as client:

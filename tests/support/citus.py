@@ -147,11 +147,29 @@ def _remove_abandoned() -> None:
             continue  # in use, or just being made
 
 
+def stop(node: Node) -> None:
+    """A node stopped as an operator would (a fast shutdown), its data kept: ``restarted``
+    brings it back."""
+    _stop(node.popen)
+
+
+@contextmanager
+def restarted(node: Node) -> Iterator[Node]:
+    """A stopped node started again on its data directory and port (the coordinator knows it
+    by them), ready; stopped on the way out."""
+    with _node(node.data_dir, _run_as_ids(), port=node.port) as again:
+        asyncio.run(_wait_ready(CitusCluster(again, ())))
+        yield again
+
+
 @contextmanager
 def _node(
-    data_dir: Path, ids: tuple[int, int] | None, settings: dict[str, str] | None = None
+    data_dir: Path,
+    ids: tuple[int, int] | None,
+    settings: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Iterator[Node]:
-    port = free_port()
+    port = port or free_port()
     chosen = {**_SETTINGS, **(settings or {}), "port": port}
     options = [f"-c{name}={value}" for name, value in chosen.items()]
     log = open(data_dir.parent / f"{data_dir.name}.log", "wb")  # noqa: SIM115 (closed below)

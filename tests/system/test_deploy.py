@@ -289,7 +289,8 @@ def test_migration_job_waits_for_the_database_then_upgrades_once() -> None:
     job = manifests["Job"]
     pod = _pod(job)
     (migrate,) = pod["containers"]
-    assert migrate["args"] == ["db", "upgrade"]
+    assert migrate["command"] == ["/bin/sh", "-c"]
+    assert _migration(job) == ["turnstore db upgrade"]  # TURNSTORE_DISTRIBUTE is "0"
     assert migrate["image"] == server["image"]
     assert job["spec"]["backoffLimit"] >= 1
     assert pod["restartPolicy"] == "Never"
@@ -311,6 +312,84 @@ def test_migration_job_waits_for_the_database_then_upgrades_once() -> None:
     for step in (wait, migrate):
         assert step["securityContext"] == server["securityContext"]
         assert {"requests", "limits"} <= set(step["resources"])
+
+
+def _migration(job: dict[str, Any]) -> list[str]:
+    """The turnstore commands the migration container's script runs, in order."""
+    code, commands, said = _run_migration(job)
+    assert code == 0, said
+    return commands
+
+
+def _run_migration(job: dict[str, Any], fail: str = "") -> tuple[int, list[str], str]:
+    """The migration container's script run with its own environment against a stand-in
+    ``turnstore`` that records each command (and exits 1 for the command ``fail``): its exit
+    status, the commands in order, its standard error."""
+    import tempfile
+
+    (migrate,) = _pod(job)["containers"]
+    (script,) = migrate["args"]
+    env = {e["name"]: e["value"] for e in migrate.get("env", []) if "value" in e}
+    with tempfile.TemporaryDirectory() as scratch:
+        where = Path(scratch)
+        (where / "turnstore").write_text(
+            '#!/bin/sh\necho "turnstore $*" >> "$RAN"\n[ "turnstore $*" != "$FAIL" ]\n'
+        )
+        (where / "turnstore").chmod(0o755)
+        ran = where / "ran"
+        ran.write_text("")
+        done = subprocess.run(
+            [*migrate["command"], script],
+            env={**env, "PATH": f"{where}:/usr/bin:/bin", "RAN": str(ran), "FAIL": fail},
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        return done.returncode, ran.read_text().splitlines(), done.stderr
+
+
+def _with_distribute(job: dict[str, Any], value: str) -> dict[str, Any]:
+    import copy
+
+    job = copy.deepcopy(job)
+    (migrate,) = _pod(job)["containers"]
+    migrate["env"] = [e for e in migrate["env"] if e["name"] != "TURNSTORE_DISTRIBUTE"]
+    migrate["env"].append({"name": "TURNSTORE_DISTRIBUTE", "value": value})
+    return job
+
+
+def test_migration_job_distributes_on_citus_when_configured_to() -> None:
+    job = _manifests()["Job"]
+    on_citus = _with_distribute(job, "1")
+    upgrade, distribute = "turnstore db upgrade", "turnstore db distribute"
+    status = "turnstore db status"
+    assert _migration(on_citus) == [upgrade, distribute, status]
+    # The first command that fails fails the Job, and nothing runs after it.
+    assert _run_migration(on_citus, upgrade)[:2] == (1, [upgrade])
+    assert _run_migration(on_citus, distribute)[:2] == (1, [upgrade, distribute])
+    assert _run_migration(on_citus, status)[:2] == (1, [upgrade, distribute, status])
+    # A value it does not know fails before the database is touched.
+    code, ran, said = _run_migration(_with_distribute(job, "true"))
+    assert (code, ran) == (2, []) and "TURNSTORE_DISTRIBUTE must be 0 or 1" in said
+
+
+def test_the_readme_overlay_turns_distribute_on(tmp_path: Path) -> None:
+    """deploy/README.md's patch ("Citus: the migration Job"), in an overlay of the base and of
+    the recommended stack: the Job then distributes, and stays valid."""
+    readme = (DEPLOY / "README.md").read_text()
+    section = readme.split("### Citus: the migration Job", 1)[1].split("\n## ", 1)[0]
+    (snippet,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    copy = tmp_path / "deploy"
+    shutil.copytree(K8S, copy / "k8s")
+    shutil.copytree(RECOMMENDED.parent, copy / "overlays")
+    for base in ("../k8s", "../overlays/recommended"):
+        mine = copy / "mine"
+        shutil.rmtree(mine, ignore_errors=True)
+        mine.mkdir()
+        (mine / "kustomization.yaml").write_text(
+            yaml.safe_dump({"resources": [base], **yaml.safe_load(snippet)})
+        )
+        rendered = _kustomize(mine)
+        assert not _validate_kubernetes([rendered["Job"]])
+        assert _migration(rendered["Job"])[1:] == ["turnstore db distribute", "turnstore db status"]
 
 
 def test_purge_cronjob_runs_like_a_replica_one_run_at_a_time() -> None:

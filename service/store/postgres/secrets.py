@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.errors import StorageError
+from service.core.errors import NotMigrated
 from service.store.postgres.tx import driver, sql
 
 _READ = sql("SELECT name, secret FROM turnstore_secrets")
@@ -47,6 +47,6 @@ class SecretsReader:
                     rows = await _READ.fetch(conn, {})
                 found = {row["name"]: bytes(row["secret"]) for row in rows}
                 if "ids" not in found or "owners" not in found:
-                    raise StorageError("The database is not migrated (turnstore_secrets).")
+                    raise NotMigrated()  # its rows are made by a migration
                 self._secrets = Secrets(found["ids"], found["owners"])
         return self._secrets

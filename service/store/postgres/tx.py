@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar, cast
@@ -20,6 +21,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from migrations.commit_function import CLAIM_LOST_STATE, RUN_ENDED_STATE, SHREDDED_STATE
 from service.core.errors import (
+    NotMigrated,
     OwnerShredded,
     RequestInProgress,
     StorageError,
@@ -57,6 +59,7 @@ _CHECKOUT_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, sa.exc.Invalid
 
 
 READ_ONLY = "25006"  # read_only_sql_transaction: the statement did nothing
+NOT_MIGRATED = frozenset({"42P01", "42883"})  # undefined_table, undefined_function
 T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
@@ -311,7 +314,37 @@ async def _failure(engine: AsyncEngine, exc: BaseException) -> TurnstoreError:
         return TurnInterrupted()
     if state == READ_ONLY:
         await engine.dispose()
-    return StorageError(sqlstate=state)
+    if state in NOT_MIGRATED:  # this release's table or function is not there (yet)
+        return NotMigrated(sqlstate=state, worker=worker_of(exc))
+    return StorageError(sqlstate=state, worker=worker_of(exc))
+
+
+# Where Citus names the worker behind an error ("host:port"; its src/backend/distributed/
+# connection/remote_commands.c and executor/adaptive_executor.c): a connection to it that
+# failed, in the message; an error it raised, in the context Citus adds.
+_WORKER = re.compile(
+    r"connection to the remote node (?:[^@\s]+@)?(\S+:\d+)"
+    r"|could not establish any connections to the node (\S+:\d+)"
+    r"|while executing command on (\S+:\d+)"
+)
+
+
+def worker_of(exc: BaseException | None) -> str | None:
+    """The Citus worker ("host:port") a database failure names, if it names one: the server's
+    error itself, or the one SQLAlchemy's wrapper holds. Only the address is taken from the
+    text (which may quote a statement's values)."""
+    # SQLAlchemy's DBAPIError holds the dialect's error (orig), raised from asyncpg's.
+    for error in (
+        exc,
+        getattr(exc, "orig", None),
+        getattr(getattr(exc, "orig", None), "__cause__", None),
+    ):
+        if isinstance(error, asyncpg.PostgresError):
+            for text in (error.message, getattr(error, "context", None)):
+                found = _WORKER.search(text or "")
+                if found:
+                    return next(group for group in found.groups() if group)
+    return None
 
 
 class Compiled:

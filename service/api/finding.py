@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Controller, Request, get
+from litestar.openapi.spec import OpenAPIFormat
 from litestar.params import QueryParameter
 
 from service.api.deps import Caller
@@ -29,17 +30,31 @@ _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
 )
 
-Date = Annotated[str | None, QueryParameter(description="RFC 3339, e.g. 2026-01-31T00:00:00Z.")]
+# Said as OpenAPI's date-time (RFC 3339) in the schema; checked here, naming the parameter.
+Date = Annotated[
+    str | None,
+    QueryParameter(
+        description="RFC 3339, e.g. 2026-01-31T00:00:00Z.", format=OpenAPIFormat.DATE_TIME
+    ),
+]
 
 
 def rfc3339(name: str, value: str) -> datetime:
     """``value`` as an instant; InvalidInput naming ``name`` unless it is RFC 3339."""
     if not _RFC3339.fullmatch(value):
         raise InvalidInput(f"{name} must be an RFC 3339 date and time.", param=name)
+    text = value.replace("z", "Z").replace("t", "T")
+    if text[17:19] == "60":  # a leap second: as the second before it ends
+        text = text[:17] + "59.999999" + text[19:].lstrip(".0123456789")
     try:
-        return datetime.fromisoformat(value.replace("z", "Z").replace("t", "T")).astimezone(UTC)
-    except (ValueError, OverflowError):
+        instant = datetime.fromisoformat(text)
+    except ValueError:  # a day or an hour that no calendar has
         raise InvalidInput(f"{name} must be an RFC 3339 date and time.", param=name) from None
+    try:
+        return instant.astimezone(UTC)
+    except OverflowError:  # before the year 1 or after 9999 in UTC: the ends of time
+        end = datetime.min if instant.year == 1 else datetime.max
+        return end.replace(tzinfo=UTC)
 
 
 def _text(name: str, value: str, most: int) -> str:
@@ -140,7 +155,10 @@ class UsageController(Controller):
         request: Request[Any, Any, Any],
         api: Caller,
         group_by: GroupBy = "day",
-        from_: Annotated[str | None, QueryParameter(name="from", description="RFC 3339.")] = None,
+        from_: Annotated[
+            str | None,
+            QueryParameter(name="from", description="RFC 3339.", format=OpenAPIFormat.DATE_TIME),
+        ] = None,
         to: Date = None,
     ) -> UsageTotals:
         for name in request.query_params:

@@ -52,7 +52,7 @@ import asyncpg
 import httpx
 from httpx_sse import aconnect_sse
 
-from migrations.commit_function import COMMIT_V3
+from migrations.commit_function import COMMIT_RUN, COMMIT_V3
 from tests.support.cluster import (
     TURNSTORE,
     Replica,
@@ -462,11 +462,12 @@ async def _wait_commits_in_flight(node: Node, count: int) -> None:
     """Until ``count`` turn commits of ``node`` wait for their synchronous standby (an
     observer's connection to that node alone). Lease statements wait there too: not those.
     A plain turn commits in one statement (the commit function's, migrations/commit_function.py),
-    a durable one with COMMIT."""
+    a durable one in another (the commit that ends its run), a forked one with COMMIT."""
     conn = await asyncpg.connect(node.dsn, timeout=5)
     query = (
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
-        f"AND (query LIKE 'COMMIT%' OR query LIKE '%FROM {COMMIT_V3.name}(%')"
+        f"AND (query LIKE 'COMMIT%' OR query LIKE '%FROM {COMMIT_V3.name}(%'"
+        f" OR query LIKE '%FROM {COMMIT_RUN.name}(%')"
     )
     try:
 

@@ -228,6 +228,7 @@ class _Anthropic:
     one Responses item."""
 
     name = "anthropic"
+    starts = tuple(b"{" + start.removeprefix(b"{") for start in _STARTS)
 
     def owns(self, item: msgspec.Raw) -> bool:
         return is_block(item)

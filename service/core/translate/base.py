@@ -47,6 +47,9 @@ class Form(Protocol):
     """
 
     name: str
+    # What its items can begin with, "{" then any whitespace left out of the item's bytes:
+    # an item that begins otherwise is none of its (told without asking ``owns``).
+    starts: tuple[bytes, ...]
 
     def owns(self, item: msgspec.Raw) -> bool:
         """This form's item (else: a Responses item, or another form's)."""

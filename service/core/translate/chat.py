@@ -161,6 +161,7 @@ class _Chat:
     message, several Responses items."""
 
     name = "chat"
+    starts: tuple[bytes, ...] = (START,)
 
     def owns(self, item: msgspec.Raw) -> bool:
         return is_chat(item)

@@ -126,6 +126,7 @@ class _Gemini:
     item."""
 
     name = "gemini"
+    starts = tuple(b"{" + start for start in _STARTS)
 
     def owns(self, item: msgspec.Raw) -> bool:
         return is_part(item)

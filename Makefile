@@ -84,7 +84,7 @@ test: $(STAMP) system-deps citus-deps js-deps browser-deps ## run the whole test
 UNIT_PLUGINS_OFF := -p no:faker -p no:schemathesis -p no:langsmith_plugin -p no:hypothesispytest \
 	-p no:anyio -p no:platformdirs
 test-fast: $(STAMP) ## the inner loop: tests/unit, the rules over the in-memory fake (no database, seconds)
-	$(BIN)/python -m pytest tests/unit -q $(UNIT_PLUGINS_OFF)
+	$(BIN)/python -m pytest tests/unit -q -n auto $(UNIT_PLUGINS_OFF)
 
 coverage-unit: $(STAMP) ## tests/unit alone: its coverage of service/usecases/ (fails under 75%)
 	COVERAGE_FILE=$(VENV)/.coverage-unit $(BIN)/python -m pytest tests/unit -q $(UNIT_PLUGINS_OFF) \

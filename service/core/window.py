@@ -53,7 +53,8 @@ def window_start(
 ) -> int:
     """The first turn (its place, from 1) to send: ``committed_start`` when its suffix of
     turns fits; else the smallest later start whose suffix fits the low-water mark
-    (``low_water``). ``len(turn_sizes) + 1`` means no earlier turn is sent.
+    (``low_water``), but never one that leaves out the newest turn when the budget holds it.
+    ``len(turn_sizes) + 1`` means no earlier turn is sent.
 
     ``fixed_bytes`` is the request without earlier turns (envelope, instructions and the
     new user item); ``turn_sizes`` what each turn's items add (their bytes and commas).
@@ -66,7 +67,11 @@ def window_start(
     start = max(committed_start, 1)
     if _fits(turn_sizes, start, fixed_bytes, budget):
         return start
-    return _fitting_start(turn_sizes, start, fixed_bytes, low_water(budget, fixed_bytes))
+    lowered = _fitting_start(turn_sizes, start, fixed_bytes, low_water(budget, fixed_bytes))
+    # Never past the newest turn the budget itself keeps: under a low-water mark that one
+    # large turn alone passes, the request would carry no history at all.
+    kept = _fitting_start(turn_sizes, start, fixed_bytes, budget)
+    return min(lowered, max(kept, len(turn_sizes)))
 
 
 def low_water(budget: Budget, fixed_bytes: int) -> Budget:

@@ -52,11 +52,21 @@ def test_the_window_stays_until_it_must_move_then_moves_to_the_low_water_mark(
     assert (start == committed) == fits  # it moves only when it must
     if start > committed:  # then past the low-water mark, and no further
         low = low_water(budget, fixed)
-        assert fixed + sum(sent) <= low.max_request_bytes or start == count + 1
+        # (or to the newest turn alone, when the budget holds it and the mark does not)
+        newest = start == count and fixed + sent[0] > low.max_request_bytes
+        assert fixed + sum(sent) <= low.max_request_bytes or start == count + 1 or newest
         assert low.max_turns is None or len(sent) <= low.max_turns
         longer = turn_sizes[start - 2 :]
         too_many = low.max_turns is not None and len(longer) > low.max_turns
         assert too_many or fixed + sum(longer) > low.max_request_bytes
+
+
+def test_a_window_that_must_move_keeps_the_newest_turn_the_budget_holds() -> None:
+    """README's worked example: a 320-byte turn, then a 3,000-byte reply, under 3,600 bytes
+    with a 300-byte request: the first turn leaves, the second stays (the low-water mark,
+    2,475 bytes of turns, would have left the request with no history at all)."""
+    assert window_start([320, 3_000], 1, 300, Budget(None, 3_600)) == 2
+    assert window_start([320, 3_500], 1, 300, Budget(None, 3_600)) == 3  # it never fitted
 
 
 def test_a_growing_conversation_moves_its_window_on_one_turn_in_several() -> None:

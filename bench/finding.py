@@ -22,13 +22,13 @@ import asyncpg
 import msgspec
 
 from bench.database import fresh_database, libpq_url, sqlalchemy_url
+from service.core.export_lines import Imported
 from service.core.model import Origin, Turn
 from service.core.search import Finding
-from service.core.transfer import Imported
 from service.platform.db import create_engine
 from service.store.postgres import PostgresStore
 from service.store.postgres import terms as search_terms
-from service.usecases.transfer import exported
+from service.usecases.exporting import exported
 
 BIG = 1_000_000
 SMALL = 10

@@ -39,7 +39,7 @@ from service.store.postgres import (
 )
 from service.store.postgres.placement import DEFAULT_SHARD_COUNT, distribute
 from service.store.postgres.tx import FAILURES, sqlstate
-from service.usecases.transfer import owner_export
+from service.usecases.exporting import owner_export
 
 T = TypeVar("T")
 
@@ -307,7 +307,7 @@ def _owners_shred(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _owners_export(args: argparse.Namespace, settings: Settings) -> None:
-    """Every conversation of the owner as ndjson on standard output (service/core/transfer.py),
+    """Every conversation of the owner as ndjson on standard output (service/core/export_lines.py),
     one after another: an owner's right of access. With encryption at rest, opened with
     their data key."""
 

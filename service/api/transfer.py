@@ -1,4 +1,4 @@
-"""A conversation out and in as ndjson (service/core/transfer.py): GET .../{id}/export streamed
+"""A conversation out and in as ndjson (service/core/export_lines.py): GET .../{id}/export streamed
 a page of turns at a time, POST .../import read as a stream, a line at a time."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from service.core.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from service.core.export_lines import Importing
 from service.core.ids import parse_conversation_id
 from service.core.model import ConversationInfo
-from service.core.transfer import Importing
 
 NDJSON = "application/x-ndjson"
 

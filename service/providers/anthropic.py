@@ -37,7 +37,7 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.model import Origin, ReplyStatus, fingerprint
-from service.core.translate.anthropic import OPAQUE_BLOCKS
+from service.core.translate.anthropic_blocks import OPAQUE_BLOCKS
 from service.core.usage import Usage
 from service.providers.anthropic_request import count_body, messages_body
 from service.providers.base import (

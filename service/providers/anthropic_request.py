@@ -1,6 +1,6 @@
 """The Messages API request of a provider request: ``messages_body`` (and ``count_body``).
 
-The conversation comes from ``core/translate/anthropic.to_messages`` (Anthropic's own blocks
+The conversation comes from ``core/translate/anthropic_blocks.to_messages`` (Anthropic's own blocks
 spliced byte for byte, other providers' own items as the Responses items they read as); the
 client's fields are mapped to the Messages API's or refused with their param, never dropped.
 Prompt caching: breakpoints on the system prompt's last block, on the end of the replayed
@@ -18,7 +18,7 @@ import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.translate import for_form
-from service.core.translate.anthropic import ANTHROPIC, OPAQUE_BLOCKS, to_messages
+from service.core.translate.anthropic_blocks import ANTHROPIC, OPAQUE_BLOCKS, to_messages
 from service.providers.base import ProviderRequest
 from service.providers.request_fields import Fields, NamedChoice, function_tools
 

@@ -1,24 +1,24 @@
 """OpenAI's Chat Completions API as vLLM, Ollama, llama.cpp, SGLang, OpenRouter and other
 servers serve it, over httpx (``POST {base}/chat/completions``), natively and streamed.
 
-One POST per call, never retried; ``Authorization: Bearer`` only when a key is configured
-(a local server has none). The request is built by ``chat_completions_request.chat_body``.
-The reply's one assistant message is its one output item (service/core/translate/chat.py): a whole
-reply's ``choices[0].message`` as the bytes the server sent; a stream's deltas joined into the
-message the server would have sent whole (``role``, ``content``, ``tool_calls`` in order of
-their index, then the thinking under the name the server streamed it by: ``reasoning_content``
-or ``reasoning``). Two things are made so before it is kept: ``role`` first (how a Chat message
-is told from a Responses item), and an id on each tool call a server left without one
-(``call_`` and 24 random hex digits, minted once and kept: stable, and never colliding), since
-its ``tool`` message must name it. A stream's thinking is announced (``ItemDone``, a part of
-the message still to come) as soon as its text or calls start.
+One POST per call, never retried; ``Authorization: Bearer`` only when a key is configured (a
+local server has none). The request is built by ``chat_completions_request.chat_body``. The
+reply's one assistant message is its one output item (service/core/translate/chat_messages.py):
+a whole reply's ``choices[0].message`` as the bytes the server sent; a stream's deltas joined
+into the message the server would have sent whole (``role``, ``content``, ``tool_calls`` in
+order of their index, then the thinking under the name the server streamed it by:
+``reasoning_content`` or ``reasoning``). Two things are made so before it is kept: ``role``
+first (how a Chat message is told from a Responses item), and an id on each tool call a server
+left without one (``call_`` and 24 random hex digits, minted once and kept: stable, and never
+colliding), since its ``tool`` message must name it. A stream's thinking is announced
+(``ItemDone``, a part of the message still to come) as soon as its text or calls start.
 
 What the server says maps as (CONTRACT.md, "Providers"): HTTP 429 -> RateLimited with a plain
 Retry-After; a 400 saying the context is too long -> ContextLengthExceeded; any other 400 ->
 ProviderRefused with the client's param; any other non-2xx, an ``error`` in a stream, or a
 stream that ends before ``[DONE]`` -> UpstreamError; ``finish_reason`` ``stop`` /
-``tool_calls`` completed, ``length`` incomplete, ``content_filter`` -> ContentFiltered.
-No token counting (no Chat server has an endpoint for it) and no compaction.
+``tool_calls`` completed, ``length`` incomplete, ``content_filter`` -> ContentFiltered. No
+token counting (no Chat server has an endpoint for it) and no compaction.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.model import Origin, ReplyStatus, fingerprint
-from service.core.translate.chat import START, ChatMessage, reasoning_id
+from service.core.translate.chat_messages import START, ChatMessage, reasoning_id
 from service.core.usage import Usage
 from service.providers.base import (
     ItemDone,

@@ -1,6 +1,6 @@
 """The Chat Completions request of a provider request: ``chat_body``.
 
-The conversation comes from ``core/translate/chat.to_chat`` (a Chat server's own assistant
+The conversation comes from ``core/translate/chat_messages.to_chat`` (a Chat server's own assistant
 messages spliced as the bytes kept, other providers' own items as the Responses items they
 read as), with the instructions and system messages as one leading ``system`` message (chat
 templates want it first). The client's fields (read once: request_fields.py) are mapped or
@@ -16,7 +16,7 @@ import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.translate import for_form
-from service.core.translate.chat import CHAT, to_chat
+from service.core.translate.chat_messages import CHAT, to_chat
 from service.providers.base import ProviderRequest
 from service.providers.request_fields import Fields, Format, NamedChoice, function_tools
 

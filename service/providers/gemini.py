@@ -10,8 +10,8 @@ text part before it when both are thought or both are not, and a chunk that brin
 signature (an empty text, as Gemini 3 ends a streamed text) joins the text part before it,
 unless that one is signed already, and ends it; every other part (a ``functionCall``) is
 whole in its chunk. (Two unsigned texts of one kind in a row are one part, as Gemini sends
-them whole.) A call Gemini gave no id gets one minted (core/translate/gemini.py ``minted``). The
-reply may not grow past ``max_body_bytes`` nor the wire past ``max_wire_bytes``.
+them whole.) A call Gemini gave no id gets one minted (core/translate/gemini_parts.py
+``minted``). The reply may not grow past ``max_body_bytes`` nor the wire past ``max_wire_bytes``.
 
 What the provider says maps as (CONTRACT.md, "Providers"): ``finishReason`` ``STOP``
 completed, ``MAX_TOKENS`` incomplete (``max_output_tokens``), ``SAFETY`` / ``RECITATION`` /
@@ -49,7 +49,7 @@ from service.core.errors import (
     UpstreamTimeout,
 )
 from service.core.model import Origin, ReplyStatus, fingerprint
-from service.core.translate.gemini import GEMINI, minted
+from service.core.translate.gemini_parts import GEMINI, minted
 from service.core.usage import Usage
 from service.providers.base import (
     ItemDone,

@@ -1,6 +1,6 @@
 """The Gemini API request of a provider request: ``generate_body`` (and ``count_body``).
 
-The conversation comes from ``core/translate/gemini.to_contents`` (Gemini's own parts spliced
+The conversation comes from ``core/translate/gemini_parts.to_contents`` (Gemini's own parts spliced
 byte for byte, other providers' own items as the Responses items they read as). The client's
 fields (read once: request_fields.py) are mapped to Gemini's or refused with their param,
 never dropped: ``temperature``,
@@ -20,7 +20,7 @@ import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.translate import for_form
-from service.core.translate.gemini import GEMINI, signs_calls, to_contents
+from service.core.translate.gemini_parts import GEMINI, signs_calls, to_contents
 from service.providers.base import ProviderRequest
 from service.providers.request_fields import Fields, NamedChoice, Reasoning, Text, function_tools
 

@@ -24,6 +24,7 @@ from uuid import UUID
 import msgspec
 
 from service.core.events import RunEvent
+from service.core.export_lines import Imported
 from service.core.model import (
     ANONYMOUS,
     Append,
@@ -47,7 +48,6 @@ from service.core.model import (
     Turn,
 )
 from service.core.search import Finding
-from service.core.transfer import Imported
 from service.core.usage import UsageTotal
 
 

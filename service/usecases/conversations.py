@@ -20,6 +20,7 @@ from service.core.errors import (
     ItemNotFound,
     PreconditionFailed,
 )
+from service.core.export_lines import Imported
 from service.core.items import items_turn, listed_ids
 from service.core.model import (
     Append,
@@ -36,12 +37,11 @@ from service.core.model import (
 from service.core.plans import check_precondition
 from service.core.search import Finding
 from service.core.sizes import SizeLimit, turn_bytes
-from service.core.transfer import Imported
 from service.core.usage import UsageTotal
 from service.store.ports import Edits, History, Reads
+from service.usecases.exporting import exported
 from service.usecases.paging import held_bytes, walk
 from service.usecases.restore import Restorer
-from service.usecases.transfer import exported
 from service.usecases.write_gate import WriteGate
 
 # An append loses to a turn that runs (its lease) as well as to one that committed first.
@@ -106,7 +106,7 @@ class Conversations:
         return await self._reads.usage(owner, since, until, group_by)
 
     async def export(self, cid: uuid.UUID, owner: str) -> AsyncIterator[bytes]:
-        """Its ndjson lines (service/usecases/transfer.py). ConversationNotFound before the
+        """Its ndjson lines (service/usecases/exporting.py). ConversationNotFound before the
         first line."""
         return exported(self._reads, await self.describe(cid, owner), owner)
 

@@ -25,6 +25,7 @@ from service.core.errors import (
     PreconditionFailed,
     RequestInProgress,
 )
+from service.core.export_lines import Imported
 from service.core.model import (
     ANONYMOUS,
     Append,
@@ -39,7 +40,6 @@ from service.core.model import (
 )
 from service.core.search import Finding
 from service.core.sizes import turn_bytes
-from service.core.transfer import Imported
 from service.core.usage import Usage
 from service.store.postgres import PostgresStore, StoreConfig
 from service.usecases.paging import held_bytes

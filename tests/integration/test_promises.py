@@ -118,7 +118,7 @@ def _tool(description: str) -> dict[str, Any]:
 
 
 def _import(ctx: Ctx, big: int) -> Request:
-    """An export of a conversation of one turn (service/core/transfer.py), ``big`` bytes more."""
+    """An export of a conversation of one turn (service/core/export_lines.py), ``big`` bytes more."""
     said = "imported " + "x" * big
     head = {"id": ctx.cid, "metadata": {}, "created_at": "2026-01-01T00:00:00Z",
             "updated_at": "2026-01-01T00:00:00Z", "revision": 1, "window_start": 1}  # fmt: skip

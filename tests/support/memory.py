@@ -25,6 +25,7 @@ from service.core.errors import (
     TurnInterrupted,
 )
 from service.core.events import RunEvent
+from service.core.export_lines import Imported
 from service.core.items import without_last_item
 from service.core.model import (
     ANONYMOUS,
@@ -55,7 +56,6 @@ from service.core.model import (
 from service.core.plans import check_precondition
 from service.core.search import MODEL, PAIR, Finding, clear_term, pair_value, turn_text, words
 from service.core.sizes import held_bytes, turn_bytes
-from service.core.transfer import Imported
 from service.core.usage import Usage, UsageTotal
 from service.platform.migrate import head_revision
 from service.store.cursor import decode_cursor, encode_cursor

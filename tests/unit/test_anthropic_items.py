@@ -1,4 +1,4 @@
-"""Responses items and Anthropic content blocks (service/core/translate/anthropic.py): each
+"""Responses items and Anthropic content blocks (service/core/translate/anthropic_blocks.py): each
 provider's items go to it byte for byte, and to any other provider translated, its thinking
 left out."""
 
@@ -12,7 +12,7 @@ import pytest
 from service.core.errors import InvalidInput
 from service.core.items import function_calls
 from service.core.translate import is_opaque, to_items
-from service.core.translate.anthropic import to_messages
+from service.core.translate.anthropic_blocks import to_messages
 
 
 def raw(text: str) -> msgspec.Raw:

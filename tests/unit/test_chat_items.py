@@ -1,5 +1,5 @@
 """Chat Completions assistant messages among a conversation's items
-(service/core/translate/chat.py and the seam that reads it, translate/__init__.py): told from Responses
+(service/core/translate/chat_messages.py and the seam that reads it, translate/__init__.py): told from Responses
 items, sent to their own origin verbatim and to any other without their thinking, listed on
 /v1 as their parts, each under an id of its own."""
 
@@ -23,8 +23,8 @@ from service.core.items import (
 )
 from service.core.model import Origin, Turn
 from service.core.translate import for_form, is_opaque, neutral, to_items
-from service.core.translate.anthropic import ANTHROPIC, to_messages
-from service.core.translate.chat import is_chat, reasoning_id
+from service.core.translate.anthropic_blocks import ANTHROPIC, to_messages
+from service.core.translate.chat_messages import is_chat, reasoning_id
 from service.core.window import Budget, choose_window
 from service.platform.settings import Settings
 from service.providers.chat_completions import ChatProvider

@@ -28,7 +28,7 @@ from service.core.errors import (
     UpstreamTimeout,
 )
 from service.core.model import Origin, key_id
-from service.core.translate.chat import is_chat, reasoning_id
+from service.core.translate.chat_messages import is_chat, reasoning_id
 from service.core.usage import Usage
 from service.providers.base import ItemDone, ProviderEvent, ProviderRequest, Reply, TextDelta
 from service.providers.chat_completions import ChatEndpoint, ChatProvider, kept

@@ -1,4 +1,4 @@
-"""Gemini's parts (service/core/translate/gemini.py) and its adapter (service/providers/gemini.py)
+"""Gemini's parts (service/core/translate/gemini_parts.py) and its adapter (service/providers/gemini.py)
 against the strict fake (tests/support/fake_gemini.py): parts kept as sent and told from
 Responses items by their first bytes, a stream joined into the whole reply's parts, each
 provider's items translated with the same call ids, Google's errors mapped."""
@@ -22,7 +22,13 @@ from service.core.errors import (
 from service.core.items import function_call_output, function_calls, user_input_item
 from service.core.model import key_id
 from service.core.translate import for_form, is_opaque, neutral, readable
-from service.core.translate.gemini import GEMINI, PLACEHOLDER_SIGNATURE, is_part, to_contents, wire
+from service.core.translate.gemini_parts import (
+    GEMINI,
+    PLACEHOLDER_SIGNATURE,
+    is_part,
+    to_contents,
+    wire,
+)
 from service.providers.base import ProviderRequest, Reply
 from service.providers.gemini import GeminiEndpoint, GeminiProvider
 from service.providers.wire import WireLimits

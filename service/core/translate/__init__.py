@@ -1,11 +1,11 @@
 """Each provider's own item form, and the one seam through which the rest of turnstore reads them.
 
 A conversation's replay items are kept in the form of the provider that made them: the
-Responses API's items, Anthropic's content blocks (anthropic.py), Gemini's parts (gemini.py),
-Chat Completions' assistant messages (chat.py). Everything outside this package asks about an
-item through the functions below, which find its form by its first bytes (``form_of``) and ask
-the form (base.Form); none of them names a provider, and none decodes an item whole to tell
-its form.
+Responses API's items, Anthropic's content blocks (anthropic_blocks.py), Gemini's parts
+(gemini_parts.py), Chat Completions' assistant messages (chat_messages.py). Everything outside
+this package asks about an item through the functions below, which find its form by its first
+bytes (``form_of``) and ask the form (form.py's ``Form``); none of them names a provider,
+and none decodes an item whole to tell its form.
 
 How to add a provider's item form: a module here with its ``Form`` (``owns``: its items told
 by their first bytes; ``opaque``: which go back only to their issuer; ``shown``: the Responses
@@ -34,10 +34,10 @@ from typing import Any
 
 import msgspec
 
-from service.core.translate.anthropic import ANTHROPIC
-from service.core.translate.base import Form, FunctionCall, Shown, provider_id, text_of
-from service.core.translate.chat import CHAT
-from service.core.translate.gemini import GEMINI
+from service.core.translate.anthropic_blocks import ANTHROPIC
+from service.core.translate.chat_messages import CHAT
+from service.core.translate.form import Form, FunctionCall, Shown, provider_id, text_of
+from service.core.translate.gemini_parts import GEMINI
 
 __all__ = [
     "FORMS",

@@ -7,10 +7,10 @@ import uuid
 from uuid import UUID
 
 from service.core.errors import ConversationNotFound, OwnerShredded
+from service.core.export_lines import Imported
 from service.core.model import ConversationInfo, IdempotencyKey, Metadata, Precondition, Turn
 from service.core.plans import check_precondition
 from service.core.sizes import turn_bytes
-from service.core.transfer import Imported
 from service.platform.crypto import DataKey
 from service.store.postgres import forks, terms
 from service.store.postgres.adapter import Adapter

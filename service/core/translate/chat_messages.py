@@ -13,7 +13,7 @@ Chat alone has (``tool_calls``, thinking, ``refusal``..., or no text) is one: an
 message of the Responses API's short form (``role`` and ``content`` alone) reads the same
 either way.
 
-- ``CHAT``: the form (base.Form) the rest of turnstore reads messages by. Unlike a block or a
+- ``CHAT``: the form (form.Form) the rest of turnstore reads messages by. Unlike a block or a
   part, one message is shown as several Responses items, each under an id of its own: its
   thinking as a ``reasoning`` item (``summary_text``; it stands for the whole message, so a
   client's reference to it, or its sealed value, brings the message back byte for byte), then
@@ -37,7 +37,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate.base import (
+from service.core.translate.form import (
     CallItem,
     FunctionCall,
     ItemHead,
@@ -157,7 +157,7 @@ def _call_item(call: ToolCall) -> dict[str, Any]:
 
 
 class _Chat:
-    """Chat Completions assistant messages as the rest of turnstore reads them (base.Form): one
+    """Chat Completions assistant messages as the rest of turnstore reads them (form.Form): one
     message, several Responses items."""
 
     name = "chat"

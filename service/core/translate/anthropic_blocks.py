@@ -12,7 +12,7 @@ them, one item a block (``thinking`` with its ``signature``, ``redacted_thinking
   and a ``tool_result`` of the same id, the result first in the next user message); system
   and developer messages join the system prompt. Opaque items of another provider never get
   here (the window leaves them out: window.py).
-- ``ANTHROPIC``: the form (service/core/translate/base.py) the rest of turnstore reads
+- ``ANTHROPIC``: the form (service/core/translate/form.py) the rest of turnstore reads
   Anthropic's blocks by: a ``tool_use`` is a call, thinking is opaque, and to any other
   provider text is an assistant message and a ``tool_use`` a ``function_call`` (thinking
   left out, as it is readable by its issuer alone).
@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate.base import (
+from service.core.translate.form import (
     CallItem,
     FunctionCall,
     ItemHead,
@@ -224,7 +224,7 @@ def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | Non
 
 
 class _Anthropic:
-    """Anthropic's content blocks as the rest of turnstore reads them (base.Form): each block
+    """Anthropic's content blocks as the rest of turnstore reads them (form.Form): each block
     one Responses item."""
 
     name = "anthropic"

@@ -12,7 +12,7 @@ A part is told from a Responses item by its first bytes (a part's first key is o
 part fields), then by its head: a Responses item always has a ``type`` or a ``role``, a Gemini
 part never.
 
-- ``GEMINI``: the form (base.Form) the rest of turnstore reads parts by: a thought part is
+- ``GEMINI``: the form (form.Form) the rest of turnstore reads parts by: a thought part is
   shown as ``reasoning`` (its text as ``summary_text``), a ``functionCall`` as a
   ``function_call``, text as an assistant message; a thought part, a part with a signature
   and a call are opaque (they go back as they are only to the model that made them); to any
@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate.base import (
+from service.core.translate.form import (
     CallItem,
     FunctionCall,
     ItemHead,
@@ -122,7 +122,7 @@ def _call_id(read: _Part, item: msgspec.Raw) -> str:
 
 
 class _Gemini:
-    """Gemini's parts as the rest of turnstore reads them (base.Form): each part one Responses
+    """Gemini's parts as the rest of turnstore reads them (form.Form): each part one Responses
     item."""
 
     name = "gemini"

@@ -1,4 +1,4 @@
-"""Conversations out as ndjson (service/core/transfer.py): one conversation, read a page of
+"""Conversations out as ndjson (service/core/export_lines.py): one conversation, read a page of
 turns at a time (what an export holds is a page, whatever the conversation's size), and every
 conversation of an owner one after another (`turnstore owners export`, an owner's right of
 access)."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from service.core.export_lines import conversation_line, turn_line
 from service.core.model import ConversationInfo
-from service.core.transfer import conversation_line, turn_line
 from service.store.ports import Reads
 from service.usecases.paging import walk
 

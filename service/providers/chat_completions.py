@@ -42,7 +42,12 @@ from service.core.errors import (
     UpstreamError,
 )
 from service.core.model import Origin, ReplyStatus, fingerprint
-from service.core.translate.chat_messages import START, ChatMessage, reasoning_id
+from service.core.translate.chat_messages import (
+    START,
+    THINKING_FIELDS,
+    ChatMessage,
+    reasoning_id,
+)
 from service.core.usage import Usage
 from service.providers.base import (
     ItemDone,
@@ -289,10 +294,11 @@ class _EventStream:
         self.text_bytes = 0  # of what was streamed so far (text and thinking)
         self._content: list[str] = []
         self._refusal: list[str] = []
-        self._thinking: list[str] = []
-        self._thinking_field = "reasoning_content"
+        # The thinking under each name the server streams it by (some send both, alike).
+        self._thinking: dict[str, list[str]] = {}
         self._announced = False
-        self._calls: dict[int, _Call] = {}
+        self._calls: list[_Call] = []  # in the order they began
+        self._open: dict[int, int] = {}  # a call's index -> its place in _calls
         self._finish_reason: str | None = None
         self._usage: _Usage | None = None
         self._events = ServerSentEvents()
@@ -321,16 +327,15 @@ class _EventStream:
             self._finish_reason = choice.finish_reason or self._finish_reason
 
     def _delta(self, delta: _Delta) -> Iterator[ProviderEvent]:
-        for name in ("reasoning_content", "reasoning"):
-            piece = getattr(delta, name)
-            if piece:
-                self._thinking_field = name
-                self._thinking.append(piece)
-                self.text_bytes += len(piece.encode())
+        pieces = {name: getattr(delta, name) for name in THINKING_FIELDS if getattr(delta, name)}
+        for name, piece in pieces.items():
+            self._thinking.setdefault(name, []).append(piece)
+        if pieces:  # the same thinking under two names counts once
+            self.text_bytes += max(len(piece.encode()) for piece in pieces.values())
         if delta.content or delta.tool_calls or delta.refusal:
             yield from self._announce()
         for call in delta.tool_calls or ():
-            self._calls.setdefault(call.index, _Call()).add(call)
+            self._call(call).add(call)
         if delta.refusal:
             self._refusal.append(delta.refusal)
         if delta.content:
@@ -338,11 +343,20 @@ class _EventStream:
             self.text_bytes += len(delta.content.encode())
             yield TextDelta(delta.content)
 
+    def _call(self, delta: _DeltaCall) -> _Call:
+        """The call a delta continues: the one open at its index, unless it names another id
+        (Ollama streams each of several calls whole, every one at index 0)."""
+        at = self._open.get(delta.index)
+        if at is None or (delta.id and self._calls[at].id not in (None, delta.id)):
+            at = self._open[delta.index] = len(self._calls)
+            self._calls.append(_Call())
+        return self._calls[at]
+
     def _announce(self) -> Iterator[ProviderEvent]:
         """The thinking, once it ends: shown before the text, as the part of the message it is."""
         if self._thinking and not self._announced:
             self._announced = True
-            thinking = "".join(self._thinking)
+            thinking = "".join(next(iter(self._thinking.values())))
             summary = [{"type": "summary_text", "text": thinking}]
             item = {"type": "reasoning", "id": reasoning_id(thinking), "summary": summary}
             yield ItemDone(msgspec.Raw(msgspec.json.encode(item)), partial=True)
@@ -353,9 +367,9 @@ class _EventStream:
         if self._refusal:
             out["refusal"] = "".join(self._refusal)
         if self._calls:
-            out["tool_calls"] = [self._calls[i].done() for i in sorted(self._calls)]
-        if self._thinking:
-            out[self._thinking_field] = "".join(self._thinking)
+            out["tool_calls"] = [call.done() for call in self._calls]
+        for name, pieces in self._thinking.items():
+            out[name] = "".join(pieces)
         return msgspec.Raw(msgspec.json.encode(out))
 
 

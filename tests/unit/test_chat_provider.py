@@ -59,6 +59,9 @@ def output_of(call_id: str, output: str) -> msgspec.Raw:
     return raw({"type": "function_call_output", "call_id": call_id, "output": output})
 
 
+SSE = {"content-type": "text/event-stream"}
+
+
 class Recording(httpx.AsyncBaseTransport):
     """The fake's answers, their bytes kept."""
 
@@ -461,3 +464,51 @@ def test_usage_is_counted_as_openai_counts_it() -> None:
         type=_Usage,
     )
     assert usage.value() == Usage(100, 60, 40, 25, 140)
+
+
+def _streamed(*deltas: dict[str, Any]) -> httpx.MockTransport:
+    """A server that streams these deltas, then its finish and [DONE]."""
+    chunks = [{"choices": [{"index": 0, "delta": delta}]} for delta in deltas]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
+    answer = httpx.Response(200, headers=SSE, content="".join(lines).encode())
+    return httpx.MockTransport(lambda _: answer)
+
+
+async def _kept_of(*deltas: dict[str, Any]) -> dict[str, Any]:
+    """The message kept of a streamed reply of these deltas."""
+    events = await events_of(
+        FakeChatServer(), ProviderRequest([user("x")]), stream=True, transport=_streamed(*deltas)
+    )
+    reply = events[-1]
+    assert isinstance(reply, Reply)
+    kept: dict[str, Any] = json.loads(bytes(reply.output_items[0]))
+    return kept
+
+
+async def test_calls_streamed_whole_at_one_index_stay_apart() -> None:
+    """Ollama streams each of several calls whole, all at index 0: a delta naming another id
+    begins another call (they were once one call named "writewrite" with both arguments)."""
+    calls = [
+        {
+            "index": 0,
+            "id": f"call_{n}",
+            "type": "function",
+            "function": {"name": "write", "arguments": json.dumps({"path": f"{n}.py"})},
+        }
+        for n in "ab"
+    ]
+    kept = await _kept_of({"role": "assistant"}, *({"tool_calls": [c]} for c in calls))
+    named = [(call["id"], call["function"]["name"]) for call in kept["tool_calls"]]
+    assert named == [("call_a", "write"), ("call_b", "write")]
+    arguments = [json.loads(call["function"]["arguments"]) for call in kept["tool_calls"]]
+    assert arguments == [{"path": "a.py"}, {"path": "b.py"}]
+
+
+async def test_thinking_streamed_under_both_names_is_kept_once_under_each() -> None:
+    """A server that sends its thinking as reasoning_content and reasoning alike (aliases) is
+    kept as its whole reply would be: each name once, not the two joined."""
+    thinking = [{"reasoning_content": t, "reasoning": t} for t in ("Think ", "hard")]
+    kept = await _kept_of(*thinking, {"content": "Hi"})
+    assert kept["reasoning_content"] == kept["reasoning"] == "Think hard"
+    assert kept["content"] == "Hi"

@@ -49,6 +49,7 @@ from service.core.translate.form import (
 )
 
 START = b'{"role":"assistant"'
+THINKING_FIELDS = ("reasoning_content", "reasoning")  # vLLM and DeepSeek; Ollama, OpenRouter
 # What only a Chat assistant message carries (the Responses API's short form has role and
 # content alone; its items have a type).
 _CHAT_ONLY = (

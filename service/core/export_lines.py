@@ -19,8 +19,16 @@ from typing import Literal
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.model import ConversationInfo, Origin, ToolCallRecord, Turn, plain
+from service.core.model import (
+    ConversationInfo,
+    Origin,
+    ToolCallRecord,
+    Turn,
+    check_metadata,
+    plain,
+)
 from service.core.sizes import turn_bytes
+from service.core.translate import readable_item
 from service.core.usage import Usage
 
 
@@ -187,7 +195,11 @@ def _text(number: int, *values: str) -> None:
 
 def _check_header(number: int, header: ConversationLine) -> None:
     _text(number, *header.metadata, *header.metadata.values())
-    if not 0 <= header.revision < 2**31 - 1 or not 1 <= header.window_start < 2**31 - 1:
+    try:
+        check_metadata(header.metadata)
+    except InvalidInput as refused:
+        raise _bad(number, f"has metadata out of bounds ({refused.message})") from None
+    if not 0 <= header.revision < 2**31 - 1 or not 1 <= header.window_start <= header.revision + 1:
         raise _bad(number, "has a revision or window start out of range")
 
 
@@ -205,6 +217,11 @@ def _turn(number: int, line: TurnLine, last: int, header: ConversationLine) -> T
     _text(number, user, assistant, *(t for m in said for t in m))
     if any(not bytes(item).lstrip().startswith(b"{") for item in line.replay_items):
         raise _bad(number, "has a replay item that is not a JSON object")
+    if not all(map(readable_item, line.replay_items)):  # a turn on it would fail for good
+        raise _bad(number, "has a replay item its provider's form does not read")
+    counts = dataclasses.astuple(line.usage) if line.usage is not None else ()
+    if not all(0 <= count < 2**53 for count in counts):  # summed in bigint by GET /usage
+        raise _bad(number, "has usage counts out of range")
     plain_pair = line.user_message is None
     return Turn(
         user_message=user,

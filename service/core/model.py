@@ -19,6 +19,7 @@ from uuid import UUID, uuid4
 
 import msgspec
 
+from service.core.errors import InvalidInput
 from service.core.events import Done, RunEvent
 from service.core.usage import Usage
 
@@ -27,6 +28,7 @@ ReplyStatus = Literal["completed", "incomplete"]
 
 ANONYMOUS = "anonymous"  # the one owner when AUTH_MODE=none: reserved for it
 Metadata = dict[str, str]  # a conversation's /v1 metadata (no commit when it changes)
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 _OWNER_NAME = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]{1,256}")
 
 
@@ -484,3 +486,19 @@ class Committed:
         """The conversation and revision of a committed turn (a write that made one)."""
         assert self.conversation_id is not None and self.revision is not None
         return self.conversation_id, self.revision
+
+
+def check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
+    metadata = metadata or {}
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise InvalidInput(f"metadata: at most {MAX_METADATA_PAIRS} pairs.", param="metadata")
+    if any("\x00" in text for pair in metadata.items() for text in pair):
+        raise InvalidInput("metadata: a key or value holds a NUL character.", param="metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
+            raise InvalidInput(
+                f"metadata: keys at most {MAX_METADATA_KEY} characters, values at most "
+                f"{MAX_METADATA_VALUE}.",
+                param="metadata",
+            )
+    return metadata

@@ -6,6 +6,8 @@ items byte for byte), and every kind of bad import refused with nothing kept."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import tracemalloc
 import uuid
 from datetime import UTC, datetime
@@ -277,6 +279,12 @@ async def test_an_export_of_a_large_conversation_holds_a_page_not_the_conversati
     assert peak < 8_000_000, peak  # a page of turns (4) and the client's chunks, not 24 MB
 
 
+CHAT_UNREAD = b'"replay_items":[{"role":"assistant","tool_calls":"x"},'
+GEMINI_UNREAD = b'"replay_items":[{"text":"a","thought":"yes"},'
+TOO_MANY_PAIRS = b'"metadata":' + json.dumps({f"k{n}": "v" for n in range(17)}).encode()
+HUGE = b'"input_tokens":1152921504606846976'
+
+
 @pytest.mark.parametrize(
     ("edit", "line"),
     [
@@ -290,6 +298,12 @@ async def test_an_export_of_a_large_conversation_holds_a_page_not_the_conversati
         (lambda ls: [ls[0], ls[1].replace(b'"role":"user"', b'"role":"system"'), ls[2]], 2),
         (lambda ls: [ls[0], ls[1], ls[2].replace(b'"replay_items":[', b'"replay_items":[1,')], 3),
         (lambda ls: [ls[0], ls[1], b'{"revision":2,' + b'"x":"' + b"y" * 2_000_000 + b'"}'], 3),
+        # What a form cannot read (a turn over it would fail for good), a Chat's and a Gemini's:
+        (lambda ls: [*ls[:2], ls[2].replace(b'"replay_items":[', CHAT_UNREAD)], 3),
+        (lambda ls: [*ls[:2], ls[2].replace(b'"replay_items":[', GEMINI_UNREAD)], 3),
+        (lambda ls: [re.sub(rb'"window_start":\d+', b'"window_start":50', ls[0]), *ls[1:]], 1),
+        (lambda ls: [ls[0].replace(b'"metadata":{}', TOO_MANY_PAIRS), *ls[1:]], 1),
+        (lambda ls: [ls[0], re.sub(rb'"input_tokens":\d+', HUGE, ls[1]), ls[2]], 2),
     ],
 )
 async def test_every_kind_of_bad_import_line_is_refused_naming_it_and_nothing_is_kept(

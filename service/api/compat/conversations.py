@@ -17,7 +17,6 @@ from service.api.compat.objects import (
     ConversationCreate,
     ConversationUpdate,
     ItemsCreate,
-    check_metadata,
     conversation_object,
     deleted_object,
 )
@@ -40,6 +39,7 @@ from service.core.errors import (
     PreconditionFailed,
 )
 from service.core.ids import parse_conversation_id
+from service.core.model import check_metadata
 
 Order = Annotated[
     Literal["asc", "desc"], QueryParameter(description="Commit order or newest first.")

@@ -21,7 +21,6 @@ from service.core.model import ConversationInfo
 from service.core.strictjson import holds_nul
 from service.core.usage import Usage
 
-MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 MAX_CREATE_ITEMS = 20
 
 
@@ -150,22 +149,6 @@ class OpenAIError(msgspec.Struct):
     """OpenAI's error shape (x-request-id carries the correlation id as well)."""
 
     error: OpenAIErrorDetail
-
-
-def check_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
-    metadata = metadata or {}
-    if len(metadata) > MAX_METADATA_PAIRS:
-        raise InvalidInput(f"metadata: at most {MAX_METADATA_PAIRS} pairs.", param="metadata")
-    if holds_nul(metadata):
-        raise InvalidInput("metadata: a key or value holds a NUL character.", param="metadata")
-    for key, value in metadata.items():
-        if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
-            raise InvalidInput(
-                f"metadata: keys at most {MAX_METADATA_KEY} characters, values at most "
-                f"{MAX_METADATA_VALUE}.",
-                param="metadata",
-            )
-    return metadata
 
 
 def conversation_object(info: ConversationInfo) -> dict[str, Any]:

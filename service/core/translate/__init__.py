@@ -84,6 +84,21 @@ def form_of(item: msgspec.Raw) -> Form | None:
     return None
 
 
+def readable_item(item: msgspec.Raw) -> bool:
+    """Whether a form's item is one its form reads (shown, its calls); a Responses item is.
+    An item from outside (an import) is asked before it is kept: a turn over one that is not
+    would fail on every request."""
+    form = form_of(item)
+    if form is None:
+        return True
+    try:
+        form.shown(item)
+        form.calls(item)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
 def is_opaque(item: msgspec.Raw) -> bool:
     """An item only the provider, endpoint and model that made it can read, or that holds
     something only they can (thinking, a signature): sealed reasoning, a compaction item, a

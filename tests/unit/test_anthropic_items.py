@@ -138,3 +138,20 @@ def test_files_go_to_claude_as_documents_and_one_in_openais_storage_is_refused()
     with pytest.raises(InvalidInput) as refused:
         to_messages([item(type="message", role="user", content=stored)])
     assert refused.value.param == "input"
+
+
+def _raw(item: dict[str, object]) -> msgspec.Raw:
+    return msgspec.Raw(json.dumps(item).encode())
+
+
+def test_an_output_whose_call_left_the_window_goes_as_text_not_a_dangling_result() -> None:
+    """A tool_result must answer a tool_use of the request: an output whose call is not in it
+    (the window left that turn out) is sent as the user's text, as to Gemini."""
+    output = _raw({"type": "function_call_output", "call_id": "call_gone", "output": "sunny"})
+    [message] = to_messages([output]).messages
+    assert message["role"] == "user"
+    assert message["content"] == [{"type": "text", "text": "[output of call call_gone]\nsunny"}]
+    call = _raw({"type": "function_call", "call_id": "call_here", "name": "w", "arguments": "{}"})
+    answer = _raw({"type": "function_call_output", "call_id": "call_here", "output": "rain"})
+    _, answered = to_messages([call, answer]).messages
+    assert answered["content"][0]["type"] == "tool_result"

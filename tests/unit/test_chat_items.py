@@ -24,7 +24,7 @@ from service.core.items import (
 from service.core.model import Origin, Turn
 from service.core.translate import for_form, is_opaque, neutral, to_items
 from service.core.translate.anthropic_blocks import ANTHROPIC, to_messages
-from service.core.translate.chat_messages import is_chat, reasoning_id
+from service.core.translate.chat_messages import is_chat, reasoning_id, to_chat
 from service.core.window import Budget, choose_window
 from service.platform.settings import Settings
 from service.providers.chat_completions import ChatProvider
@@ -176,3 +176,17 @@ def test_llm_provider_chat_needs_a_base_url_and_a_model_and_a_key_is_optional() 
         check_provider(Settings(llm_provider="chat", chat_model="qwen"))
     with pytest.raises(Exception, match="must not carry credentials"):
         Settings(llm_provider="chat", chat_base_url="http://u:p@host/v1", chat_model="q")
+
+
+def test_an_output_whose_call_left_the_window_goes_as_text_not_an_orphan_tool_message() -> None:
+    """A tool message must follow its call: an output whose call is not in the request (the
+    window left that turn out) goes as the user's text; one whose call is there, as a tool
+    message of its id."""
+    output = {"type": "function_call_output", "call_id": "call_gone", "output": "sunny"}
+    [message] = to_chat([msgspec.Raw(json.dumps(output).encode())]).messages
+    assert message == {"role": "user", "content": "[output of call call_gone]\nsunny"}
+    call = {"type": "function_call", "call_id": "call_here", "name": "w", "arguments": "{}"}
+    answer = {"type": "function_call_output", "call_id": "call_here", "output": "rain"}
+    items = [msgspec.Raw(json.dumps(item).encode()) for item in (call, answer)]
+    _, tool = to_chat(items).messages
+    assert tool == {"role": "tool", "tool_call_id": "call_here", "content": "rain"}

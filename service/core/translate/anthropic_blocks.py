@@ -86,18 +86,25 @@ class Messages:
 
 def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
     out = Messages()
+    issued: set[str] = set()  # the calls the request holds: a result names one of them
     for item in items:
         head = msgspec.json.decode(item, type=ItemHead)
         if head.role is None and head.type in BLOCK_TYPES:
             out.add("assistant", item)  # verbatim: signatures bind its exact content
+            issued.update(call.call_id for call in ANTHROPIC.calls(item))
         elif head.type in (None, "message") and head.role is not None:
             _message(out, msgspec.json.decode(item, type=Message))
         elif head.type == "function_call":
             call = msgspec.json.decode(item, type=CallItem)
             block = {"type": "tool_use", "id": call.call_id, "name": call.name}
             out.add("assistant", block | {"input": arguments(call.arguments)})
+            issued.add(call.call_id)
         elif head.type == "function_call_output":
             result = msgspec.json.decode(item, type=Output)
+            if result.call_id not in issued:  # its call left the window: its output as text
+                text = f"[output of call {result.call_id}]\n{text_of(result.output)}"
+                out.add("user", {"type": "text", "text": text})
+                continue
             content = result.output if isinstance(result.output, str) else _parts(result.output)
             _tool_result(out, {"type": "tool_result", "tool_use_id": result.call_id}, content)
         elif head.type in ("reasoning", "compaction"):

@@ -207,19 +207,28 @@ class Messages:
 def to_chat(items: Sequence[msgspec.Raw]) -> Messages:
     """``items`` (Chat's messages and Responses items) as Chat's messages."""
     out = Messages()
+    issued: set[str] = set()  # the calls the request holds: a tool message names one of them
     for item in items:
         if is_chat(item):
             out.messages.append(item)  # verbatim: the server's own message
+            issued.update(call.call_id for call in CHAT.calls(item))
             continue
         head = msgspec.json.decode(item, type=ItemHead)
         if head.type in (None, "message") and head.role is not None:
             _message(out, msgspec.json.decode(item, type=Message))
         elif head.type == "function_call":
-            _call(out, msgspec.json.decode(item, type=CallItem))
+            call = msgspec.json.decode(item, type=CallItem)
+            _call(out, call)
+            issued.add(call.call_id)
         elif head.type == "function_call_output":
             result = msgspec.json.decode(item, type=Output)
             output = text_of(result.output)
-            out.messages.append({"role": "tool", "tool_call_id": result.call_id, "content": output})
+            if result.call_id in issued:
+                tool = {"role": "tool", "tool_call_id": result.call_id, "content": output}
+                out.messages.append(tool)
+            else:  # its call left the window: its output as text
+                said = f"[output of call {result.call_id}]\n{output}"
+                out.messages.append({"role": "user", "content": said})
         elif head.type not in ("reasoning", "compaction"):  # another provider's: its issuer's
             raise InvalidInput(
                 f"An item of type {head.type!r} cannot be sent to a Chat Completions model.",

@@ -408,3 +408,20 @@ async def _found_after(url: str, cid: uuid.UUID) -> None:
             assert await found(client, {}, **query) == [str(cid)], query
         assert await found(client, {}, q="harbour") == []
         assert await found(client, {}, **{"metadata[team]": "red"}) == []
+
+
+async def test_an_erased_response_is_found_by_none_of_its_words(
+    make_client: ClientFactory,
+) -> None:
+    """DELETE of a stored response outside any conversation of its client erases what only it
+    held: a search for one of its words finds nothing afterwards (its words stayed among the
+    terms of the conversation that held it, which a search still found)."""
+    async with make_client() as client:
+        made = await client.post(
+            "/v1/responses", json={"model": "fake-llm", "input": "my zebra42 passport"}
+        )
+        assert made.status_code == 200, made.text
+        assert len(await found(client, {}, q="zebra42")) == 1
+        erased = await client.delete(f"/v1/responses/{made.json()['id']}")
+        assert erased.status_code == 200, erased.text
+        assert await found(client, {}, q="zebra42") == []

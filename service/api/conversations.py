@@ -10,7 +10,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.deps import Api, Caller
 from service.api.errors import WRITE_ERRORS
-from service.api.finding import MAX_Q_CHARS, Date, finding
+from service.api.finding import FILTERS, Filters
 from service.api.headers import (
     IdempotencyKey,
     IfMatch,
@@ -47,22 +47,6 @@ MAX_PAGE_TURNS = 200
 MAX_PAGE_BYTES = 1024 * 1024  # of message text: what one read may hold in memory
 
 Limit = Annotated[int, QueryParameter(ge=1, le=100, description="Page size (1-100).")]
-# What finding.py takes, as far as a schema can say it: no NUL, and q with a letter or digit.
-Model = Annotated[
-    str | None,
-    QueryParameter(
-        description="A model a turn used.", min_length=1, max_length=256, pattern=r"^[^\u0000]+$"
-    ),
-]
-Words = Annotated[
-    str | None,
-    QueryParameter(
-        description="Words of the transcript (all of them, whole words, case-folded).",
-        min_length=1,
-        max_length=MAX_Q_CHARS,
-        pattern=r"^[^\u0000]*[A-Za-z0-9][^\u0000]*$",
-    ),
-]
 TurnLimit = Annotated[
     int,
     QueryParameter(
@@ -107,21 +91,12 @@ class ConversationController(Controller):
             "`updated_before` (RFC 3339), `q` (words of the transcript, all of them, whole "
             "words, case-folded). Each is served by an index. An unknown parameter is 400.",
         ),
+        dependencies={"filters": FILTERS},
     )
     async def page(
-        self,
-        request: Request[Any, Any, Any],
-        api: Caller,
-        limit: Limit = 20,
-        after: After = None,
-        model: Model = None,
-        q: Words = None,
-        created_after: Date = None,
-        created_before: Date = None,
-        updated_after: Date = None,
-        updated_before: Date = None,
+        self, api: Caller, filters: Filters, limit: Limit = 20, after: After = None
     ) -> ConversationList:
-        found = await api.cases.conversations.listing(api.owner, limit, after, finding(request))
+        found = await api.cases.conversations.listing(api.owner, limit, after, filters)
         return ConversationList.of(*found)
 
     @get(

@@ -11,8 +11,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Controller, Request, get
+from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIFormat
-from litestar.params import QueryParameter
+from litestar.params import QueryParameter, SkipValidation
 
 from service.api.deps import Caller
 from service.api.routes import route
@@ -35,6 +36,24 @@ Date = Annotated[
     str | None,
     QueryParameter(
         description="RFC 3339, e.g. 2026-01-31T00:00:00Z.", format=OpenAPIFormat.DATE_TIME
+    ),
+]
+
+
+# What finding.py takes, as far as a schema can say it: no NUL, and q with a letter or digit.
+Model = Annotated[
+    str | None,
+    QueryParameter(
+        description="A model a turn used.", min_length=1, max_length=256, pattern=r"^[^\u0000]+$"
+    ),
+]
+Words = Annotated[
+    str | None,
+    QueryParameter(
+        description="Words of the transcript (all of them, whole words, case-folded).",
+        min_length=1,
+        max_length=MAX_Q_CHARS,
+        pattern=r"^[^\u0000]*[A-Za-z0-9][^\u0000]*$",
     ),
 ]
 
@@ -89,6 +108,24 @@ def finding(request: Request[Any, Any, Any]) -> Finding | None:
         raise InvalidInput(f"At most {MAX_PAIRS} metadata filters.", param="metadata")
     asked = {k: v for k, v in found.items() if v is not None}
     return Finding(metadata=tuple(pairs), **asked) if pairs or asked else None
+
+
+def _listed(
+    request: Request[Any, Any, Any],
+    model: Model = None,
+    q: Words = None,
+    created_after: Date = None,
+    created_before: Date = None,
+    updated_after: Date = None,
+    updated_before: Date = None,
+) -> Finding | None:
+    """The listing's filters as one value (its parameters named here, as the schema shows
+    them; read by ``finding``, which names any it does not know)."""
+    return finding(request)
+
+
+FILTERS = Provide(_listed, sync_to_thread=False)
+Filters = NamedDependency[SkipValidation[Finding | None]]
 
 
 class UsageLine(msgspec.Struct):

@@ -40,20 +40,25 @@ Date = Annotated[
 ]
 
 
-# What finding.py takes, as far as a schema can say it: no NUL, and q with a letter or digit.
+# What ``finding`` takes, as far as a schema can say it (no NUL; q with a letter or digit):
+# said in the schema only, so that what it refuses is refused by ``finding``, with its own
+# message naming the parameter (Litestar's would quote the pattern).
 Model = Annotated[
     str | None,
     QueryParameter(
-        description="A model a turn used.", min_length=1, max_length=256, pattern=r"^[^\u0000]+$"
+        description="A model a turn used.",
+        schema_extra={"minLength": 1, "maxLength": 256, "pattern": r"^[^\u0000]+$"},
     ),
 ]
 Words = Annotated[
     str | None,
     QueryParameter(
         description="Words of the transcript (all of them, whole words, case-folded).",
-        min_length=1,
-        max_length=MAX_Q_CHARS,
-        pattern=r"^[^\u0000]*[A-Za-z0-9][^\u0000]*$",
+        schema_extra={
+            "minLength": 1,
+            "maxLength": MAX_Q_CHARS,
+            "pattern": r"^[^\u0000]*[A-Za-z0-9][^\u0000]*$",
+        },
     ),
 ]
 

@@ -20,16 +20,20 @@ from uuid import UUID
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store.postgres.statements import FREE_TURN, TAKE_TURN_CALL
+from service.store.postgres.statements import FREE_TURN, NO_SYNC_WAIT, TAKE_TURN_CALL
 from service.store.postgres.tx import Params, driver, grouped, sql, written
 
 TAKE = sql(f"SELECT taken FROM {TAKE_TURN_CALL}")
 FREE = sql(FREE_TURN)
 # By owner (the distribution column) and holder (a turn's, so of one owner): on Citus made
 # once per owner, routed to the owner's worker (Adapter.each_group).
-RENEW = sql("""
-    UPDATE owner_turns SET until = CAST(:until AS timestamptz)
-    WHERE owner = ANY(CAST(:owners AS text[])) AND holder = ANY(CAST(:holders AS uuid[]))
+RENEW = sql(f"""
+    WITH r AS (
+        UPDATE owner_turns SET until = CAST(:until AS timestamptz)
+        WHERE owner = ANY(CAST(:owners AS text[])) AND holder = ANY(CAST(:holders AS uuid[]))
+        RETURNING holder
+    )
+    SELECT r.holder, {NO_SYNC_WAIT} FROM r
 """)
 CITUS = sql("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
 

@@ -266,11 +266,16 @@ RELEASE_LEASE = """
     WHERE id = :cid AND lease_holder = :holder
     RETURNING lease_wanted
 """
-# This process's leases renewed until :until (a holder is one turn's: of one conversation).
-RENEW_LEASES = """
-    UPDATE conversations SET lease_expires_at = CAST(:until AS timestamptz)
-    WHERE id = ANY(CAST(:cids AS uuid[])) AND lease_holder = ANY(CAST(:holders AS uuid[]))
-    RETURNING id
+# This process's leases renewed until :until (a holder is one turn's: of one conversation);
+# a lease write, so not waited for (NO_SYNC_WAIT: with a slow or paused standby, renewals that
+# waited held the pool's connections the turns' commits needed).
+RENEW_LEASES = f"""
+    WITH r AS (
+        UPDATE conversations SET lease_expires_at = CAST(:until AS timestamptz)
+        WHERE id = ANY(CAST(:cids AS uuid[])) AND lease_holder = ANY(CAST(:holders AS uuid[]))
+        RETURNING id
+    )
+    SELECT r.id, {NO_SYNC_WAIT} FROM r
 """
 # Topics to wake once a commit is done.
 WAKE = f"""

@@ -125,9 +125,11 @@ def refused_valid_data(case: schemathesis.Case, response: Any) -> bool:
     fork = case.operation.label.endswith("/fork") and "at_revision must be" in response.text
     # JSON Schema counts 1.0 as an integer; an integer field here takes JSON integers only.
     integral_float = "Expected `int`, got `float`" in response.text
-    # Nor "from before to, at most 366 days apart" (GET /api/v1/usage).
+    # Nor "from before to, at most 366 days apart" (GET /api/v1/usage), nor "q holds a word
+    # (a letter or digit of any script)".
     usage_range = "from must be before to" in response.text
-    refused = cursor or openai or fork or integral_float or usage_range
+    no_word = "q has no word to search for" in response.text
+    refused = cursor or openai or fork or integral_float or usage_range or no_word
     return response.status_code == 400 and not refused
 
 

@@ -425,3 +425,37 @@ async def test_an_erased_response_is_found_by_none_of_its_words(
         erased = await client.delete(f"/v1/responses/{made.json()['id']}")
         assert erased.status_code == 200, erased.text
         assert await found(client, {}, q="zebra42") == []
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["clear", "encrypted"])
+async def test_a_removed_item_is_found_by_none_of_its_words(
+    database_url: str, tmp_path: Path, encrypted: bool
+) -> None:
+    """DELETE .../items/{latest} takes its words out of the conversation's search terms (they
+    stayed, so a search for a removed secret still found the conversation); the words of what
+    it still holds, and its metadata, find it as before."""
+    keys = {"encryption_keys_file": keys_file(tmp_path, "k1")} if encrypted else {}
+    config = Settings(database_url=database_url, **keys, **JWT_SETTINGS)
+    async with (
+        serve(create_app(config, provider=FakeProvider())) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+    ):
+        made = await client.post(
+            "/v1/conversations",
+            json={"metadata": {"team": "okapi"}, "items": [{"role": "user", "content": "kept"}]},
+            headers=ALICE,
+        )
+        conv = made.json()["id"]
+        added = await client.post(
+            f"/v1/conversations/{conv}/items",
+            json={"items": [{"role": "user", "content": "my zebra42 passport"}]},
+            headers=ALICE,
+        )
+        assert added.status_code == 200, added.text
+        assert await found(client, ALICE, q="zebra42") == [plain_id(conv)]
+        latest = added.json()["data"][-1]["id"]
+        removed = await client.delete(f"/v1/conversations/{conv}/items/{latest}", headers=ALICE)
+        assert removed.status_code == 200, removed.text
+        assert await found(client, ALICE, q="zebra42") == []
+        assert await found(client, ALICE, q="kept") == [plain_id(conv)]
+        assert await found(client, ALICE, **{"metadata[team]": "okapi"}) == [plain_id(conv)]

@@ -22,9 +22,10 @@ from service.core.model import (
     LeaseRequest,
     Precondition,
     Removal,
+    Turn,
 )
 from service.core.plans import check_precondition
-from service.store.postgres import commit, run_statements
+from service.store.postgres import commit, run_statements, terms
 from service.store.postgres import idempotency as idem
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.places import release
@@ -180,7 +181,19 @@ class PostgresHistory:
         )
         await sql.turn_move.execute(conn, moved | {"created_at": row["turn_created_at"]})
         done = await sql.rewritten.fetchrow(conn, {"cid": cid})
+        await self._search_again(conn, codec, done)
         return codec.info(done), last_turn.replay_items[-1]
+
+    async def _search_again(
+        self, conn: asyncpg.Connection, codec: Rows, done: asyncpg.Record
+    ) -> None:
+        """The conversation's search terms made again from what it holds now: the removed
+        item's words find it no more (sealed, each turn is opened for its words' digests)."""
+        cid, sealed = codec.conversation_id, list[Turn]()
+        if codec.key is not None:
+            rows = await self._db.sql.fork_turns.fetch(conn, {"src": cid, "at": done["revision"]})
+            sealed = [codec.turn(row) for row in rows]
+        await terms.rebuild(self._db, conn, cid, codec.key, sealed, codec.metadata(done))
 
     async def delete_response(
         self, removal: Removal, revision: int, *, erase: bool = False

@@ -182,7 +182,9 @@ def test_adding_a_worker_and_rebalancing_under_load_loses_no_turn(tmp_path: Path
                 )
                 assert state == "finished", state
                 measured["moves"] = await conn.fetchval(
-                    "SELECT count(*) FROM pg_dist_background_task WHERE job_id = $1", job
+                    "SELECT count(*) FROM pg_dist_background_task WHERE job_id = $1"
+                    " AND command LIKE '%citus_move_shard_placement%'",
+                    job,
                 )
                 measured["on_new"] = await conn.fetchval(GROUPS_ON, new.port)
             finally:
@@ -205,7 +207,7 @@ def test_adding_a_worker_and_rebalancing_under_load_loses_no_turn(tmp_path: Path
         print(
             f"\nrebalance under load: {load.requests} requests, {load.acks()} acknowledged,"
             f" errors {dict(load.errors())}, {checked} turns checked; rebalance"
-            f" {measured['rebalance_s']:.1f} s, {measured['moves']:.0f} moves"
+            f" {measured['rebalance_s']:.1f} s, {measured['moves']:.0f} shard group moves"
             f" ({measured['on_new']:.0f} shard groups on the new worker),"
             f" {measured['during_requests']:.0f} requests and {measured['during_acks']:.0f}"
             f" acknowledged meanwhile; replicas up {loaded_s:.1f} s"

@@ -148,7 +148,10 @@ class Leases:
 
     async def commit(self, append: Append) -> Commit:
         """The turn's commit (History.append), which gives its lease and its place back in
-        its own statement (the caller then marks its ``Held.committed``)."""
+        its own statement (the caller then marks its ``Held.committed``). From now on the lease
+        may be gone at any moment: a renewal that misses it does not report it lost."""
+        if append.lease is not None:
+            self._keeper.releasing(append.lease)
         return await self._history.append(append)
 
     @asynccontextmanager
@@ -337,6 +340,7 @@ class _Keeper:
         self._lease_s = lease_s
         self._held: dict[uuid.UUID, uuid.UUID] = {}  # holder -> conversation
         self._counted: dict[uuid.UUID, str] = {}  # holder -> owner (OWNER_MAX_RUNNING_TURNS)
+        self._releasing: set[uuid.UUID] = set()  # held leases whose commit gives them back
         self.abandoned: set[tuple[uuid.UUID, uuid.UUID]] = set()  # (conversation, holder)
         self._refusals: set[str | None] = set()  # SQLSTATEs of hopeless releases, logged
         self.refused: set[tuple[uuid.UUID, uuid.UUID]] = set()  # releases never retried
@@ -354,6 +358,13 @@ class _Keeper:
 
     def discard(self, holder: uuid.UUID) -> None:
         self._held.pop(holder, None)
+        self._releasing.discard(holder)
+
+    def releasing(self, holder: uuid.UUID) -> None:
+        """The lease's commit is on its way: still renewed (a commit can be slow), but not
+        missed when a renewal finds it given back."""
+        if holder in self._held:
+            self._releasing.add(holder)
 
     def count(self, owner: str, holder: uuid.UUID) -> None:
         """A place among the owner's running turns, renewed with the leases."""
@@ -424,7 +435,16 @@ class _Keeper:
         except StorageError:
             log.warning("could not renew %d turn leases; they expire if this lasts", len(leases))
             return
-        # A lease released while its renewal was on the way is not lost.
-        lost = len(set(self._held.values()) - renewed)
+        # Lost: a lease renewed for a turn that still holds it here, not given back by its
+        # commit, and not found. Not a lease taken while the renewal was on its way (it was
+        # not in it), nor one released or committed meanwhile, nor one whose conversation's
+        # next turn here took it after its own (another holder).
+        lost = sum(
+            1
+            for cid, holder in leases
+            if cid not in renewed
+            and self._held.get(holder) == cid
+            and holder not in self._releasing
+        )
         if lost:
             log.warning("%d turn leases were lost (expired and taken over)", lost)

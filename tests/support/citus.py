@@ -1,4 +1,5 @@
-"""A local Citus cluster for the tests: a coordinator and two workers on loopback ports.
+"""A local Citus cluster for the tests: a coordinator and workers (two unless asked) on loopback
+ports.
 
 Citus is an external engine here, as PostgreSQL is: `make citus-deps` builds it into the
 system PostgreSQL 15 (`/work/shared/citus/build.sh`, as root with apt-get). Missing, the
@@ -157,9 +158,21 @@ def stop(node: Node) -> None:
 def restarted(node: Node) -> Iterator[Node]:
     """A stopped node started again on its data directory and port (the coordinator knows it
     by them), ready; stopped on the way out."""
-    with _node(node.data_dir, _run_as_ids(), port=node.port) as again:
-        asyncio.run(_wait_ready(CitusCluster(again, ())))
+    with started_again(node) as again:
+        asyncio.run(ready(again))
         yield again
+
+
+@contextmanager
+def started_again(node: Node) -> Iterator[Node]:
+    """``restarted`` from a running event loop, not waited for (``ready`` waits). On the
+    calling thread: the node gets SIGQUIT when the thread that started it ends."""
+    with _node(node.data_dir, _run_as_ids(), port=node.port) as again:
+        yield again
+
+
+async def ready(node: Node) -> None:
+    await _wait_ready(CitusCluster(node, ()))
 
 
 @contextmanager
@@ -225,13 +238,14 @@ async def _wait_ready(cluster: CitusCluster) -> None:
 
 
 @contextmanager
-def citus_database(cluster: CitusCluster) -> Iterator[str]:
-    """A new database on every node with Citus in it and the workers added: the URL of the
-    coordinator's, dropped on the way out."""
+def citus_database(cluster: CitusCluster, workers: int | None = None) -> Iterator[str]:
+    """A new database on every node with Citus in it and the workers added (``workers``: the
+    first that many only, the others ready for a test to add): the URL of the coordinator's,
+    dropped on the way out."""
     name = f"turnstore_test_{uuid.uuid4().hex[:12]}"
     asyncio.run(_each(cluster.nodes, f'CREATE DATABASE "{name}"'))
     try:
-        asyncio.run(_form(cluster, name))
+        asyncio.run(_form(cluster, name, cluster.workers[:workers]))
         yield cluster.coordinator.url(name)
     finally:
         asyncio.run(_each(cluster.nodes, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -248,13 +262,13 @@ async def _each(nodes: tuple[Node, ...], statement: str, database: str = "postgr
     await asyncio.gather(*(run(node) for node in nodes))
 
 
-async def _form(cluster: CitusCluster, database: str) -> None:
+async def _form(cluster: CitusCluster, database: str, workers: tuple[Node, ...]) -> None:
     await _each(cluster.nodes, "CREATE EXTENSION citus", database)
     conn = await asyncpg.connect(cluster.coordinator.dsn(database))
     try:
         coordinator = cluster.coordinator.port
         await conn.execute("SELECT citus_set_coordinator_host('127.0.0.1', $1)", coordinator)
-        for worker in cluster.workers:
+        for worker in workers:
             await conn.execute("SELECT citus_add_node('127.0.0.1', $1)", worker.port)
     finally:
         await conn.close()

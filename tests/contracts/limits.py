@@ -153,7 +153,8 @@ async def test_a_turn_that_ends_without_its_commit_gives_its_place_back(
     api = FakeResponsesAPI()
     failed = Script(http_status=500, error_code="server_error")
     filtered = Script(status="incomplete", incomplete_reason="content_filter")
-    api.then(Script(), failed, failed, filtered, failed, Script(gate=asyncio.Event()), Script())
+    held = Script(gate=asyncio.Event())  # the background turn's: never answered
+    api.then(Script(), failed, failed, filtered, failed, held, Script())
     alice = jwt_bearer("alice")
     settings: dict[str, Any] = {"owner_max_running_turns": 1, **JWT_SETTINGS}
     async with make_client(provider=api.provider(), **settings) as client:
@@ -167,6 +168,9 @@ async def test_a_turn_that_ends_without_its_commit_gives_its_place_back(
         assert streamed.status_code == 200 and "event: error" in streamed.text
         background = await client.post(CHAT, json={**warm, "background": True}, headers=alice)
         turn_id = background.json()["turn_id"]
+        # Cancelled while the provider works on it (cancelled before it asked, it left the
+        # held answer to the next turn, which then waited on it forever).
+        await asyncio.wait_for(held.started.wait(), 10)
         cancelled = await client.post(f"{TURNS}/{turn_id}/cancel", headers=alice)
         assert cancelled.json()["status"] == "cancelled", cancelled.text
         done = await client.post(CHAT, json=warm, headers=alice)

@@ -545,6 +545,24 @@ async def test_the_listing_finds_by_words_model_metadata_and_dates_the_owners_al
     assert await ids(metadata=(("k", "other"),), q="kiwi") == {tagged.id}
 
 
+async def test_an_address_a_host_or_a_path_is_found_whole_and_by_each_of_its_words(
+    contract_store: AnyStore,
+) -> None:
+    """Whatever the backend, in clear or not: PostgreSQL's parser keeps an e-mail address or a
+    host whole, where the process (sealed terms, the in-memory store) finds words; both find
+    it, in the conversation and in its fork (whose terms are made again)."""
+    store = contract_store
+    a = uuid.uuid4()
+    text_ = "Write to Bob@example.com, see docs.example.org/a/b"
+    await store.history.append(Append(a, said(text_), 0, owner="erin"))
+    fork = await store.edits.fork(a, "erin", 1)
+    for q in ("example", "bob@example.com", "docs", "org", "b"):
+        page, _ = await store.reads.list_conversations("erin", 10, None, Finding(q=q))
+        assert {s.id for s in page} == {a, fork.id}, q
+    page, _ = await store.reads.list_conversations("erin", 10, None, Finding(q="exam"))
+    assert page == []
+
+
 async def test_usage_sums_each_committed_turns_usage_by_key(contract_store: AnyStore) -> None:
     store = contract_store
     a, b = uuid.uuid4(), uuid.uuid4()

@@ -408,13 +408,16 @@ SEARCH_PAIRS = """
 # words of sealed turns and the metadata pairs, made by the process).
 TERM = """'_' || {kind} || left(encode(sha256(convert_to({kind} || ':' || {value}, 'UTF8')),
     'hex'), 32)"""
-SEARCH_REBUILD = f"""
-    UPDATE conversations SET search = strip(to_tsvector('simple', coalesce((
+SAID = """coalesce((
             SELECT string_agg(concat_ws(' ', t.user_message, t.assistant_message, (
                 SELECT string_agg(e.value ->> 1, ' ') FROM json_array_elements(t.transcript) AS e
             )), ' ')
             FROM turns t WHERE t.conversation_id = :cid AND t.sealed_user_message IS NULL
-        ), '')))
+        ), '')"""
+# (and the words of what the parser keeps whole, split where core/search.py searchable does)
+SEARCH_REBUILD = f"""
+    UPDATE conversations SET search = strip(to_tsvector('simple', {SAID})
+            || to_tsvector('simple', regexp_replace({SAID}, '[@./:]+', ' ', 'g')))
         || array_to_tsvector(coalesce((
             SELECT array_agg(DISTINCT {TERM.format(kind="'o'", value="t.model")})
             FROM turns t WHERE t.conversation_id = :cid AND t.model IS NOT NULL), '{{}}'))

@@ -22,6 +22,7 @@ from service.core.search import (
     Finding,
     clear_term,
     pair_value,
+    searchable,
     turn_text,
     words,
 )
@@ -43,7 +44,7 @@ def turn_terms(key: DataKey | None, turns: Iterable[Turn]) -> Params:
     models = {clear_term(MODEL, t.origin.model) for t in turns if t.origin is not None}
     text = " ".join(turn_text(turn) for turn in turns)
     if key is None:
-        return {"text": text, "terms": sorted(models)}
+        return {"text": searchable(text), "terms": sorted(models)}
     return {"text": None, "terms": sorted(models | {key.term(WORD, w) for w in words(text)})}
 
 

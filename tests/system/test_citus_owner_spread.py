@@ -24,16 +24,15 @@ KEYS = itertools.count()
 
 def test_a_worker_down_stops_only_the_owners_conversations_placed_on_it() -> None:
     require_citus()
-    with citus_cluster() as cluster, citus_database(cluster) as url:
+    with citus_cluster() as cluster, ExitStack() as later, citus_database(cluster) as url:
         migrate.upgrade(url)
         asyncio.run(distribute(url, shard_count=8))
         on = asyncio.run(_conversations_on_both_workers(url))  # one owner: every client's
         assert set(on.values()) == {worker.port for worker in cluster.workers}, on
         for down in cluster.workers:
-            with ExitStack() as later:
-                stop(down)
-                later.enter_context(restarted(down))
-                answers = asyncio.run(_turns(url, on))
+            stop(down)
+            answers = asyncio.run(_turns(url, on))
+            later.enter_context(restarted(down))
             for cid, port in on.items():
                 got = answers[cid]
                 if port == down.port:

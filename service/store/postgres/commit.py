@@ -49,8 +49,8 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
     folded = await db.places.folded()
     # One statement (a function, on Citus sent whole to the conversation's worker; with an
     # Idempotency-Key run on the coordinator, where the key is, its statements on the
-    # conversation routed to that worker), unless the turn makes its fork: a transaction then,
-    # over the source's group and the fork's.
+    # conversation routed to that worker: statements.ON_COORDINATOR), unless the turn makes
+    # its fork: a transaction then, over the source's group and the fork's.
     one = append.fork_of is None
     if one and run is not None:
         params.update(_run_end(db, run, revision, codec.key))

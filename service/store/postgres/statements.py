@@ -201,12 +201,12 @@ COMMIT_RUN_CALL = f"""
 """
 COMMIT_RUN_COUNTED = f"WITH freed AS ({FREE_TURN}) {COMMIT_RUN_CALL}"
 # On Citus, a commit that completes an Idempotency-Key runs on the coordinator, where the keys
-# are (placement.py): Citus sends a function call to a worker only when it is the whole
-# statement, without a WHERE (planner/function_call_delegation.c), so with one the function
-# runs on the coordinator and routes its statements on the conversation to its worker. The
-# transaction then writes that worker and the coordinator's own table: one worker, no
-# two-phase commit (deploy/SCALE-OUT.md, "Each owner's rows").
-ON_COORDINATOR = " WHERE true"
+# are (placement.py): Citus sends a distributed function's call to its worker when the call is
+# the statement's whole query (a WHERE does not stop it, measured), so the call is a CTE of its
+# own, planned apart: the function runs on the coordinator and routes its statements on the
+# conversation to its worker. The transaction writes that one worker and the coordinator's own
+# table: no two-phase commit (deploy/SCALE-OUT.md, "Each owner's rows").
+ON_COORDINATOR = "WITH here AS MATERIALIZED ({}) SELECT * FROM here"
 # Why a commit found no row: the conversation is gone, or it moved on.
 EXISTS = f"SELECT 1 FROM conversations WHERE {THE_CONVERSATION}"
 
@@ -657,8 +657,8 @@ class Statements:
         self.commit_run = {counted: compiled(COMMIT_RUN_COUNTED if counted else COMMIT_RUN_CALL)
                            for counted in (False, True)}  # fmt: skip
         # Keyed, on Citus (not counted there): on the coordinator.
-        self.commit_keyed = compiled(COMMIT + ON_COORDINATOR)
-        self.commit_run_keyed = compiled(COMMIT_RUN_CALL + ON_COORDINATOR)
+        self.commit_keyed = compiled(ON_COORDINATOR.format(COMMIT))
+        self.commit_run_keyed = compiled(ON_COORDINATOR.format(COMMIT_RUN_CALL))
         self.idle_s = retention_days * 86_400 if retention_days else None  # for the commit
         self.exists = compiled(EXISTS)
         self.release_lease = compiled(RELEASE_LEASE)

@@ -206,8 +206,17 @@ def kinds(made: Conversations) -> dict[str, Callable[[Replica], Awaitable[None]]
     async def idempotent(r: Replica) -> None:
         r.held()
         body = {"message": "hi", "conversation_id": made.chat}
-        key = {"Idempotency-Key": f"k-{time.monotonic_ns()}"}
-        await _ok(await r.client.post(CHAT, json=body, headers=key))
+        await _ok(await r.client.post(CHAT, json=body, headers=_key()))
+
+    async def idempotent_new(r: Replica) -> None:
+        r.held()
+        await _ok(await r.client.post(CHAT, json={"message": "hello"}, headers=_key()))
+
+    async def idempotent_streamed(r: Replica) -> None:
+        r.held()
+        body = {"message": "hi", "conversation_id": made.chat}
+        names = await _sse(r.client, "POST", STREAM, json=body, headers=_key())
+        assert names[-1] == "message.done", names
 
     async def in_background(r: Replica) -> None:
         r.held()
@@ -270,13 +279,16 @@ def kinds(made: Conversations) -> dict[str, Callable[[Replica], Awaitable[None]]
         "/v1": v1,
         "/v1 streamed": v1_streamed,
         "/v1 chained (previous_response_id)": v1_chained,
-        # Its key lives on its owner's worker (deploy/SCALE-OUT.md): a two-phase commit when
-        # that is not the conversation's.
-        IDEMPOTENT: idempotent,
+        # Their keys live on the coordinator (deploy/SCALE-OUT.md, "Each owner's rows"): the
+        # commit completes the key there, and writes the conversation's worker only.
+        "plain with an Idempotency-Key": idempotent,
+        "new conversation with an Idempotency-Key": idempotent_new,
+        "streamed /api/v1 with an Idempotency-Key": idempotent_streamed,
     }
 
 
-IDEMPOTENT = "plain with an Idempotency-Key"
+def _key() -> dict[str, str]:
+    return {"Idempotency-Key": f"k-{time.monotonic_ns()}"}
 
 
 async def measure_all(url: str, held_s: float = HELD_S, **settings: Any) -> dict[str, Cost]:

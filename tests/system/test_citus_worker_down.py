@@ -16,7 +16,6 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from service.app import create_app
-from service.core.model import ANONYMOUS
 from service.platform import migrate
 from service.platform.settings import Settings
 from service.providers.fake import FakeProvider
@@ -44,10 +43,9 @@ def test_worker_down_and_back(caplog: pytest.LogCaptureFixture) -> None:
         migrate.upgrade(url)
         asyncio.run(distribute(url, shard_count=8))
         on = asyncio.run(_conversations_on_both_workers(url))
-        # Not the worker of the owner's own rows (its running turns): with that one down,
-        # every turn of the owner fails (the runbook says so), which shows nothing here.
-        owner_at = asyncio.run(_where(url, "owner_turns", ANONYMOUS))
-        (down,) = [w for w in cluster.workers if w.port != owner_at]
+        # Either worker: the owner's own rows are the coordinator's (test_citus_owner_spread.py
+        # stops each in turn).
+        down = cluster.workers[-1]
         stop(down)
 
         answers = asyncio.run(_turns(url, on))

@@ -27,10 +27,13 @@ from service.store.postgres.placement import (
     FUNCTIONS,
     PLACEMENT,
     Coordinator,
+    CoordinatorFunction,
     Distributed,
+    DistributedFunction,
     Reference,
     Refused,
     distribute,
+    status,
 )
 from tests.conftest import CITUS_SHARD_COUNT
 from tests.support.citus import CitusCluster, citus_database
@@ -186,7 +189,6 @@ def test_distribute_places_every_table_as_written(citus_url: str) -> None:
             method, column, group = placed[table]
             assert (method, column) == ("h", where.column), table
             assert group == placed[_group(table)][2], table
-    assert placed["idempotency_keys"][2] != placed["conversations"][2]
     kept = {
         (table, key.name)
         for table, where in PLACEMENT.items()
@@ -338,3 +340,58 @@ OLD_COMMIT = (
     " '[]', NULL, NULL, NULL, 1, NULL, NULL, 'completed', NULL, NULL, NULL, NULL, NULL, NULL,"
     " NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
 )
+
+
+# Each owner's rows as the releases before issue 44 placed them: on a worker, by owner.
+BY_OWNER = {
+    "idempotency_keys": Distributed("owner", colocate_with="none", primary_key=("owner", "key")),
+    "owner_forks": Distributed(
+        "owner", colocate_with="idempotency_keys", primary_key=("owner", "conversation_id")
+    ),
+    "owner_turns": Distributed(
+        "owner", colocate_with="idempotency_keys", primary_key=("owner", "place")
+    ),
+}
+TAKE_TURN = FUNCTIONS["turnstore_take_turn"]
+SENT_TO_WORKER = (
+    "SELECT distribution_argument_index AS argument FROM pg_catalog.pg_dist_object"
+    " WHERE classid = 'pg_proc'::regclass AND objid = $1::regprocedure"
+)
+
+
+def test_distribute_takes_each_owners_rows_back_to_the_coordinator(citus: CitusCluster) -> None:
+    """A cluster placed by a release before issue 44 (each owner's rows on a worker, its
+    running turns' function sent there): the next `db distribute` makes them the coordinator's
+    own tables again, their rows kept, and the function runs where it is called; `db status`
+    said so before, and says nothing after; a third run has nothing to do."""
+    assert isinstance(TAKE_TURN, CoordinatorFunction)
+    old = {t: BY_OWNER.get(t, p) for t, p in PLACEMENT.items()}
+    by_owner = DistributedFunction(TAKE_TURN.signature, "p_owner", "idempotency_keys")
+    with citus_database(citus) as url:
+        migrate.upgrade(url)
+        asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT, placement=old,
+                               functions={**FUNCTIONS, "turnstore_take_turn": by_owner}))  # fmt: skip
+        assert set(BY_OWNER) <= set(placement_of(url))
+        fetch(
+            url,
+            "INSERT INTO idempotency_keys (owner, key, request_hash, state, created_at,"
+            " expires_at) VALUES ('alice', 'k', 'h', 'running', now(), now() + interval '1 h')",
+        )
+        assert set(asyncio.run(status(url)).misplaced or {}) == {*BY_OWNER, "turnstore_take_turn()"}
+        done = asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT)).splitlines()
+        assert [line.split(",")[0] for line in done[:3]] == [
+            f"{table}: a plain table on the coordinator again" for table in BY_OWNER
+        ]
+        assert "turnstore_take_turn(): runs on the coordinator (no longer sent to a worker)" in done
+        assert not set(BY_OWNER) & set(placement_of(url))
+        assert [row["argument"] for row in fetch(url, SENT_TO_WORKER, TAKE_TURN.signature)] in (
+            [], [None]
+        )  # fmt: skip
+        assert [tuple(r) for r in fetch(url, "SELECT owner, key FROM idempotency_keys")] == [
+            ("alice", "k")
+        ]
+        taken = "SELECT taken FROM turnstore_take_turn('alice', gen_random_uuid(), now(),"
+        assert fetch(url, taken + " now() + interval '1 min', 1)")[0]["taken"] is True
+        assert asyncio.run(status(url)).ok
+        again = asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT))
+        assert again == "every table is placed already: nothing to do"

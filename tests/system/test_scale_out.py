@@ -21,6 +21,8 @@ from service.core.model import Append, LeaseRequest, Turn
 from service.platform.db import create_engine
 from service.store.postgres import PostgresStore, StoreConfig, running_turns
 from service.store.postgres import idempotency as idem
+from service.store.postgres import run_statements as runs
+from service.store.postgres.placement import PLACEMENT, Reference
 from service.store.postgres.rows import Rows
 from service.store.postgres.statements import Statements
 from service.store.postgres.tx import Compiled
@@ -31,18 +33,27 @@ STATEMENTS = Statements(retention_days=30)  # the retention filter included
 HOT_PATH = {
     "load (a cold turn, or a cache revalidation)": STATEMENTS.load,
     # On Citus the lease and the commit leave the running turns' places to their own
-    # statements (the places live on the owner's worker): the variants that do.
+    # statements (the places live on the coordinator: OWNERS_ROWS): the variants that do.
     "lease (lease + revalidate: a turn's first round trip)": STATEMENTS.lease[False],
     "commit of a turn, or of a conversation's first (turnstore_commit)": STATEMENTS.commit[False],
-    "a running turn's place taken (turnstore_take_turn)": running_turns.TAKE,
-    "a running turn's place given back": running_turns.FREE,
     "why a commit found no row": STATEMENTS.exists,
     "lease release": STATEMENTS.release_lease,
     "the check before a streamed turn's stream": STATEMENTS.describe,
     "a transcript page's sizes": STATEMENTS.page_sizes[False],
     "a transcript page's rows": STATEMENTS.page_rows,
 }
+# Each owner's rows are the coordinator's own (placement.py, issue 44): their statements
+# need no worker, so a worker down stops none of them.
+OWNERS_ROWS = {
+    "a running turn's place taken (turnstore_take_turn)": running_turns.TAKE,
+    "a running turn's place given back": running_turns.FREE,
+    "running turns' places renewed": running_turns.RENEW,
+    "an Idempotency-Key claimed": idem.CLAIM,
+    "an Idempotency-Key's record read": idem.EXISTING,
+}
 TASKS = re.compile(r"Task Count: (\d+)")
+SHARD = re.compile(r" on ([a-z_]+)_\d{6}\b")  # a shard scanned: its table's name, its number
+REFERENCE = {t for t, where in PLACEMENT.items() if isinstance(where, Reference)}
 
 
 class Values(dict[str, Any]):
@@ -64,26 +75,35 @@ def values(cid: uuid.UUID) -> Values:
     )  # fmt: skip
 
 
-async def _tasks(url: str, statement: Compiled, params: Values) -> int:
-    """How many tasks (shards) the coordinator plans the statement as."""
+async def _plan(url: str, statement: Compiled, params: Values) -> str:
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
         rows = await conn.fetch(f"EXPLAIN (COSTS OFF) {statement.sql}", *statement.args(params))
     finally:
         await conn.close()
-    plan = "\n".join(row[0] for row in rows)
+    return "\n".join(row[0] for row in rows)
+
+
+def tasks(url: str, statement: Compiled) -> int:
+    """How many tasks (shards) the coordinator plans the statement as."""
+    plan = asyncio.run(_plan(url, statement, values(uuid.uuid4())))
     found = TASKS.findall(plan)
     assert found, f"not a distributed plan:\n{plan}"
     return sum(int(n) for n in found)
 
 
-def tasks(url: str, statement: Compiled) -> int:
-    return asyncio.run(_tasks(url, statement, values(uuid.uuid4())))
-
-
 @pytest.mark.parametrize("name", HOT_PATH)
 def test_every_hot_path_statement_runs_on_one_shard(citus_url: str, name: str) -> None:
     assert tasks(citus_url, HOT_PATH[name]) == 1
+
+
+@pytest.mark.parametrize("name", OWNERS_ROWS)
+def test_each_owners_rows_need_no_worker(citus_url: str, name: str) -> None:
+    """Planned on the coordinator; a shard it reads is a reference table's (the shred's
+    tombstones: a copy on every node, the coordinator's among them)."""
+    plan = asyncio.run(_plan(citus_url, OWNERS_ROWS[name], values(uuid.uuid4())))
+    assert not plan.startswith("Custom Scan (Citus"), plan
+    assert set(SHARD.findall(plan)) <= REFERENCE, plan
 
 
 def test_the_check_fails_on_a_statement_that_fans_out(citus_url: str) -> None:
@@ -132,7 +152,7 @@ async def _fan_out_2pc(url: str) -> int:
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
         before = await _prepared(conn)
-        await conn.execute(idem.EXPIRED.sql)  # a DELETE on every shard of the keys
+        await conn.execute(runs.EXPIRED.sql)  # a DELETE on every shard of the runs
         return await _prepared(conn) - before
     finally:
         await conn.close()

@@ -47,8 +47,10 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
     }
     wake: list[str] = []  # topics to notify once committed
     folded = await db.places.folded()
-    # One statement (a function, on Citus sent whole to the conversation's worker), unless
-    # the turn makes its fork: a transaction then, over the source's group and the fork's.
+    # One statement (a function, on Citus sent whole to the conversation's worker; with an
+    # Idempotency-Key run on the coordinator, where the key is, its statements on the
+    # conversation routed to that worker: statements.ON_COORDINATOR), unless the turn makes
+    # its fork: a transaction then, over the source's group and the fork's.
     one = append.fork_of is None
     if one and run is not None:
         params.update(_run_end(db, run, revision, codec.key))
@@ -62,8 +64,12 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
             }
             if await forks.copy(db, conn, fork, codec.key, counted=False) is None:
                 raise await forks.why_not(db, conn, fork)  # the source went meanwhile
-        statement = db.sql.commit if run is None or not one else db.sql.commit_run
-        row = await statement[folded].fetchrow(conn, params)
+        ended = run is not None and one  # the commit ends the run
+        if folded or append.idempotency is None:
+            statement = (db.sql.commit_run if ended else db.sql.commit)[folded]
+        else:  # on Citus, where the key is: the coordinator
+            statement = db.sql.commit_run_keyed if ended else db.sql.commit_keyed
+        row = await statement.fetchrow(conn, params)
         if row is None:
             raise await _why_not(db, conn, params)
         if row["lease_wanted"]:  # turns wait for the lease this commit released
@@ -72,7 +78,7 @@ async def commit(db: Adapter, append: Append, codec: Rows) -> Commit:
             wake.append(f"events:{run.run_id}")  # its events are followed elsewhere
         if run is not None and not one and await _end_run(db, conn, cid, run, revision, codec.key):
             wake.append(f"events:{run.run_id}")
-    if append.lease is not None and await db.places.apart():  # on the owner's worker
+    if append.lease is not None and await db.places.apart():  # on the coordinator
         with contextlib.suppress(StorageError):  # it stops counting at its ``until``
             await db.places.free(append.owner, append.lease)
     if wake:

@@ -73,7 +73,7 @@ class PostgresHistory:
         if not rows:
             return LeaseAttempt(conversation=None, acquired=False)
         first = rows[0]
-        if first["acquired"] and await places.apart():  # on the owner's worker
+        if first["acquired"] and await places.apart():  # on the coordinator
             first = dict(first) | {"counted": await places.take(owner, ask.holder, ask.lease_s)}
             if not first["counted"]:
                 await release(self._db, conversation_id, ask.holder)

@@ -68,8 +68,8 @@ COMPLETE = sql("""
     RETURNING 1
 """)
 # The claims a replica's writes hold, kept alive while they run (TURN_LEASE_S each).
-# By owner (the distribution column): on Citus made once per owner, routed to the owner's
-# worker (Adapter.each_group). A claim is one attempt's: the keys and claims pair up.
+# By owner: on Citus made once per owner (Adapter.each_group), on the coordinator's own
+# table. A claim is one attempt's: the keys and claims pair up.
 RENEW = sql("""
     UPDATE idempotency_keys SET expires_at = CAST(:until AS timestamptz)
     WHERE owner = ANY(CAST(:owners AS text[])) AND key = ANY(CAST(:keys AS text[]))
@@ -79,7 +79,8 @@ RELEASE_RUN = sql("""
     DELETE FROM idempotency_keys WHERE owner = :owner AND turn_id = :turn_id AND state = 'running'
 """)
 # The keys that committed to a deleted conversation (on plain PostgreSQL its foreign key does
-# this first; on Citus, where keys are placed by owner, there is none: deleting does it).
+# this first; on Citus, where the keys are the coordinator's and the conversations the
+# workers', there is none: deleting does it).
 DELETE_OF = sql("DELETE FROM idempotency_keys WHERE owner = :caller AND conversation_id = :cid")
 EXPIRED = sql("DELETE FROM idempotency_keys WHERE expires_at < now()")
 DELETE_OWNED = sql("DELETE FROM idempotency_keys WHERE owner = :owner")

@@ -113,18 +113,17 @@ PLACEMENT: dict[str, Placement] = {
             " WHERE r.id = e.turn_id AND e.conversation_id IS NULL"
         ),
     ),
-    # Found by (owner, key) before the conversation is known; its foreign key to the
-    # conversation goes (not co-located): deleting a conversation deletes its keys itself.
-    "idempotency_keys": Distributed("owner", colocate_with="none", primary_key=("owner", "key")),
-    # Counted per owner in a fork's transaction (a fork is a two-phase commit anyway).
-    "owner_forks": Distributed(
-        "owner", colocate_with="idempotency_keys", primary_key=("owner", "conversation_id")
+    # Each owner's rows (its Idempotency-Keys, its forks of the minute, its running turns'
+    # places) on the coordinator, which every statement passes through anyway: a statement on
+    # them needs no worker, so a worker down stops only the conversations placed on it, and an
+    # owner's count is one local statement. Placed on a worker by owner (before issue 44), all
+    # an owner's turns failed with that worker down and a turn with a key wrote two workers
+    # (a two-phase commit): deploy/SCALE-OUT.md, "Each owner's rows".
+    "idempotency_keys": Coordinator(
+        "found by (owner, key) before the conversation is known; a keyed commit runs here"
     ),
-    # Each owner's running turns, a place each (turnstore_take_turn): with the owner's other
-    # rows, on one worker (taking a place is never a fan-out).
-    "owner_turns": Distributed(
-        "owner", colocate_with="idempotency_keys", primary_key=("owner", "place")
-    ),
+    "owner_forks": Coordinator("counted per owner in a fork's place"),
+    "owner_turns": Coordinator("each owner's running turns, taken by statements of their own"),
     # Read by a commit on the worker of its conversation (turnstore_commit), written rarely.
     "turnstore_secrets": Reference(),
     "owner_tombstones": Reference(),
@@ -145,8 +144,18 @@ class DistributedFunction:
     colocate_with: str
 
 
+@dataclass(frozen=True)
+class CoordinatorFunction:
+    """A function run where it is called, on the coordinator: never sent to a worker (its
+    tables are the coordinator's own)."""
+
+    signature: str
+
+
+FunctionPlacement = DistributedFunction | CoordinatorFunction
+
 # Every function the migrations make, placed after the tables.
-FUNCTIONS: dict[str, DistributedFunction] = {
+FUNCTIONS: dict[str, FunctionPlacement] = {
     # A turn's commit: the plain turn's one round trip, on one worker, without 2PC (v3 is this
     # release's; the first the previous release's, during a rolling upgrade; v2 that of images
     # built between migrations 0019 and 0021).
@@ -163,11 +172,10 @@ FUNCTIONS: dict[str, DistributedFunction] = {
         )
         for function in (CREATE_RUN, LOG_RUN, END_RUN, COMMIT_RUN)
     },
-    # A turn's place among its owner's running turns: on the worker of the owner's rows.
-    "turnstore_take_turn": DistributedFunction(
-        "turnstore_take_turn(text, uuid, timestamptz, timestamptz, integer)",
-        argument="p_owner",
-        colocate_with="idempotency_keys",
+    # A turn's place among its owner's running turns: where its table is, on the coordinator
+    # (distributed by p_owner before issue 44: `db distribute` takes that back).
+    "turnstore_take_turn": CoordinatorFunction(
+        "turnstore_take_turn(text, uuid, timestamptz, timestamptz, integer)"
     ),
 }
 
@@ -177,7 +185,7 @@ async def distribute(
     *,
     shard_count: int = DEFAULT_SHARD_COUNT,
     placement: dict[str, Placement] | None = None,
-    functions: dict[str, DistributedFunction] | None = None,
+    functions: dict[str, FunctionPlacement] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> str:
     """Place every table of the schema at ``url`` (a Citus coordinator) as ``placement`` says;
@@ -232,7 +240,7 @@ async def _check_server(conn: asyncpg.Connection) -> None:
 async def _check_schema(
     conn: asyncpg.Connection,
     placement: dict[str, Placement],
-    functions: dict[str, DistributedFunction],
+    functions: dict[str, FunctionPlacement],
 ) -> None:
     version = None
     if await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL"):
@@ -258,10 +266,12 @@ async def _functions(conn: asyncpg.Connection) -> list[str]:
 
 
 async def _place_functions(
-    conn: asyncpg.Connection, functions: dict[str, DistributedFunction]
+    conn: asyncpg.Connection, functions: dict[str, FunctionPlacement]
 ) -> list[str]:
     """Each function distributed by its argument, unless it is already (pg_dist_object names
-    its argument's index then)."""
+    its argument's index then); one to run on the coordinator made again if it was sent to a
+    worker (Citus has no call that forgets a function's argument: dropped and made again from
+    its own definition, the same function, not sent anywhere)."""
     done = []
     for name, function in functions.items():
         placed = await conn.fetchval(
@@ -269,6 +279,15 @@ async def _place_functions(
             " WHERE classid = 'pg_proc'::regclass AND objid = $1::regprocedure",
             function.signature,
         )
+        if isinstance(function, CoordinatorFunction):
+            if placed:
+                definition = await conn.fetchval(
+                    "SELECT pg_get_functiondef($1::regprocedure)", function.signature
+                )
+                await conn.execute(f"DROP FUNCTION {function.signature}")
+                await conn.execute(definition)
+                done.append(f"{name}(): runs on the coordinator (no longer sent to a worker)")
+            continue
         if placed:
             continue
         await conn.execute(
@@ -293,6 +312,7 @@ async def _place(
         t: p for t, p in placement.items() if t in tables and not isinstance(p, Coordinator)
     }
     placed = await _placed(conn)
+    done = await _back_to_coordinator(conn, placement, placed, say)
     for table, where in placement.items():
         if table in placed:
             _check_placed(table, where, placed)
@@ -300,7 +320,14 @@ async def _place(
     for table in todo:  # their foreign keys first: those kept come back once all are placed
         for row in await conn.fetch(_FOREIGN_KEYS, table):
             await conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {row['conname']}")
-    done = []
+    # A coordinator's table keeps no foreign key to one on the workers (Citus allows none):
+    # deleting a conversation deletes its Idempotency-Keys itself (idempotency.DELETE_OF).
+    for table in tables & {t for t, p in placement.items() if isinstance(p, Coordinator)}:
+        for row in await conn.fetch(_FOREIGN_KEYS, table):
+            if row["referred"] in on_citus:
+                await conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {row['conname']}")
+                done.append(f"{table}: foreign key {row['conname']} dropped ({row['referred']}"
+                            " is on the workers)")  # fmt: skip
     if todo:
         say(f"placing {len(todo)} tables in one transaction (each locked until it commits)")
     for n, table in enumerate(todo, 1):
@@ -320,13 +347,42 @@ async def _place(
     return done
 
 
-_FOREIGN_KEYS = "SELECT conname FROM pg_constraint WHERE contype = 'f' AND conrelid = $1::regclass"
+_FOREIGN_KEYS = (
+    "SELECT conname, confrelid::regclass::text AS referred FROM pg_constraint"
+    " WHERE contype = 'f' AND conrelid = $1::regclass"
+)
 _CONSTRAINT = "SELECT 1 FROM pg_constraint WHERE conrelid = $1::regclass AND conname = $2"
 _PRIMARY_KEY = (
     "SELECT conname, array(SELECT attname FROM unnest(conkey) WITH ORDINALITY AS k(n, i)"
     " JOIN pg_attribute ON attrelid = conrelid AND attnum = n ORDER BY i) AS columns"
     " FROM pg_constraint WHERE contype = 'p' AND conrelid = $1::regclass"
 )
+
+
+async def _back_to_coordinator(
+    conn: asyncpg.Connection,
+    placement: dict[str, Placement],
+    placed: dict[str, Any],
+    say: Callable[[str], None],
+) -> list[str]:
+    """Tables placed on the workers by a release before, which this one keeps on the
+    coordinator (issue 44: each owner's rows), made plain tables there again, their rows
+    copied back (Citus' undistribute_table); ``placed`` forgets them."""
+    done = []
+    for table, where in placement.items():
+        row = placed.get(table)
+        if not isinstance(where, Coordinator) or row is None or row["partmethod"] != "h":
+            continue
+        rows = await conn.fetchval("SELECT count(*) FROM " + table)
+        say(f"{table}: {rows} rows back to the coordinator...")
+        started = time.monotonic()
+        await conn.execute("SELECT undistribute_table($1)", table)
+        del placed[table]
+        done.append(
+            f"{table}: a plain table on the coordinator again, {rows} rows"
+            f" ({time.monotonic() - started:.1f} s)"
+        )
+    return done
 
 
 async def _placed(conn: asyncpg.Connection) -> dict[str, Any]:
@@ -434,7 +490,10 @@ async def status(url: str) -> CitusStatus:
                 " AND objid = to_regprocedure($1)",
                 function.signature,
             )
-            if argument is None:
+            if isinstance(function, CoordinatorFunction):
+                if argument is not None:
+                    misplaced[f"{name}()"] = "run on the coordinator"
+            elif argument is None:
                 misplaced[f"{name}()"] = (
                     f"distributed by {function.argument} with {function.colocate_with}"
                 )

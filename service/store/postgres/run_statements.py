@@ -35,7 +35,7 @@ RUN_VALUES = """
 CREATE = sql(f"SELECT {CREATE_RUN.call()}")
 # The same, when the run's turn has its place among its owner's running turns (running_turns.py), in
 # the same statement; whether it had (nothing is made when not). Plain PostgreSQL only: on
-# Citus the place is on the owner's worker, taken by a statement of its own before CREATE.
+# Citus the place is on the coordinator, taken by a statement of its own before CREATE.
 CREATE_COUNTED = sql(f"""
     WITH slot AS (
         SELECT taken FROM {TAKE_TURN_CALL}

@@ -102,7 +102,7 @@ class PostgresRunWrites:
             place = {**params, **places.params(run.owner, run.id, heartbeat_s)}
             if not (await self._rows(sql.CREATE_COUNTED, place))[0]["taken"]:
                 return False
-        else:  # Citus: the place first, on the owner's worker
+        else:  # Citus: the place first, on the coordinator
             apart = counted and await places.apart()
             if apart and not await places.take(run.owner, run.id, heartbeat_s):
                 return False

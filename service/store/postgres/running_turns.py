@@ -7,9 +7,10 @@ one, so no more than the limit can run, and turns of one owner never queue for e
 and gives it back when it ends; a replica that dies leaves places that stop counting at their
 ``until`` (renewed while their turns run). On plain PostgreSQL the place is taken and given
 back inside statements the turn makes anyway (its lease, its run's creation, its commit:
-``folded``); on Citus the places live on the owner's worker and those statements run on the
-conversation's, so there the places have statements of their own (the store asks the server
-once which it is).
+``folded``); on Citus the places live on the coordinator (placement.py: a worker down stops
+no other worker's conversations) and those statements run on the conversation's worker, so
+there the places have statements of their own, which need no worker (the store asks the
+server once which it is).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from service.store.postgres.tx import Params, driver, grouped, sql, written
 
 TAKE = sql(f"SELECT taken FROM {TAKE_TURN_CALL}")
 FREE = sql(FREE_TURN)
-# By owner (the distribution column) and holder (a turn's, so of one owner): on Citus made
-# once per owner, routed to the owner's worker (Adapter.each_group).
+# By owner and holder (a turn's, so of one owner): on Citus made once per owner
+# (Adapter.each_group), on the coordinator's own table.
 RENEW = sql(f"""
     WITH r AS (
         UPDATE owner_turns SET until = CAST(:until AS timestamptz)

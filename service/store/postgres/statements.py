@@ -189,7 +189,7 @@ COMMIT = f"""
     FROM {COMMIT_V3.call()}
 """
 # The same, giving the turn's place among its owner's running turns back in the same
-# statement (on Citus, where the place lives on the owner's worker, FREE_TURN follows it).
+# statement (on Citus, where the place lives on the coordinator, FREE_TURN follows it).
 COMMIT_COUNTED = f"WITH freed AS ({FREE_TURN}) {COMMIT}"
 # A durable turn's commit that ends its run, with its last batch (migration 0022): the commit
 # above, then the run's end, in one function, so that on Citus it too runs whole on the
@@ -200,6 +200,13 @@ COMMIT_RUN_CALL = f"""
     FROM {COMMIT_RUN.call()}
 """
 COMMIT_RUN_COUNTED = f"WITH freed AS ({FREE_TURN}) {COMMIT_RUN_CALL}"
+# On Citus, a commit that completes an Idempotency-Key runs on the coordinator, where the keys
+# are (placement.py): Citus sends a distributed function's call to its worker when the call is
+# the statement's whole query (a WHERE does not stop it, measured), so the call is a CTE of its
+# own, planned apart: the function runs on the coordinator and routes its statements on the
+# conversation to its worker. The transaction writes that one worker and the coordinator's own
+# table: no two-phase commit (deploy/SCALE-OUT.md, "Each owner's rows").
+ON_COORDINATOR = "WITH here AS MATERIALIZED ({}) SELECT * FROM here"
 # Why a commit found no row: the conversation is gone, or it moved on.
 EXISTS = f"SELECT 1 FROM conversations WHERE {THE_CONVERSATION}"
 
@@ -225,7 +232,7 @@ def leased(counted: bool) -> str:
     ``counted``: the turn's place among its owner's running turns is taken in the same
     statement, when the lease is free to take (``counted`` NULL: it was not, ``false``: the
     owner runs too many turns, and the lease stays as it was). On Citus the place lives on
-    the owner's worker, not the conversation's, so it is taken by a statement of its own
+    the coordinator, not the conversation's worker, so it is taken by a statement of its own
     (TAKE_TURN) and this one is not ``counted``."""
     slot = f"""slot AS (
         SELECT taken.taken FROM conversations, LATERAL {TAKE_TURN_CALL} AS taken
@@ -652,6 +659,9 @@ class Statements:
                        for counted in (False, True)}  # fmt: skip
         self.commit_run = {counted: compiled(COMMIT_RUN_COUNTED if counted else COMMIT_RUN_CALL)
                            for counted in (False, True)}  # fmt: skip
+        # Keyed, on Citus (not counted there): on the coordinator.
+        self.commit_keyed = compiled(ON_COORDINATOR.format(COMMIT))
+        self.commit_run_keyed = compiled(ON_COORDINATOR.format(COMMIT_RUN_CALL))
         self.idle_s = retention_days * 86_400 if retention_days else None  # for the commit
         self.exists = compiled(EXISTS)
         self.release_lease = compiled(RELEASE_LEASE)

@@ -24,9 +24,10 @@ from service.core.model import Turn, plain
 
 WORD, PAIR, MODEL = "w", "m", "o"  # the kinds of terms
 _WORDS = re.compile(r"[^\W_]+")  # letters and digits: PostgreSQL's parser splits at "_" too
-# What PostgreSQL's parser keeps as one token (an e-mail address, a host, a URL, a path):
-# ``searchable`` adds its words (statements.SEARCH_REBUILD splits at the same characters).
-_JOINED = re.compile(r"\S*[^\W_][@./:][^\W_]\S*")
+# Inside what PostgreSQL's parser keeps as one token (an e-mail address, a host, a URL, a
+# path): ``searchable`` adds its words (statements.SEARCH_REBUILD splits at the same
+# characters). Three characters, searched in each token: no backtracking over long tokens.
+_JOINT = re.compile(r"[^\W_][@./:][^\W_]")
 
 
 def words(text: str) -> list[str]:
@@ -39,7 +40,7 @@ def searchable(text: str) -> str:
     """``text`` as PostgreSQL is given it in clear: followed by the words of what its parser
     keeps whole, so that ``example`` finds ``bob@example.com`` in clear as it does under
     encryption and in the in-memory store (which find by ``words`` alone)."""
-    joined = _JOINED.findall(text)
+    joined = [t for t in dict.fromkeys(text.split()) if not t.isalnum() and _JOINT.search(t)]
     return f"{text} {' '.join(words(' '.join(joined)))}" if joined else text
 
 

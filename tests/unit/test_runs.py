@@ -14,6 +14,7 @@ from service.core.plans import PlanRules, chat_request, make_plan
 from service.providers.base import ProviderEvent, ProviderRequest
 from service.providers.fake import FakeProvider
 from service.usecases.leases import Leases
+from service.usecases.run import Run
 from service.usecases.runs import TurnRuns
 from service.usecases.turns import TurnService
 from tests.support.memory import MemoryStore
@@ -100,12 +101,7 @@ async def test_a_run_stopped_before_its_task_began_ends_and_gives_its_place_back
     gives its place back: a task cancelled before its first step runs none of its cleanup,
     so its place stayed held for its lease (the owner's next turn waited 30 s)."""
     store = MemoryStore()
-    turns = TurnService(store, FakeProvider(), leases=Leases(store, store, store.notifications))
-    runs = TurnRuns(turns, store, store, store.notifications, heartbeat_s=30)
-    plan = make_plan(PlanRules(), chat_request(ANONYMOUS, "hi", None, None))
-    started = await runs.start(plan, correlation_id="cid")
-    run = started.run
-    assert run is not None and run.task is not None
+    runs, run = await _started(store, FakeProvider())
     run.stop(Cancelled())  # no await between: its task has not run yet
     await run.task
     assert [event.name for event in run.events] == ["error"]
@@ -148,12 +144,7 @@ async def test_a_runs_provider_call_starts_while_its_begin_is_written() -> None:
     """Writing a run's begin (its revision) is one round trip less before the provider call:
     the call starts meanwhile, and the turn's first event waits for it."""
     store, provider = SlowToBegin(), Asked()
-    turns = TurnService(store, provider, leases=Leases(store, store, store.notifications))
-    runs = TurnRuns(turns, store, store, store.notifications, heartbeat_s=30)
-    plan = make_plan(PlanRules(), chat_request(ANONYMOUS, "hi", None, None))
-    started = await runs.start(plan, correlation_id="cid")
-    run = started.run
-    assert run is not None and run.task is not None
+    runs, run = await _started(store, provider)
     await asyncio.wait_for(provider.asked.wait(), 5)  # the begin is not written yet
     assert run.events == [] and not run.held.done()
     store.written.set()
@@ -165,15 +156,20 @@ async def test_a_runs_provider_call_starts_while_its_begin_is_written() -> None:
 
 async def test_a_run_whose_begin_fails_fails_without_a_commit() -> None:
     store = SlowToBegin(fails=True)
-    turns = TurnService(store, Asked(), leases=Leases(store, store, store.notifications))
-    runs = TurnRuns(turns, store, store, store.notifications, heartbeat_s=30)
-    plan = make_plan(PlanRules(), chat_request(ANONYMOUS, "hi", None, None))
-    started = await runs.start(plan, correlation_id="cid")
-    run = started.run
-    assert run is not None and run.task is not None
+    runs, run = await _started(store, Asked())
     store.written.set()
     await run.task
     assert [event.name for event in run.events] == ["error"]
     assert json.loads(run.events[0].data)["error"]["code"] == "storage_error"
-    assert await store.describe(plan.conversation_id, ANONYMOUS) is None  # nothing committed
+    assert await store.describe(run.plan.conversation_id, ANONYMOUS) is None  # none committed
     await runs.close(1)
+
+
+async def _started(store: MemoryStore, provider: FakeProvider) -> tuple[TurnRuns, Run]:
+    """A run of a new conversation's turn, started over ``store`` and ``provider``."""
+    turns = TurnService(store, provider, leases=Leases(store, store, store.notifications))
+    runs = TurnRuns(turns, store, store, store.notifications, heartbeat_s=30)
+    plan = make_plan(PlanRules(), chat_request(ANONYMOUS, "hi", None, None))
+    run = (await runs.start(plan, correlation_id="cid")).run
+    assert run is not None and run.task is not None
+    return runs, run

@@ -21,6 +21,7 @@ import msgspec
 
 from service.core.errors import InvalidInput
 from service.core.events import Done, RunEvent
+from service.core.translate import form_of
 from service.core.usage import Usage
 
 Role = Literal["user", "assistant", "system", "developer"]  # a transcript message's
@@ -171,6 +172,34 @@ class Turn:
         """Its replay items' bytes, counted once per turn (a turn is read into memory once and
         then sent with every turn of its window: its size is asked each time)."""
         return sum(map(len, self.replay_items))
+
+    @cached_property
+    def responses_only(self) -> bool:
+        """Whether its items (compacted context too) are all Responses items, none of a
+        provider's form (core/translate/), looked at once per turn: a request to the
+        Responses API would otherwise look at each again with every later turn."""
+        return all(form_of(item) is None for item in (*self.compacted, *self.replay_items))
+
+    @cached_property
+    def stored_bytes(self) -> int:
+        """What it stores (service/core/sizes.py ``turn_bytes``), counted once per turn: the
+        history cache counts every turn it holds again at each turn of the conversation."""
+        size = self.replay_bytes + sum(map(len, self.compacted))
+        size += _utf8(self.user_message) + _utf8(self.assistant_message)
+        if self.transcript is not None:
+            size += len(_JSON.encode(self.transcript))
+        if self.tool_calls:
+            size += len(_JSON.encode(self.tool_calls))
+        if self.response is not None:
+            size += len(self.response)
+        return size
+
+
+_JSON = msgspec.json.Encoder()
+
+
+def _utf8(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
 
 
 @dataclass(frozen=True)

@@ -11,26 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import msgspec
-
 from service.core.errors import ConversationFull
 from service.core.model import Turn
 from service.core.translate import is_opaque
 
-_JSON = msgspec.json.Encoder()
-
 
 def turn_bytes(turn: Turn) -> int:
-    """What ``turn`` stores (and what holding it in memory costs, roughly)."""
-    size = turn.replay_bytes + sum(map(len, turn.compacted))
-    size += _utf8(turn.user_message) + _utf8(turn.assistant_message)
-    if turn.transcript is not None:
-        size += len(_JSON.encode(turn.transcript))
-    if turn.tool_calls:
-        size += len(_JSON.encode(turn.tool_calls))
-    if turn.response is not None:
-        size += len(turn.response)
-    return size
+    """What ``turn`` stores (and what holding it in memory costs, roughly): its replay items
+    and compacted context, its two texts (UTF-8), its transcript and tool calls (JSON) and
+    its /v1 Response's echo (``Turn.stored_bytes``, counted once per turn)."""
+    return turn.stored_bytes
 
 
 def held_bytes(turns: Iterable[Turn]) -> int:
@@ -53,10 +43,6 @@ class TurnSizes:
         items = [*turn.compacted, *turn.replay_items]
         opaque = sum(len(item) + 1 for item in items if is_opaque(item))
         return cls(sum(map(len, items)) + len(items), opaque, turn_bytes(turn))
-
-
-def _utf8(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode())
 
 
 @dataclass(frozen=True)

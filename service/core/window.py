@@ -113,6 +113,9 @@ class Window:
     start: int
     items: list[msgspec.Raw]
     compacted: tuple[msgspec.Raw, ...] = ()
+    # Its items are all Responses items, known from its turns (``Turn.responses_only``) without
+    # looking at them again (False: not known).
+    plain: bool = False
 
     @cached_property
     def unsealed(self) -> list[msgspec.Raw]:
@@ -138,42 +141,46 @@ def choose_window(
     it holds, or the lower bound it had to keep (the committed start, the compacting turn)
     when it holds every turn from there: a window start never names a turn that was not
     left out."""
-    numbered = [(turn.number or n, turn) for n, turn in enumerate(turns, 1)]
-    compacting = max((n for n, turn in numbered if turn.compacted), default=0)
+    # Each turn numbered, and whether this origin made its items (asked once per turn).
+    numbered = [(turn.number or n, turn, _own(turn, origin)) for n, turn in enumerate(turns, 1)]
+    compacting = max((n for n, turn, _ in numbered if turn.compacted), default=0)
     lower = max(committed_start, compacting)
-    kept = next((i for i, (n, _) in enumerate(numbered, 1) if n >= lower), len(numbered) + 1)
-    sizes = [_sendable_bytes(turn, origin, n == compacting) for n, turn in numbered]
+    kept = next((i for i, (n, _, _) in enumerate(numbered, 1) if n >= lower), len(numbered) + 1)
+    sizes = [_sendable_bytes(turn, own, n == compacting) for n, turn, own in numbered]
     place = window_start(sizes, kept, fixed_bytes, budget)
     if place == kept:
         start = lower
     else:
         start = numbered[place - 1][0] if place <= len(numbered) else numbered[-1][0] + 1
-    items = [
-        item
-        for n, turn in numbered[place - 1 :]
-        for item in _sendable(turn, origin, n == compacting)
-    ]
-    return Window(start, items)
+    sent = numbered[place - 1 :]
+    items = [item for n, turn, own in sent for item in _sendable(turn, own, n == compacting)]
+    # A turn of another origin is sent as its neutral items (looked at on the way), which are
+    # not counted as known here.
+    plain = all(own and turn.responses_only for _, turn, own in sent)
+    return Window(start, items, plain=plain)
 
 
-def _sendable_bytes(turn: Turn, origin: Origin, with_compacted: bool) -> int:
+def _own(turn: Turn, origin: Origin) -> bool:
+    """Whether ``origin`` made the turn's items (or it was recorded before origins were)."""
+    return turn.origin is None or turn.origin == origin
+
+
+def _sendable_bytes(turn: Turn, own: bool, with_compacted: bool) -> int:
     """What ``_sendable`` of the turn adds to a request: most turns send their replay items
     as they are, whose bytes the turn counted once."""
-    if with_compacted or (turn.origin is not None and turn.origin != origin):
-        return items_bytes(_sendable(turn, origin, with_compacted))
+    if with_compacted or not own:
+        return items_bytes(_sendable(turn, own, with_compacted))
     return turn.replay_bytes + len(turn.replay_items)
 
 
-def _sendable(turn: Turn, origin: Origin, with_compacted: bool) -> Sequence[msgspec.Raw]:
+def _sendable(turn: Turn, own: bool, with_compacted: bool) -> Sequence[msgspec.Raw]:
     """A turn's items, verbatim (after the compacted context it ran on, for the latest
-    compacting turn), when this provider made them; a turn another provider, endpoint or model
-    made as any other origin gets it (service/core/translate/ ``neutral``): its opaque items
-    (sealed reasoning, compaction items, thinking) left out, a provider's own items as the
-    Responses items they read as, without their signatures."""
+    compacting turn), when this provider made them (``own``); a turn another provider,
+    endpoint or model made as any other origin gets it (service/core/translate/ ``neutral``):
+    its opaque items (sealed reasoning, compaction items, thinking) left out, a provider's own
+    items as the Responses items they read as, without their signatures."""
     items = [*turn.compacted, *turn.replay_items] if with_compacted else turn.replay_items
-    if turn.origin is not None and turn.origin != origin:
-        return _neutral(items)
-    return items
+    return items if own else _neutral(items)
 
 
 def _neutral(items: Sequence[msgspec.Raw]) -> list[msgspec.Raw]:

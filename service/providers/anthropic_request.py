@@ -146,7 +146,7 @@ def _built_at_or_before(messages: list[dict[str, Any]], end: int) -> dict[str, A
 
 def _body(request: ProviderRequest, model: str, *, max_tokens: int) -> dict[str, Any]:
     fields = _fields(request.fields, max_tokens)
-    conversation = to_messages(for_form(request.input_items, ANTHROPIC))
+    conversation = to_messages(for_form(request.input_items, ANTHROPIC, request.plain))
     texts = [request.instructions, *conversation.system]
     system: list[dict[str, Any]] = [{"type": "text", "text": t} for t in texts if t]
     if system:

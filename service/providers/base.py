@@ -32,6 +32,9 @@ class ProviderRequest:
     # turnstore does not interpret), sent as they came.
     fields: Mapping[str, msgspec.Raw] = field(default_factory=dict)
     include: tuple[str, ...] = ()  # what the client asked to include besides encrypted reasoning
+    # Its first so many input items are known to be Responses items (its window's, core/
+    # window.py ``Window.plain``): translating the request does not look at them again.
+    plain: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def _encode(model: str, request: ProviderRequest, create: dict[str, object]) -> 
     # Turns another provider answered carry its items: the Responses API gets them translated.
     body: dict[str, object] = {
         "model": request.model or model,
-        "input": to_items(request.input_items),
+        "input": to_items(request.input_items, request.plain),
     }
     body |= create
     if request.instructions is not None:

@@ -94,7 +94,7 @@ def chat_body(request: ProviderRequest, model: str, *, stream: bool) -> bytes:
     """The ``POST {base}/chat/completions`` body of ``request``: its model, messages (Chat's
     own spliced as the bytes kept), stream with usage, tools and the client's fields mapped."""
     fields = _fields(request.fields)
-    conversation = to_chat(for_form(request.input_items, CHAT))
+    conversation = to_chat(for_form(request.input_items, CHAT, request.plain))
     texts = [text for text in (request.instructions, *conversation.system) if text]
     system = [{"role": "system", "content": "\n\n".join(texts)}] if texts else []
     body: dict[str, Any] = {"model": model, "messages": [*system, *conversation.messages]}

@@ -205,7 +205,7 @@ _HEADS = msgspec.json.Decoder(list[_ItemHead])
 
 def _translated(request: ProviderRequest) -> ProviderRequest:
     """The request as the Responses API takes it: another provider's items translated."""
-    items = to_items(request.input_items)
+    items = to_items(request.input_items, request.plain)
     return request if items is request.input_items else replace(request, input_items=items)
 
 

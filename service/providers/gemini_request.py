@@ -126,7 +126,7 @@ def _body(request: ProviderRequest, model: str) -> dict[str, Any]:
     asked = Fields.read(request.fields, MODELS)
     _user(request.fields, asked)
     config = _config(asked, model)
-    conversation = to_contents(for_form(request.input_items, GEMINI), model)
+    conversation = to_contents(for_form(request.input_items, GEMINI, request.plain), model)
     texts = [text for text in (request.instructions, *conversation.system) if text]
     body: dict[str, Any] = {"contents": conversation.contents}
     if texts:

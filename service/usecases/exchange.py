@@ -173,7 +173,11 @@ class Exchange:
         while True:
             window = self._window
             history = window.unsealed if self._drop_sealed else window.items
-            request = replace(self._request, input_items=[*history, *self._new_items, *turn_items])
+            request = replace(
+                self._request,
+                input_items=[*history, *self._new_items, *turn_items],
+                plain=len(history) if window.plain else 0,  # its Responses items stay so unsealed
+            )
             if turn_items:
                 self._check_size(request)
             model = self._request.model or self._provider.origin.model

@@ -55,14 +55,32 @@ class Run:
         self._changed = asyncio.Event()
         self._commit: RunCommit | None = None
         self._watched = False
+        self._begun: asyncio.Task[None] | None = None  # its begin written (begin)
 
     async def begin(self, revision: int) -> None:
+        """The turn holds its conversation at ``revision``: written while its provider call
+        starts (one round trip less before it), and waited for before its first event, its
+        commit or its end is."""
+        self._begun = asyncio.get_running_loop().create_task(self._begin(revision))
+        self._begun.add_done_callback(_retrieved)
+
+    async def _begin(self, revision: int) -> None:
         await self._writes.begin_run(self.id, revision)
         if not self.held.done():
             self.held.set_result(revision)
 
+    async def _begin_written(self) -> None:
+        """Its begin, written: raises what writing it raised (the turn then fails). A turn
+        cancelled meanwhile leaves it to finish (its end waits for it)."""
+        begun = self._begun
+        if begun is not None:
+            if not begun.done():
+                await asyncio.wait([begun])
+            begun.result()
+
     async def record(self, event: TurnEvent) -> None:
         """What the turn did, as the event its client sees."""
+        await self._begin_written()
         if isinstance(event, TextDelta):
             self.message_id = self.message_id or event.item_id
             self._publish(lambda seq: events.delta(seq, event.text))
@@ -79,6 +97,8 @@ class Run:
     async def fail(self, status: RunStatus, error: TurnstoreError) -> None:
         """The turn ended without a commit: its terminal ``error`` event, logged with the
         run's end (published here even when logging it failed)."""
+        if self._begun is not None:  # its end after its begin (which failed, perhaps)
+            await asyncio.wait([self._begun])
         if not self.held.done():
             self.held.set_exception(error)
         if self.events and self.events[-1].terminal:
@@ -139,6 +159,7 @@ class Run:
 
     async def prepare_commit(self, turn: Turn) -> RunCommit:
         """What the turn's commit writes of this run (its events so far are logged first)."""
+        await self._begin_written()
         self._cancel_timer()
         await self.flush()
         done = self._done_of(turn.status, turn.incomplete_reason, turn.usage)
@@ -258,7 +279,8 @@ class Run:
             self._flush_timer = None
 
 
-def _retrieved(future: asyncio.Future[int]) -> None:
-    """Nobody need wait for ``held`` (only a /v1 stream does): its failure is not news."""
+def _retrieved(future: asyncio.Future[int] | asyncio.Future[None]) -> None:
+    """Nobody need wait for ``held`` (only a /v1 stream does), nor for a begin whose turn
+    failed first: its failure is not news."""
     if not future.cancelled():
         future.exception()

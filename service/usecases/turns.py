@@ -105,7 +105,8 @@ class DurableRun(Protocol):
 
     async def begin(self, revision: int) -> None:
         """The turn holds its conversation at ``revision`` (0: a new one; it queued until
-        now): if it commits, it makes ``revision + 1``."""
+        now): if it commits, it makes ``revision + 1``. (A run writes it while the provider
+        call starts, and waits for it before the turn's first event or its commit.)"""
 
     async def prepare_commit(self, turn: Turn) -> RunCommit: ...
 

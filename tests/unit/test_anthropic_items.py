@@ -11,8 +11,11 @@ import pytest
 
 from service.core.errors import InvalidInput
 from service.core.items import function_calls
+from service.core.model import Origin, Turn
 from service.core.translate import is_opaque, to_items
 from service.core.translate.anthropic_blocks import to_messages
+from service.core.window import Budget, choose_window
+from service.providers.base import ProviderRequest, encode_request
 
 
 def raw(text: str) -> msgspec.Raw:
@@ -155,3 +158,23 @@ def test_an_output_whose_call_left_the_window_goes_as_text_not_a_dangling_result
     answer = _raw({"type": "function_call_output", "call_id": "call_here", "output": "rain"})
     _, answered = to_messages([call, answer]).messages
     assert answered["content"][0]["type"] == "tool_result"
+
+
+def test_a_window_is_known_plain_only_when_its_turns_hold_no_block() -> None:
+    """A window's Responses items are not looked at again for each request (Window.plain);
+    a turn of the same origin that holds a block (an import) still has it translated."""
+    origin = Origin("openai", "https://api.openai.com/v1/responses", "gpt")
+    asked = item(type="message", role="user", content="Weather?")
+    plain_turn = Turn("q", "a", [asked], origin=origin, number=1)
+    with_blocks = Turn("q", "a", [asked, THINKING, TOOL_USE], origin=origin, number=2)
+
+    def sent(turns: list[Turn]) -> tuple[bool, list[dict[str, object]]]:
+        window = choose_window(turns, 1, origin, 0, Budget())
+        known = len(window.items) if window.plain else 0
+        body = encode_request("gpt", ProviderRequest(window.items, plain=known), stream=False)
+        return window.plain, json.loads(body)["input"]
+
+    assert sent([plain_turn]) == (True, [json.loads(bytes(asked))])
+    plain, items = sent([plain_turn, with_blocks])
+    assert not plain
+    assert [i["type"] for i in items] == ["message", "message", "function_call"]

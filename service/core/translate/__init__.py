@@ -137,11 +137,14 @@ def neutral(item: msgspec.Raw) -> list[msgspec.Raw]:
     ]
 
 
-def for_form(items: list[msgspec.Raw], own: Form | None) -> list[msgspec.Raw]:
+def for_form(items: list[msgspec.Raw], own: Form | None, plain: int = 0) -> list[msgspec.Raw]:
     """``items`` with every form's items but ``own``'s made Responses items (``items`` itself
-    when they hold none, as most requests)."""
-    forms = [form_of(item) for item in items]
-    if all(form is None or form is own for form in forms):
+    when they hold none, as most requests). Its first ``plain`` items are known to be
+    Responses items (a window's, ``ProviderRequest.plain``): they are not looked at."""
+    plain = min(plain, len(items))
+    forms: list[Form | None] = [None] * plain
+    forms += [form_of(item) for item in items[plain:]]
+    if all(form is None or form is own for form in forms[plain:]):
         return items
     out: list[msgspec.Raw] = []
     for item, form in zip(items, forms, strict=True):
@@ -149,9 +152,9 @@ def for_form(items: list[msgspec.Raw], own: Form | None) -> list[msgspec.Raw]:
     return out
 
 
-def to_items(items: list[msgspec.Raw]) -> list[msgspec.Raw]:
-    """``items`` as the Responses API takes them."""
-    return for_form(items, None)
+def to_items(items: list[msgspec.Raw], plain: int = 0) -> list[msgspec.Raw]:
+    """``items`` as the Responses API takes them (``plain``: see ``for_form``)."""
+    return for_form(items, None, plain)
 
 
 def readable(item: msgspec.Raw) -> list[dict[str, Any]]:

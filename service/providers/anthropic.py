@@ -39,22 +39,8 @@ from service.core.errors import (
 from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.translate.anthropic_blocks import OPAQUE_BLOCKS
 from service.core.usage import Usage
+from service.providers import base, wire
 from service.providers.anthropic_request import count_body, messages_body
-from service.providers.base import (
-    ItemDone,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-)
-from service.providers.wire import (
-    ServerSentEvents,
-    Translating,
-    Wire,
-    WireLimits,
-    retry_after,
-    translated,
-)
 
 log = logging.getLogger("turnstore.provider")
 
@@ -212,7 +198,7 @@ def _status_error(status: int, body: bytes, headers: httpx.Headers) -> Turnstore
         detail = None
     error = _error(status, detail)
     if isinstance(error, RateLimited):
-        error.retry_after = retry_after(headers.get("retry-after"))
+        error.retry_after = wire.retry_after(headers.get("retry-after"))
     return error
 
 
@@ -221,7 +207,7 @@ def _request_id(headers: httpx.Headers) -> str | None:
     return found
 
 
-def _reply(blocks: list[msgspec.Raw], stop_reason: str | None, usage: _Usage | None) -> Reply:
+def _reply(blocks: list[msgspec.Raw], stop_reason: str | None, usage: _Usage | None) -> base.Reply:
     status: ReplyStatus
     reason = None
     if stop_reason in _COMPLETED:
@@ -234,7 +220,7 @@ def _reply(blocks: list[msgspec.Raw], stop_reason: str | None, usage: _Usage | N
         raise UpstreamError("The provider's message ended for no reason it names.")
     texts = [msgspec.json.decode(block, type=_TextBlock) for block in blocks]
     text = "".join(block.text for block in texts if block.type == "text")
-    return Reply(text, status, reason, list(blocks), usage.value() if usage else None)
+    return base.Reply(text, status, reason, list(blocks), usage.value() if usage else None)
 
 
 class _Block:
@@ -286,12 +272,12 @@ class _EventStream:
         self._open: dict[int, _Block] = {}
         self._stop_reason: str | None = None
         self._usage: _Usage | None = None
-        self._events = ServerSentEvents()
+        self._events = wire.ServerSentEvents()
 
-    def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
+    def feed(self, chunk: bytes) -> Iterator[base.ProviderEvent]:
         return self._events.events(chunk, self._event, lambda: self.finished)
 
-    def _event(self, data: bytes) -> ProviderEvent | None:
+    def _event(self, data: bytes) -> base.ProviderEvent | None:
         kind = msgspec.json.decode(data, type=_Event).type
         if kind == "message_start":
             self._usage = msgspec.json.decode(data, type=_Start).message.usage
@@ -305,7 +291,7 @@ class _EventStream:
             text = self._block(delta.index).add(delta.delta)
             if text is not None:
                 self.text_bytes += len(text.encode())
-                return TextDelta(text) if text else None
+                return base.TextDelta(text) if text else None
         elif kind == "content_block_stop":
             index = msgspec.json.decode(data, type=_BlockStop).index
             block = self._block(index)
@@ -313,7 +299,7 @@ class _EventStream:
             self.items[index] = item = block.done()
             self.item_bytes += len(item)
             if block.kind in OPAQUE_BLOCKS:
-                return ItemDone(item)  # announced before the text that follows it
+                return base.ItemDone(item)  # announced before the text that follows it
         elif kind == "message_delta":
             ending = msgspec.json.decode(data, type=_MessageDelta)
             self._stop_reason = ending.delta.stop_reason or self._stop_reason
@@ -335,11 +321,11 @@ class _EventStream:
         return self._open[index]
 
 
-class AnthropicProvider(Translating):
+class AnthropicProvider(wire.Translating):
     def __init__(
         self,
         endpoint: AnthropicEndpoint,
-        limits: WireLimits,
+        limits: wire.WireLimits,
         *,
         max_tokens: int,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -351,7 +337,7 @@ class AnthropicProvider(Translating):
         key = fingerprint(endpoint.api_key)
         self.origin = Origin(endpoint.name, str(url), endpoint.model, "anthropic", key)
         self._max_tokens = max_tokens  # when the client does not say (the API requires one)
-        self._wire = Wire(
+        self._wire = wire.Wire(
             {"x-api-key": endpoint.api_key, "anthropic-version": VERSION},
             _status_error,
             _request_id,
@@ -360,11 +346,11 @@ class AnthropicProvider(Translating):
         )
 
     async def respond(
-        self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
+        self, request: base.ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
         model = request.model or self.endpoint.model
         content = messages_body(request, model, max_tokens=self._max_tokens, stream=stream)
-        with translated():
+        with wire.translated():
             async with self._wire.post(self._url, content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
@@ -381,11 +367,11 @@ class AnthropicProvider(Translating):
                         return
         raise UpstreamError("The provider's stream ended before the message was complete.")
 
-    async def count_tokens(self, request: ProviderRequest) -> int:
+    async def count_tokens(self, request: base.ProviderRequest) -> int:
         """``POST {base}/v1/messages/count_tokens``: the provider's count of the request."""
         model = request.model or self.endpoint.model
         content = count_body(request, model, max_tokens=self._max_tokens)
-        with translated():
+        with wire.translated():
             async with self._wire.post(f"{self._url}/count_tokens", content) as response:
                 body = await self._wire.read(response)
                 return msgspec.json.decode(body, type=_Counted).input_tokens

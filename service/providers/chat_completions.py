@@ -49,22 +49,8 @@ from service.core.translate.chat_messages import (
     reasoning_id,
 )
 from service.core.usage import Usage
-from service.providers.base import (
-    ItemDone,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-)
+from service.providers import base, wire
 from service.providers.chat_completions_request import chat_body
-from service.providers.wire import (
-    ServerSentEvents,
-    Translating,
-    Wire,
-    WireLimits,
-    retry_after,
-    translated,
-)
 
 # Chat's top-level fields in a 400, as the client's request names them.
 CLIENT_PARAMS = {
@@ -184,7 +170,7 @@ def _status_error(status: int, body: bytes, headers: httpx.Headers) -> Turnstore
         detail = _ErrorDetail()
     error = _error(status, detail)
     if isinstance(error, RateLimited):
-        error.retry_after = retry_after(headers.get("retry-after"))
+        error.retry_after = wire.retry_after(headers.get("retry-after"))
     return error
 
 
@@ -216,7 +202,7 @@ def kept(raw: bytes) -> msgspec.Raw:
     return msgspec.Raw(msgspec.json.encode({"role": "assistant", **rest}))
 
 
-def _reply(raw: msgspec.Raw, finish_reason: str | None, usage: _Usage | None) -> Reply:
+def _reply(raw: msgspec.Raw, finish_reason: str | None, usage: _Usage | None) -> base.Reply:
     status: ReplyStatus
     reason = None
     if finish_reason in _COMPLETED:
@@ -228,7 +214,7 @@ def _reply(raw: msgspec.Raw, finish_reason: str | None, usage: _Usage | None) ->
     else:
         raise UpstreamError("The provider's message ended for no reason it names.")
     text = msgspec.json.decode(raw, type=ChatMessage).text
-    return Reply(text, status, reason, [raw], usage.value() if usage else None)
+    return base.Reply(text, status, reason, [raw], usage.value() if usage else None)
 
 
 # -- a stream ----------------------------------------------------------------------------------
@@ -301,15 +287,15 @@ class _EventStream:
         self._open: dict[int, int] = {}  # a call's index -> its place in _calls
         self._finish_reason: str | None = None
         self._usage: _Usage | None = None
-        self._events = ServerSentEvents()
+        self._events = wire.ServerSentEvents()
 
-    def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
+    def feed(self, chunk: bytes) -> Iterator[base.ProviderEvent]:
         for data in self._events.feed(chunk):
             yield from self._chunk(data)
             if self.finished:
                 return
 
-    def _chunk(self, data: bytes) -> Iterator[ProviderEvent]:
+    def _chunk(self, data: bytes) -> Iterator[base.ProviderEvent]:
         if data.strip() == b"[DONE]":
             if self._finish_reason is None:
                 raise UpstreamError("The provider's stream ended without a finish reason.")
@@ -326,7 +312,7 @@ class _EventStream:
             yield from self._delta(choice.delta)
             self._finish_reason = choice.finish_reason or self._finish_reason
 
-    def _delta(self, delta: _Delta) -> Iterator[ProviderEvent]:
+    def _delta(self, delta: _Delta) -> Iterator[base.ProviderEvent]:
         pieces = {name: getattr(delta, name) for name in THINKING_FIELDS if getattr(delta, name)}
         for name, piece in pieces.items():
             self._thinking.setdefault(name, []).append(piece)
@@ -341,7 +327,7 @@ class _EventStream:
         if delta.content:
             self._content.append(delta.content)
             self.text_bytes += len(delta.content.encode())
-            yield TextDelta(delta.content)
+            yield base.TextDelta(delta.content)
 
     def _call(self, delta: _DeltaCall) -> _Call:
         """The call a delta continues: the one open at its index, unless it names another id
@@ -352,14 +338,14 @@ class _EventStream:
             self._calls.append(_Call())
         return self._calls[at]
 
-    def _announce(self) -> Iterator[ProviderEvent]:
+    def _announce(self) -> Iterator[base.ProviderEvent]:
         """The thinking, once it ends: shown before the text, as the part of the message it is."""
         if self._thinking and not self._announced:
             self._announced = True
             thinking = "".join(next(iter(self._thinking.values())))
             summary = [{"type": "summary_text", "text": thinking}]
             item = {"type": "reasoning", "id": reasoning_id(thinking), "summary": summary}
-            yield ItemDone(msgspec.Raw(msgspec.json.encode(item)), partial=True)
+            yield base.ItemDone(msgspec.Raw(msgspec.json.encode(item)), partial=True)
 
     def message(self) -> msgspec.Raw:
         """The message the server would have sent whole."""
@@ -373,11 +359,11 @@ class _EventStream:
         return msgspec.Raw(msgspec.json.encode(out))
 
 
-class ChatProvider(Translating):
+class ChatProvider(wire.Translating):
     def __init__(
         self,
         endpoint: ChatEndpoint,
-        limits: WireLimits,
+        limits: wire.WireLimits,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -387,14 +373,14 @@ class ChatProvider(Translating):
         key = fingerprint(endpoint.api_key)
         self.origin = Origin(endpoint.name, str(url), endpoint.model, "chat", key)
         headers = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-        self._wire = Wire(headers, _status_error, _request_id, limits, transport)
+        self._wire = wire.Wire(headers, _status_error, _request_id, limits, transport)
 
     async def respond(
-        self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
+        self, request: base.ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
         model = request.model or self.endpoint.model
         content = chat_body(request, model, stream=stream)
-        with translated():
+        with wire.translated():
             async with self._wire.post(self._url, content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
@@ -409,7 +395,7 @@ class ChatProvider(Translating):
                 events = _EventStream()
                 async for chunk in self._wire.chunks(response):
                     for event in events.feed(chunk):
-                        if isinstance(event, Reply):
+                        if isinstance(event, base.Reply):
                             self._wire.check_reply(len(event.output_items[0]), 0)
                         yield event
                     self._wire.check_reply(0, events.text_bytes)
@@ -417,7 +403,7 @@ class ChatProvider(Translating):
                         return
         raise UpstreamError("The provider's stream ended before the message was complete.")
 
-    async def count_tokens(self, request: ProviderRequest) -> int:
+    async def count_tokens(self, request: base.ProviderRequest) -> int:
         raise InvalidInput(
             "This model's provider (a Chat Completions server) cannot count tokens.",
             param="model",

@@ -51,22 +51,8 @@ from service.core.errors import (
 from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.translate.gemini_parts import GEMINI, minted
 from service.core.usage import Usage
-from service.providers.base import (
-    ItemDone,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-)
+from service.providers import base, wire
 from service.providers.gemini_request import count_body, generate_body
-from service.providers.wire import (
-    ServerSentEvents,
-    Translating,
-    Wire,
-    WireLimits,
-    retry_after,
-    translated,
-)
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
 FILTERED = frozenset(
@@ -206,7 +192,7 @@ def _status_error(status: int, body: bytes, headers: httpx.Headers) -> Turnstore
         detail = None
     error = _error(status, detail)
     if isinstance(error, RateLimited):
-        error.retry_after = retry_after(headers.get("retry-after")) or error.retry_after
+        error.retry_after = wire.retry_after(headers.get("retry-after")) or error.retry_after
     return error
 
 
@@ -217,7 +203,7 @@ def _request_id(headers: httpx.Headers) -> str | None:
 
 def _reply(
     parts: list[msgspec.Raw], finish: str | None, blocked: str | None, usage: _Usage | None
-) -> Reply:
+) -> base.Reply:
     status: ReplyStatus
     reason = None
     if blocked or finish in FILTERED:
@@ -232,7 +218,7 @@ def _reply(
         )
     texts = [msgspec.json.decode(part, type=_Text) for part in parts]
     text = "".join(p.text or "" for p in texts if not p.thought)
-    return Reply(text, status, reason, parts, usage.value() if usage else None)
+    return base.Reply(text, status, reason, parts, usage.value() if usage else None)
 
 
 def _first(response: _Response) -> _Candidate | None:
@@ -247,7 +233,7 @@ class _Parts:
         self.bytes = 0  # of the finished parts
         self._open: dict[str, Any] | None = None
 
-    def add(self, part: dict[str, Any]) -> Iterator[ProviderEvent]:
+    def add(self, part: dict[str, Any]) -> Iterator[base.ProviderEvent]:
         """Take one chunk's part: the text it adds, and the reasoning part it finishes."""
         joins = self._joins(part)
         if not joins:
@@ -261,13 +247,13 @@ class _Parts:
                 self._open[key] = value
         text = part.get("text")
         if isinstance(text, str) and text and not part.get("thought"):
-            yield TextDelta(text)
+            yield base.TextDelta(text)
         if set(self._open) - _TEXTUAL:
             yield from self.close()  # a call (or an image...) is whole in its chunk
         elif joins and "thoughtSignature" in part and not text:
             yield from self.close()  # a signature alone ends the text it joined
 
-    def close(self) -> Iterator[ProviderEvent]:
+    def close(self) -> Iterator[base.ProviderEvent]:
         if self._open is None:
             return
         item = msgspec.Raw(minted(msgspec.json.encode(self._open)))
@@ -275,7 +261,7 @@ class _Parts:
         self.done.append(item)
         self.bytes += len(item)
         if GEMINI.shown(item)[0].item["type"] == "reasoning":
-            yield ItemDone(item)  # announced before the text that follows it
+            yield base.ItemDone(item)  # announced before the text that follows it
 
     def _joins(self, part: dict[str, Any]) -> bool:
         kept = self._open
@@ -305,13 +291,13 @@ class _EventStream:
         self._finish: str | None = None
         self._blocked: str | None = None
         self._usage: _Usage | None = None
-        self._events = ServerSentEvents()
+        self._events = wire.ServerSentEvents()
 
-    def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
+    def feed(self, chunk: bytes) -> Iterator[base.ProviderEvent]:
         for data in self._events.feed(chunk):
             yield from self._chunk(msgspec.json.decode(data, type=_Response))
 
-    def _chunk(self, response: _Response) -> Iterator[ProviderEvent]:
+    def _chunk(self, response: _Response) -> Iterator[base.ProviderEvent]:
         if response.error is not None:
             raise _error(response.error.code, response.error)
         if response.usage_metadata is not None:
@@ -327,22 +313,22 @@ class _EventStream:
             if not isinstance(part, dict):
                 raise UpstreamError("The provider's stream held a part that is no object.")
             for event in self.parts.add(part):
-                if isinstance(event, TextDelta):
+                if isinstance(event, base.TextDelta):
                     self.text_bytes += len(event.text.encode())
                 yield event
 
-    def end(self) -> Iterator[ProviderEvent]:
+    def end(self) -> Iterator[base.ProviderEvent]:
         yield from self.parts.close()
         if self._finish is None and self._blocked is None:
             raise UpstreamError("The provider's stream ended before the reply was complete.")
         yield _reply(self.parts.done, self._finish, self._blocked, self._usage)
 
 
-class GeminiProvider(Translating):
+class GeminiProvider(wire.Translating):
     def __init__(
         self,
         endpoint: GeminiEndpoint,
-        limits: WireLimits,
+        limits: wire.WireLimits,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -351,17 +337,17 @@ class GeminiProvider(Translating):
         url = httpx.URL(endpoint.base).copy_with(userinfo=b"")
         key = fingerprint(endpoint.api_key)
         self.origin = Origin(endpoint.name, str(url), endpoint.model, "gemini", key)
-        self._wire = Wire(
+        self._wire = wire.Wire(
             {"x-goog-api-key": endpoint.api_key}, _status_error, _request_id, limits, transport
         )
 
     async def respond(
-        self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
+        self, request: base.ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
         model = request.model or self.endpoint.model
         content = generate_body(request, model)
         method = "streamGenerateContent?alt=sse" if stream else "generateContent"
-        with translated():
+        with wire.translated():
             async with self._wire.post(self.endpoint.url(model, method), content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
@@ -376,7 +362,7 @@ class GeminiProvider(Translating):
                 for event in events.end():
                     yield event
 
-    def _whole(self, body: _Response) -> Reply:
+    def _whole(self, body: _Response) -> base.Reply:
         candidate = _first(body)
         blocked = body.prompt_feedback.block_reason if body.prompt_feedback else None
         parts = candidate.content.parts if candidate and candidate.content else []
@@ -385,11 +371,11 @@ class GeminiProvider(Translating):
         finish = candidate.finish_reason if candidate else None
         return _reply(kept, finish, blocked, body.usage_metadata)
 
-    async def count_tokens(self, request: ProviderRequest) -> int:
+    async def count_tokens(self, request: base.ProviderRequest) -> int:
         """``:countTokens``: the provider's count of the request."""
         model = request.model or self.endpoint.model
         content = count_body(request, model)
-        with translated():
+        with wire.translated():
             async with self._wire.post(self.endpoint.url(model, "countTokens"), content) as answer:
                 body = await self._wire.read(answer)
                 return msgspec.json.decode(body, type=_Counted).total_tokens

@@ -37,18 +37,7 @@ from service.core.errors import (
 from service.core.items import compaction_item
 from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.usage import Usage
-from service.providers.base import (
-    Compacted,
-    ItemDone,
-    Provider,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-    encode_compaction,
-    encode_count,
-    encode_request,
-)
+from service.providers import base
 from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
 
 log = logging.getLogger("turnstore.provider")
@@ -177,7 +166,7 @@ class _Error(msgspec.Struct):
     error: _ErrorDetail | None = None  # some servers nest it
 
 
-class ResponsesProvider(Provider):
+class ResponsesProvider(base.Provider):
     def __init__(
         self,
         endpoint: Endpoint,
@@ -197,9 +186,9 @@ class ResponsesProvider(Provider):
         await self._wire.close()
 
     async def respond(
-        self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
-        content = encode_request(self.endpoint.model, request, stream=stream)
+        self, request: base.ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
+        content = base.encode_request(self.endpoint.model, request, stream=stream)
         with translated():
             async with self._wire.post(self.endpoint.url, content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
@@ -217,9 +206,9 @@ class ResponsesProvider(Provider):
                         return
         raise UpstreamError("The provider's stream ended before the response was complete.")
 
-    async def compact(self, request: ProviderRequest) -> Compacted:
+    async def compact(self, request: base.ProviderRequest) -> base.Compacted:
         """``POST {base}/responses/compact``: the compacted context, and its usage."""
-        content = encode_compaction(self.endpoint.model, request)
+        content = base.encode_compaction(self.endpoint.model, request)
         with translated():
             async with self._wire.post(f"{self.endpoint.url}/compact", content) as response:
                 body = msgspec.json.decode(await self._wire.read(response), type=_Compaction)
@@ -228,11 +217,11 @@ class ResponsesProvider(Provider):
         self._wire.check_reply(sum(map(len, body.output)), 0, sent=len(content))
         if compaction_item(body.output) is None:
             raise UpstreamError("The provider's compaction holds no compaction item.")
-        return Compacted(list(body.output), body.usage.value() if body.usage else None)
+        return base.Compacted(list(body.output), body.usage.value() if body.usage else None)
 
-    async def count_tokens(self, request: ProviderRequest) -> int:
+    async def count_tokens(self, request: base.ProviderRequest) -> int:
         """``POST {base}/responses/input_tokens``: the provider's count of the request."""
-        content = encode_count(self.endpoint.model, request)
+        content = base.encode_count(self.endpoint.model, request)
         with translated():
             async with self._wire.post(f"{self.endpoint.url}/input_tokens", content) as response:
                 body = await self._wire.read(response)
@@ -271,20 +260,20 @@ class _EventStream:
         self.text_bytes = 0  # of the text deltas so far
         self._events = ServerSentEvents()
 
-    def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
+    def feed(self, chunk: bytes) -> Iterator[base.ProviderEvent]:
         return self._events.events(chunk, self._event, lambda: self.finished)
 
-    def _event(self, data: bytes) -> ProviderEvent | None:
+    def _event(self, data: bytes) -> base.ProviderEvent | None:
         kind = msgspec.json.decode(data, type=_Event).type
         if kind == "response.output_text.delta":
             event = msgspec.json.decode(data, type=_Delta)
             self.text_bytes += len(event.delta.encode())
-            return TextDelta(event.delta, event.item_id) if event.delta else None
+            return base.TextDelta(event.delta, event.item_id) if event.delta else None
         if kind == "response.output_item.done":
             item = msgspec.json.decode(data, type=_ItemDone).item
             self.items.append(item)
             if msgspec.json.decode(item, type=_Item).type in _ANNOUNCED:
-                return ItemDone(item)  # a stream announces it before the message after it
+                return base.ItemDone(item)  # a stream announces it before the message after it
         elif kind in ("response.completed", "response.incomplete"):
             final = msgspec.json.decode(data, type=_Finished).response
             self.finished = True
@@ -300,7 +289,7 @@ class _EventStream:
         return None
 
 
-def _reply(response: _Response) -> Reply:
+def _reply(response: _Response) -> base.Reply:
     reason = response.incomplete_details.reason if response.incomplete_details else None
     status: ReplyStatus
     if response.status == "completed":
@@ -312,7 +301,7 @@ def _reply(response: _Response) -> Reply:
     else:
         raise UpstreamError("The provider's response was neither completed nor incomplete.")
     usage = response.usage.value() if response.usage else None
-    return Reply(_text(response.output), status, reason, list(response.output), usage)
+    return base.Reply(_text(response.output), status, reason, list(response.output), usage)
 
 
 def _text(items: list[msgspec.Raw]) -> str:

@@ -27,15 +27,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    InvalidEncryptedContent,
-    ProviderRefused,
-    RateLimited,
-    TurnstoreError,
-    UpstreamError,
-)
+from service.core import errors
 from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.translate.anthropic_blocks import OPAQUE_BLOCKS
 from service.core.usage import Usage
@@ -175,36 +167,28 @@ class _StreamError(msgspec.Struct):
     error: _ErrorDetail
 
 
-def _error(status: int, error: _ErrorDetail | None) -> TurnstoreError:
+def _error(status: int, error: _ErrorDetail | None) -> errors.TurnstoreError:
     """What an HTTP status and Anthropic's error body (or a stream's error event) mean here."""
     kind, message = (error.type, error.message) if error else ("", "")
     if status in (429, 529) or kind in ("rate_limit_error", "overloaded_error"):
-        return RateLimited()
+        return errors.RateLimited()
     if status == 400 or kind == "invalid_request_error":
         if message.startswith("prompt is too long"):
-            return ContextLengthExceeded()
+            return errors.ContextLengthExceeded()
         if "Invalid `signature`" in message or "Invalid `data` in `redacted_thinking`" in message:
-            return InvalidEncryptedContent()
+            return errors.InvalidEncryptedContent()
         if status == 400:  # the request's fault: a /v1 client's own, passed on with its param
             param = message.partition(":")[0].partition(".")[0]
-            return ProviderRefused(kind or "invalid_request_error", CLIENT_PARAMS.get(param))
-    return UpstreamError(f"The provider answered HTTP {status}." if status else None)
+            return errors.ProviderRefused(kind or "invalid_request_error", CLIENT_PARAMS.get(param))
+    return errors.UpstreamError(f"The provider answered HTTP {status}." if status else None)
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+def _status_error(status: int, body: bytes) -> errors.TurnstoreError:
     try:
         detail = msgspec.json.decode(body, type=_ErrorBody).error
     except msgspec.DecodeError:
         detail = None
-    error = _error(status, detail)
-    if isinstance(error, RateLimited):
-        error.retry_after = wire.retry_after(headers.get("retry-after"))
-    return error
-
-
-def _request_id(headers: httpx.Headers) -> str | None:
-    found: str | None = headers.get("request-id")
-    return found
+    return _error(status, detail)
 
 
 def _reply(blocks: list[msgspec.Raw], stop_reason: str | None, usage: _Usage | None) -> base.Reply:
@@ -215,9 +199,9 @@ def _reply(blocks: list[msgspec.Raw], stop_reason: str | None, usage: _Usage | N
     elif stop_reason in _TRUNCATED:
         status, reason = "incomplete", "max_output_tokens"
     elif stop_reason == "refusal":
-        raise ContentFiltered()
+        raise errors.ContentFiltered()
     else:
-        raise UpstreamError("The provider's message ended for no reason it names.")
+        raise errors.UpstreamError("The provider's message ended for no reason it names.")
     texts = [msgspec.json.decode(block, type=_TextBlock) for block in blocks]
     text = "".join(block.text for block in texts if block.type == "text")
     return base.Reply(text, status, reason, list(blocks), usage.value() if usage else None)
@@ -244,7 +228,7 @@ class _Block:
             return None
         name, value = kinds.get(delta.type, ("", None))
         if value is None:  # an unknown delta would change the block in ways not kept
-            raise UpstreamError("The provider's stream held a delta of an unknown kind.")
+            raise errors.UpstreamError("The provider's stream held a delta of an unknown kind.")
         self.parts.setdefault(name, []).append(value)
         return value if name == "text" else None
 
@@ -284,7 +268,7 @@ class _EventStream:
         elif kind == "content_block_start":
             start = msgspec.json.decode(data, type=_BlockStart)
             if start.index in self._open or start.index in self.items:
-                raise UpstreamError("The provider's stream started a block twice.")
+                raise errors.UpstreamError("The provider's stream started a block twice.")
             self._open[start.index] = _Block(start.content_block)
         elif kind == "content_block_delta":
             delta = msgspec.json.decode(data, type=_BlockDelta)
@@ -307,7 +291,9 @@ class _EventStream:
                 self._usage = self._usage.updated(ending.usage) if self._usage else ending.usage
         elif kind == "message_stop":
             if self._open:
-                raise UpstreamError("The provider's stream ended a message with a block open.")
+                raise errors.UpstreamError(
+                    "The provider's stream ended a message with a block open."
+                )
             self.finished = True
             blocks = [self.items[i] for i in sorted(self.items)]
             return _reply(blocks, self._stop_reason, self._usage)
@@ -317,7 +303,9 @@ class _EventStream:
 
     def _block(self, index: int) -> _Block:
         if index not in self._open:
-            raise UpstreamError("The provider's stream continued a block it had not started.")
+            raise errors.UpstreamError(
+                "The provider's stream continued a block it had not started."
+            )
         return self._open[index]
 
 
@@ -340,7 +328,7 @@ class AnthropicProvider(wire.Translating):
         self._wire = wire.Wire(
             {"x-api-key": endpoint.api_key, "anthropic-version": VERSION},
             _status_error,
-            _request_id,
+            ("request-id",),
             limits,
             transport,
         )
@@ -365,7 +353,7 @@ class AnthropicProvider(wire.Translating):
                     self._wire.check_reply(events.item_bytes, events.text_bytes)
                     if events.finished:
                         return
-        raise UpstreamError("The provider's stream ended before the message was complete.")
+        raise errors.UpstreamError("The provider's stream ended before the message was complete.")
 
     async def count_tokens(self, request: base.ProviderRequest) -> int:
         """``POST {base}/v1/messages/count_tokens``: the provider's count of the request."""

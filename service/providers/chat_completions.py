@@ -32,15 +32,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    InvalidInput,
-    ProviderRefused,
-    RateLimited,
-    TurnstoreError,
-    UpstreamError,
-)
+from service.core import errors
 from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.translate.chat_messages import (
     START,
@@ -150,33 +142,25 @@ class _ErrorBody(msgspec.Struct):
         return _ErrorDetail(self.message, self.type, self.param, self.code)
 
 
-def _error(status: int, detail: _ErrorDetail) -> TurnstoreError:
+def _error(status: int, detail: _ErrorDetail) -> errors.TurnstoreError:
     said = f"{detail.message} {detail.type or ''} {detail.code or ''}"
     if status == 429:
-        return RateLimited()
+        return errors.RateLimited()
     if _TOO_LONG.search(said):
-        return ContextLengthExceeded()
+        return errors.ContextLengthExceeded()
     if status == 400:  # the request's fault: a /v1 client's own, passed on with its param
         param = CLIENT_PARAMS.get((detail.param or "").partition(".")[0])
         kind = detail.code if isinstance(detail.code, str) else None
-        return ProviderRefused(kind or "invalid_request_error", param)
-    return UpstreamError(f"The provider answered HTTP {status}." if status else None)
+        return errors.ProviderRefused(kind or "invalid_request_error", param)
+    return errors.UpstreamError(f"The provider answered HTTP {status}." if status else None)
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+def _status_error(status: int, body: bytes) -> errors.TurnstoreError:
     try:
         detail = msgspec.json.decode(body, type=_ErrorBody).detail()
     except msgspec.DecodeError:
         detail = _ErrorDetail()
-    error = _error(status, detail)
-    if isinstance(error, RateLimited):
-        error.retry_after = wire.retry_after(headers.get("retry-after"))
-    return error
-
-
-def _request_id(headers: httpx.Headers) -> str | None:
-    found: str | None = headers.get("x-request-id")
-    return found
+    return _error(status, detail)
 
 
 def minted_call_id() -> str:
@@ -194,7 +178,7 @@ def kept(raw: bytes) -> msgspec.Raw:
             return msgspec.Raw(raw)
     decoded: dict[str, Any] = msgspec.json.decode(raw)
     if not isinstance(decoded, dict):
-        raise UpstreamError("The provider's message was not an object.")
+        raise errors.UpstreamError("The provider's message was not an object.")
     for call in decoded.get("tool_calls") or ():
         if isinstance(call, dict) and not call.get("id"):
             call["id"] = minted_call_id()
@@ -210,9 +194,9 @@ def _reply(raw: msgspec.Raw, finish_reason: str | None, usage: _Usage | None) ->
     elif finish_reason == "length":
         status, reason = "incomplete", "max_output_tokens"
     elif finish_reason == "content_filter":
-        raise ContentFiltered()
+        raise errors.ContentFiltered()
     else:
-        raise UpstreamError("The provider's message ended for no reason it names.")
+        raise errors.UpstreamError("The provider's message ended for no reason it names.")
     text = msgspec.json.decode(raw, type=ChatMessage).text
     return base.Reply(text, status, reason, [raw], usage.value() if usage else None)
 
@@ -298,7 +282,7 @@ class _EventStream:
     def _chunk(self, data: bytes) -> Iterator[base.ProviderEvent]:
         if data.strip() == b"[DONE]":
             if self._finish_reason is None:
-                raise UpstreamError("The provider's stream ended without a finish reason.")
+                raise errors.UpstreamError("The provider's stream ended without a finish reason.")
             yield from self._announce()
             self.finished = True
             yield _reply(self.message(), self._finish_reason, self._usage)
@@ -373,7 +357,7 @@ class ChatProvider(wire.Translating):
         key = fingerprint(endpoint.api_key)
         self.origin = Origin(endpoint.name, str(url), endpoint.model, "chat", key)
         headers = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-        self._wire = wire.Wire(headers, _status_error, _request_id, limits, transport)
+        self._wire = wire.Wire(headers, _status_error, ("x-request-id",), limits, transport)
 
     async def respond(
         self, request: base.ProviderRequest, *, stream: bool
@@ -386,7 +370,7 @@ class ChatProvider(wire.Translating):
                 if not stream:
                     body = msgspec.json.decode(await self._wire.read(response), type=_Completion)
                     if not body.choices:
-                        raise UpstreamError("The provider's reply held no message.")
+                        raise errors.UpstreamError("The provider's reply held no message.")
                     choice = body.choices[0]
                     message = kept(bytes(choice.message))
                     self._wire.check_reply(len(message), 0)
@@ -401,10 +385,10 @@ class ChatProvider(wire.Translating):
                     self._wire.check_reply(0, events.text_bytes)
                     if events.finished:
                         return
-        raise UpstreamError("The provider's stream ended before the message was complete.")
+        raise errors.UpstreamError("The provider's stream ended before the message was complete.")
 
     async def count_tokens(self, request: base.ProviderRequest) -> int:
-        raise InvalidInput(
+        raise errors.InvalidInput(
             "This model's provider (a Chat Completions server) cannot count tokens.",
             param="model",
         )

@@ -38,16 +38,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    InvalidEncryptedContent,
-    ProviderRefused,
-    RateLimited,
-    TurnstoreError,
-    UpstreamError,
-    UpstreamTimeout,
-)
+from service.core import errors
 from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.translate.gemini_parts import GEMINI, minted
 from service.core.usage import Usage
@@ -153,23 +144,23 @@ class _Text(msgspec.Struct):
     thought: bool = False
 
 
-def _error(status: int, error: _ErrorDetail | None) -> TurnstoreError:
+def _error(status: int, error: _ErrorDetail | None) -> errors.TurnstoreError:
     """What an HTTP status and Google's error body (or a stream's error) mean here."""
     kind, message = (error.status, error.message) if error else ("", "")
     if status == 429 or kind == "RESOURCE_EXHAUSTED":
-        return RateLimited(retry_after=_retry_delay(error))
+        return errors.RateLimited(retry_after=_retry_delay(error))
     if status == 400 or kind in ("INVALID_ARGUMENT", "FAILED_PRECONDITION"):
         if "input token count" in message and "exceeds the maximum" in message:
-            return ContextLengthExceeded()
+            return errors.ContextLengthExceeded()
         if "thought_signature" in message or "thought signature" in message.lower():
-            return InvalidEncryptedContent()
+            return errors.InvalidEncryptedContent()
         if status == 400:  # the request's fault: a /v1 client's own, passed on with its param
             named = (CLIENT_PARAMS.get(word) for word in _NAMED.findall(message))
             param = next((p for p in named if p is not None), None)
-            return ProviderRefused((kind or "invalid_argument").lower(), param)
+            return errors.ProviderRefused((kind or "invalid_argument").lower(), param)
     if status == 504 or kind == "DEADLINE_EXCEEDED":
-        return UpstreamTimeout()
-    return UpstreamError(f"The provider answered HTTP {status}." if status else None)
+        return errors.UpstreamTimeout()
+    return errors.UpstreamError(f"The provider answered HTTP {status}." if status else None)
 
 
 def _retry_delay(error: _ErrorDetail | None) -> str | None:
@@ -185,20 +176,12 @@ class _ErrorBody(msgspec.Struct):
     error: _ErrorDetail | None = None
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+def _status_error(status: int, body: bytes) -> errors.TurnstoreError:
     try:
         detail = msgspec.json.decode(body, type=_ErrorBody).error
     except msgspec.DecodeError:
         detail = None
-    error = _error(status, detail)
-    if isinstance(error, RateLimited):
-        error.retry_after = wire.retry_after(headers.get("retry-after")) or error.retry_after
-    return error
-
-
-def _request_id(headers: httpx.Headers) -> str | None:
-    found: str | None = headers.get("x-request-id") or headers.get("x-goog-request-id")
-    return found
+    return _error(status, detail)
 
 
 def _reply(
@@ -207,13 +190,13 @@ def _reply(
     status: ReplyStatus
     reason = None
     if blocked or finish in FILTERED:
-        raise ContentFiltered()
+        raise errors.ContentFiltered()
     if finish == "STOP":
         status = "completed"
     elif finish == "MAX_TOKENS":
         status, reason = "incomplete", "max_output_tokens"
     else:
-        raise UpstreamError(
+        raise errors.UpstreamError(
             f"The provider's reply ended for a reason turnstore does not take ({finish})."
         )
     texts = [msgspec.json.decode(part, type=_Text) for part in parts]
@@ -311,7 +294,7 @@ class _EventStream:
         for raw in candidate.content.parts if candidate.content else ():
             part = msgspec.json.decode(raw)
             if not isinstance(part, dict):
-                raise UpstreamError("The provider's stream held a part that is no object.")
+                raise errors.UpstreamError("The provider's stream held a part that is no object.")
             for event in self.parts.add(part):
                 if isinstance(event, base.TextDelta):
                     self.text_bytes += len(event.text.encode())
@@ -320,7 +303,7 @@ class _EventStream:
     def end(self) -> Iterator[base.ProviderEvent]:
         yield from self.parts.close()
         if self._finish is None and self._blocked is None:
-            raise UpstreamError("The provider's stream ended before the reply was complete.")
+            raise errors.UpstreamError("The provider's stream ended before the reply was complete.")
         yield _reply(self.parts.done, self._finish, self._blocked, self._usage)
 
 
@@ -338,7 +321,11 @@ class GeminiProvider(wire.Translating):
         key = fingerprint(endpoint.api_key)
         self.origin = Origin(endpoint.name, str(url), endpoint.model, "gemini", key)
         self._wire = wire.Wire(
-            {"x-goog-api-key": endpoint.api_key}, _status_error, _request_id, limits, transport
+            {"x-goog-api-key": endpoint.api_key},
+            _status_error,
+            ("x-request-id", "x-goog-request-id"),
+            limits,
+            transport,
         )
 
     async def respond(

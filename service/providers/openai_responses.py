@@ -25,30 +25,22 @@ from dataclasses import dataclass, field
 import httpx
 import msgspec
 
-from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    InvalidEncryptedContent,
-    ProviderRefused,
-    RateLimited,
-    TurnstoreError,
-    UpstreamError,
-)
+from service.core import errors
 from service.core.items import compaction_item
 from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.usage import Usage
 from service.providers import base
-from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
+from service.providers.wire import ServerSentEvents, Wire, WireLimits, translated
 
 log = logging.getLogger("turnstore.provider")
 
 _INCOMPLETE_REASONS = ("max_output_tokens", "content_filter")
-_CODES: dict[str, type[TurnstoreError]] = {
-    "context_length_exceeded": ContextLengthExceeded,
-    "content_filter": ContentFiltered,  # Azure
-    "content_policy_violation": ContentFiltered,
-    "rate_limit_exceeded": RateLimited,
-    "invalid_encrypted_content": InvalidEncryptedContent,
+_CODES: dict[str, type[errors.TurnstoreError]] = {
+    "context_length_exceeded": errors.ContextLengthExceeded,
+    "content_filter": errors.ContentFiltered,  # Azure
+    "content_policy_violation": errors.ContentFiltered,
+    "rate_limit_exceeded": errors.RateLimited,
+    "invalid_encrypted_content": errors.InvalidEncryptedContent,
 }
 
 
@@ -180,7 +172,9 @@ class ResponsesProvider(base.Provider):
         self.origin = Origin(
             endpoint.name, str(url), endpoint.model, endpoint.kind, endpoint.key_fingerprint
         )
-        self._wire = Wire(endpoint.headers, _status_error, _request_id, limits, transport)
+        self._wire = Wire(
+            endpoint.headers, _status_error, ("x-request-id", "apim-request-id"), limits, transport
+        )
 
     async def close(self) -> None:
         await self._wire.close()
@@ -204,7 +198,7 @@ class ResponsesProvider(base.Provider):
                     self._wire.check_reply(sum(map(len, events.items)), events.text_bytes)
                     if events.finished:
                         return
-        raise UpstreamError("The provider's stream ended before the response was complete.")
+        raise errors.UpstreamError("The provider's stream ended before the response was complete.")
 
     async def compact(self, request: base.ProviderRequest) -> base.Compacted:
         """``POST {base}/responses/compact``: the compacted context, and its usage."""
@@ -216,7 +210,7 @@ class ResponsesProvider(base.Provider):
         # compaction may answer what it was sent, and a reply's worth more.
         self._wire.check_reply(sum(map(len, body.output)), 0, sent=len(content))
         if compaction_item(body.output) is None:
-            raise UpstreamError("The provider's compaction holds no compaction item.")
+            raise errors.UpstreamError("The provider's compaction holds no compaction item.")
         return base.Compacted(list(body.output), body.usage.value() if body.usage else None)
 
     async def count_tokens(self, request: base.ProviderRequest) -> int:
@@ -228,9 +222,9 @@ class ResponsesProvider(base.Provider):
                 return msgspec.json.decode(body, type=_Counted).input_tokens
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+def _status_error(status: int, body: bytes) -> errors.TurnstoreError:
     if status == 429:
-        return RateLimited(retry_after=retry_after(headers.get("retry-after")))
+        return errors.RateLimited()  # its Retry-After: the wire's
     if status == 400:  # the body's error code tells which 400 it is
         try:
             error = msgspec.json.decode(body, type=_ErrorBody).error
@@ -239,14 +233,8 @@ def _status_error(status: int, body: bytes, headers: httpx.Headers) -> Turnstore
         if error is not None and error.code in _CODES:
             return _CODES[error.code]()
         if error is not None and error.param:  # a field of the request it names
-            return ProviderRefused(error.code, error.param)
-    return UpstreamError(f"The provider answered HTTP {status}.")
-
-
-def _request_id(headers: httpx.Headers) -> str | None:
-    """The provider's own id of the request (OpenAI's, or Azure's), for its support."""
-    found: str | None = headers.get("x-request-id") or headers.get("apim-request-id")
-    return found
+            return errors.ProviderRefused(error.code, error.param)
+    return errors.UpstreamError(f"The provider answered HTTP {status}.")
 
 
 class _EventStream:
@@ -281,11 +269,11 @@ class _EventStream:
                 _Response(final.status, self.items, final.incomplete_details, final.usage)
             )
         elif kind == "response.failed":
-            raise UpstreamError("The provider failed to produce a response.")
+            raise errors.UpstreamError("The provider failed to produce a response.")
         elif kind == "error":
             error = msgspec.json.decode(data, type=_Error)
             code = error.code or (error.error.code if error.error else None)
-            raise _CODES.get(code or "", UpstreamError)()
+            raise _CODES.get(code or "", errors.UpstreamError)()
         return None
 
 
@@ -297,9 +285,9 @@ def _reply(response: _Response) -> base.Reply:
     elif response.status == "incomplete" and reason in _INCOMPLETE_REASONS:
         status = "incomplete"
     elif response.status == "failed":
-        raise UpstreamError("The provider failed to produce a response.")
+        raise errors.UpstreamError("The provider failed to produce a response.")
     else:
-        raise UpstreamError("The provider's response was neither completed nor incomplete.")
+        raise errors.UpstreamError("The provider's response was neither completed nor incomplete.")
     usage = response.usage.value() if response.usage else None
     return base.Reply(_text(response.output), status, reason, list(response.output), usage)
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import msgspec
 
 from service.core import errors
-from service.core.model import Origin, ReplyStatus, fingerprint
+from service.core.model import ReplyStatus
 from service.core.translate.anthropic_blocks import OPAQUE_BLOCKS
 from service.core.usage import Usage
 from service.providers import base, wire
@@ -55,16 +54,10 @@ _COMPLETED = frozenset({"end_turn", "tool_use", "stop_sequence", "pause_turn"})
 _TRUNCATED = frozenset({"max_tokens", "model_context_window_exceeded"})
 
 
-@dataclass(frozen=True)
-class AnthropicEndpoint:
-    name: str  # the provider's name: "anthropic", or its name in PROVIDERS_FILE
-    base_url: str | None  # None or "": DEFAULT_BASE_URL
-    api_key: str = field(repr=False)
-    model: str
-
+class AnthropicEndpoint(wire.HostedEndpoint):
     @property
     def url(self) -> str:
-        return (self.base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
+        return self.root(DEFAULT_BASE_URL) + "/v1/messages"
 
 
 # -- the answer --------------------------------------------------------------------------------
@@ -320,10 +313,10 @@ class AnthropicProvider(wire.Translating):
     ) -> None:
         self.endpoint = endpoint
         self._url = endpoint.url
-        # Where this provider's thinking can be replayed (no credentials in it).
-        url = httpx.URL(self._url).copy_with(userinfo=b"")
-        key = fingerprint(endpoint.api_key)
-        self.origin = Origin(endpoint.name, str(url), endpoint.model, "anthropic", key)
+        # Where this provider's thinking can be replayed.
+        self.origin = wire.replay_origin(
+            endpoint.name, self._url, endpoint.model, "anthropic", endpoint.api_key
+        )
         self._max_tokens = max_tokens  # when the client does not say (the API requires one)
         self._wire = wire.Wire(
             {"x-api-key": endpoint.api_key, "anthropic-version": VERSION},

@@ -33,7 +33,7 @@ import httpx
 import msgspec
 
 from service.core import errors
-from service.core.model import Origin, ReplyStatus, fingerprint
+from service.core.model import ReplyStatus
 from service.core.translate.chat_messages import (
     START,
     THINKING_FIELDS,
@@ -353,9 +353,9 @@ class ChatProvider(wire.Translating):
     ) -> None:
         self.endpoint = endpoint
         self._url = endpoint.url
-        url = httpx.URL(self._url).copy_with(userinfo=b"")
-        key = fingerprint(endpoint.api_key)
-        self.origin = Origin(endpoint.name, str(url), endpoint.model, "chat", key)
+        self.origin = wire.replay_origin(
+            endpoint.name, self._url, endpoint.model, "chat", endpoint.api_key
+        )
         headers = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         self._wire = wire.Wire(headers, _status_error, ("x-request-id",), limits, transport)
 

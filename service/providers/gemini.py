@@ -32,14 +32,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import msgspec
 
 from service.core import errors
-from service.core.model import Origin, ReplyStatus, fingerprint
+from service.core.model import ReplyStatus
 from service.core.translate.gemini_parts import GEMINI, minted
 from service.core.usage import Usage
 from service.providers import base, wire
@@ -76,16 +75,10 @@ _DELAY = re.compile(r"\d{1,9}(?:\.\d{1,9})?s")
 _TEXTUAL = frozenset({"text", "thought", "thoughtSignature"})  # a part a stream may split
 
 
-@dataclass(frozen=True)
-class GeminiEndpoint:
-    name: str  # the provider's name: "gemini", or its name in PROVIDERS_FILE
-    base_url: str | None  # None or "": DEFAULT_BASE_URL
-    api_key: str = field(repr=False)
-    model: str
-
+class GeminiEndpoint(wire.HostedEndpoint):
     @property
     def base(self) -> str:
-        return (self.base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1beta/models/"
+        return self.root(DEFAULT_BASE_URL) + "/v1beta/models/"
 
     def url(self, model: str, method: str) -> str:
         return f"{self.base}{model}:{method}"
@@ -316,10 +309,10 @@ class GeminiProvider(wire.Translating):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
-        # Where this provider's parts can be replayed (no credentials in it).
-        url = httpx.URL(endpoint.base).copy_with(userinfo=b"")
-        key = fingerprint(endpoint.api_key)
-        self.origin = Origin(endpoint.name, str(url), endpoint.model, "gemini", key)
+        # Where this provider's parts can be replayed.
+        self.origin = wire.replay_origin(
+            endpoint.name, endpoint.base, endpoint.model, "gemini", endpoint.api_key
+        )
         self._wire = wire.Wire(
             {"x-goog-api-key": endpoint.api_key},
             _status_error,

@@ -18,7 +18,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import httpx
@@ -32,6 +32,7 @@ from service.core.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from service.core.model import Origin, fingerprint
 from service.providers.base import Compacted, Provider, ProviderRequest
 
 log = logging.getLogger("turnstore.provider")
@@ -80,6 +81,28 @@ class WireLimits:
     read_timeout_s: float
     max_body_bytes: int
     max_wire_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class HostedEndpoint:
+    """A hosted API's endpoint (Anthropic's, Gemini's): the provider's name (its kind, or its
+    name in PROVIDERS_FILE), its base URL (None or "": the API's own), key and model."""
+
+    name: str
+    base_url: str | None
+    api_key: str = field(repr=False)
+    model: str
+
+    def root(self, default: str) -> str:
+        """The base URL, ``default`` unless one was given, without a trailing slash."""
+        return (self.base_url or default).rstrip("/")
+
+
+def replay_origin(name: str, url: str, model: str, kind: str, api_key: str | None) -> Origin:
+    """Where a provider's items can be replayed: its name, ``url`` with no credentials in it,
+    the model, its kind and its key's fingerprint (never the key)."""
+    plain = httpx.URL(url).copy_with(userinfo=b"")
+    return Origin(name, str(plain), model, kind, fingerprint(api_key))
 
 
 # A non-2xx answer as the adapter's domain error: its status and its body (b"" when it could

@@ -81,28 +81,21 @@ def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
         if head.role is None and head.type in BLOCK_TYPES:
             out.add("assistant", item)  # verbatim: signatures bind its exact content
             issued.update(call.call_id for call in ANTHROPIC.calls(item))
-        elif head.type in (None, "message") and head.role is not None:
-            _message(out, msgspec.json.decode(item, type=form.Message))
-        elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=form.CallItem)
-            block = {"type": "tool_use", "id": call.call_id, "name": call.name}
-            out.add("assistant", block | {"input": form.arguments(call.arguments)})
-            issued.add(call.call_id)
-        elif head.type == "function_call_output":
-            result = msgspec.json.decode(item, type=form.Output)
-            if result.call_id not in issued:  # its call left the window: its output as text
-                text = f"[output of call {result.call_id}]\n{form.text_of(result.output)}"
+            continue
+        read = form.read_item(item, "an Anthropic model")
+        if isinstance(read, form.Message):
+            _message(out, read)
+        elif isinstance(read, form.CallItem):
+            block = {"type": "tool_use", "id": read.call_id, "name": read.name}
+            out.add("assistant", block | {"input": form.arguments(read.arguments)})
+            issued.add(read.call_id)
+        elif isinstance(read, form.Output):
+            if read.call_id not in issued:  # its call left the window: its output as text
+                text = f"[output of call {read.call_id}]\n{form.text_of(read.output)}"
                 out.add("user", {"type": "text", "text": text})
                 continue
-            content = result.output if isinstance(result.output, str) else _parts(result.output)
-            _tool_result(out, {"type": "tool_result", "tool_use_id": result.call_id}, content)
-        elif head.type in ("reasoning", "compaction"):
-            continue  # another provider's reasoning: readable by its issuer alone
-        else:
-            raise InvalidInput(
-                f"An item of type {head.type!r} cannot be sent to an Anthropic model.",
-                param="input",
-            )
+            content = read.output if isinstance(read.output, str) else _parts(read.output)
+            _tool_result(out, {"type": "tool_result", "tool_use_id": read.call_id}, content)
     return out
 
 
@@ -144,24 +137,18 @@ def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses content parts as Anthropic blocks: text, images and files by URL or data."""
     blocks: list[dict[str, Any]] = []
     for part in parts:
-        kind = part.get("type")
-        if kind in ("input_text", "output_text", "text"):
-            if part.get("text"):
-                blocks.append({"type": "text", "text": part["text"]})
+        kind, text = part.get("type"), form.said(part)
+        if text is not None:
+            if text:
+                blocks.append({"type": "text", "text": text})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
             blocks.append({"type": "image", "source": _source(part["image_url"])})
         elif kind == "input_file" and isinstance(
             part.get("file_data") or part.get("file_url"), str
         ):
             blocks.append(_document(part))
-        elif kind == "refusal":
-            if part.get("refusal"):
-                blocks.append({"type": "text", "text": part["refusal"]})
         else:
-            raise InvalidInput(
-                f"A content part of type {kind!r} cannot be sent to an Anthropic model.",
-                param="input",
-            )
+            raise form.unsendable("A content part", kind, "an Anthropic model")
     return blocks
 
 

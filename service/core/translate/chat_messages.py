@@ -204,27 +204,20 @@ def to_chat(items: Sequence[msgspec.Raw]) -> Messages:
             out.messages.append(item)  # verbatim: the server's own message
             issued.update(call.call_id for call in CHAT.calls(item))
             continue
-        head = msgspec.json.decode(item, type=form.ItemHead)
-        if head.type in (None, "message") and head.role is not None:
-            _message(out, msgspec.json.decode(item, type=form.Message))
-        elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=form.CallItem)
-            _call(out, call)
-            issued.add(call.call_id)
-        elif head.type == "function_call_output":
-            result = msgspec.json.decode(item, type=form.Output)
-            output = form.text_of(result.output)
-            if result.call_id in issued:
-                tool = {"role": "tool", "tool_call_id": result.call_id, "content": output}
+        read = form.read_item(item, "a Chat Completions model")
+        if isinstance(read, form.Message):
+            _message(out, read)
+        elif isinstance(read, form.CallItem):
+            _call(out, read)
+            issued.add(read.call_id)
+        elif isinstance(read, form.Output):
+            output = form.text_of(read.output)
+            if read.call_id in issued:
+                tool = {"role": "tool", "tool_call_id": read.call_id, "content": output}
                 out.messages.append(tool)
             else:  # its call left the window: its output as text
-                said = f"[output of call {result.call_id}]\n{output}"
+                said = f"[output of call {read.call_id}]\n{output}"
                 out.messages.append({"role": "user", "content": said})
-        elif head.type not in ("reasoning", "compaction"):  # another provider's: its issuer's
-            raise InvalidInput(
-                f"An item of type {head.type!r} cannot be sent to a Chat Completions model.",
-                param="input",
-            )
     return out
 
 
@@ -258,18 +251,14 @@ def _parts(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     else text and ``image_url`` parts; files cannot go (no Chat server reads them)."""
     out: list[dict[str, Any]] = []
     for part in parts:
-        kind = part.get("type")
-        if kind in ("input_text", "output_text", "text") and part.get("text"):
-            out.append({"type": "text", "text": part["text"]})
-        elif kind == "refusal" and part.get("refusal"):
-            out.append({"type": "text", "text": part["refusal"]})
+        kind, text = part.get("type"), form.said(part)
+        if text is not None:
+            if text:
+                out.append({"type": "text", "text": text})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
             out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
-        elif kind not in ("input_text", "output_text", "text", "refusal"):
-            raise InvalidInput(
-                f"A content part of type {kind!r} cannot be sent to a Chat Completions model.",
-                param="input",
-            )
+        else:
+            raise form.unsendable("A content part", kind, "a Chat Completions model")
     if all(part["type"] == "text" for part in out):
         return "".join(part["text"] for part in out)
     return out

@@ -194,11 +194,10 @@ def to_contents(items: Sequence[msgspec.Raw], model: str) -> Contents:
                 out.calls[_call_id(read, item)] = (read.function_call.name, read.function_call.id)
             out.add("model", wire(item))  # verbatim: its signature binds its exact content
             continue
-        head = msgspec.json.decode(item, type=form.ItemHead)
-        if head.type in (None, "message") and head.role is not None:
-            _message(out, msgspec.json.decode(item, type=form.Message))
-        elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=form.CallItem)
+        call = form.read_item(item, "a Gemini model")
+        if isinstance(call, form.Message):
+            _message(out, call)
+        elif isinstance(call, form.CallItem):
             part: dict[str, Any] = {
                 "functionCall": {
                     "id": call.call_id,
@@ -210,14 +209,8 @@ def to_contents(items: Sequence[msgspec.Raw], model: str) -> Contents:
                 part["thoughtSignature"] = PLACEHOLDER_SIGNATURE
             out.calls[call.call_id] = (call.name, call.call_id)
             out.add("model", part)
-        elif head.type == "function_call_output":
-            _response(out, msgspec.json.decode(item, type=form.Output))
-        elif head.type in ("reasoning", "compaction"):
-            continue  # another provider's reasoning: readable by its issuer alone
-        else:
-            raise InvalidInput(
-                f"An item of type {head.type!r} cannot be sent to a Gemini model.", param="input"
-            )
+        elif isinstance(call, form.Output):
+            _response(out, call)
     return out
 
 
@@ -266,13 +259,10 @@ def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses content parts as Gemini's: text, images and files inline or by URI."""
     out: list[dict[str, Any]] = []
     for part in parts:
-        kind = part.get("type")
-        if kind in ("input_text", "output_text", "text"):
-            if part.get("text"):
-                out.append({"text": part["text"]})
-        elif kind == "refusal":
-            if part.get("refusal"):
-                out.append({"text": part["refusal"]})
+        kind, text = part.get("type"), form.said(part)
+        if text is not None:
+            if text:
+                out.append({"text": text})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
             out.append(_media(part["image_url"], None))
         elif kind == "input_file" and isinstance(part.get("file_data"), str):
@@ -281,10 +271,7 @@ def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "input_file" and isinstance(part.get("file_url"), str):
             out.append(_media(part["file_url"], "application/pdf"))
         else:
-            raise InvalidInput(
-                f"A content part of type {kind!r} cannot be sent to a Gemini model.",
-                param="input",
-            )
+            raise form.unsendable("A content part", kind, "a Gemini model")
     return out
 
 

@@ -135,21 +135,20 @@ def _type(block: Any) -> str | None:
 
 def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses content parts as Anthropic blocks: text, images and files by URL or data."""
-    blocks: list[dict[str, Any]] = []
-    for part in parts:
-        kind, text = part.get("type"), form.said(part)
-        if text is not None:
-            if text:
-                blocks.append({"type": "text", "text": text})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            blocks.append({"type": "image", "source": _source(part["image_url"])})
-        elif kind == "input_file" and isinstance(
-            part.get("file_data") or part.get("file_url"), str
-        ):
-            blocks.append(_document(part))
-        else:
-            raise form.unsendable("A content part", kind, "an Anthropic model")
-    return blocks
+    return form.content_parts(parts, "an Anthropic model", _text, _media)
+
+
+def _text(text: Any) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _media(part: dict[str, Any]) -> dict[str, Any] | None:
+    kind = part.get("type")
+    if kind == "input_image" and isinstance(part.get("image_url"), str):
+        return {"type": "image", "source": _source(part["image_url"])}
+    if kind == "input_file" and isinstance(part.get("file_data") or part.get("file_url"), str):
+        return _document(part)
+    return None
 
 
 def _document(part: dict[str, Any]) -> dict[str, Any]:

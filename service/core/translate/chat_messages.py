@@ -246,19 +246,20 @@ def _message(out: Messages, read: form.Message) -> None:
         out.messages.append({"role": read.role, "content": content})
 
 
+def _text(text: Any) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _image(part: dict[str, Any]) -> dict[str, Any] | None:
+    if part.get("type") == "input_image" and isinstance(part.get("image_url"), str):
+        return {"type": "image_url", "image_url": {"url": part["image_url"]}}
+    return None
+
+
 def _parts(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     """Responses content parts as Chat's: text alone as a string (what every server takes),
     else text and ``image_url`` parts; files cannot go (no Chat server reads them)."""
-    out: list[dict[str, Any]] = []
-    for part in parts:
-        kind, text = part.get("type"), form.said(part)
-        if text is not None:
-            if text:
-                out.append({"type": "text", "text": text})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
-        else:
-            raise form.unsendable("A content part", kind, "a Chat Completions model")
+    out = form.content_parts(parts, "a Chat Completions model", _text, _image)
     if all(part["type"] == "text" for part in out):
         return "".join(part["text"] for part in out)
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -121,6 +122,28 @@ def said(part: dict[str, Any]) -> Any:
     if kind == "refusal":
         return part.get("refusal") or ""
     return None
+
+
+def content_parts(
+    parts: list[dict[str, Any]],
+    model: str,
+    words: Callable[[Any], dict[str, Any]],
+    other: Callable[[dict[str, Any]], dict[str, Any] | None],
+) -> list[dict[str, Any]]:
+    """Responses content parts as a provider's: text and refusals by ``words`` (none where they
+    say nothing), any other part by ``other``; 400 for a part ``other`` makes nothing of (None),
+    naming the ``model`` it cannot be sent to."""
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        text = said(part)
+        if text is None:
+            translated = other(part)
+            if translated is None:
+                raise unsendable("A content part", part.get("type"), model)
+            out.append(translated)
+        elif text:
+            out.append(words(text))
+    return out
 
 
 def unsendable(what: str, kind: str | None, model: str) -> InvalidInput:

@@ -257,22 +257,20 @@ def _response(out: Contents, result: form.Output) -> None:
 
 def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses content parts as Gemini's: text, images and files inline or by URI."""
-    out: list[dict[str, Any]] = []
-    for part in parts:
-        kind, text = part.get("type"), form.said(part)
-        if text is not None:
-            if text:
-                out.append({"text": text})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            out.append(_media(part["image_url"], None))
-        elif kind == "input_file" and isinstance(part.get("file_data"), str):
-            data = part["file_data"]
-            out.append(_media(data if data.startswith("data:") else _pdf(data), None))
-        elif kind == "input_file" and isinstance(part.get("file_url"), str):
-            out.append(_media(part["file_url"], "application/pdf"))
-        else:
-            raise form.unsendable("A content part", kind, "a Gemini model")
-    return out
+    return form.content_parts(parts, "a Gemini model", lambda text: {"text": text}, _other)
+
+
+def _other(part: dict[str, Any]) -> dict[str, Any] | None:
+    """An image or a file part: inline (a data URL) or by URI; None: another part."""
+    kind = part.get("type")
+    if kind == "input_image" and isinstance(part.get("image_url"), str):
+        return _media(part["image_url"], None)
+    if kind == "input_file" and isinstance(part.get("file_data"), str):
+        data = part["file_data"]
+        return _media(data if data.startswith("data:") else _pdf(data), None)
+    if kind == "input_file" and isinstance(part.get("file_url"), str):
+        return _media(part["file_url"], "application/pdf")
+    return None
 
 
 def _pdf(data: str) -> str:

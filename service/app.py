@@ -16,11 +16,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from litestar import Litestar, Request, Router
+from litestar._openapi.plugin import OpenAPIPlugin
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import (
     Components,
+    OpenAPI,
     OpenAPIMediaType,
     OpenAPIResponse,
     OpenAPIType,
@@ -406,7 +408,7 @@ def create_app(
     # The operations that have an owner: authenticated (by the guard, before the body is read).
     guard, owner = authentication(build_authenticator(settings, services.api_keys))
     components, security = openapi_security(settings)
-    owned = Router(
+    owned = _OneAppRouter(
         "/",
         route_handlers=[
             ChatController,
@@ -437,27 +439,51 @@ def create_app(
         logging_config=None,
         debug=False,
     )
-    _close_request_schemas(app)
-    _document_event_streams(app)
+    # The OpenAPI document is built when first asked for (GET /schema), not here: building it
+    # is some 40% of an app's start-up, which every app (each test's too) would pay unread.
+    app.plugins.get(OpenAPIPlugin).__class__ = _AmendedOpenAPI
     # Every request and response passes the edge (service/api/edge.py), outside the router:
     # unmatched routes too. No Litestar middleware: each route's stack stays the handler's.
     app.asgi_handler = Edge(app.asgi_handler, _rules(settings, app))
     return app
 
 
-def _close_request_schemas(app: Litestar) -> None:
+class _OneAppRouter(Router):
+    """A router built for one app: Litestar deep-copies every router it registers (one router
+    may serve several apps), a third of an app's start-up for this one's controllers; this one
+    serves one app, so its copy is itself."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _OneAppRouter:
+        return self
+
+
+class _AmendedOpenAPI(OpenAPIPlugin):
+    """Litestar's OpenAPI plugin, whose document, once built, gets turnstore's amendments."""
+
+    __slots__ = ()
+
+    def provide_openapi(self) -> OpenAPI:
+        built = self._openapi is not None
+        openapi = super().provide_openapi()
+        if not built:
+            _close_request_schemas(openapi)
+            _document_event_streams(openapi)
+        return openapi
+
+
+def _close_request_schemas(openapi: OpenAPI) -> None:
     """Request bodies refuse unknown fields: the OpenAPI document says so too."""
-    schemas = app.openapi_schema.components.schemas or {}
+    schemas = openapi.components.schemas or {}
     for struct in (ChatRequest, ForkRequest, CompactRequest):
         schema = schemas.get(struct.__name__)
         if isinstance(schema, Schema):
             schema.additional_properties = False
 
 
-def _document_event_streams(app: Litestar) -> None:
+def _document_event_streams(openapi: OpenAPI) -> None:
     """``POST /v1/responses`` answers 200 with a Response, or with ``"stream": true`` its
     event stream: both are documented (Litestar documents one media type per status)."""
-    operation = app.openapi_schema.paths["/v1/responses"].post  # type: ignore[index]
+    operation = openapi.paths["/v1/responses"].post  # type: ignore[index]
     ok = operation.responses["200"] if operation and operation.responses else None
     if isinstance(ok, OpenAPIResponse) and ok.content is not None:
         field = Schema(type=OpenAPIType.STRING)

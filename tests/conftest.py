@@ -25,25 +25,23 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.ids import Ids
-from service.platform import migrate
-from service.platform.db import create_engine
-from service.providers.base import Provider
-from service.store.postgres import PostgresStore
-from service.store.postgres.placement import distribute
-from service.store.postgres.secrets import SecretsReader
-from tests.support.backends import CITUS_TABLES, TABLES
-from tests.support.citus import CitusCluster, citus_cluster, citus_database, require_citus
-from tests.support.database import admin, copied_database, fresh_database, postgres_server
-from tests.support.helpers import TLS, Target, serve
-from tests.support.previous_release import Release, Unavailable, prepare, previous_commit
+# What the fixtures use is imported where they use it: this module is loaded by every pytest
+# process, xdist's controller too, which runs no test (importing all of it there held back
+# the start of `make test-fast`'s workers by some 2.5 s); the test modules import it anyway.
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from service.core.ids import Ids
+    from service.providers.base import Provider
+    from service.store.postgres import PostgresStore
+    from tests.support.citus import CitusCluster
+    from tests.support.helpers import Target
+    from tests.support.previous_release import Release
 
 UNIT = Path(__file__).resolve().parent / "unit"
 
@@ -98,6 +96,8 @@ def on_citus(request: pytest.FixtureRequest) -> bool:
 @pytest.fixture(scope="session")
 def server_url(request: pytest.FixtureRequest) -> Iterator[str]:
     refuse_in_unit(request, "server_url")
+    from tests.support.database import postgres_server
+
     with postgres_server() as url:
         yield url
 
@@ -107,6 +107,9 @@ def template_url(request: pytest.FixtureRequest, server_url: str) -> Iterator[st
     """Migrated once for the session (the real `alembic upgrade head`); no test connects to
     it, so that it can be copied."""
     refuse_in_unit(request, "template_url")
+    from service.platform import migrate
+    from tests.support.database import fresh_database
+
     with fresh_database(server_url) as url:
         migrate.upgrade(url)
         yield url
@@ -117,6 +120,8 @@ def shared_database_url(
     request: pytest.FixtureRequest, server_url: str, template_url: str
 ) -> Iterator[str]:
     refuse_in_unit(request, "shared_database_url")
+    from tests.support.database import copied_database
+
     with copied_database(server_url, template_url) as url:
         yield url
 
@@ -132,6 +137,9 @@ def database_url(request: pytest.FixtureRequest) -> str:
 def database(request: pytest.FixtureRequest) -> Iterator[str]:
     """A migrated database of this test's own (what replicas in other processes serve from),
     copied from the template and dropped afterwards; on Citus the cluster's, emptied."""
+    from tests.support.backends import CITUS_TABLES
+    from tests.support.database import admin, copied_database
+
     if on_citus(request):
         url = str(request.getfixturevalue("citus_url"))
         asyncio.run(admin(url, f"TRUNCATE {CITUS_TABLES} CASCADE"))
@@ -148,6 +156,8 @@ def database(request: pytest.FixtureRequest) -> Iterator[str]:
 @pytest.fixture
 def empty_database(server_url: str) -> Iterator[str]:
     """A database of this test's own with no schema (not migrated)."""
+    from tests.support.database import fresh_database
+
     with fresh_database(server_url) as url:
         yield url
 
@@ -157,6 +167,8 @@ def previous_release(request: pytest.FixtureRequest) -> Release:
     """The release deploy/PREVIOUS_RELEASE names, checked out and installed (cached under
     .turnstore/releases/). A clone without that commit skips, except in CI."""
     refuse_in_unit(request, "previous_release")
+    from tests.support.previous_release import Unavailable, prepare, previous_commit
+
     try:
         return prepare(previous_commit())
     except Unavailable as exc:
@@ -175,6 +187,8 @@ def citus(request: pytest.FixtureRequest) -> Iterator[CitusCluster]:
     """A local Citus cluster, a coordinator and two workers (tests/support/citus.py), for the
     session; the test skips, with the reason, where Citus is not installed."""
     refuse_in_unit(request, "citus")
+    from tests.support.citus import citus_cluster, require_citus
+
     require_citus()
     with citus_cluster() as cluster:
         yield cluster
@@ -185,6 +199,10 @@ def citus_url(request: pytest.FixtureRequest, citus: CitusCluster) -> Iterator[s
     """A database on that cluster, migrated and placed as `turnstore db upgrade` and
     `turnstore db distribute` do it: the coordinator's URL."""
     refuse_in_unit(request, "citus_url")
+    from service.platform import migrate
+    from service.store.postgres.placement import distribute
+    from tests.support.citus import citus_database
+
     with citus_database(citus) as url:
         migrate.upgrade(url)
         asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT))
@@ -194,6 +212,11 @@ def citus_url(request: pytest.FixtureRequest, citus: CitusCluster) -> Iterator[s
 @pytest.fixture
 async def engine(request: pytest.FixtureRequest, database_url: str) -> AsyncIterator[AsyncEngine]:
     """Committed data (race tests need it), so every test starts from empty tables."""
+    from sqlalchemy import text
+
+    from service.platform.db import create_engine
+    from tests.support.backends import CITUS_TABLES, TABLES
+
     engine = create_engine(database_url, pool_size=5)
     async with engine.begin() as conn:
         await conn.execute(
@@ -205,6 +228,8 @@ async def engine(request: pytest.FixtureRequest, database_url: str) -> AsyncIter
 
 @pytest.fixture
 def store(engine: AsyncEngine) -> PostgresStore:
+    from service.store.postgres import PostgresStore
+
     return PostgresStore.over(engine)
 
 
@@ -215,6 +240,8 @@ ClientFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 def target(request: pytest.FixtureRequest) -> Target:
     """Where this test's apps keep their state: in tests/unit a fresh in-memory store, else
     ``database_url`` with empty tables (``engine``)."""
+    from tests.support.helpers import Target
+
     if UNIT in request.path.parents:
         return Target()
     request.getfixturevalue("engine")
@@ -226,6 +253,7 @@ def make_client(target: Target) -> ClientFactory:
     """A served app (over loopback, in this test's event loop) on the test's ``target``, with
     its own pool on a database: ``async with make_client(provider=..., **settings) as
     client``."""
+    from tests.support.helpers import TLS, serve
 
     @asynccontextmanager
     async def factory(
@@ -245,6 +273,9 @@ def make_client(target: Target) -> ClientFactory:
 async def ids(request: pytest.FixtureRequest, target: Target) -> Ids:
     """The ids every app of the test shows: under the test database's ``ids`` secret, as every
     app on it reads it, or the in-memory target's."""
+    from service.core.ids import Ids
+    from service.store.postgres.secrets import SecretsReader
+
     if target.database_url is None:
         return Ids(target.secret)
     engine: AsyncEngine = request.getfixturevalue("engine")

@@ -59,10 +59,12 @@ class TurnstoreError(Exception):
     code = "internal_error"
     status = 500
     default_message = "Internal error."
+    default_param: str | None = None  # the request field an error of the kind is always about
 
     def __init__(self, message: str | None = None, *, param: str | None = None) -> None:
         self.message = message or self.default_message
-        self.param = param  # the request field at fault, for the OpenAI surface's errors
+        # The request field at fault, for the OpenAI surface's errors.
+        self.param = param if param is not None else self.default_param
         super().__init__(self.message)
 
 
@@ -74,9 +76,7 @@ class ModelNotFound(InvalidInput):
     """A model a request may not use (not in MODELS), refused as OpenAI refuses one."""
 
     code, default_message = "model_not_found", "The model does not exist or is not served here."
-
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message, param="model")
+    default_param = "model"
 
 
 class CompactionUnsupported(InvalidInput):
@@ -87,9 +87,7 @@ class CompactionUnsupported(InvalidInput):
     default_message = (
         "Compaction needs a provider that compacts (OpenAI, Azure); this model's does not."
     )
-
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message, param="context_management")
+    default_param = "context_management"
 
 
 class UnknownModel(TurnstoreError):
@@ -145,9 +143,7 @@ class PreviousResponseNotFound(InvalidInput):
 
     code = "previous_response_not_found"
     default_message = "Previous response not found."
-
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message, param="previous_response_id")
+    default_param = "previous_response_id"
 
 
 class ItemNotFound(TurnstoreError):

@@ -21,40 +21,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import msgspec
 
-from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    InvalidEncryptedContent,
-    ProviderRefused,
-    RateLimited,
-    TurnstoreError,
-    UpstreamError,
-)
-from service.core.model import Origin, ReplyStatus, fingerprint
+from service.core import errors
+from service.core.model import ReplyStatus
 from service.core.translate.anthropic_blocks import OPAQUE_BLOCKS
 from service.core.usage import Usage
+from service.providers import base, wire
 from service.providers.anthropic_request import count_body, messages_body
-from service.providers.base import (
-    ItemDone,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-)
-from service.providers.wire import (
-    ServerSentEvents,
-    Translating,
-    Wire,
-    WireLimits,
-    retry_after,
-    translated,
-)
 
 log = logging.getLogger("turnstore.provider")
 
@@ -77,16 +54,10 @@ _COMPLETED = frozenset({"end_turn", "tool_use", "stop_sequence", "pause_turn"})
 _TRUNCATED = frozenset({"max_tokens", "model_context_window_exceeded"})
 
 
-@dataclass(frozen=True)
-class AnthropicEndpoint:
-    name: str  # the provider's name: "anthropic", or its name in PROVIDERS_FILE
-    base_url: str | None  # None or "": DEFAULT_BASE_URL
-    api_key: str = field(repr=False)
-    model: str
-
+class AnthropicEndpoint(wire.HostedEndpoint):
     @property
     def url(self) -> str:
-        return (self.base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
+        return self.root(DEFAULT_BASE_URL) + "/v1/messages"
 
 
 # -- the answer --------------------------------------------------------------------------------
@@ -189,39 +160,31 @@ class _StreamError(msgspec.Struct):
     error: _ErrorDetail
 
 
-def _error(status: int, error: _ErrorDetail | None) -> TurnstoreError:
+def _error(status: int, error: _ErrorDetail | None) -> errors.TurnstoreError:
     """What an HTTP status and Anthropic's error body (or a stream's error event) mean here."""
     kind, message = (error.type, error.message) if error else ("", "")
     if status in (429, 529) or kind in ("rate_limit_error", "overloaded_error"):
-        return RateLimited()
+        return errors.RateLimited()
     if status == 400 or kind == "invalid_request_error":
         if message.startswith("prompt is too long"):
-            return ContextLengthExceeded()
+            return errors.ContextLengthExceeded()
         if "Invalid `signature`" in message or "Invalid `data` in `redacted_thinking`" in message:
-            return InvalidEncryptedContent()
+            return errors.InvalidEncryptedContent()
         if status == 400:  # the request's fault: a /v1 client's own, passed on with its param
             param = message.partition(":")[0].partition(".")[0]
-            return ProviderRefused(kind or "invalid_request_error", CLIENT_PARAMS.get(param))
-    return UpstreamError(f"The provider answered HTTP {status}." if status else None)
+            return errors.ProviderRefused(kind or "invalid_request_error", CLIENT_PARAMS.get(param))
+    return errors.UpstreamError(f"The provider answered HTTP {status}." if status else None)
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+def _status_error(status: int, body: bytes) -> errors.TurnstoreError:
     try:
         detail = msgspec.json.decode(body, type=_ErrorBody).error
     except msgspec.DecodeError:
         detail = None
-    error = _error(status, detail)
-    if isinstance(error, RateLimited):
-        error.retry_after = retry_after(headers.get("retry-after"))
-    return error
+    return _error(status, detail)
 
 
-def _request_id(headers: httpx.Headers) -> str | None:
-    found: str | None = headers.get("request-id")
-    return found
-
-
-def _reply(blocks: list[msgspec.Raw], stop_reason: str | None, usage: _Usage | None) -> Reply:
+def _reply(blocks: list[msgspec.Raw], stop_reason: str | None, usage: _Usage | None) -> base.Reply:
     status: ReplyStatus
     reason = None
     if stop_reason in _COMPLETED:
@@ -229,12 +192,12 @@ def _reply(blocks: list[msgspec.Raw], stop_reason: str | None, usage: _Usage | N
     elif stop_reason in _TRUNCATED:
         status, reason = "incomplete", "max_output_tokens"
     elif stop_reason == "refusal":
-        raise ContentFiltered()
+        raise errors.ContentFiltered()
     else:
-        raise UpstreamError("The provider's message ended for no reason it names.")
+        raise errors.UpstreamError("The provider's message ended for no reason it names.")
     texts = [msgspec.json.decode(block, type=_TextBlock) for block in blocks]
     text = "".join(block.text for block in texts if block.type == "text")
-    return Reply(text, status, reason, list(blocks), usage.value() if usage else None)
+    return base.Reply(text, status, reason, list(blocks), usage.value() if usage else None)
 
 
 class _Block:
@@ -258,7 +221,7 @@ class _Block:
             return None
         name, value = kinds.get(delta.type, ("", None))
         if value is None:  # an unknown delta would change the block in ways not kept
-            raise UpstreamError("The provider's stream held a delta of an unknown kind.")
+            raise errors.UpstreamError("The provider's stream held a delta of an unknown kind.")
         self.parts.setdefault(name, []).append(value)
         return value if name == "text" else None
 
@@ -286,26 +249,26 @@ class _EventStream:
         self._open: dict[int, _Block] = {}
         self._stop_reason: str | None = None
         self._usage: _Usage | None = None
-        self._events = ServerSentEvents()
+        self._events = wire.ServerSentEvents()
 
-    def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
+    def feed(self, chunk: bytes) -> Iterator[base.ProviderEvent]:
         return self._events.events(chunk, self._event, lambda: self.finished)
 
-    def _event(self, data: bytes) -> ProviderEvent | None:
+    def _event(self, data: bytes) -> base.ProviderEvent | None:
         kind = msgspec.json.decode(data, type=_Event).type
         if kind == "message_start":
             self._usage = msgspec.json.decode(data, type=_Start).message.usage
         elif kind == "content_block_start":
             start = msgspec.json.decode(data, type=_BlockStart)
             if start.index in self._open or start.index in self.items:
-                raise UpstreamError("The provider's stream started a block twice.")
+                raise errors.UpstreamError("The provider's stream started a block twice.")
             self._open[start.index] = _Block(start.content_block)
         elif kind == "content_block_delta":
             delta = msgspec.json.decode(data, type=_BlockDelta)
             text = self._block(delta.index).add(delta.delta)
             if text is not None:
                 self.text_bytes += len(text.encode())
-                return TextDelta(text) if text else None
+                return base.TextDelta(text) if text else None
         elif kind == "content_block_stop":
             index = msgspec.json.decode(data, type=_BlockStop).index
             block = self._block(index)
@@ -313,7 +276,7 @@ class _EventStream:
             self.items[index] = item = block.done()
             self.item_bytes += len(item)
             if block.kind in OPAQUE_BLOCKS:
-                return ItemDone(item)  # announced before the text that follows it
+                return base.ItemDone(item)  # announced before the text that follows it
         elif kind == "message_delta":
             ending = msgspec.json.decode(data, type=_MessageDelta)
             self._stop_reason = ending.delta.stop_reason or self._stop_reason
@@ -321,7 +284,9 @@ class _EventStream:
                 self._usage = self._usage.updated(ending.usage) if self._usage else ending.usage
         elif kind == "message_stop":
             if self._open:
-                raise UpstreamError("The provider's stream ended a message with a block open.")
+                raise errors.UpstreamError(
+                    "The provider's stream ended a message with a block open."
+                )
             self.finished = True
             blocks = [self.items[i] for i in sorted(self.items)]
             return _reply(blocks, self._stop_reason, self._usage)
@@ -331,40 +296,42 @@ class _EventStream:
 
     def _block(self, index: int) -> _Block:
         if index not in self._open:
-            raise UpstreamError("The provider's stream continued a block it had not started.")
+            raise errors.UpstreamError(
+                "The provider's stream continued a block it had not started."
+            )
         return self._open[index]
 
 
-class AnthropicProvider(Translating):
+class AnthropicProvider(wire.Translating):
     def __init__(
         self,
         endpoint: AnthropicEndpoint,
-        limits: WireLimits,
+        limits: wire.WireLimits,
         *,
         max_tokens: int,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._url = endpoint.url
-        # Where this provider's thinking can be replayed (no credentials in it).
-        url = httpx.URL(self._url).copy_with(userinfo=b"")
-        key = fingerprint(endpoint.api_key)
-        self.origin = Origin(endpoint.name, str(url), endpoint.model, "anthropic", key)
+        # Where this provider's thinking can be replayed.
+        self.origin = wire.replay_origin(
+            endpoint.name, self._url, endpoint.model, "anthropic", endpoint.api_key
+        )
         self._max_tokens = max_tokens  # when the client does not say (the API requires one)
-        self._wire = Wire(
+        self._wire = wire.Wire(
             {"x-api-key": endpoint.api_key, "anthropic-version": VERSION},
             _status_error,
-            _request_id,
+            ("request-id",),
             limits,
             transport,
         )
 
     async def respond(
-        self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
+        self, request: base.ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
         model = request.model or self.endpoint.model
         content = messages_body(request, model, max_tokens=self._max_tokens, stream=stream)
-        with translated():
+        with wire.translated():
             async with self._wire.post(self._url, content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
@@ -379,13 +346,13 @@ class AnthropicProvider(Translating):
                     self._wire.check_reply(events.item_bytes, events.text_bytes)
                     if events.finished:
                         return
-        raise UpstreamError("The provider's stream ended before the message was complete.")
+        raise errors.UpstreamError("The provider's stream ended before the message was complete.")
 
-    async def count_tokens(self, request: ProviderRequest) -> int:
+    async def count_tokens(self, request: base.ProviderRequest) -> int:
         """``POST {base}/v1/messages/count_tokens``: the provider's count of the request."""
         model = request.model or self.endpoint.model
         content = count_body(request, model, max_tokens=self._max_tokens)
-        with translated():
+        with wire.translated():
             async with self._wire.post(f"{self._url}/count_tokens", content) as response:
                 body = await self._wire.read(response)
                 return msgspec.json.decode(body, type=_Counted).input_tokens

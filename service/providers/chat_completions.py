@@ -32,16 +32,8 @@ from typing import Any
 import httpx
 import msgspec
 
-from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    InvalidInput,
-    ProviderRefused,
-    RateLimited,
-    TurnstoreError,
-    UpstreamError,
-)
-from service.core.model import Origin, ReplyStatus, fingerprint
+from service.core import errors
+from service.core.model import ReplyStatus
 from service.core.translate.chat_messages import (
     START,
     THINKING_FIELDS,
@@ -49,22 +41,8 @@ from service.core.translate.chat_messages import (
     reasoning_id,
 )
 from service.core.usage import Usage
-from service.providers.base import (
-    ItemDone,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-)
+from service.providers import base, wire
 from service.providers.chat_completions_request import chat_body
-from service.providers.wire import (
-    ServerSentEvents,
-    Translating,
-    Wire,
-    WireLimits,
-    retry_after,
-    translated,
-)
 
 # Chat's top-level fields in a 400, as the client's request names them.
 CLIENT_PARAMS = {
@@ -164,33 +142,25 @@ class _ErrorBody(msgspec.Struct):
         return _ErrorDetail(self.message, self.type, self.param, self.code)
 
 
-def _error(status: int, detail: _ErrorDetail) -> TurnstoreError:
+def _error(status: int, detail: _ErrorDetail) -> errors.TurnstoreError:
     said = f"{detail.message} {detail.type or ''} {detail.code or ''}"
     if status == 429:
-        return RateLimited()
+        return errors.RateLimited()
     if _TOO_LONG.search(said):
-        return ContextLengthExceeded()
+        return errors.ContextLengthExceeded()
     if status == 400:  # the request's fault: a /v1 client's own, passed on with its param
         param = CLIENT_PARAMS.get((detail.param or "").partition(".")[0])
         kind = detail.code if isinstance(detail.code, str) else None
-        return ProviderRefused(kind or "invalid_request_error", param)
-    return UpstreamError(f"The provider answered HTTP {status}." if status else None)
+        return errors.ProviderRefused(kind or "invalid_request_error", param)
+    return errors.UpstreamError(f"The provider answered HTTP {status}." if status else None)
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+def _status_error(status: int, body: bytes) -> errors.TurnstoreError:
     try:
         detail = msgspec.json.decode(body, type=_ErrorBody).detail()
     except msgspec.DecodeError:
         detail = _ErrorDetail()
-    error = _error(status, detail)
-    if isinstance(error, RateLimited):
-        error.retry_after = retry_after(headers.get("retry-after"))
-    return error
-
-
-def _request_id(headers: httpx.Headers) -> str | None:
-    found: str | None = headers.get("x-request-id")
-    return found
+    return _error(status, detail)
 
 
 def minted_call_id() -> str:
@@ -208,7 +178,7 @@ def kept(raw: bytes) -> msgspec.Raw:
             return msgspec.Raw(raw)
     decoded: dict[str, Any] = msgspec.json.decode(raw)
     if not isinstance(decoded, dict):
-        raise UpstreamError("The provider's message was not an object.")
+        raise errors.UpstreamError("The provider's message was not an object.")
     for call in decoded.get("tool_calls") or ():
         if isinstance(call, dict) and not call.get("id"):
             call["id"] = minted_call_id()
@@ -216,7 +186,7 @@ def kept(raw: bytes) -> msgspec.Raw:
     return msgspec.Raw(msgspec.json.encode({"role": "assistant", **rest}))
 
 
-def _reply(raw: msgspec.Raw, finish_reason: str | None, usage: _Usage | None) -> Reply:
+def _reply(raw: msgspec.Raw, finish_reason: str | None, usage: _Usage | None) -> base.Reply:
     status: ReplyStatus
     reason = None
     if finish_reason in _COMPLETED:
@@ -224,11 +194,11 @@ def _reply(raw: msgspec.Raw, finish_reason: str | None, usage: _Usage | None) ->
     elif finish_reason == "length":
         status, reason = "incomplete", "max_output_tokens"
     elif finish_reason == "content_filter":
-        raise ContentFiltered()
+        raise errors.ContentFiltered()
     else:
-        raise UpstreamError("The provider's message ended for no reason it names.")
+        raise errors.UpstreamError("The provider's message ended for no reason it names.")
     text = msgspec.json.decode(raw, type=ChatMessage).text
-    return Reply(text, status, reason, [raw], usage.value() if usage else None)
+    return base.Reply(text, status, reason, [raw], usage.value() if usage else None)
 
 
 # -- a stream ----------------------------------------------------------------------------------
@@ -301,18 +271,18 @@ class _EventStream:
         self._open: dict[int, int] = {}  # a call's index -> its place in _calls
         self._finish_reason: str | None = None
         self._usage: _Usage | None = None
-        self._events = ServerSentEvents()
+        self._events = wire.ServerSentEvents()
 
-    def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
+    def feed(self, chunk: bytes) -> Iterator[base.ProviderEvent]:
         for data in self._events.feed(chunk):
             yield from self._chunk(data)
             if self.finished:
                 return
 
-    def _chunk(self, data: bytes) -> Iterator[ProviderEvent]:
+    def _chunk(self, data: bytes) -> Iterator[base.ProviderEvent]:
         if data.strip() == b"[DONE]":
             if self._finish_reason is None:
-                raise UpstreamError("The provider's stream ended without a finish reason.")
+                raise errors.UpstreamError("The provider's stream ended without a finish reason.")
             yield from self._announce()
             self.finished = True
             yield _reply(self.message(), self._finish_reason, self._usage)
@@ -326,7 +296,7 @@ class _EventStream:
             yield from self._delta(choice.delta)
             self._finish_reason = choice.finish_reason or self._finish_reason
 
-    def _delta(self, delta: _Delta) -> Iterator[ProviderEvent]:
+    def _delta(self, delta: _Delta) -> Iterator[base.ProviderEvent]:
         pieces = {name: getattr(delta, name) for name in THINKING_FIELDS if getattr(delta, name)}
         for name, piece in pieces.items():
             self._thinking.setdefault(name, []).append(piece)
@@ -341,7 +311,7 @@ class _EventStream:
         if delta.content:
             self._content.append(delta.content)
             self.text_bytes += len(delta.content.encode())
-            yield TextDelta(delta.content)
+            yield base.TextDelta(delta.content)
 
     def _call(self, delta: _DeltaCall) -> _Call:
         """The call a delta continues: the one open at its index, unless it names another id
@@ -352,14 +322,14 @@ class _EventStream:
             self._calls.append(_Call())
         return self._calls[at]
 
-    def _announce(self) -> Iterator[ProviderEvent]:
+    def _announce(self) -> Iterator[base.ProviderEvent]:
         """The thinking, once it ends: shown before the text, as the part of the message it is."""
         if self._thinking and not self._announced:
             self._announced = True
             thinking = "".join(next(iter(self._thinking.values())))
             summary = [{"type": "summary_text", "text": thinking}]
             item = {"type": "reasoning", "id": reasoning_id(thinking), "summary": summary}
-            yield ItemDone(msgspec.Raw(msgspec.json.encode(item)), partial=True)
+            yield base.ItemDone(msgspec.Raw(msgspec.json.encode(item)), partial=True)
 
     def message(self) -> msgspec.Raw:
         """The message the server would have sent whole."""
@@ -373,34 +343,34 @@ class _EventStream:
         return msgspec.Raw(msgspec.json.encode(out))
 
 
-class ChatProvider(Translating):
+class ChatProvider(wire.Translating):
     def __init__(
         self,
         endpoint: ChatEndpoint,
-        limits: WireLimits,
+        limits: wire.WireLimits,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._url = endpoint.url
-        url = httpx.URL(self._url).copy_with(userinfo=b"")
-        key = fingerprint(endpoint.api_key)
-        self.origin = Origin(endpoint.name, str(url), endpoint.model, "chat", key)
+        self.origin = wire.replay_origin(
+            endpoint.name, self._url, endpoint.model, "chat", endpoint.api_key
+        )
         headers = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-        self._wire = Wire(headers, _status_error, _request_id, limits, transport)
+        self._wire = wire.Wire(headers, _status_error, ("x-request-id",), limits, transport)
 
     async def respond(
-        self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
+        self, request: base.ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
         model = request.model or self.endpoint.model
         content = chat_body(request, model, stream=stream)
-        with translated():
+        with wire.translated():
             async with self._wire.post(self._url, content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
                     body = msgspec.json.decode(await self._wire.read(response), type=_Completion)
                     if not body.choices:
-                        raise UpstreamError("The provider's reply held no message.")
+                        raise errors.UpstreamError("The provider's reply held no message.")
                     choice = body.choices[0]
                     message = kept(bytes(choice.message))
                     self._wire.check_reply(len(message), 0)
@@ -409,16 +379,16 @@ class ChatProvider(Translating):
                 events = _EventStream()
                 async for chunk in self._wire.chunks(response):
                     for event in events.feed(chunk):
-                        if isinstance(event, Reply):
+                        if isinstance(event, base.Reply):
                             self._wire.check_reply(len(event.output_items[0]), 0)
                         yield event
                     self._wire.check_reply(0, events.text_bytes)
                     if events.finished:
                         return
-        raise UpstreamError("The provider's stream ended before the message was complete.")
+        raise errors.UpstreamError("The provider's stream ended before the message was complete.")
 
-    async def count_tokens(self, request: ProviderRequest) -> int:
-        raise InvalidInput(
+    async def count_tokens(self, request: base.ProviderRequest) -> int:
+        raise errors.InvalidInput(
             "This model's provider (a Chat Completions server) cannot count tokens.",
             param="model",
         )

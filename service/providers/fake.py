@@ -35,15 +35,7 @@ from service.core.errors import InvalidEncryptedContent, ProviderRefused, Upstre
 from service.core.model import Origin
 from service.core.translate import to_items
 from service.core.usage import Usage
-from service.providers.base import (
-    Compacted,
-    ItemDone,
-    Provider,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-)
+from service.providers import base
 from service.providers.fake_schema import instance
 
 _SEAL_KEY = b"turnstore-fake-provider"
@@ -127,14 +119,14 @@ def _seal(model: str, item_id: str) -> str:
     return base64.b64encode(digest * 4).decode()
 
 
-class FakeProvider(Provider):
+class FakeProvider(base.Provider):
     def __init__(self, *, deltas: int = 4, name: str = "fake") -> None:
         self._deltas = deltas
         self.origin = Origin(name, "builtin", MODEL, "fake")
 
     async def respond(
-        self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
+        self, request: base.ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
         _check_fields(request.fields)
         request = _translated(request)
         model = request.model or MODEL
@@ -153,8 +145,8 @@ class FakeProvider(Provider):
             name, arguments = call
             items = _call_items(model, name, arguments, history)
             if stream:  # its reasoning first, as the Responses API streams it
-                yield ItemDone(items[0])
-            yield Reply("", "completed", None, items, _usage(usage_in, 0))
+                yield base.ItemDone(items[0])
+            yield base.Reply("", "completed", None, items, _usage(usage_in, 0))
             return
         text = _answer(request, message, history, tool_outputs, compacted)
         status, reason = "completed", None
@@ -164,13 +156,13 @@ class FakeProvider(Provider):
         key = _key(f"{history}:{text}", model)
         items = _output_items(model, text, key)
         if stream:
-            yield ItemDone(items[0])  # its reasoning first, as the Responses API streams it
+            yield base.ItemDone(items[0])  # its reasoning first, as the Responses API streams it
             for chunk in _split(text, self._deltas):
-                yield TextDelta(chunk, f"msg_{key}")
+                yield base.TextDelta(chunk, f"msg_{key}")
         usage = _usage(usage_in, _tokens(len(text)))
-        yield Reply(text, status, reason, items, usage)  # type: ignore[arg-type]
+        yield base.Reply(text, status, reason, items, usage)  # type: ignore[arg-type]
 
-    async def compact(self, request: ProviderRequest) -> Compacted:
+    async def compact(self, request: base.ProviderRequest) -> base.Compacted:
         """The user messages of the input, then one compaction item sealed for the model
         that names how many items it stands for."""
         request = _translated(request)
@@ -187,9 +179,9 @@ class FakeProvider(Provider):
         }
         item = msgspec.Raw(msgspec.json.encode(compaction))
         usage_in = _tokens(sum(map(len, request.input_items)) + len(request.instructions or ""))
-        return Compacted([*kept, item], _usage(usage_in, _tokens(len(item)), reasoning=0))
+        return base.Compacted([*kept, item], _usage(usage_in, _tokens(len(item)), reasoning=0))
 
-    async def count_tokens(self, request: ProviderRequest) -> int:
+    async def count_tokens(self, request: base.ProviderRequest) -> int:
         """What ``respond`` would report as the request's input tokens."""
         _check_fields(request.fields)
         request = _translated(request)
@@ -203,13 +195,13 @@ class FakeProvider(Provider):
 _HEADS = msgspec.json.Decoder(list[_ItemHead])
 
 
-def _translated(request: ProviderRequest) -> ProviderRequest:
+def _translated(request: base.ProviderRequest) -> base.ProviderRequest:
     """The request as the Responses API takes it: another provider's items translated."""
     items = to_items(request.input_items, request.plain)
     return request if items is request.input_items else replace(request, input_items=items)
 
 
-def _checked(request: ProviderRequest, model: str) -> list[_ItemHead]:
+def _checked(request: base.ProviderRequest, model: str) -> list[_ItemHead]:
     """The input's items, each opaque one checked: a reasoning or compaction item this fake
     did not seal for ``model`` fails like the real API (invalid_encrypted_content)."""
     heads = _HEADS.decode(b"[" + b",".join(request.input_items) + b"]")  # in one call
@@ -237,7 +229,7 @@ def _check_fields(fields: Mapping[str, msgspec.Raw]) -> None:
 
 
 def _answer(
-    request: ProviderRequest,
+    request: base.ProviderRequest,
     message: str,
     history: int,
     tool_outputs: list[Any],
@@ -252,7 +244,7 @@ def _answer(
     return text
 
 
-def _call_asked(request: ProviderRequest, message: str) -> tuple[str, str] | None:
+def _call_asked(request: base.ProviderRequest, message: str) -> tuple[str, str] | None:
     """The tool call this request asks for, if any: by ``tool_choice``, or by the message
     ``call <tool> <json arguments>`` (``lookup <key>`` for the example lookup tool)."""
     tools = msgspec.json.decode(request.tools, type=list[_Tool]) if request.tools else []

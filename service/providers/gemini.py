@@ -32,41 +32,17 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import msgspec
 
-from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    InvalidEncryptedContent,
-    ProviderRefused,
-    RateLimited,
-    TurnstoreError,
-    UpstreamError,
-    UpstreamTimeout,
-)
-from service.core.model import Origin, ReplyStatus, fingerprint
+from service.core import errors
+from service.core.model import ReplyStatus
 from service.core.translate.gemini_parts import GEMINI, minted
 from service.core.usage import Usage
-from service.providers.base import (
-    ItemDone,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-)
+from service.providers import base, wire
 from service.providers.gemini_request import count_body, generate_body
-from service.providers.wire import (
-    ServerSentEvents,
-    Translating,
-    Wire,
-    WireLimits,
-    retry_after,
-    translated,
-)
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
 FILTERED = frozenset(
@@ -99,16 +75,10 @@ _DELAY = re.compile(r"\d{1,9}(?:\.\d{1,9})?s")
 _TEXTUAL = frozenset({"text", "thought", "thoughtSignature"})  # a part a stream may split
 
 
-@dataclass(frozen=True)
-class GeminiEndpoint:
-    name: str  # the provider's name: "gemini", or its name in PROVIDERS_FILE
-    base_url: str | None  # None or "": DEFAULT_BASE_URL
-    api_key: str = field(repr=False)
-    model: str
-
+class GeminiEndpoint(wire.HostedEndpoint):
     @property
     def base(self) -> str:
-        return (self.base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1beta/models/"
+        return self.root(DEFAULT_BASE_URL) + "/v1beta/models/"
 
     def url(self, model: str, method: str) -> str:
         return f"{self.base}{model}:{method}"
@@ -167,23 +137,23 @@ class _Text(msgspec.Struct):
     thought: bool = False
 
 
-def _error(status: int, error: _ErrorDetail | None) -> TurnstoreError:
+def _error(status: int, error: _ErrorDetail | None) -> errors.TurnstoreError:
     """What an HTTP status and Google's error body (or a stream's error) mean here."""
     kind, message = (error.status, error.message) if error else ("", "")
     if status == 429 or kind == "RESOURCE_EXHAUSTED":
-        return RateLimited(retry_after=_retry_delay(error))
+        return errors.RateLimited(retry_after=_retry_delay(error))
     if status == 400 or kind in ("INVALID_ARGUMENT", "FAILED_PRECONDITION"):
         if "input token count" in message and "exceeds the maximum" in message:
-            return ContextLengthExceeded()
+            return errors.ContextLengthExceeded()
         if "thought_signature" in message or "thought signature" in message.lower():
-            return InvalidEncryptedContent()
+            return errors.InvalidEncryptedContent()
         if status == 400:  # the request's fault: a /v1 client's own, passed on with its param
             named = (CLIENT_PARAMS.get(word) for word in _NAMED.findall(message))
             param = next((p for p in named if p is not None), None)
-            return ProviderRefused((kind or "invalid_argument").lower(), param)
+            return errors.ProviderRefused((kind or "invalid_argument").lower(), param)
     if status == 504 or kind == "DEADLINE_EXCEEDED":
-        return UpstreamTimeout()
-    return UpstreamError(f"The provider answered HTTP {status}." if status else None)
+        return errors.UpstreamTimeout()
+    return errors.UpstreamError(f"The provider answered HTTP {status}." if status else None)
 
 
 def _retry_delay(error: _ErrorDetail | None) -> str | None:
@@ -199,40 +169,32 @@ class _ErrorBody(msgspec.Struct):
     error: _ErrorDetail | None = None
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+def _status_error(status: int, body: bytes) -> errors.TurnstoreError:
     try:
         detail = msgspec.json.decode(body, type=_ErrorBody).error
     except msgspec.DecodeError:
         detail = None
-    error = _error(status, detail)
-    if isinstance(error, RateLimited):
-        error.retry_after = retry_after(headers.get("retry-after")) or error.retry_after
-    return error
-
-
-def _request_id(headers: httpx.Headers) -> str | None:
-    found: str | None = headers.get("x-request-id") or headers.get("x-goog-request-id")
-    return found
+    return _error(status, detail)
 
 
 def _reply(
     parts: list[msgspec.Raw], finish: str | None, blocked: str | None, usage: _Usage | None
-) -> Reply:
+) -> base.Reply:
     status: ReplyStatus
     reason = None
     if blocked or finish in FILTERED:
-        raise ContentFiltered()
+        raise errors.ContentFiltered()
     if finish == "STOP":
         status = "completed"
     elif finish == "MAX_TOKENS":
         status, reason = "incomplete", "max_output_tokens"
     else:
-        raise UpstreamError(
+        raise errors.UpstreamError(
             f"The provider's reply ended for a reason turnstore does not take ({finish})."
         )
     texts = [msgspec.json.decode(part, type=_Text) for part in parts]
     text = "".join(p.text or "" for p in texts if not p.thought)
-    return Reply(text, status, reason, parts, usage.value() if usage else None)
+    return base.Reply(text, status, reason, parts, usage.value() if usage else None)
 
 
 def _first(response: _Response) -> _Candidate | None:
@@ -247,7 +209,7 @@ class _Parts:
         self.bytes = 0  # of the finished parts
         self._open: dict[str, Any] | None = None
 
-    def add(self, part: dict[str, Any]) -> Iterator[ProviderEvent]:
+    def add(self, part: dict[str, Any]) -> Iterator[base.ProviderEvent]:
         """Take one chunk's part: the text it adds, and the reasoning part it finishes."""
         joins = self._joins(part)
         if not joins:
@@ -261,13 +223,13 @@ class _Parts:
                 self._open[key] = value
         text = part.get("text")
         if isinstance(text, str) and text and not part.get("thought"):
-            yield TextDelta(text)
+            yield base.TextDelta(text)
         if set(self._open) - _TEXTUAL:
             yield from self.close()  # a call (or an image...) is whole in its chunk
         elif joins and "thoughtSignature" in part and not text:
             yield from self.close()  # a signature alone ends the text it joined
 
-    def close(self) -> Iterator[ProviderEvent]:
+    def close(self) -> Iterator[base.ProviderEvent]:
         if self._open is None:
             return
         item = msgspec.Raw(minted(msgspec.json.encode(self._open)))
@@ -275,7 +237,7 @@ class _Parts:
         self.done.append(item)
         self.bytes += len(item)
         if GEMINI.shown(item)[0].item["type"] == "reasoning":
-            yield ItemDone(item)  # announced before the text that follows it
+            yield base.ItemDone(item)  # announced before the text that follows it
 
     def _joins(self, part: dict[str, Any]) -> bool:
         kept = self._open
@@ -305,13 +267,13 @@ class _EventStream:
         self._finish: str | None = None
         self._blocked: str | None = None
         self._usage: _Usage | None = None
-        self._events = ServerSentEvents()
+        self._events = wire.ServerSentEvents()
 
-    def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
+    def feed(self, chunk: bytes) -> Iterator[base.ProviderEvent]:
         for data in self._events.feed(chunk):
             yield from self._chunk(msgspec.json.decode(data, type=_Response))
 
-    def _chunk(self, response: _Response) -> Iterator[ProviderEvent]:
+    def _chunk(self, response: _Response) -> Iterator[base.ProviderEvent]:
         if response.error is not None:
             raise _error(response.error.code, response.error)
         if response.usage_metadata is not None:
@@ -325,43 +287,47 @@ class _EventStream:
         for raw in candidate.content.parts if candidate.content else ():
             part = msgspec.json.decode(raw)
             if not isinstance(part, dict):
-                raise UpstreamError("The provider's stream held a part that is no object.")
+                raise errors.UpstreamError("The provider's stream held a part that is no object.")
             for event in self.parts.add(part):
-                if isinstance(event, TextDelta):
+                if isinstance(event, base.TextDelta):
                     self.text_bytes += len(event.text.encode())
                 yield event
 
-    def end(self) -> Iterator[ProviderEvent]:
+    def end(self) -> Iterator[base.ProviderEvent]:
         yield from self.parts.close()
         if self._finish is None and self._blocked is None:
-            raise UpstreamError("The provider's stream ended before the reply was complete.")
+            raise errors.UpstreamError("The provider's stream ended before the reply was complete.")
         yield _reply(self.parts.done, self._finish, self._blocked, self._usage)
 
 
-class GeminiProvider(Translating):
+class GeminiProvider(wire.Translating):
     def __init__(
         self,
         endpoint: GeminiEndpoint,
-        limits: WireLimits,
+        limits: wire.WireLimits,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
-        # Where this provider's parts can be replayed (no credentials in it).
-        url = httpx.URL(endpoint.base).copy_with(userinfo=b"")
-        key = fingerprint(endpoint.api_key)
-        self.origin = Origin(endpoint.name, str(url), endpoint.model, "gemini", key)
-        self._wire = Wire(
-            {"x-goog-api-key": endpoint.api_key}, _status_error, _request_id, limits, transport
+        # Where this provider's parts can be replayed.
+        self.origin = wire.replay_origin(
+            endpoint.name, endpoint.base, endpoint.model, "gemini", endpoint.api_key
+        )
+        self._wire = wire.Wire(
+            {"x-goog-api-key": endpoint.api_key},
+            _status_error,
+            ("x-request-id", "x-goog-request-id"),
+            limits,
+            transport,
         )
 
     async def respond(
-        self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
+        self, request: base.ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
         model = request.model or self.endpoint.model
         content = generate_body(request, model)
         method = "streamGenerateContent?alt=sse" if stream else "generateContent"
-        with translated():
+        with wire.translated():
             async with self._wire.post(self.endpoint.url(model, method), content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
                 if not stream:
@@ -376,7 +342,7 @@ class GeminiProvider(Translating):
                 for event in events.end():
                     yield event
 
-    def _whole(self, body: _Response) -> Reply:
+    def _whole(self, body: _Response) -> base.Reply:
         candidate = _first(body)
         blocked = body.prompt_feedback.block_reason if body.prompt_feedback else None
         parts = candidate.content.parts if candidate and candidate.content else []
@@ -385,11 +351,11 @@ class GeminiProvider(Translating):
         finish = candidate.finish_reason if candidate else None
         return _reply(kept, finish, blocked, body.usage_metadata)
 
-    async def count_tokens(self, request: ProviderRequest) -> int:
+    async def count_tokens(self, request: base.ProviderRequest) -> int:
         """``:countTokens``: the provider's count of the request."""
         model = request.model or self.endpoint.model
         content = count_body(request, model)
-        with translated():
+        with wire.translated():
             async with self._wire.post(self.endpoint.url(model, "countTokens"), content) as answer:
                 body = await self._wire.read(answer)
                 return msgspec.json.decode(body, type=_Counted).total_tokens

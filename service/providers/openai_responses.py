@@ -25,41 +25,22 @@ from dataclasses import dataclass, field
 import httpx
 import msgspec
 
-from service.core.errors import (
-    ContentFiltered,
-    ContextLengthExceeded,
-    InvalidEncryptedContent,
-    ProviderRefused,
-    RateLimited,
-    TurnstoreError,
-    UpstreamError,
-)
+from service.core import errors
 from service.core.items import compaction_item
 from service.core.model import Origin, ReplyStatus, fingerprint
 from service.core.usage import Usage
-from service.providers.base import (
-    Compacted,
-    ItemDone,
-    Provider,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    TextDelta,
-    encode_compaction,
-    encode_count,
-    encode_request,
-)
-from service.providers.wire import ServerSentEvents, Wire, WireLimits, retry_after, translated
+from service.providers import base
+from service.providers.wire import ServerSentEvents, Wire, WireLimits, translated
 
 log = logging.getLogger("turnstore.provider")
 
 _INCOMPLETE_REASONS = ("max_output_tokens", "content_filter")
-_CODES: dict[str, type[TurnstoreError]] = {
-    "context_length_exceeded": ContextLengthExceeded,
-    "content_filter": ContentFiltered,  # Azure
-    "content_policy_violation": ContentFiltered,
-    "rate_limit_exceeded": RateLimited,
-    "invalid_encrypted_content": InvalidEncryptedContent,
+_CODES: dict[str, type[errors.TurnstoreError]] = {
+    "context_length_exceeded": errors.ContextLengthExceeded,
+    "content_filter": errors.ContentFiltered,  # Azure
+    "content_policy_violation": errors.ContentFiltered,
+    "rate_limit_exceeded": errors.RateLimited,
+    "invalid_encrypted_content": errors.InvalidEncryptedContent,
 }
 
 
@@ -177,7 +158,7 @@ class _Error(msgspec.Struct):
     error: _ErrorDetail | None = None  # some servers nest it
 
 
-class ResponsesProvider(Provider):
+class ResponsesProvider(base.Provider):
     def __init__(
         self,
         endpoint: Endpoint,
@@ -191,15 +172,17 @@ class ResponsesProvider(Provider):
         self.origin = Origin(
             endpoint.name, str(url), endpoint.model, endpoint.kind, endpoint.key_fingerprint
         )
-        self._wire = Wire(endpoint.headers, _status_error, _request_id, limits, transport)
+        self._wire = Wire(
+            endpoint.headers, _status_error, ("x-request-id", "apim-request-id"), limits, transport
+        )
 
     async def close(self) -> None:
         await self._wire.close()
 
     async def respond(
-        self, request: ProviderRequest, *, stream: bool
-    ) -> AsyncGenerator[ProviderEvent, None]:
-        content = encode_request(self.endpoint.model, request, stream=stream)
+        self, request: base.ProviderRequest, *, stream: bool
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
+        content = base.encode_request(self.endpoint.model, request, stream=stream)
         with translated():
             async with self._wire.post(self.endpoint.url, content) as response:
                 # Leaving it (also by aclose() of this generator) closes the stream.
@@ -215,11 +198,11 @@ class ResponsesProvider(Provider):
                     self._wire.check_reply(sum(map(len, events.items)), events.text_bytes)
                     if events.finished:
                         return
-        raise UpstreamError("The provider's stream ended before the response was complete.")
+        raise errors.UpstreamError("The provider's stream ended before the response was complete.")
 
-    async def compact(self, request: ProviderRequest) -> Compacted:
+    async def compact(self, request: base.ProviderRequest) -> base.Compacted:
         """``POST {base}/responses/compact``: the compacted context, and its usage."""
-        content = encode_compaction(self.endpoint.model, request)
+        content = base.encode_compaction(self.endpoint.model, request)
         with translated():
             async with self._wire.post(f"{self.endpoint.url}/compact", content) as response:
                 body = msgspec.json.decode(await self._wire.read(response), type=_Compaction)
@@ -227,21 +210,21 @@ class ResponsesProvider(Provider):
         # compaction may answer what it was sent, and a reply's worth more.
         self._wire.check_reply(sum(map(len, body.output)), 0, sent=len(content))
         if compaction_item(body.output) is None:
-            raise UpstreamError("The provider's compaction holds no compaction item.")
-        return Compacted(list(body.output), body.usage.value() if body.usage else None)
+            raise errors.UpstreamError("The provider's compaction holds no compaction item.")
+        return base.Compacted(list(body.output), body.usage.value() if body.usage else None)
 
-    async def count_tokens(self, request: ProviderRequest) -> int:
+    async def count_tokens(self, request: base.ProviderRequest) -> int:
         """``POST {base}/responses/input_tokens``: the provider's count of the request."""
-        content = encode_count(self.endpoint.model, request)
+        content = base.encode_count(self.endpoint.model, request)
         with translated():
             async with self._wire.post(f"{self.endpoint.url}/input_tokens", content) as response:
                 body = await self._wire.read(response)
                 return msgspec.json.decode(body, type=_Counted).input_tokens
 
 
-def _status_error(status: int, body: bytes, headers: httpx.Headers) -> TurnstoreError:
+def _status_error(status: int, body: bytes) -> errors.TurnstoreError:
     if status == 429:
-        return RateLimited(retry_after=retry_after(headers.get("retry-after")))
+        return errors.RateLimited()  # its Retry-After: the wire's
     if status == 400:  # the body's error code tells which 400 it is
         try:
             error = msgspec.json.decode(body, type=_ErrorBody).error
@@ -250,14 +233,8 @@ def _status_error(status: int, body: bytes, headers: httpx.Headers) -> Turnstore
         if error is not None and error.code in _CODES:
             return _CODES[error.code]()
         if error is not None and error.param:  # a field of the request it names
-            return ProviderRefused(error.code, error.param)
-    return UpstreamError(f"The provider answered HTTP {status}.")
-
-
-def _request_id(headers: httpx.Headers) -> str | None:
-    """The provider's own id of the request (OpenAI's, or Azure's), for its support."""
-    found: str | None = headers.get("x-request-id") or headers.get("apim-request-id")
-    return found
+            return errors.ProviderRefused(error.code, error.param)
+    return errors.UpstreamError(f"The provider answered HTTP {status}.")
 
 
 class _EventStream:
@@ -271,20 +248,20 @@ class _EventStream:
         self.text_bytes = 0  # of the text deltas so far
         self._events = ServerSentEvents()
 
-    def feed(self, chunk: bytes) -> Iterator[ProviderEvent]:
+    def feed(self, chunk: bytes) -> Iterator[base.ProviderEvent]:
         return self._events.events(chunk, self._event, lambda: self.finished)
 
-    def _event(self, data: bytes) -> ProviderEvent | None:
+    def _event(self, data: bytes) -> base.ProviderEvent | None:
         kind = msgspec.json.decode(data, type=_Event).type
         if kind == "response.output_text.delta":
             event = msgspec.json.decode(data, type=_Delta)
             self.text_bytes += len(event.delta.encode())
-            return TextDelta(event.delta, event.item_id) if event.delta else None
+            return base.TextDelta(event.delta, event.item_id) if event.delta else None
         if kind == "response.output_item.done":
             item = msgspec.json.decode(data, type=_ItemDone).item
             self.items.append(item)
             if msgspec.json.decode(item, type=_Item).type in _ANNOUNCED:
-                return ItemDone(item)  # a stream announces it before the message after it
+                return base.ItemDone(item)  # a stream announces it before the message after it
         elif kind in ("response.completed", "response.incomplete"):
             final = msgspec.json.decode(data, type=_Finished).response
             self.finished = True
@@ -292,15 +269,15 @@ class _EventStream:
                 _Response(final.status, self.items, final.incomplete_details, final.usage)
             )
         elif kind == "response.failed":
-            raise UpstreamError("The provider failed to produce a response.")
+            raise errors.UpstreamError("The provider failed to produce a response.")
         elif kind == "error":
             error = msgspec.json.decode(data, type=_Error)
             code = error.code or (error.error.code if error.error else None)
-            raise _CODES.get(code or "", UpstreamError)()
+            raise _CODES.get(code or "", errors.UpstreamError)()
         return None
 
 
-def _reply(response: _Response) -> Reply:
+def _reply(response: _Response) -> base.Reply:
     reason = response.incomplete_details.reason if response.incomplete_details else None
     status: ReplyStatus
     if response.status == "completed":
@@ -308,11 +285,11 @@ def _reply(response: _Response) -> Reply:
     elif response.status == "incomplete" and reason in _INCOMPLETE_REASONS:
         status = "incomplete"
     elif response.status == "failed":
-        raise UpstreamError("The provider failed to produce a response.")
+        raise errors.UpstreamError("The provider failed to produce a response.")
     else:
-        raise UpstreamError("The provider's response was neither completed nor incomplete.")
+        raise errors.UpstreamError("The provider's response was neither completed nor incomplete.")
     usage = response.usage.value() if response.usage else None
-    return Reply(_text(response.output), status, reason, list(response.output), usage)
+    return base.Reply(_text(response.output), status, reason, list(response.output), usage)
 
 
 def _text(items: list[msgspec.Raw]) -> str:

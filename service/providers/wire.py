@@ -18,7 +18,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import httpx
@@ -27,10 +27,12 @@ from opentelemetry import propagate, trace
 
 from service.core.errors import (
     CompactionUnsupported,
+    RateLimited,
     TurnstoreError,
     UpstreamError,
     UpstreamTimeout,
 )
+from service.core.model import Origin, fingerprint
 from service.providers.base import Compacted, Provider, ProviderRequest
 
 log = logging.getLogger("turnstore.provider")
@@ -81,9 +83,31 @@ class WireLimits:
     max_wire_bytes: int | None = None
 
 
-# A non-2xx answer as the adapter's domain error: its status, its body (b"" when it could not
-# be read) and its headers.
-ErrorOf = Callable[[int, bytes, httpx.Headers], TurnstoreError]
+@dataclass(frozen=True)
+class HostedEndpoint:
+    """A hosted API's endpoint (Anthropic's, Gemini's): the provider's name (its kind, or its
+    name in PROVIDERS_FILE), its base URL (None or "": the API's own), key and model."""
+
+    name: str
+    base_url: str | None
+    api_key: str = field(repr=False)
+    model: str
+
+    def root(self, default: str) -> str:
+        """The base URL, ``default`` unless one was given, without a trailing slash."""
+        return (self.base_url or default).rstrip("/")
+
+
+def replay_origin(name: str, url: str, model: str, kind: str, api_key: str | None) -> Origin:
+    """Where a provider's items can be replayed: its name, ``url`` with no credentials in it,
+    the model, its kind and its key's fingerprint (never the key)."""
+    plain = httpx.URL(url).copy_with(userinfo=b"")
+    return Origin(name, str(plain), model, kind, fingerprint(api_key))
+
+
+# A non-2xx answer as the adapter's domain error: its status and its body (b"" when it could
+# not be read). A RateLimited one gets the answer's Retry-After here, for every adapter.
+ErrorOf = Callable[[int, bytes], TurnstoreError]
 
 
 class Wire:
@@ -94,12 +118,13 @@ class Wire:
         self,
         headers: dict[str, str],
         error_of: ErrorOf,
-        request_id: Callable[[httpx.Headers], str | None],
+        request_ids: tuple[str, ...],
         limits: WireLimits,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._headers = {**headers, "content-type": "application/json"}
-        self._error_of, self._request_id = error_of, request_id
+        # The headers the provider's own id of a request may come in (for its support), in order.
+        self._error_of, self._request_ids = error_of, request_ids
         self.max_body_bytes = body = limits.max_body_bytes
         self._max_wire_bytes = limits.max_wire_bytes or max(8 * body, 16 * 1024 * 1024)
         timeout = httpx.Timeout(limits.read_timeout_s, connect=limits.connect_timeout_s)
@@ -121,7 +146,10 @@ class Wire:
                     body = await self.read(response)
                 except UpstreamError:
                     body = b""
-                error = self._error_of(response.status_code, body, response.headers)
+                error = self._error_of(response.status_code, body)
+                if isinstance(error, RateLimited):
+                    said = retry_after(response.headers.get("retry-after"))
+                    error.retry_after = said or error.retry_after
                 log.warning(
                     "provider answered HTTP %s: %s",
                     response.status_code,
@@ -131,6 +159,14 @@ class Wire:
                 raise error
             log.debug("provider answering", extra={"provider_request_id": request_id})
             yield response
+
+    def _request_id(self, headers: httpx.Headers) -> str | None:
+        found: str | None = None
+        for name in self._request_ids:
+            found = headers.get(name)
+            if found:
+                break
+        return found
 
     async def chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
         """The answer's bytes as they come; UpstreamError once past the wire cap."""

@@ -24,15 +24,7 @@ from service.core.plans import PlanRules
 from service.core.translate import form_of, is_opaque, provider_id, relayed
 from service.core.window import SystemPrompt, instructions_for
 from service.platform import metrics
-from service.providers.base import (
-    Compacted,
-    ItemDone,
-    Provider,
-    ProviderEvent,
-    ProviderRequest,
-    Reply,
-    replied,
-)
+from service.providers import base
 from service.usecases.exchange import advertised
 from service.usecases.restore import Restorer
 
@@ -41,7 +33,7 @@ class Relay:
     def __init__(
         self,
         restorer: Restorer,
-        provider: Provider,
+        provider: base.Provider,
         prompt: SystemPrompt | None,
         rules: PlanRules,
     ) -> None:
@@ -60,7 +52,7 @@ class Relay:
         check_history(items)
         return await self._restorer.restore(owner, items, origin=self.origin(model))
 
-    async def compact(self, items: list[msgspec.Raw], asked: Asked) -> Compacted:
+    async def compact(self, items: list[msgspec.Raw], asked: Asked) -> base.Compacted:
         """The provider's compaction of ``items`` (``POST /v1/responses/compact``): nothing is
         kept. A refusal of the request is the client's (400)."""
         prompt = instructions_for(
@@ -68,7 +60,7 @@ class Relay:
             asked.instructions,
             server_first=self._rules.server_prompt_first(asked.instructions),
         )
-        request = ProviderRequest(items, prompt.text if prompt else None, model=asked.model)
+        request = base.ProviderRequest(items, prompt.text if prompt else None, model=asked.model)
         try:
             compacted = await self._provider.compact(request)
         except ProviderRefused as refused:
@@ -86,7 +78,9 @@ class Relay:
         except ProviderRefused as refused:
             raise refused.client_error() from refused
 
-    def _request(self, items: list[msgspec.Raw], asked: Asked, counted: bool) -> ProviderRequest:
+    def _request(
+        self, items: list[msgspec.Raw], asked: Asked, counted: bool
+    ) -> base.ProviderRequest:
         """The provider request a client asked: its items, the prompt (INSTRUCTIONS), the
         function tools it runs itself, its model and fields (what to include: not counted)."""
         prompt = instructions_for(
@@ -97,29 +91,31 @@ class Relay:
         text = prompt.text if prompt else None
         include = () if counted else asked.include
         tools = advertised(None, asked.tools)
-        return ProviderRequest(items, text, tools, asked.model, asked.fields, include)
+        return base.ProviderRequest(items, text, tools, asked.model, asked.fields, include)
 
-    async def respond(self, items: list[msgspec.Raw], asked: Asked) -> Reply:
+    async def respond(self, items: list[msgspec.Raw], asked: Asked) -> base.Reply:
         """One provider call on ``items``, offering the client's tools and asking what the
         client asked; nothing is kept. A refusal of the request is the client's (400)."""
         reply = None
         async with aclosing(self.stream(items, asked, stream=False)) as events:
             async for event in events:
-                reply = event if isinstance(event, Reply) else reply
+                reply = event if isinstance(event, base.Reply) else reply
         assert reply is not None  # ``replied`` raises without one
         return reply
 
     async def stream(
         self, items: list[msgspec.Raw], asked: Asked, *, stream: bool = True
-    ) -> AsyncGenerator[ProviderEvent, None]:
+    ) -> AsyncGenerator[base.ProviderEvent, None]:
         """The same call, its events as the provider sends them (closing it early closes the
         upstream request)."""
         request = self._request(items, asked, counted=False)
         sealing = _Sealing(await self._restorer.ids.get(), self.origin(asked.model))
         try:
-            async with aclosing(replied(self._provider.respond(request, stream=stream))) as got:
+            async with aclosing(
+                base.replied(self._provider.respond(request, stream=stream))
+            ) as got:
                 async for event in got:
-                    if isinstance(event, Reply) and event.usage is not None:
+                    if isinstance(event, base.Reply) and event.usage is not None:
                         model = asked.model or self._provider.origin.model
                         metrics.tokens_used(model, event.usage)
                     yield sealing.event(event)
@@ -137,10 +133,10 @@ class _Sealing:
         # block, shown as one message, share the id given here.
         self._message_id: str | None = None
 
-    def event(self, event: ProviderEvent) -> ProviderEvent:
-        if isinstance(event, ItemDone):
+    def event(self, event: base.ProviderEvent) -> base.ProviderEvent:
+        if isinstance(event, base.ItemDone):
             return dataclasses.replace(event, item=self.item(event.item))
-        if isinstance(event, Reply):
+        if isinstance(event, base.Reply):
             return dataclasses.replace(event, output_items=self.items(event.output_items))
         if event.item_id is None:
             self._message_id = self._message_id or provider_id("message")

@@ -53,9 +53,15 @@ def layer_of(path: Path) -> int:
     return best[1]
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, read once for all the checks of this module (they only read it)."""
+    return ast.parse(path.read_text())
+
+
 def imports(path: Path, known: set[str]) -> set[str]:
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("service"):
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
@@ -124,7 +130,7 @@ def test_the_core_imports_only_the_core() -> None:
 
 def test_nothing_in_service_imports_the_tests() -> None:
     for path in SERVICE.rglob("*.py"):
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         names = {
             node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
         } | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
@@ -145,7 +151,7 @@ def every_import() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for name, path in known.items():
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Import):
                 targets |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module:

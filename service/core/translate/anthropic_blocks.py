@@ -27,18 +27,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate.form import (
-    CallItem,
-    FunctionCall,
-    ItemHead,
-    Message,
-    Output,
-    Shown,
-    arguments,
-    data_url,
-    provider_id,
-    text_of,
-)
+from service.core.translate import form
 
 # The block types of an Anthropic assistant message that turnstore keeps (and replays).
 BLOCK_TYPES = frozenset({"text", "thinking", "redacted_thinking", "tool_use"})
@@ -64,7 +53,7 @@ def is_block(item: msgspec.Raw) -> bool:
     """An Anthropic content block (kept as Anthropic sent it), not a Responses item."""
     if not memoryview(item)[:32].tobytes().startswith(_STARTS):
         return False
-    head = msgspec.json.decode(item, type=ItemHead)
+    head = msgspec.json.decode(item, type=form.ItemHead)
     return head.role is None and head.type in BLOCK_TYPES
 
 
@@ -88,38 +77,31 @@ def to_messages(items: Sequence[msgspec.Raw]) -> Messages:
     out = Messages()
     issued: set[str] = set()  # the calls the request holds: a result names one of them
     for item in items:
-        head = msgspec.json.decode(item, type=ItemHead)
+        head = msgspec.json.decode(item, type=form.ItemHead)
         if head.role is None and head.type in BLOCK_TYPES:
             out.add("assistant", item)  # verbatim: signatures bind its exact content
             issued.update(call.call_id for call in ANTHROPIC.calls(item))
-        elif head.type in (None, "message") and head.role is not None:
-            _message(out, msgspec.json.decode(item, type=Message))
-        elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=CallItem)
-            block = {"type": "tool_use", "id": call.call_id, "name": call.name}
-            out.add("assistant", block | {"input": arguments(call.arguments)})
-            issued.add(call.call_id)
-        elif head.type == "function_call_output":
-            result = msgspec.json.decode(item, type=Output)
-            if result.call_id not in issued:  # its call left the window: its output as text
-                text = f"[output of call {result.call_id}]\n{text_of(result.output)}"
+            continue
+        read = form.read_item(item, "an Anthropic model")
+        if isinstance(read, form.Message):
+            _message(out, read)
+        elif isinstance(read, form.CallItem):
+            block = {"type": "tool_use", "id": read.call_id, "name": read.name}
+            out.add("assistant", block | {"input": form.arguments(read.arguments)})
+            issued.add(read.call_id)
+        elif isinstance(read, form.Output):
+            if read.call_id not in issued:  # its call left the window: its output as text
+                text = f"[output of call {read.call_id}]\n{form.text_of(read.output)}"
                 out.add("user", {"type": "text", "text": text})
                 continue
-            content = result.output if isinstance(result.output, str) else _parts(result.output)
-            _tool_result(out, {"type": "tool_result", "tool_use_id": result.call_id}, content)
-        elif head.type in ("reasoning", "compaction"):
-            continue  # another provider's reasoning: readable by its issuer alone
-        else:
-            raise InvalidInput(
-                f"An item of type {head.type!r} cannot be sent to an Anthropic model.",
-                param="input",
-            )
+            content = read.output if isinstance(read.output, str) else _parts(read.output)
+            _tool_result(out, {"type": "tool_result", "tool_use_id": read.call_id}, content)
     return out
 
 
-def _message(out: Messages, message: Message) -> None:
+def _message(out: Messages, message: form.Message) -> None:
     if message.role in ("system", "developer"):
-        text = text_of(message.content)
+        text = form.text_of(message.content)
         out.system.append(text)
         return
     if message.role not in ("user", "assistant"):
@@ -147,33 +129,26 @@ def _tool_result(out: Messages, block: dict[str, Any], content: Any) -> None:
 
 def _type(block: Any) -> str | None:
     if isinstance(block, msgspec.Raw):
-        return msgspec.json.decode(block, type=ItemHead).type
+        return msgspec.json.decode(block, type=form.ItemHead).type
     return block.get("type") if isinstance(block, dict) else None
 
 
 def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses content parts as Anthropic blocks: text, images and files by URL or data."""
-    blocks: list[dict[str, Any]] = []
-    for part in parts:
-        kind = part.get("type")
-        if kind in ("input_text", "output_text", "text"):
-            if part.get("text"):
-                blocks.append({"type": "text", "text": part["text"]})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            blocks.append({"type": "image", "source": _source(part["image_url"])})
-        elif kind == "input_file" and isinstance(
-            part.get("file_data") or part.get("file_url"), str
-        ):
-            blocks.append(_document(part))
-        elif kind == "refusal":
-            if part.get("refusal"):
-                blocks.append({"type": "text", "text": part["refusal"]})
-        else:
-            raise InvalidInput(
-                f"A content part of type {kind!r} cannot be sent to an Anthropic model.",
-                param="input",
-            )
-    return blocks
+    return form.content_parts(parts, "an Anthropic model", _text, _media)
+
+
+def _text(text: Any) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _media(part: dict[str, Any]) -> dict[str, Any] | None:
+    kind = part.get("type")
+    if kind == "input_image" and isinstance(part.get("image_url"), str):
+        return {"type": "image", "source": _source(part["image_url"])}
+    if kind == "input_file" and isinstance(part.get("file_data") or part.get("file_url"), str):
+        return _document(part)
+    return None
 
 
 def _document(part: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +169,7 @@ def _document(part: dict[str, Any]) -> dict[str, Any]:
 
 
 def _source(url: str) -> dict[str, str]:
-    inline = data_url(url)
+    inline = form.data_url(url)
     if inline is not None:
         return {"type": "base64", "media_type": inline[0], "data": inline[1]}
     return {"type": "url", "url": url}
@@ -226,7 +201,7 @@ def own_id(block: msgspec.Raw, kind: str | None, given: str | None) -> str | Non
     thinking, which carries none, a digest of its bytes (its signature makes it unique); a
     text block has none (it is listed by its place in its turn)."""
     if kind in OPAQUE_BLOCKS:
-        return provider_id("reasoning", block)
+        return form.provider_id("reasoning", block)
     return given
 
 
@@ -241,20 +216,22 @@ class _Anthropic:
         return is_block(item)
 
     def opaque(self, item: msgspec.Raw) -> bool:
-        return msgspec.json.decode(item, type=ItemHead).type in OPAQUE_BLOCKS
+        return msgspec.json.decode(item, type=form.ItemHead).type in OPAQUE_BLOCKS
 
-    def shown(self, item: msgspec.Raw) -> list[Shown]:
+    def shown(self, item: msgspec.Raw) -> list[form.Shown]:
         head = msgspec.json.decode(item, type=_Block)
         read = as_item(item)
         call_id = head.id if head.type == "tool_use" else None
         own = own_id(item, head.type, head.id or None)
-        return [Shown(read, provider_id(read["type"], item), own, call_id, whole=True)]
+        return [form.Shown(read, form.provider_id(read["type"], item), own, call_id, whole=True)]
 
-    def calls(self, item: msgspec.Raw) -> list[FunctionCall]:
+    def calls(self, item: msgspec.Raw) -> list[form.FunctionCall]:
         read = msgspec.json.decode(item, type=_ToolUse)
         if read.type != "tool_use":
             return []
-        return [FunctionCall(read.id, read.name, bytes(read.input).decode())]  # the model's text
+        return [
+            form.FunctionCall(read.id, read.name, bytes(read.input).decode())
+        ]  # the model's text
 
 
 class _ToolUse(msgspec.Struct):

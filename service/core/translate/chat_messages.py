@@ -37,16 +37,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate.form import (
-    CallItem,
-    FunctionCall,
-    ItemHead,
-    Message,
-    Output,
-    Shown,
-    provider_id,
-    text_of,
-)
+from service.core.translate import form
 
 START = b'{"role":"assistant"'
 THINKING_FIELDS = ("reasoning_content", "reasoning")  # vLLM and DeepSeek; Ollama, OpenRouter
@@ -170,24 +161,24 @@ class _Chat:
     def opaque(self, item: msgspec.Raw) -> bool:
         return bool(message(item).thinking)  # the issuer's alone; its text and calls are not
 
-    def shown(self, item: msgspec.Raw) -> list[Shown]:
+    def shown(self, item: msgspec.Raw) -> list[form.Shown]:
         read = message(item)
-        out: list[Shown] = []
+        out: list[form.Shown] = []
         if read.thinking:
             own = reasoning_id(read.thinking)
             summary = [{"type": "summary_text", "text": read.thinking}]
-            out.append(Shown({"type": "reasoning", "summary": summary}, own, own, whole=True))
+            out.append(form.Shown({"type": "reasoning", "summary": summary}, own, own, whole=True))
         text = _message_item(read)
         if text is not None:  # known by its place in its turn
-            out.append(Shown(text, provider_id("message", item), None))
+            out.append(form.Shown(text, form.provider_id("message", item), None))
         for call in read.tool_calls or ():
             own = call_item_id(call.id or "")
-            out.append(Shown(_call_item(call), own, own, call.id))
+            out.append(form.Shown(_call_item(call), own, own, call.id))
         return out
 
-    def calls(self, item: msgspec.Raw) -> list[FunctionCall]:
+    def calls(self, item: msgspec.Raw) -> list[form.FunctionCall]:
         calls = message(item).tool_calls or ()
-        return [FunctionCall(c.id or "", c.function.name, c.function.arguments) for c in calls]
+        return [form.FunctionCall(c.id or "", c.function.name, c.function.arguments) for c in calls]
 
 
 CHAT = _Chat()
@@ -213,31 +204,24 @@ def to_chat(items: Sequence[msgspec.Raw]) -> Messages:
             out.messages.append(item)  # verbatim: the server's own message
             issued.update(call.call_id for call in CHAT.calls(item))
             continue
-        head = msgspec.json.decode(item, type=ItemHead)
-        if head.type in (None, "message") and head.role is not None:
-            _message(out, msgspec.json.decode(item, type=Message))
-        elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=CallItem)
-            _call(out, call)
-            issued.add(call.call_id)
-        elif head.type == "function_call_output":
-            result = msgspec.json.decode(item, type=Output)
-            output = text_of(result.output)
-            if result.call_id in issued:
-                tool = {"role": "tool", "tool_call_id": result.call_id, "content": output}
+        read = form.read_item(item, "a Chat Completions model")
+        if isinstance(read, form.Message):
+            _message(out, read)
+        elif isinstance(read, form.CallItem):
+            _call(out, read)
+            issued.add(read.call_id)
+        elif isinstance(read, form.Output):
+            output = form.text_of(read.output)
+            if read.call_id in issued:
+                tool = {"role": "tool", "tool_call_id": read.call_id, "content": output}
                 out.messages.append(tool)
             else:  # its call left the window: its output as text
-                said = f"[output of call {result.call_id}]\n{output}"
+                said = f"[output of call {read.call_id}]\n{output}"
                 out.messages.append({"role": "user", "content": said})
-        elif head.type not in ("reasoning", "compaction"):  # another provider's: its issuer's
-            raise InvalidInput(
-                f"An item of type {head.type!r} cannot be sent to a Chat Completions model.",
-                param="input",
-            )
     return out
 
 
-def _call(out: Messages, call: CallItem) -> None:
+def _call(out: Messages, call: form.CallItem) -> None:
     """A call as an entry of its assistant message's ``tool_calls``."""
     entry = {
         "id": call.call_id,
@@ -251,9 +235,9 @@ def _call(out: Messages, call: CallItem) -> None:
         out.messages.append({"role": "assistant", "content": None, "tool_calls": [entry]})
 
 
-def _message(out: Messages, read: Message) -> None:
+def _message(out: Messages, read: form.Message) -> None:
     if read.role in ("system", "developer"):
-        out.system.append(text_of(read.content))
+        out.system.append(form.text_of(read.content))
         return
     if read.role not in ("user", "assistant"):
         raise InvalidInput(f"A message of role {read.role!r} is not supported.", param="input")
@@ -262,23 +246,20 @@ def _message(out: Messages, read: Message) -> None:
         out.messages.append({"role": read.role, "content": content})
 
 
+def _text(text: Any) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _image(part: dict[str, Any]) -> dict[str, Any] | None:
+    if part.get("type") == "input_image" and isinstance(part.get("image_url"), str):
+        return {"type": "image_url", "image_url": {"url": part["image_url"]}}
+    return None
+
+
 def _parts(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     """Responses content parts as Chat's: text alone as a string (what every server takes),
     else text and ``image_url`` parts; files cannot go (no Chat server reads them)."""
-    out: list[dict[str, Any]] = []
-    for part in parts:
-        kind = part.get("type")
-        if kind in ("input_text", "output_text", "text") and part.get("text"):
-            out.append({"type": "text", "text": part["text"]})
-        elif kind == "refusal" and part.get("refusal"):
-            out.append({"type": "text", "text": part["refusal"]})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
-        elif kind not in ("input_text", "output_text", "text", "refusal"):
-            raise InvalidInput(
-                f"A content part of type {kind!r} cannot be sent to a Chat Completions model.",
-                param="input",
-            )
+    out = form.content_parts(parts, "a Chat Completions model", _text, _image)
     if all(part["type"] == "text" for part in out):
         return "".join(part["text"] for part in out)
     return out

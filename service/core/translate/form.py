@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -94,6 +95,60 @@ class CallItem(msgspec.Struct):
 class Output(msgspec.Struct):
     call_id: str
     output: str | list[dict[str, Any]] = ""
+
+
+def read_item(item: msgspec.Raw, model: str) -> Message | CallItem | Output | None:
+    """A Responses item as a translator sends it on: a message, a function call or a call's
+    output; None for a reasoning or compaction item (another provider's: readable by its issuer
+    alone); 400 for any other, naming the ``model`` it cannot be sent to ("a Gemini model")."""
+    head = msgspec.json.decode(item, type=ItemHead)
+    if head.type in (None, "message") and head.role is not None:
+        return msgspec.json.decode(item, type=Message)
+    if head.type == "function_call":
+        return msgspec.json.decode(item, type=CallItem)
+    if head.type == "function_call_output":
+        return msgspec.json.decode(item, type=Output)
+    if head.type in ("reasoning", "compaction"):
+        return None
+    raise unsendable("An item", head.type, model)
+
+
+def said(part: dict[str, Any]) -> Any:
+    """A content part's words: a text part's text, a refusal's refusal (falsy: none); None for
+    a part of another type."""
+    kind = part.get("type")
+    if kind in ("input_text", "output_text", "text"):
+        return part.get("text") or ""
+    if kind == "refusal":
+        return part.get("refusal") or ""
+    return None
+
+
+def content_parts(
+    parts: list[dict[str, Any]],
+    model: str,
+    words: Callable[[Any], dict[str, Any]],
+    other: Callable[[dict[str, Any]], dict[str, Any] | None],
+) -> list[dict[str, Any]]:
+    """Responses content parts as a provider's: text and refusals by ``words`` (none where they
+    say nothing), any other part by ``other``; 400 for a part ``other`` makes nothing of (None),
+    naming the ``model`` it cannot be sent to."""
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        text = said(part)
+        if text is None:
+            translated = other(part)
+            if translated is None:
+                raise unsendable("A content part", part.get("type"), model)
+            out.append(translated)
+        elif text:
+            out.append(words(text))
+    return out
+
+
+def unsendable(what: str, kind: str | None, model: str) -> InvalidInput:
+    """400: an item or a content part (``what``) of a type ``model`` has no place for."""
+    return InvalidInput(f"{what} of type {kind!r} cannot be sent to {model}.", param="input")
 
 
 _ID_PREFIXES = {"message": "msg", "function_call": "fc", "reasoning": "rs"}

@@ -39,18 +39,7 @@ from typing import Any
 import msgspec
 
 from service.core.errors import InvalidInput
-from service.core.translate.form import (
-    CallItem,
-    FunctionCall,
-    ItemHead,
-    Message,
-    Output,
-    Shown,
-    arguments,
-    data_url,
-    provider_id,
-    text_of,
-)
+from service.core.translate import form
 
 # What Gemini takes on a function call it never issued (its thought-signature docs).
 PLACEHOLDER_SIGNATURE = "skip_thought_signature_validator"
@@ -86,7 +75,7 @@ def is_part(item: msgspec.Raw) -> bool:
     head = memoryview(item)[:48].tobytes()
     if not head.startswith(b"{") or not head[1:].lstrip().startswith(_STARTS):
         return False
-    read = msgspec.json.decode(item, type=ItemHead)
+    read = msgspec.json.decode(item, type=form.ItemHead)
     return read.type is None and read.role is None
 
 
@@ -137,7 +126,7 @@ class _Gemini:
         read = msgspec.json.decode(item, type=_Part)
         return read.thought or bool(read.thought_signature) or read.function_call is not None
 
-    def shown(self, item: msgspec.Raw) -> list[Shown]:
+    def shown(self, item: msgspec.Raw) -> list[form.Shown]:
         read = msgspec.json.decode(item, type=_Part)
         if read.function_call is not None:
             call_id = _call_id(read, item)
@@ -147,25 +136,27 @@ class _Gemini:
                 "name": read.function_call.name,
                 "arguments": bytes(read.function_call.args).decode(),
             }
-            return [Shown(called, provider_id("function_call", item), call_id, call_id, True)]
+            return [
+                form.Shown(called, form.provider_id("function_call", item), call_id, call_id, True)
+            ]
         if read.text and not read.thought:
             part = {"type": "output_text", "text": read.text, "annotations": []}
             said = {"type": "message", "role": "assistant", "content": [part]}
             # Known by its place in its turn.
-            return [Shown(said, provider_id("message", item), None, whole=True)]
+            return [form.Shown(said, form.provider_id("message", item), None, whole=True)]
         # Thought, a signature alone on an empty text, or a part nothing here reads (an image
         # the model made, code it ran): reasoning, readable (its thought) or not; its
         # signature makes its digest unique.
         summary = [{"type": "summary_text", "text": read.text}] if read.text else []
-        own = provider_id("reasoning", item)
-        return [Shown({"type": "reasoning", "summary": summary}, own, own, whole=True)]
+        own = form.provider_id("reasoning", item)
+        return [form.Shown({"type": "reasoning", "summary": summary}, own, own, whole=True)]
 
-    def calls(self, item: msgspec.Raw) -> list[FunctionCall]:
+    def calls(self, item: msgspec.Raw) -> list[form.FunctionCall]:
         read = msgspec.json.decode(item, type=_Part)
         if read.function_call is None:
             return []
         arguments = bytes(read.function_call.args).decode()
-        return [FunctionCall(_call_id(read, item), read.function_call.name, arguments)]
+        return [form.FunctionCall(_call_id(read, item), read.function_call.name, arguments)]
 
 
 GEMINI = _Gemini()
@@ -203,36 +194,29 @@ def to_contents(items: Sequence[msgspec.Raw], model: str) -> Contents:
                 out.calls[_call_id(read, item)] = (read.function_call.name, read.function_call.id)
             out.add("model", wire(item))  # verbatim: its signature binds its exact content
             continue
-        head = msgspec.json.decode(item, type=ItemHead)
-        if head.type in (None, "message") and head.role is not None:
-            _message(out, msgspec.json.decode(item, type=Message))
-        elif head.type == "function_call":
-            call = msgspec.json.decode(item, type=CallItem)
+        call = form.read_item(item, "a Gemini model")
+        if isinstance(call, form.Message):
+            _message(out, call)
+        elif isinstance(call, form.CallItem):
             part: dict[str, Any] = {
                 "functionCall": {
                     "id": call.call_id,
                     "name": call.name,
-                    "args": arguments(call.arguments),
+                    "args": form.arguments(call.arguments),
                 }
             }
             if signed:  # a call Gemini never issued: the documented placeholder
                 part["thoughtSignature"] = PLACEHOLDER_SIGNATURE
             out.calls[call.call_id] = (call.name, call.call_id)
             out.add("model", part)
-        elif head.type == "function_call_output":
-            _response(out, msgspec.json.decode(item, type=Output))
-        elif head.type in ("reasoning", "compaction"):
-            continue  # another provider's reasoning: readable by its issuer alone
-        else:
-            raise InvalidInput(
-                f"An item of type {head.type!r} cannot be sent to a Gemini model.", param="input"
-            )
+        elif isinstance(call, form.Output):
+            _response(out, call)
     return out
 
 
-def _message(out: Contents, message: Message) -> None:
+def _message(out: Contents, message: form.Message) -> None:
     if message.role in ("system", "developer"):
-        text = text_of(message.content)
+        text = form.text_of(message.content)
         if text:
             out.system.append(text)
         return
@@ -246,12 +230,12 @@ def _message(out: Contents, message: Message) -> None:
         out.add("model" if message.role == "assistant" else "user", *parts)
 
 
-def _response(out: Contents, result: Output) -> None:
+def _response(out: Contents, result: form.Output) -> None:
     """A function's output as a ``functionResponse`` of its call's name and id, before any
     text of the same user content; an output whose call is not in the request (it fell out of
     the window) as text, which Gemini takes without a call before it."""
     output = result.output
-    text = text_of(output)
+    text = form.text_of(output)
     media = [] if isinstance(output, str) else [p for p in output if p.get("type") != "input_text"]
     extra = _parts(media)
     if result.call_id not in out.calls:
@@ -273,28 +257,20 @@ def _response(out: Contents, result: Output) -> None:
 
 def _parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses content parts as Gemini's: text, images and files inline or by URI."""
-    out: list[dict[str, Any]] = []
-    for part in parts:
-        kind = part.get("type")
-        if kind in ("input_text", "output_text", "text"):
-            if part.get("text"):
-                out.append({"text": part["text"]})
-        elif kind == "refusal":
-            if part.get("refusal"):
-                out.append({"text": part["refusal"]})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            out.append(_media(part["image_url"], None))
-        elif kind == "input_file" and isinstance(part.get("file_data"), str):
-            data = part["file_data"]
-            out.append(_media(data if data.startswith("data:") else _pdf(data), None))
-        elif kind == "input_file" and isinstance(part.get("file_url"), str):
-            out.append(_media(part["file_url"], "application/pdf"))
-        else:
-            raise InvalidInput(
-                f"A content part of type {kind!r} cannot be sent to a Gemini model.",
-                param="input",
-            )
-    return out
+    return form.content_parts(parts, "a Gemini model", lambda text: {"text": text}, _other)
+
+
+def _other(part: dict[str, Any]) -> dict[str, Any] | None:
+    """An image or a file part: inline (a data URL) or by URI; None: another part."""
+    kind = part.get("type")
+    if kind == "input_image" and isinstance(part.get("image_url"), str):
+        return _media(part["image_url"], None)
+    if kind == "input_file" and isinstance(part.get("file_data"), str):
+        data = part["file_data"]
+        return _media(data if data.startswith("data:") else _pdf(data), None)
+    if kind == "input_file" and isinstance(part.get("file_url"), str):
+        return _media(part["file_url"], "application/pdf")
+    return None
 
 
 def _pdf(data: str) -> str:
@@ -302,7 +278,7 @@ def _pdf(data: str) -> str:
 
 
 def _media(url: str, mime_type: str | None) -> dict[str, Any]:
-    inline = data_url(url)
+    inline = form.data_url(url)
     if inline is not None:
         return {"inlineData": {"mimeType": inline[0], "data": inline[1]}}
     uri: dict[str, str] = {"fileUri": url}

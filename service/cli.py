@@ -150,7 +150,9 @@ def _current(url: str, args: argparse.Namespace, settings: Settings) -> object:
 
 
 def _distribute(url: str, args: argparse.Namespace, settings: Settings) -> object:
-    return asyncio.run(distribute(url, shard_count=args.shard_count, progress=print))
+    return asyncio.run(
+        distribute(url, shard_count=args.shard_count, progress=print, owner_rows=args.owner_rows)
+    )
 
 
 def _status(url: str, args: argparse.Namespace, settings: Settings) -> None:
@@ -167,6 +169,8 @@ def _status(url: str, args: argparse.Namespace, settings: Settings) -> None:
         print(_citus_line(citus))
         for what, should in (citus.misplaced or {}).items():
             print(f"  {what}: not placed as it should be ({should})")
+        for what, when in (citus.pending or {}).items():
+            print(f"  {what}: placed as the release before placed it ({when})")
         print("all is as it should be" if ok else "NOT as it should be: see above")
     if not ok:
         sys.exit(1)
@@ -197,6 +201,7 @@ def _status_json(schemas: dict[str, Any], citus: placement.CitusStatus, ok: bool
             "coordinator": citus.coordinator,
             "workers": citus.workers,
             "misplaced": citus.misplaced or {},
+            "pending": citus.pending or {},
             "ok": citus.ok,
         },
     }
@@ -470,6 +475,12 @@ def _db_commands(db: argparse.ArgumentParser) -> None:
         type=_positive,
         default=DEFAULT_SHARD_COUNT,
         help="shards of a new co-location group",
+    )
+    place.add_argument(
+        "--owner-rows",
+        action="store_true",
+        help="make each owner's rows placed by a release before the coordinator's (once every"
+        " replica runs this release: deploy/CITUS-RUNBOOK.md)",
     )
     place.set_defaults(run=_db(_distribute))
     status = commands.add_parser(

@@ -361,9 +361,12 @@ SENT_TO_WORKER = (
 
 def test_distribute_takes_each_owners_rows_back_to_the_coordinator(citus: CitusCluster) -> None:
     """A cluster placed by a release before issue 44 (each owner's rows on a worker, its
-    running turns' function sent there): the next `db distribute` makes them the coordinator's
-    own tables again, their rows kept, and the function runs where it is called; `db status`
-    said so before, and says nothing after; a third run has nothing to do."""
+    running turns' function sent there): `db distribute` as the migration Job runs it (before
+    the rollout, while replicas of the release before still send their keyed commits to the
+    workers) leaves them and says so, and `db status` is ok with them pending; `db distribute
+    --owner-rows` (after the rollout) makes them the coordinator's own tables again, their rows
+    kept, and the function runs where it is called; `db status` says nothing after; a third run
+    has nothing to do."""
     assert isinstance(TAKE_TURN, CoordinatorFunction)
     old = {t: BY_OWNER.get(t, p) for t, p in PLACEMENT.items()}
     by_owner = DistributedFunction(TAKE_TURN.signature, "p_owner", "idempotency_keys")
@@ -377,8 +380,15 @@ def test_distribute_takes_each_owners_rows_back_to_the_coordinator(citus: CitusC
             "INSERT INTO idempotency_keys (owner, key, request_hash, state, created_at,"
             " expires_at) VALUES ('alice', 'k', 'h', 'running', now(), now() + interval '1 h')",
         )
-        assert set(asyncio.run(status(url)).misplaced or {}) == {*BY_OWNER, "turnstore_take_turn()"}
-        done = asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT)).splitlines()
+        before = asyncio.run(status(url))
+        assert before.ok and not before.misplaced
+        assert set(before.pending or {}) == {*BY_OWNER, "turnstore_take_turn()"}
+        left = asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT)).splitlines()
+        assert len(left) == 4 and all("--owner-rows" in line for line in left), left
+        assert set(BY_OWNER) <= set(placement_of(url))  # left where the old release has them
+        done = asyncio.run(
+            distribute(url, shard_count=CITUS_SHARD_COUNT, owner_rows=True)
+        ).splitlines()
         assert [line.split(",")[0] for line in done[:3]] == [
             f"{table}: a plain table on the coordinator again" for table in BY_OWNER
         ]
@@ -392,6 +402,7 @@ def test_distribute_takes_each_owners_rows_back_to_the_coordinator(citus: CitusC
         ]
         taken = "SELECT taken FROM turnstore_take_turn('alice', gen_random_uuid(), now(),"
         assert fetch(url, taken + " now() + interval '1 min', 1)")[0]["taken"] is True
-        assert asyncio.run(status(url)).ok
+        after = asyncio.run(status(url))
+        assert after.ok and not after.pending
         again = asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT))
         assert again == "every table is placed already: nothing to do"

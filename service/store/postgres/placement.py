@@ -187,12 +187,19 @@ async def distribute(
     placement: dict[str, Placement] | None = None,
     functions: dict[str, FunctionPlacement] | None = None,
     progress: Callable[[str], None] | None = None,
+    owner_rows: bool = False,
 ) -> str:
     """Place every table of the schema at ``url`` (a Citus coordinator) as ``placement`` says;
     what was done, one line per table, or that nothing was to do. ``progress`` is told each
     table as it starts (its rows, as the statistics estimate them): a populated table is
     copied to the workers, which takes a while, under a lock that holds its writes until the
-    whole placement commits."""
+    whole placement commits.
+
+    ``owner_rows``: each owner's rows placed on the workers by a release before issue 44 are
+    made the coordinator's again (``turnstore db distribute --owner-rows``, once every replica
+    runs this release: a replica of the release before sends its keyed commits to a worker,
+    where the keys would no longer be); without it they are left as they are, which this
+    release works with, and said (``db status`` says so too)."""
     placement = PLACEMENT if placement is None else placement
     functions = FUNCTIONS if functions is None else functions
     say = progress or (lambda _line: None)
@@ -208,22 +215,21 @@ async def distribute(
             # parallel connections to the workers.
             await conn.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
             started = time.monotonic()
-            done = await _place(conn, placement, say)
-            done += await _place_functions(conn, functions)
+            later: list[str] = []
+            done = await _place(conn, placement, say, later if not owner_rows else None)
+            done += await _place_functions(conn, functions, later if not owner_rows else None)
             locked_s = time.monotonic() - started
     except asyncpg.PostgresError as exc:
         raise Refused(f"Citus refused the placement: {exc}".splitlines()[0]) from exc
     finally:
         await conn.close()
-    if not done:
+    if not done and not later:
         return "every table is placed already: nothing to do"
-    return "\n".join(
-        [
-            *done,
-            f"done in one transaction: the tables placed were locked for {locked_s:.1f} s"
-            " (requests that wrote them waited until it committed)",
-        ]
+    locked = (
+        f"done in one transaction: the tables placed were locked for {locked_s:.1f} s"
+        " (requests that wrote them waited until it committed)"
     )
+    return "\n".join([*done, *([locked] if done else []), *later])
 
 
 async def _check_server(conn: asyncpg.Connection) -> None:
@@ -266,7 +272,7 @@ async def _functions(conn: asyncpg.Connection) -> list[str]:
 
 
 async def _place_functions(
-    conn: asyncpg.Connection, functions: dict[str, FunctionPlacement]
+    conn: asyncpg.Connection, functions: dict[str, FunctionPlacement], later: list[str] | None
 ) -> list[str]:
     """Each function distributed by its argument, unless it is already (pg_dist_object names
     its argument's index then); one to run on the coordinator made again if it was sent to a
@@ -280,7 +286,9 @@ async def _place_functions(
             function.signature,
         )
         if isinstance(function, CoordinatorFunction):
-            if placed:
+            if placed and later is not None:
+                later.append(_LATER.format(f"{name}(): sent to the owner's worker"))
+            elif placed:
                 definition = await conn.fetchval(
                     "SELECT pg_get_functiondef($1::regprocedure)", function.signature
                 )
@@ -305,14 +313,17 @@ async def _tables(conn: asyncpg.Connection) -> list[str]:
 
 
 async def _place(
-    conn: asyncpg.Connection, placement: dict[str, Placement], say: Callable[[str], None]
+    conn: asyncpg.Connection,
+    placement: dict[str, Placement],
+    say: Callable[[str], None],
+    later: list[str] | None,
 ) -> list[str]:
     tables = set(await _tables(conn))
     on_citus = {
         t: p for t, p in placement.items() if t in tables and not isinstance(p, Coordinator)
     }
     placed = await _placed(conn)
-    done = await _back_to_coordinator(conn, placement, placed, say)
+    done = await _back_to_coordinator(conn, placement, placed, say, later)
     for table, where in placement.items():
         if table in placed:
             _check_placed(table, where, placed)
@@ -364,14 +375,19 @@ async def _back_to_coordinator(
     placement: dict[str, Placement],
     placed: dict[str, Any],
     say: Callable[[str], None],
+    later: list[str] | None,
 ) -> list[str]:
     """Tables placed on the workers by a release before, which this one keeps on the
     coordinator (issue 44: each owner's rows), made plain tables there again, their rows
-    copied back (Citus' undistribute_table); ``placed`` forgets them."""
+    copied back (Citus' undistribute_table), or with ``later`` left and said there;
+    ``placed`` forgets them."""
     done = []
     for table, where in placement.items():
-        row = placed.get(table)
-        if not isinstance(where, Coordinator) or row is None or row["partmethod"] != "h":
+        if not isinstance(where, Coordinator) or not _by_owner(placed.get(table)):
+            continue
+        if later is not None:
+            later.append(_LATER.format(f"{table}: on the workers, by {placed[table]['column']}"))
+            del placed[table]
             continue
         rows = await conn.fetchval("SELECT count(*) FROM " + table)
         say(f"{table}: {rows} rows back to the coordinator...")
@@ -383,6 +399,13 @@ async def _back_to_coordinator(
             f" ({time.monotonic() - started:.1f} s)"
         )
     return done
+
+
+# Each owner's rows as a release before issue 44 placed them: left until the rollout is over.
+_LATER = (
+    "{}, as the release before placed it (this release works with it): once every replica"
+    " runs this release, `turnstore db distribute --owner-rows` makes it the coordinator's"
+)
 
 
 async def _placed(conn: asyncpg.Connection) -> dict[str, Any]:
@@ -441,6 +464,11 @@ def _as_wanted(table: str, where: Placement, placed: dict[str, Any]) -> bool:
     )
 
 
+def _by_owner(row: Any) -> bool:
+    """A table Citus knows, hash-distributed (each owner's, as placed before issue 44)."""
+    return row is not None and row["partmethod"] == "h"
+
+
 def _check_placed(table: str, where: Placement, placed: dict[str, Any]) -> None:
     """A table placed before: as the placement says, or the operator decides."""
     if not _as_wanted(table, where, placed):
@@ -457,6 +485,9 @@ class CitusStatus:
     coordinator: bool = False
     workers: int = 0
     misplaced: dict[str, str] | None = None  # table or function() -> what it should be
+    # Each owner's rows as a release before issue 44 placed them (this one works with it):
+    # for `db distribute --owner-rows` once the rollout is over; not counted against ``ok``.
+    pending: dict[str, str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -477,10 +508,16 @@ async def status(url: str) -> CitusStatus:
             "SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND isactive"
         )
         placed, tables = await _placed(conn), set(await _tables(conn))
+        later = "after the rollout: `turnstore db distribute --owner-rows`"
+        pending = {
+            table: later
+            for table, where in PLACEMENT.items()
+            if isinstance(where, Coordinator) and _by_owner(placed.get(table))
+        }
         misplaced = {
             table: wanted(where)
             for table, where in PLACEMENT.items()
-            if table in tables and not _as_wanted(table, where, placed)
+            if table in tables and table not in pending and not _as_wanted(table, where, placed)
         }
         misplaced.update({t: "a table this release does not know" for t in tables - set(PLACEMENT)})
         for name, function in FUNCTIONS.items():
@@ -492,12 +529,12 @@ async def status(url: str) -> CitusStatus:
             )
             if isinstance(function, CoordinatorFunction):
                 if argument is not None:
-                    misplaced[f"{name}()"] = "run on the coordinator"
+                    pending[f"{name}()"] = later
             elif argument is None:
                 misplaced[f"{name}()"] = (
                     f"distributed by {function.argument} with {function.colocate_with}"
                 )
-        return CitusStatus(version, True, int(workers), misplaced)
+        return CitusStatus(version, True, int(workers), misplaced, pending)
     finally:
         await conn.close()
 

@@ -24,10 +24,10 @@ from service.core.model import Turn, plain
 
 WORD, PAIR, MODEL = "w", "m", "o"  # the kinds of terms
 _WORDS = re.compile(r"[^\W_]+")  # letters and digits: PostgreSQL's parser splits at "_" too
-# Inside what PostgreSQL's parser keeps as one token (an e-mail address, a host, a URL, a
-# path): ``searchable`` adds its words (statements.SEARCH_REBUILD splits at the same
-# characters). Three characters, searched in each token: no backtracking over long tokens.
-_JOINT = re.compile(r"[^\W_][@./:][^\W_]")
+# What PostgreSQL's parser may keep as one token (an e-mail address, a host, a URL, a path)
+# holds one of these: ``searchable`` adds its words (statements.SEARCH_REBUILD and the
+# listing's q split at the same characters).
+_JOINT = re.compile(r"[@./:]")
 
 
 def words(text: str) -> list[str]:

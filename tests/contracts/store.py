@@ -553,10 +553,10 @@ async def test_an_address_a_host_or_a_path_is_found_whole_and_by_each_of_its_wor
     it, in the conversation and in its fork (whose terms are made again)."""
     store = contract_store
     a = uuid.uuid4()
-    text_ = "Write to Bob@example.com, see docs.example.org/a/b"
+    text_ = "Write to Bob@example.com, see docs.example.org/a/b and ~/.ssh or /etc"
     await store.history.append(Append(a, said(text_), 0, owner="erin"))
     fork = await store.edits.fork(a, "erin", 1)
-    for q in ("example", "bob@example.com", "docs", "org", "b"):
+    for q in ("example", "bob@example.com", "example.com", "docs", "org", "b", "ssh", "etc"):
         page, _ = await store.reads.list_conversations("erin", 10, None, Finding(q=q))
         assert {s.id for s in page} == {a, fork.id}, q
     page, _ = await store.reads.list_conversations("erin", 10, None, Finding(q="exam"))

@@ -429,13 +429,13 @@ async def test_an_erased_response_is_found_by_none_of_its_words(
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["clear", "encrypted"])
 async def test_a_removed_item_is_found_by_none_of_its_words(
-    database_url: str, tmp_path: Path, encrypted: bool
+    database: str, tmp_path: Path, encrypted: bool
 ) -> None:
     """DELETE .../items/{latest} takes its words out of the conversation's search terms (they
     stayed, so a search for a removed secret still found the conversation); the words of what
     it still holds, and its metadata, find it as before."""
     keys = {"encryption_keys_file": keys_file(tmp_path, "k1")} if encrypted else {}
-    config = Settings(database_url=database_url, **keys, **JWT_SETTINGS)
+    config = Settings(database_url=database, **keys, **JWT_SETTINGS)
     async with (
         serve(create_app(config, provider=FakeProvider())) as url,
         httpx.AsyncClient(base_url=url, timeout=30) as client,

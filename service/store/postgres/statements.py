@@ -371,7 +371,7 @@ LISTING = f"""
 # by conversations_owner_created / conversations_owner_updated, the terms (words, metadata
 # pairs, models) by conversations_search (GIN, migration 0021). :terms is a tsquery of terms
 # (each quoted: service/store/postgres/terms.py), :q the words of q as PostgreSQL's simple
-# configuration makes them (in clear).
+# configuration makes them (in clear), whole or split where core/search.py searchable splits.
 FILTERS = {
     "created_after": "conversations.created_at > CAST(:created_after AS timestamptz)",
     "created_before": "conversations.created_at < CAST(:created_before AS timestamptz)",
@@ -382,7 +382,8 @@ FILTERS = {
     "updated_before": """conversations.updated_at < CAST(:updated_before AS timestamptz)
         AND conversations.created_at < CAST(:updated_before AS timestamptz)""",
     "terms": "conversations.search @@ CAST(:terms AS tsquery)",
-    "q": "conversations.search @@ plainto_tsquery('simple', :q)",
+    "q": "(conversations.search @@ plainto_tsquery('simple', :q) OR conversations.search"
+    " @@ plainto_tsquery('simple', regexp_replace(:q, '[@./:]+', ' ', 'g')))",
 }
 
 

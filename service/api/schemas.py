@@ -57,8 +57,11 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
     model: Annotated[
         str | None,
         msgspec.Meta(
-            description="The model that answers this turn, which picks its provider (GET "
-            "/v1/models lists them); omit or null for the configured default model."
+            extra_json_schema={
+                "description": "The model that answers this turn, which picks its provider "
+                "(GET /v1/models lists them); omit or null for the configured default model.",
+                "extra": {"pattern": r"^[^\x00]*$"},  # PlanRules.check_model: no NUL
+            }
         ),
     ] = None
 

@@ -47,7 +47,12 @@ class PlanRules:
 
     def check_model(self, model: str | None) -> None:
         """A model a request may name: the configured one, one of MODELS (or of
-        PROVIDERS_FILE), or any with ``*``."""
+        PROVIDERS_FILE), or any with ``*`` (as text a provider can be sent and the turn's row
+        can keep: no NUL, no lone surrogate)."""
+        if model is not None and ("\x00" in model or not is_encodable(model)):
+            raise InvalidInput(
+                "model: text must be valid and without NUL characters.", param="model"
+            )
         configured = self.configured_model
         if model is None or model == configured or self.models is None or model in self.models:
             return

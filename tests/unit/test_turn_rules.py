@@ -22,6 +22,7 @@ from service.core.errors import (
     ConversationBusy,
     ConversationConflict,
     InvalidEncryptedContent,
+    InvalidInput,
     PreconditionFailed,
     RateLimited,
     UpstreamError,
@@ -293,3 +294,14 @@ def test_an_idempotency_key_hashes_a_plain_turn_as_the_previous_release_did() ->
         rules, chat_request(ANONYMOUS, "hi", cid, None, idempotency_key="k", background=True)
     )
     assert background.idempotency is not None and background.idempotency.request_hash != old
+
+
+@pytest.mark.parametrize("model", ["gpt\x00x", "gpt\udc00"], ids=["nul", "lone-surrogate"])
+def test_a_model_name_no_provider_or_row_can_take_is_400_naming_model(model: str) -> None:
+    """With any model allowed (MODELS=*), a name holding NUL or a lone surrogate is the
+    request's fault (the fuzzer's find: it reached the turn's row and failed there as 500
+    storage_error, after the provider call)."""
+    with pytest.raises(InvalidInput) as refused:
+        PlanRules(models=None).check_model(model)
+    assert refused.value.param == "model"
+    PlanRules(models=None).check_model("accounts/fireworks/models/qwen3-235b")  # any other

@@ -102,8 +102,8 @@ class ChatController(Controller):
         idempotency_key: IdempotencyKey = None,
     ) -> ServerSentEvent:
         plan = chat_plan(api, data, if_match, idempotency_key)
-        await api.cases.turns.check(plan)
-        started = await api.cases.runs.start(plan, correlation_id=cid(request))
+        existing = await api.cases.turns.check(plan, run=True)  # or in the run's creation
+        started = await api.cases.runs.start(plan, correlation_id=cid(request), existing=existing)
         headers = {
             "X-Conversation-Id": str(started.conversation_id),
             "X-Turn-Id": str(started.turn_id),

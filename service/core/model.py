@@ -399,6 +399,10 @@ class NewRun:
     owner: str
     background: bool
     response: msgspec.Raw | None = None  # what its /v1 Response echoes (see Turn.response)
+    # Made only if its conversation exists, its owner's, at a revision ``if_match`` lists (None:
+    # any): the early check of a streamed turn, in the run's creation (RunWrites.create_run).
+    existing: bool = False
+    if_match: Precondition = None
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,10 @@ class RunWrites(Protocol):
     async def create_run(self, run: NewRun, heartbeat_s: float, *, counted: bool = True) -> bool:
         """Record a new run, queued, alive for ``heartbeat_s``, and (``counted``) its turn's
         place among its owner's running turns (as Places.take_turn, held by the run's
-        id); False, and nothing recorded, when the owner runs OWNER_MAX_RUNNING_TURNS turns."""
+        id); False, and nothing recorded, when the owner runs OWNER_MAX_RUNNING_TURNS turns.
+        A run that names its conversation ``existing`` is recorded only if the owner has it,
+        at a revision ``if_match`` lists: ConversationNotFound, PreconditionFailed before its
+        place is taken."""
 
     async def begin_run(self, run_id: UUID, revision: int) -> None:
         """The run's turn holds its conversation at ``revision``: it is in progress."""

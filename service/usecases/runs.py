@@ -115,10 +115,22 @@ class TurnRuns:
 
     # --- starting and running ----------------------------------------------------------------
 
-    async def start(self, plan: TurnPlan, *, correlation_id: str) -> Started:
+    async def start(
+        self, plan: TurnPlan, *, correlation_id: str, existing: bool = False
+    ) -> Started:
         """Start the turn of ``plan`` as a run; an Idempotency-Key retry of a turn that runs
-        as a run gets that run instead (a retry of a plain turn still running: 409)."""
-        new = NewRun(uuid.uuid4(), plan.conversation_id, plan.owner, plan.background, plan.response)
+        as a run gets that run instead (a retry of a plain turn still running: 409).
+        ``existing``: the run is made only if its conversation exists, at the plan's If-Match
+        (TurnService.check left that to it): ConversationNotFound, PreconditionFailed."""
+        new = NewRun(
+            uuid.uuid4(),
+            plan.conversation_id,
+            plan.owner,
+            plan.background,
+            plan.response,
+            existing=existing,
+            if_match=plan.if_match if existing else None,
+        )
         try:
             committed = await self._claim(plan, new.id)
         except _Earlier as earlier:

@@ -142,18 +142,24 @@ class TurnService:
         """The names of turnstore's own tools (TOOLS): no client tool may take them."""
         return self._tooling.registry.names() if self._tooling else frozenset()
 
-    async def check(self, plan: TurnPlan) -> None:
+    async def check(self, plan: TurnPlan, *, run: bool = False) -> bool:
         """Fail early (before a stream starts) when the turn cannot succeed: an unknown
         conversation, a failed If-Match, an Idempotency-Key used with another request, the
         owner's write budget spent. The turn checks them again (under its lease, in its claim,
-        before its provider call)."""
+        before its provider call).
+
+        ``run``: the turn starts as a run next (Runs.start), whose creation can check its
+        conversation in the same statement (NewRun.existing); True when that check is left to
+        it: without an Idempotency-Key (whose check comes after the conversation's)."""
         self.gate.budget.check(plan.owner, sum(map(len, plan.input_items)))
-        if not plan.is_new:
+        left = run and not plan.is_new and plan.idempotency is None
+        if not plan.is_new and not left:
             info = await self._reads.describe(plan.conversation_id, plan.owner)
             if info is None:
                 raise ConversationNotFound()
             check_precondition(plan.if_match, info.revision)
         await self.gate.check(plan.idempotency)  # a run's retry follows it (runs.py)
+        return left
 
     async def claim(self, plan: TurnPlan, turn_id: uuid.UUID | None = None) -> Committed | None:
         """Claim the plan's Idempotency-Key for this attempt (``turn_id``: its run); where an

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core import events
+from service.core.errors import ConversationNotFound, PreconditionFailed
 from service.core.events import RunEvent
 from service.core.model import Append, NewRun, RunCommit, RunEnd, Turn
 from service.store.ports import RunWrites
@@ -127,6 +128,35 @@ async def test_a_committed_turn_ends_its_run_in_the_commit(stores: Stores) -> No
     # Ended, it cannot end again: a late end of the same run changes nothing.
     end = RunEnd("failed", "cancelled", "late", [events.error(3, "cancelled", "late", "c")])
     assert await runs.end_run(run.id, OWNER, end) is False
+
+
+async def test_a_run_in_an_existing_conversation_is_made_only_if_it_is_there(
+    stores: Stores,
+) -> None:
+    """NewRun.existing: the early check of a streamed turn (its owner's conversation, at the
+    revision If-Match lists), made with the run; nothing is recorded when it fails."""
+    runs, reads = stores.run_writes, stores.run_reads
+    cid = uuid.uuid4()
+    item = msgspec.Raw(b'{"type":"message","role":"user","content":"u"}')
+    await stores.history.append(Append(cid, Turn("u", "a", [item]), 0, owner=OWNER))
+
+    def at(owner: str, conversation: uuid.UUID, if_match: frozenset[int] | None) -> NewRun:
+        return NewRun(uuid.uuid4(), conversation, owner, False, existing=True, if_match=if_match)
+
+    failing = [
+        (at(OWNER, uuid.uuid4(), None), ConversationNotFound),
+        (at("mallory", cid, None), ConversationNotFound),
+        (at(OWNER, cid, frozenset({0, 2})), PreconditionFailed),
+    ]
+    for run, error in failing:
+        with pytest.raises(error):
+            await runs.create_run(run, 30)
+        assert await reads.read_run(run.id, run.owner) is None
+    for if_match in (None, frozenset({1})):
+        run = at(OWNER, cid, if_match)
+        assert await runs.create_run(run, 30) is True
+        view = await reads.read_run(run.id, OWNER)
+        assert view is not None and view.conversation_id == cid
 
 
 async def test_cancelling_is_asked_of_unfinished_runs_of_the_owner(stores: Stores) -> None:

@@ -102,6 +102,18 @@ async def test_problems_before_the_stream_are_json_errors(client: httpx.AsyncCli
     assert_error(await client.post(STREAM, json={"message": ""}), 400, "invalid_input")
     unknown = {"message": "x", "conversation_id": "6a1f8f5e-0000-4000-8000-000000000000"}
     assert_error(await client.post(STREAM, json=unknown), 404, "conversation_not_found")
+    # The conversation's check goes with the run's creation: a stale If-Match is 412 and
+    # makes nothing; the current one streams the turn.
+    cid = (await client.post(CHAT, json={"message": "hi"})).json()["conversation_id"]
+    body = {"message": "x", "conversation_id": cid}
+    stale = await client.post(STREAM, json=body, headers={"If-Match": '"0", "2"'})
+    assert_error(stale, 412, "precondition_failed")
+    assert "x-turn-id" not in stale.headers
+    current = {"If-Match": '"1"'}
+    async with aconnect_sse(client, "POST", STREAM, json=body, headers=current) as source:
+        assert source.response.status_code == 200
+        done = [json.loads(sse.data) async for sse in source.aiter_sse()][-1]
+    assert done["revision"] == 2
 
 
 async def test_keepalive_comments_during_long_silences(make_client: ClientFactory) -> None:

@@ -524,6 +524,11 @@ class MemoryStore:
     # --- runs ------------------------------------------------------------------------------
 
     async def create_run(self, run: NewRun, heartbeat_s: float, *, counted: bool = True) -> bool:
+        if run.existing:
+            found = self._live(run.conversation_id, run.owner)
+            if found is None:
+                raise ConversationNotFound()
+            check_precondition(run.if_match, found.row.revision)
         if counted and not await self.take_turn(run.owner, run.id, heartbeat_s):
             return False
         self._runs[run.id] = _Run(run, _now() + timedelta(seconds=heartbeat_s))

@@ -12,7 +12,12 @@ lock at commit, so it is not sent for nothing.
 from __future__ import annotations
 
 from migrations.commit_function import CREATE_RUN, END_RUN, LOG_RUN
-from service.store.postgres.statements import NO_SYNC_WAIT, TAKE_TURN_CALL, WAKE
+from service.store.postgres.statements import (
+    NO_SYNC_WAIT,
+    TAKE_TURN_CALL,
+    THE_CONVERSATION,
+    WAKE,
+)
 from service.store.postgres.tx import sql
 
 UNFINISHED = "status IN ('queued', 'in_progress')"
@@ -44,6 +49,24 @@ CREATE_COUNTED = sql(f"""
     )
     SELECT taken, {NO_SYNC_WAIT} FROM slot
 """)
+# The same, of a turn in a conversation that must exist (NewRun.existing): the run and its
+# place only if the owner has the conversation, live, at a revision :if_match lists (NULL:
+# any); its revision (no row: no such conversation) and whether the place was taken (NULL: the
+# revision was not the one asked for). The early check of a streamed turn, folded into its
+# run's creation. A template: the store's retention filter is filled in (Statements.living).
+CREATE_COUNTED_IN = f"""
+    WITH conversation AS (
+        SELECT conversations.revision FROM conversations WHERE {THE_CONVERSATION}
+    ), slot AS (
+        SELECT taken.taken FROM conversation, LATERAL {TAKE_TURN_CALL} AS taken
+        WHERE CAST(:if_match AS bigint[]) IS NULL
+            OR conversation.revision = ANY(CAST(:if_match AS bigint[]))
+    ), made AS (
+        INSERT INTO turn_runs ({RUN_COLUMNS}) SELECT {RUN_VALUES} FROM slot WHERE slot.taken
+    )
+    SELECT conversation.revision, slot.taken, {NO_SYNC_WAIT}
+    FROM conversation LEFT JOIN slot ON true
+"""
 # A batch logged with its run's progress, or the run ended without a commit (migration 0022):
 # whether the batch was written (not if it was already: a retry) and whether readers elsewhere
 # follow the run; no row if the run had ended. Functions: on Citus each runs whole on the

@@ -12,9 +12,10 @@ from uuid import UUID
 import asyncpg
 import msgspec
 
-from service.core.errors import OwnerShredded, StorageError
+from service.core.errors import ConversationNotFound, OwnerShredded, StorageError
 from service.core.events import ERROR, RunEvent
 from service.core.model import NewRun, Renewed, RunEnd, RunView
+from service.core.plans import check_precondition
 from service.platform.crypto import DataKey
 from service.store.postgres import run_statements as sql
 from service.store.postgres.adapter import Adapter, merged
@@ -100,9 +101,19 @@ class PostgresRunWrites:
         places = self._db.places
         if counted and await places.folded():
             place = {**params, **places.params(run.owner, run.id, heartbeat_s)}
-            if not (await self._rows(sql.CREATE_COUNTED, place))[0]["taken"]:
+            if run.existing:  # the conversation's check in the same statement
+                place["if_match"] = sorted(run.if_match) if run.if_match is not None else None
+                rows = await self._rows(self._db.sql.living(sql.CREATE_COUNTED_IN), place)
+                if not rows:
+                    raise ConversationNotFound()
+                check_precondition(run.if_match, rows[0]["revision"])
+            else:
+                rows = await self._rows(sql.CREATE_COUNTED, place)
+            if not rows[0]["taken"]:
                 return False
         else:  # Citus: the place first, on the coordinator
+            if run.existing:  # the conversation's check, a statement of its own
+                await self._exists(run)
             apart = counted and await places.apart()
             if apart and not await places.take(run.owner, run.id, heartbeat_s):
                 return False
@@ -110,6 +121,15 @@ class PostgresRunWrites:
                 raise OwnerShredded()
         self._known.learn(run.id, run.conversation_id)
         return True
+
+    async def _exists(self, run: NewRun) -> None:
+        """ConversationNotFound, PreconditionFailed: as NewRun.existing asks."""
+        async with driver(self._db.engine, write=False) as conn:
+            params = {"cid": run.conversation_id, "caller": run.owner}
+            row = await self._db.sql.describe.fetchrow(conn, params)
+        if row is None:
+            raise ConversationNotFound()
+        check_precondition(run.if_match, row["revision"])
 
     async def begin_run(self, run_id: UUID, revision: int) -> None:
         await self._write(sql.BEGIN, {**self._known.at(run_id), "base": revision})

@@ -682,6 +682,7 @@ class Statements:
         self.delete = compiled(DELETE)
         self.page = compiled(LISTING)  # a page of the listing
         self._listings: dict[tuple[str, ...], Compiled] = {}
+        self._living: dict[str, Compiled] = {}
         self.search_add = compiled(SEARCH_ADD)
         self.search_pairs = compiled(SEARCH_PAIRS)
         self.search_rebuild = compiled(SEARCH_REBUILD)
@@ -709,6 +710,14 @@ class Statements:
         self.owner_sealed = compiled(OWNER_SEALED)
         self.readiness = compiled(READINESS)
         self.schema_version = compiled(SCHEMA_VERSION)
+
+    def living(self, template: str) -> Compiled:
+        """Another module's statement with this store's retention filter (compiled the first
+        time it is asked)."""
+        found = self._living.get(template)
+        if found is None:
+            found = self._living[template] = self._compiled(template)
+        return found
 
     def listing(self, filters: tuple[str, ...]) -> Compiled:
         """A page of the listing with these FILTERS (compiled the first time it is asked)."""

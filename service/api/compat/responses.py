@@ -25,14 +25,12 @@ from service.api.compat.objects import (
 )
 from service.api.compat.queries import AfterItem, Include, ItemLimit
 from service.api.compat.response_views import input_items, resumed, shown
-from service.api.deps import Caller
+from service.api.deps import Caller, Writer
 from service.api.errors import TURN_ERRORS, WRITE_ERRORS, openai_documented
 from service.api.headers import (
     CORRELATION_ID,
     RETRY_AFTER,
     IdempotencyKey,
-    IfMatch,
-    parse_if_match,
 )
 from service.api.routes import openai_route
 from service.core.asks import Asked
@@ -71,16 +69,14 @@ class OpenAIResponses(Controller):
         self,
         request: Request[Any, Any, Any],
         data: JSONBody[ResponseCreate],
-        api: Caller,
-        if_match: IfMatch = None,
-        idempotency_key: IdempotencyKey = None,
+        writer: Writer,
     ) -> Response[dict[str, Any]] | ServerSentEvent:
         body, started = await request.body(), time.time()  # the Response's created_at, always
-        ask = asked_of(data, body, api.cases.responses, started)
+        ask = asked_of(data, body, writer.cases.responses, started)
         if data.store is False:  # a relay: nothing is written, also after a stored response
-            return await stateless(request, data, ask, api)
-        plan = await planned(data, ask, api, parse_if_match(if_match), idempotency_key, body)
-        return await answered(request, plan, data, ask, api)
+            return await stateless(request, data, ask, writer)
+        plan = await planned(data, ask, writer, body)
+        return await answered(request, plan, data, ask, writer)
 
     @post(
         "/compact",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, post
+from litestar import Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
@@ -21,6 +21,7 @@ from service.api.headers import (
     TURN_ID,
     with_etag,
 )
+from service.api.routes import Resource
 from service.api.schemas import ChatRequest, ChatResponse, TurnAccepted
 from service.api.sse import TurnEvents, run_stream
 from service.core.errors import (
@@ -47,9 +48,8 @@ async def strict_chat_request(request: Request[Any, Any, Any]) -> None:
     decoded(request, decode(await request.body(), ChatRequest))  # the handler's data
 
 
-class ChatController(Controller):
+class ChatController(Resource):
     path = "/api/v1/chat"
-    tags = ["chat"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @post(
         "/",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.deps import Caller, WriteApi, Writer
@@ -15,7 +15,7 @@ from service.api.headers import (
     IdempotencyKey,
     with_etag,
 )
-from service.api.routes import route
+from service.api.routes import Resource, route
 from service.api.schemas import (
     Compaction,
     CompactRequest,
@@ -73,9 +73,8 @@ After = Annotated[
 ]
 
 
-class ConversationController(Controller):
+class ConversationController(Resource):
     path = "/api/v1/conversations"
-    tags = ["conversations"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @get(
         "/",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.compat import item_views as views
@@ -25,7 +25,7 @@ from service.api.conversations import delete_conversation
 from service.api.deps import Caller, Writer
 from service.api.errors import WRITE_ERRORS
 from service.api.headers import IdempotencyKey, with_etag
-from service.api.routes import openai_route
+from service.api.routes import Resource, openai_route
 from service.core.errors import (
     ConversationConflict,
     ConversationFull,
@@ -41,9 +41,8 @@ Order = Annotated[
 ]
 
 
-class OpenAIConversations(Controller):
+class OpenAIConversations(Resource):
     path = "/v1/conversations"
-    tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @post(
         "/",

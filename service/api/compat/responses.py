@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent
 
@@ -32,7 +32,7 @@ from service.api.headers import (
     RETRY_AFTER,
     IdempotencyKey,
 )
-from service.api.routes import openai_route
+from service.api.routes import Resource, openai_route
 from service.core.asks import Asked
 from service.core.errors import (
     ConversationNotFound,
@@ -52,9 +52,8 @@ StartingAfter = Annotated[
 ]
 
 
-class OpenAIResponses(Controller):
+class OpenAIResponses(Resource):
     path = "/v1/responses"
-    tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @post(
         "/",

@@ -173,13 +173,12 @@ class ConversationController(Resource):
     )
     async def compact(
         self,
-        request: Request[Any, Any, Any],
         conversation_id: FromPath[str],
         data: JSONBody[CompactRequest],
         writer: Writer,
     ) -> Response[Compaction]:
         cid = parse_conversation_id(conversation_id)
-        key = writer.keyed("compact", str(cid), await request.body())
+        key = await writer.body_keyed("compact", str(cid))
         plan = compaction_plan(cid, writer.owner, writer.precondition, key)
         revision, usage = await writer.cases.turns.compact(plan)
         body = Compaction(str(cid), revision, UsageView.of(usage))

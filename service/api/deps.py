@@ -61,8 +61,9 @@ class Api:
 class WriteApi(Api):
     """The caller of a write that honours If-Match, with the write's two headers as sent."""
 
-    if_match: str | None = None
-    idempotency_key: str | None = None
+    request: Request[Any, Any, Any]
+    if_match: str | None
+    idempotency_key: str | None
 
     @property
     def precondition(self) -> Precondition:
@@ -71,6 +72,10 @@ class WriteApi(Api):
     def keyed(self, route: str, *subject: str | bytes) -> IdempotencyKey | None:
         """Its Idempotency-Key (None: none), bound as ``key`` binds one."""
         return self.key(self.idempotency_key, route, *subject)
+
+    async def body_keyed(self, route: str, *subject: str) -> IdempotencyKey | None:
+        """Its Idempotency-Key bound to ``subject`` and the request's body."""
+        return self.keyed(route, *subject, await self.request.body())
 
 
 Owner = Callable[[Request[Any, Any, Any]], Awaitable[str]]
@@ -89,7 +94,7 @@ def providers(owner: Owner, cases: UseCases) -> dict[str, Provide]:
         idempotency_key: headers.IdempotencyKey = None,
     ) -> WriteApi:
         ids = await cases.ids.get()
-        return WriteApi(await owner(request), cases, ids, if_match, idempotency_key)
+        return WriteApi(await owner(request), cases, ids, request, if_match, idempotency_key)
 
     return {"api": Provide(api), "writer": Provide(writer)}
 

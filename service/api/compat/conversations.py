@@ -92,14 +92,13 @@ class OpenAIConversations(Resource):
     )
     async def update(
         self,
-        request: Request[Any, Any, Any],
         data: JSONBody[ConversationUpdate],
         conversation_id: FromPath[str],
         writer: Writer,
     ) -> Response[dict[str, Any]]:
         metadata = check_metadata(data.metadata)
         cid = parse_conversation_id(conversation_id)
-        key = writer.keyed("v1.conversations.update", str(cid), await request.body())
+        key = await writer.body_keyed("v1.conversations.update", str(cid))
         info = await writer.cases.conversations.update_metadata(
             cid, writer.owner, metadata, writer.precondition, key
         )
@@ -157,14 +156,13 @@ class OpenAIConversations(Resource):
     )
     async def append(
         self,
-        request: Request[Any, Any, Any],
         data: JSONBody[ItemsCreate],
         conversation_id: FromPath[str],
         writer: Writer,
         include: Include = None,
     ) -> Response[dict[str, Any]]:
         cid, encrypted = parse_conversation_id(conversation_id), views.includes(include)
-        key = writer.keyed("v1.items.append", str(cid), await request.body())
+        key = await writer.body_keyed("v1.items.append", str(cid))
         turn, revision = await writer.cases.conversations.append_items(
             cid, writer.owner, data.items, writer.precondition, key
         )

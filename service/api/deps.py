@@ -93,8 +93,9 @@ def providers(owner: Owner, cases: UseCases) -> dict[str, Provide]:
         if_match: headers.IfMatch = None,
         idempotency_key: headers.IdempotencyKey = None,
     ) -> WriteApi:
+        caller = await owner(request)  # first, as for ``api``: a stranger learns nothing more
         ids = await cases.ids.get()
-        return WriteApi(await owner(request), cases, ids, request, if_match, idempotency_key)
+        return WriteApi(caller, cases, ids, request, if_match, idempotency_key)
 
     return {"api": Provide(api), "writer": Provide(writer)}
 

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from litestar import Litestar, Request, Router
+from litestar import Litestar, Router
 from litestar._openapi.plugin import OpenAPIPlugin
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
@@ -38,7 +38,7 @@ from service.api.compat.conversations import OpenAIConversations
 from service.api.compat.models import OpenAIModels
 from service.api.compat.responses import OpenAIResponses
 from service.api.conversations import ConversationController
-from service.api.deps import Api, UseCases
+from service.api.deps import UseCases, providers
 from service.api.durable_turns import TurnController
 from service.api.edge import Edge
 from service.api.errors import error_response
@@ -429,7 +429,7 @@ def create_app(
         route_handlers=[owned, healthz, readyz, metrics, console.router],
         dependencies={
             "ops": _constant(services.ops),
-            "api": Provide(_api(owner, services.cases)),
+            **providers(owner, services.cases),
         },
         exception_handlers={Exception: error_response},
         request_max_body_size=settings.max_body_bytes,
@@ -516,17 +516,6 @@ def _rules(settings: Settings, app: Litestar) -> RequestRules:
         send_timeout_s=settings.client_send_timeout_s,
         routes=route_pattern(route.path for route in app.routes),
     )
-
-
-def _api(
-    owner: Callable[[Request[Any, Any, Any]], Awaitable[str]], cases: UseCases
-) -> Callable[[Request[Any, Any, Any]], Awaitable[Api]]:
-    """The handlers' one dependency: who is asking (the guard's result) and the use cases."""
-
-    async def api(request: Request[Any, Any, Any]) -> Api:
-        return Api(await owner(request), cases, await cases.ids.get())
-
-    return api
 
 
 def _constant(value: Any) -> Provide:

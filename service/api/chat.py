@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, post
+from litestar import Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from service.api.bodies import decode, decoded
 from service.api.correlation import correlation_id
-from service.api.deps import Api, Caller
+from service.api.deps import WriteApi, Writer
 from service.api.errors import TURN_ERRORS, documented
 from service.api.headers import (
     CONVERSATION_ID,
@@ -19,11 +19,9 @@ from service.api.headers import (
     ETAG,
     RETRY_AFTER,
     TURN_ID,
-    IdempotencyKey,
-    IfMatch,
-    parse_if_match,
     with_etag,
 )
+from service.api.routes import Resource
 from service.api.schemas import ChatRequest, ChatResponse, TurnAccepted
 from service.api.sse import TurnEvents, run_stream
 from service.core.errors import (
@@ -50,9 +48,8 @@ async def strict_chat_request(request: Request[Any, Any, Any]) -> None:
     decoded(request, decode(await request.body(), ChatRequest))  # the handler's data
 
 
-class ChatController(Controller):
+class ChatController(Resource):
     path = "/api/v1/chat"
-    tags = ["chat"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @post(
         "/",
@@ -68,14 +65,12 @@ class ChatController(Controller):
         self,
         request: Request[Any, Any, Any],
         data: JSONBody[ChatRequest],
-        api: Caller,
-        if_match: IfMatch = None,
-        idempotency_key: IdempotencyKey = None,
+        writer: Writer,
     ) -> Response[ChatResponse | TurnAccepted]:
-        plan = chat_plan(api, data, if_match, idempotency_key)
+        plan = chat_plan(writer, data)
         if data.background:
-            return accepted(await api.cases.runs.start(plan, correlation_id=cid(request)))
-        body = ChatResponse.of(await api.cases.turns.run(plan), cid(request))
+            return accepted(await writer.cases.runs.start(plan, correlation_id=cid(request)))
+        body = ChatResponse.of(await writer.cases.turns.run(plan), cid(request))
         return with_etag(body, body.revision)
 
     @post(
@@ -97,42 +92,40 @@ class ChatController(Controller):
         self,
         request: Request[Any, Any, Any],
         data: JSONBody[ChatRequest],
-        api: Caller,
-        if_match: IfMatch = None,
-        idempotency_key: IdempotencyKey = None,
+        writer: Writer,
     ) -> ServerSentEvent:
-        plan = chat_plan(api, data, if_match, idempotency_key)
-        existing = await api.cases.turns.check(plan, run=True)  # or in the run's creation
-        started = await api.cases.runs.start(plan, correlation_id=cid(request), existing=existing)
+        plan = chat_plan(writer, data)
+        existing = await writer.cases.turns.check(plan, run=True)  # or in the run's creation
+        started = await writer.cases.runs.start(
+            plan, correlation_id=cid(request), existing=existing
+        )
         headers = {
             "X-Conversation-Id": str(started.conversation_id),
             "X-Turn-Id": str(started.turn_id),
         }
         rendering = TurnEvents(cid(request))
         return run_stream(
-            api.cases.runs,
+            writer.cases.runs,
             started,
-            api.owner,
+            writer.owner,
             rendering,
             request,
-            api.cases.sse_keepalive_s,
+            writer.cases.sse_keepalive_s,
             headers,
         )
 
 
-def chat_plan(
-    api: Api, data: ChatRequest, if_match: str | None, idempotency_key: str | None
-) -> TurnPlan:
+def chat_plan(writer: WriteApi, data: ChatRequest) -> TurnPlan:
     asked = chat_request(
-        api.owner,
+        writer.owner,
         data.message,
         data.conversation_id,
-        parse_if_match(if_match),
-        idempotency_key=idempotency_key,
+        writer.precondition,
+        idempotency_key=writer.idempotency_key,
         background=data.background,
         model=data.model,
     )
-    return make_plan(api.cases.rules, asked)
+    return make_plan(writer.cases.rules, asked)
 
 
 def cid(request: Request[Any, Any, Any]) -> str:

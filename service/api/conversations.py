@@ -5,19 +5,17 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from service.api.deps import Api, Caller
+from service.api.deps import Caller, WriteApi, Writer
 from service.api.errors import WRITE_ERRORS
 from service.api.finding import FILTERS, Filters
 from service.api.headers import (
     IdempotencyKey,
-    IfMatch,
-    parse_if_match,
     with_etag,
 )
-from service.api.routes import route
+from service.api.routes import Resource, route
 from service.api.schemas import (
     Compaction,
     CompactRequest,
@@ -75,9 +73,8 @@ After = Annotated[
 ]
 
 
-class ConversationController(Controller):
+class ConversationController(Resource):
     path = "/api/v1/conversations"
-    tags = ["conversations"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @get(
         "/",
@@ -176,17 +173,14 @@ class ConversationController(Controller):
     )
     async def compact(
         self,
-        request: Request[Any, Any, Any],
         conversation_id: FromPath[str],
         data: JSONBody[CompactRequest],
-        api: Caller,
-        if_match: IfMatch = None,
-        idempotency_key: IdempotencyKey = None,
+        writer: Writer,
     ) -> Response[Compaction]:
         cid = parse_conversation_id(conversation_id)
-        key = api.key(idempotency_key, "compact", str(cid), await request.body())
-        plan = compaction_plan(cid, api.owner, parse_if_match(if_match), key)
-        revision, usage = await api.cases.turns.compact(plan)
+        key = await writer.body_keyed("compact", str(cid))
+        plan = compaction_plan(cid, writer.owner, writer.precondition, key)
+        revision, usage = await writer.cases.turns.compact(plan)
         body = Compaction(str(cid), revision, UsageView.of(usage))
         return with_etag(body, revision)
 
@@ -199,22 +193,14 @@ class ConversationController(Controller):
             *WRITE_ERRORS,
         ),
     )
-    async def remove(
-        self,
-        conversation_id: FromPath[str],
-        api: Caller,
-        if_match: IfMatch = None,
-        idempotency_key: IdempotencyKey = None,
-    ) -> None:
-        await delete_conversation(api, conversation_id, if_match, idempotency_key)
+    async def remove(self, conversation_id: FromPath[str], writer: Writer) -> None:
+        await delete_conversation(writer, conversation_id)
 
 
-async def delete_conversation(
-    api: Api, conversation_id: str, if_match: str | None, idempotency_key: str | None
-) -> uuid.UUID:
+async def delete_conversation(writer: WriteApi, conversation_id: str) -> uuid.UUID:
     """Deleting a conversation, on either surface: one write under one route name, so a retry
     may switch surfaces."""
     cid = parse_conversation_id(conversation_id)
-    key = api.key(idempotency_key, "conversation.delete", str(cid))
-    await api.cases.conversations.delete(cid, api.owner, parse_if_match(if_match), key)
+    key = writer.keyed("conversation.delete", str(cid))
+    await writer.cases.conversations.delete(cid, writer.owner, writer.precondition, key)
     return cid

@@ -9,14 +9,14 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from litestar import Controller, Request, get, post
+from litestar import Request, get, post
 from litestar.params import FromPath, QueryParameter
 from litestar.response import ServerSentEvent
 
 from service.api.correlation import correlation_id
 from service.api.deps import Caller
 from service.api.headers import LastEventId
-from service.api.routes import route
+from service.api.routes import Resource, route
 from service.api.schemas import TurnView
 from service.api.sse import (
     EventStream,
@@ -53,9 +53,8 @@ def resume_after(last_event_id: str, after: int | None) -> int:
     return int(last_event_id)
 
 
-class TurnController(Controller):
+class TurnController(Resource):
     path = "/api/v1/turns"
-    tags = ["turns"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @get(
         "/{turn_id:str}",

@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar import Controller, Request, get
+from litestar import Request, get
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIFormat
 from litestar.params import QueryParameter, SkipValidation
 
 from service.api.deps import Caller
-from service.api.routes import route
+from service.api.routes import Resource, route
 from service.core.errors import InvalidInput, StorageError, Unauthorized
 from service.core.search import Finding, words
 from service.core.usage import UsageTotal
@@ -177,9 +177,8 @@ GroupBy = Annotated[
 ]
 
 
-class UsageController(Controller):
+class UsageController(Resource):
     path = "/api/v1/usage"
-    tags = ["usage"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @get(
         "/",

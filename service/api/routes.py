@@ -6,9 +6,10 @@ headers and, for a body, its strict decoding before the framework reads it
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import msgspec
+from litestar import Controller
 from litestar.datastructures import ResponseHeader
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import BeforeRequestHookHandler
@@ -17,6 +18,15 @@ from service.api.bodies import strict
 from service.api.errors import documented, openai_documented
 from service.api.headers import CORRELATION_ID, ETAG
 from service.core.errors import TurnstoreError
+
+
+class Resource(Controller):
+    """The routes of one resource (its ``path``), tagged in OpenAPI by their surface: on /api/v1
+    by the resource (``/api/v1/turns``: turns), on the OpenAI surface (``/v1/...``) as openai."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.tags = ["openai"] if cls.path.startswith("/v1/") else [cls.path.rsplit("/", 1)[-1]]
 
 
 class RouteArgs(TypedDict):

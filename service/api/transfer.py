@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, Response, get, post
+from litestar import Request, Response, get, post
 from litestar.params import FromPath
 from litestar.response import Stream
 
 from service.api.deps import Caller
 from service.api.errors import WRITE_ERRORS
 from service.api.headers import IdempotencyKey, with_etag
-from service.api.routes import route
+from service.api.routes import Resource, route
 from service.core.errors import (
     ConversationFull,
     ConversationNotFound,
@@ -45,9 +45,8 @@ class ImportedView(msgspec.Struct):
         )
 
 
-class TransferController(Controller):
+class TransferController(Resource):
     path = "/api/v1/conversations"
-    tags = ["conversations"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @get(
         "/{conversation_id:str}/export",

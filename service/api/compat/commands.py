@@ -8,10 +8,9 @@ import msgspec
 from service.api.compat import item_views as views
 from service.api.compat.item_views import ENCRYPTED
 from service.api.compat.objects import NOT_COUNTED, ResponseCreate, TokensCount, passed_through
-from service.api.deps import Api
+from service.api.deps import Api, WriteApi
 from service.core.asks import Asked, Echo
 from service.core.errors import InvalidInput
-from service.core.model import Precondition
 from service.core.plans import TurnPlan
 from service.usecases.responses import Responses
 
@@ -66,20 +65,18 @@ def asked_of(asked: ResponseCreate, body: bytes, responses: Responses, created_a
 async def planned(
     asked: ResponseCreate,
     ask: Asked,
-    api: Api,
-    if_match: Precondition,
-    key: str | None,
+    writer: WriteApi,
     body: bytes,
 ) -> TurnPlan:
     """The stored turn a create asks for (the use case decides where it goes)."""
-    return await api.cases.responses.plan(
-        api.owner,
+    return await writer.cases.responses.plan(
+        writer.owner,
         ask,
         asked.input,
         conversation=asked.conversation_id,
         previous_response_id=asked.previous_response_id,
-        if_match=if_match,
-        idempotency_key=key,
+        if_match=writer.precondition,
+        idempotency_key=writer.idempotency_key,
         body=body,  # a retry asks exactly this body
     )
 

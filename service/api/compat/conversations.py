@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from service.api.compat import item_views as views
@@ -22,15 +22,10 @@ from service.api.compat.objects import (
 )
 from service.api.compat.queries import AfterItem, Include, ItemLimit
 from service.api.conversations import delete_conversation
-from service.api.deps import Caller
+from service.api.deps import Caller, Writer
 from service.api.errors import WRITE_ERRORS
-from service.api.headers import (
-    IdempotencyKey,
-    IfMatch,
-    parse_if_match,
-    with_etag,
-)
-from service.api.routes import openai_route
+from service.api.headers import IdempotencyKey, with_etag
+from service.api.routes import Resource, openai_route
 from service.core.errors import (
     ConversationConflict,
     ConversationFull,
@@ -46,9 +41,8 @@ Order = Annotated[
 ]
 
 
-class OpenAIConversations(Controller):
+class OpenAIConversations(Resource):
     path = "/v1/conversations"
-    tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @post(
         "/",
@@ -98,18 +92,15 @@ class OpenAIConversations(Controller):
     )
     async def update(
         self,
-        request: Request[Any, Any, Any],
         data: JSONBody[ConversationUpdate],
         conversation_id: FromPath[str],
-        api: Caller,
-        if_match: IfMatch = None,
-        idempotency_key: IdempotencyKey = None,
+        writer: Writer,
     ) -> Response[dict[str, Any]]:
         metadata = check_metadata(data.metadata)
         cid = parse_conversation_id(conversation_id)
-        key = api.key(idempotency_key, "v1.conversations.update", str(cid), await request.body())
-        info = await api.cases.conversations.update_metadata(
-            cid, api.owner, metadata, parse_if_match(if_match), key
+        key = await writer.body_keyed("v1.conversations.update", str(cid))
+        info = await writer.cases.conversations.update_metadata(
+            cid, writer.owner, metadata, writer.precondition, key
         )
         return with_etag(conversation_object(info), info.revision)
 
@@ -117,16 +108,8 @@ class OpenAIConversations(Controller):
         "/{conversation_id:str}",
         **openai_route("Delete it and all its turns.", PreconditionFailed, *WRITE_ERRORS),
     )
-    async def remove(
-        self,
-        conversation_id: FromPath[str],
-        api: Caller,
-        if_match: IfMatch = None,
-        idempotency_key: IdempotencyKey = None,
-    ) -> dict[str, Any]:
-        return deleted_object(
-            await delete_conversation(api, conversation_id, if_match, idempotency_key)
-        )
+    async def remove(self, conversation_id: FromPath[str], writer: Writer) -> dict[str, Any]:
+        return deleted_object(await delete_conversation(writer, conversation_id))
 
     @get(
         "/{conversation_id:str}/items",
@@ -173,20 +156,17 @@ class OpenAIConversations(Controller):
     )
     async def append(
         self,
-        request: Request[Any, Any, Any],
         data: JSONBody[ItemsCreate],
         conversation_id: FromPath[str],
-        api: Caller,
-        if_match: IfMatch = None,
+        writer: Writer,
         include: Include = None,
-        idempotency_key: IdempotencyKey = None,
     ) -> Response[dict[str, Any]]:
         cid, encrypted = parse_conversation_id(conversation_id), views.includes(include)
-        key = api.key(idempotency_key, "v1.items.append", str(cid), await request.body())
-        turn, revision = await api.cases.conversations.append_items(
-            cid, api.owner, data.items, parse_if_match(if_match), key
+        key = await writer.body_keyed("v1.items.append", str(cid))
+        turn, revision = await writer.cases.conversations.append_items(
+            cid, writer.owner, data.items, writer.precondition, key
         )
-        added = views.turn_items(api.ids, cid, revision, turn, encrypted=encrypted)
+        added = views.turn_items(writer.ids, cid, revision, turn, encrypted=encrypted)
         return with_etag(views.ItemPage(added, has_more=False).body(), revision)
 
     @delete(
@@ -204,14 +184,12 @@ class OpenAIConversations(Controller):
         self,
         conversation_id: FromPath[str],
         item_id: FromPath[str],
-        api: Caller,
-        if_match: IfMatch = None,
-        idempotency_key: IdempotencyKey = None,
+        writer: Writer,
     ) -> Response[dict[str, Any]]:
         cid = parse_conversation_id(conversation_id)
-        key = api.key(idempotency_key, "v1.items.delete", str(cid), item_id)
-        info = await api.cases.conversations.pop_item(
-            cid, api.owner, item_id, parse_if_match(if_match), key
+        key = writer.keyed("v1.items.delete", str(cid), item_id)
+        info = await writer.cases.conversations.pop_item(
+            cid, writer.owner, item_id, writer.precondition, key
         )
         return with_etag(conversation_object(info), info.revision)
 

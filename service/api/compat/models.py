@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, get
+from litestar import get
 from litestar.params import FromPath
 
 from service.api.deps import Caller
-from service.api.routes import openai_route
+from service.api.routes import Resource, openai_route
 from service.core.errors import ModelNotFound, UnknownModel
 
 CREATED = 1_700_000_000  # OpenAI's shape needs a creation time; turnstore does not know one
@@ -19,9 +19,8 @@ def model_object(name: str, owner: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": CREATED, "owned_by": owner}
 
 
-class OpenAIModels(Controller):
+class OpenAIModels(Resource):
     path = "/v1/models"
-    tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @get("/", **openai_route("The models a request may name."))
     async def listing(self, api: Caller) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent
 
@@ -25,16 +25,14 @@ from service.api.compat.objects import (
 )
 from service.api.compat.queries import AfterItem, Include, ItemLimit
 from service.api.compat.response_views import input_items, resumed, shown
-from service.api.deps import Caller
+from service.api.deps import Caller, Writer
 from service.api.errors import TURN_ERRORS, WRITE_ERRORS, openai_documented
 from service.api.headers import (
     CORRELATION_ID,
     RETRY_AFTER,
     IdempotencyKey,
-    IfMatch,
-    parse_if_match,
 )
-from service.api.routes import openai_route
+from service.api.routes import Resource, openai_route
 from service.core.asks import Asked
 from service.core.errors import (
     ConversationNotFound,
@@ -54,9 +52,8 @@ StartingAfter = Annotated[
 ]
 
 
-class OpenAIResponses(Controller):
+class OpenAIResponses(Resource):
     path = "/v1/responses"
-    tags = ["openai"]  # noqa: RUF012 (Litestar reads it as a class attribute)
 
     @post(
         "/",
@@ -71,16 +68,14 @@ class OpenAIResponses(Controller):
         self,
         request: Request[Any, Any, Any],
         data: JSONBody[ResponseCreate],
-        api: Caller,
-        if_match: IfMatch = None,
-        idempotency_key: IdempotencyKey = None,
+        writer: Writer,
     ) -> Response[dict[str, Any]] | ServerSentEvent:
         body, started = await request.body(), time.time()  # the Response's created_at, always
-        ask = asked_of(data, body, api.cases.responses, started)
+        ask = asked_of(data, body, writer.cases.responses, started)
         if data.store is False:  # a relay: nothing is written, also after a stored response
-            return await stateless(request, data, ask, api)
-        plan = await planned(data, ask, api, parse_if_match(if_match), idempotency_key, body)
-        return await answered(request, plan, data, ask, api)
+            return await stateless(request, data, ask, writer)
+        plan = await planned(data, ask, writer, body)
+        return await answered(request, plan, data, ask, writer)
 
     @post(
         "/compact",

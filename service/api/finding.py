@@ -207,8 +207,10 @@ class UsageController(Resource):
             if name not in ("from", "to", "group_by"):
                 raise InvalidInput(f"{name} is not a parameter of usage.", param=name)
         until = rfc3339("to", to) if to is not None else datetime.now(UTC)
-        since = rfc3339("from", from_) if from_ is not None else until - timedelta(days=30)
-        if not since <= until <= since + timedelta(days=MAX_USAGE_DAYS):
+        # (by differences, which do not overflow near year 1 or 9999 as a sum would)
+        default = until - min(timedelta(days=30), until - datetime.min.replace(tzinfo=UTC))
+        since = rfc3339("from", from_) if from_ is not None else default
+        if not (since <= until and until - since <= timedelta(days=MAX_USAGE_DAYS)):
             raise InvalidInput(
                 f"from must be before to, at most {MAX_USAGE_DAYS} days.", param="from"
             )

@@ -138,6 +138,10 @@ async def test_usage_sums_the_committed_turns_usage(make_client: ClientFactory) 
             two: 1,
         }
         assert "m2" in {line["key"] for line in by["model"]["data"]}
+        for edge in ({"to": "0001-01-05T00:00:00Z"},  # the default from is year 1's first day
+                     {"from": "9999-12-30T00:00:00Z", "to": "9999-12-31T00:00:00Z"}):  # fmt: skip
+            empty = await client.get("/api/v1/usage", params=edge, headers=ALICE)
+            assert empty.status_code == 200 and empty.json()["data"] == [], empty.text  # not 500
         refused = await client.get("/api/v1/usage", params={"from": "2020-01-01T00:00:00Z"},
                                    headers=ALICE)  # fmt: skip
         assert_error(refused, 400, "invalid_input")

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -105,6 +105,14 @@ def conversation_line(info: ConversationInfo) -> bytes:
     return _ENCODE.encode(line) + b"\n"
 
 
+# What a turn line holds as the turn does, under the same name, both ways.
+_AS_IS = ("prompt_version", "usage", "status", "incomplete_reason", "response_deleted")
+
+
+def _as_is(source: object) -> dict[str, Any]:
+    return {name: getattr(source, name) for name in _AS_IS}
+
+
 def turn_line(revision: int, turn: Turn) -> bytes:
     said = turn.transcript or plain(turn.user_message, turn.assistant_message)
     line = TurnLine(
@@ -116,14 +124,10 @@ def turn_line(revision: int, turn: Turn) -> bytes:
         assistant_message=turn.assistant_message if turn.transcript is not None else None,
         origin=OriginLine(**dataclasses.asdict(turn.origin)) if turn.origin else None,
         window_start=turn.context_from,
-        prompt_version=turn.prompt_version,
-        usage=turn.usage,
         tool_calls=list(turn.tool_calls),
-        status=turn.status,
-        incomplete_reason=turn.incomplete_reason,
         compacted=list(turn.compacted),
         response=turn.response,
-        response_deleted=turn.response_deleted,
+        **_as_is(turn),
     )
     return _ENCODE.encode(line) + b"\n"
 
@@ -230,17 +234,13 @@ def _turn(number: int, line: TurnLine, last: int, header: ConversationLine) -> T
         replay_items=[item.copy() for item in line.replay_items],
         origin=_origin(line.origin),
         context_from=line.window_start,
-        prompt_version=line.prompt_version,
         tool_calls=tuple(line.tool_calls),
-        status=line.status,
-        incomplete_reason=line.incomplete_reason,
         created_at=line.created_at,
-        usage=line.usage,
         transcript=None if plain_pair else said,
         response=line.response.copy() if line.response is not None else None,
-        response_deleted=line.response_deleted,
         compacted=tuple(item.copy() for item in line.compacted),
         number=line.revision,
+        **_as_is(line),
     )
 
 

@@ -12,10 +12,11 @@ from service.core.model import ConversationInfo, IdempotencyKey, Metadata, Preco
 from service.core.plans import check_precondition
 from service.core.sizes import turn_bytes
 from service.platform.crypto import DataKey
-from service.store.postgres import forks, terms
+from service.store.postgres import forks
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import Rows
 from service.store.postgres.sealed import writing_key
+from service.store.postgres.terms import Terms
 from service.store.postgres.tx import Params, driver, written
 
 
@@ -61,8 +62,8 @@ class PostgresEdits:
                 raise OwnerShredded()
             if turn is not None:
                 await self._db.sql.turn_insert.execute(conn, codec.turn_columns(1, turn, None))
-            cid, found = codec.conversation_id, [turn] if turn is not None else []
-            await terms.add(self._db, conn, cid, key, found, metadata)
+            found = [turn] if turn is not None else []
+            await Terms(self._db, conn, codec.conversation_id, key).add(found, metadata or {})
             await self._db.completed(conn, idempotency, codec.conversation_id, revision)
         return codec.info(row)
 
@@ -93,7 +94,7 @@ class PostgresEdits:
                     raise OwnerShredded()
                 await self._db.sql.turn_move.executemany(conn, turns)
                 cid = codec.conversation_id
-                await terms.add(self._db, conn, cid, key, imported.turns, imported.metadata)
+                await Terms(self._db, conn, cid, key).add(imported.turns, imported.metadata)
                 await self._db.completed(conn, idempotency, cid, imported.revision)
             return codec.info(row)
 
@@ -141,7 +142,7 @@ class PostgresEdits:
                 if row is None:
                     raise ConversationNotFound()
                 check_precondition(if_match, row["revision"])  # else the update is rolled back
-                await terms.pairs(self._db, conn, conversation_id, codec.key, metadata)
+                await Terms(self._db, conn, conversation_id, codec.key).pairs(metadata)
                 revision = row["revision"]
                 await self._db.completed(conn, idempotency, conversation_id, revision)
                 return codec.info(row)

@@ -19,9 +19,9 @@ from service.core.errors import (
 )
 from service.core.sizes import held_bytes
 from service.platform.crypto import DataKey
-from service.store.postgres import terms
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.rows import Rows
+from service.store.postgres.terms import Terms
 from service.store.postgres.tx import Params
 
 log = logging.getLogger("turnstore.store")
@@ -47,9 +47,8 @@ async def copy(
     if key is None:
         row = await db.sql.fork.fetchrow(conn, fork)
         if row is not None:
-            await terms.rebuild(
-                db, conn, fork["new"], None, (), Rows(None, fork["new"]).metadata(row)
-            )
+            metadata = Rows(None, fork["new"]).metadata(row)
+            await Terms(db, conn, fork["new"], None).rebuild((), metadata)
         return row
     source = await db.sql.fork_source.fetchrow(conn, fork)
     if source is None:
@@ -77,7 +76,7 @@ async def copy(
     ]
     await db.sql.turn_move.executemany(conn, copies)
     metadata = old.metadata(source)
-    await terms.rebuild(db, conn, fork["new"], key, (turn for _, turn in turns), metadata)
+    await Terms(db, conn, fork["new"], key).rebuild((turn for _, turn in turns), metadata)
     return row
 
 

@@ -25,12 +25,13 @@ from service.core.model import (
     Turn,
 )
 from service.core.plans import check_precondition
-from service.store.postgres import commit, run_statements, terms
+from service.store.postgres import commit, run_statements
 from service.store.postgres import idempotency as idem
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.places import release
 from service.store.postgres.rows import Rows, reading
 from service.store.postgres.sealed import writing_key
+from service.store.postgres.terms import Terms
 from service.store.postgres.tx import Params, driver, written
 
 
@@ -193,7 +194,7 @@ class PostgresHistory:
         if codec.key is not None:
             rows = await self._db.sql.fork_turns.fetch(conn, {"src": cid, "at": done["revision"]})
             sealed = [codec.turn(row) for row in rows]
-        await terms.rebuild(self._db, conn, cid, codec.key, sealed, codec.metadata(done))
+        await Terms(self._db, conn, cid, codec.key).rebuild(sealed, codec.metadata(done))
 
     async def delete_response(
         self, removal: Removal, revision: int, *, erase: bool = False

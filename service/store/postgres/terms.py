@@ -10,6 +10,8 @@ stored in clear with it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from uuid import UUID
 
 import asyncpg
@@ -38,6 +40,9 @@ def of_turn(key: DataKey | None, turn: Turn) -> Params:
     return {"search_text": made["text"], "search_terms": made["terms"]}
 
 
+_NONE: Mapping[str, str] = MappingProxyType({})
+
+
 def turn_terms(key: DataKey | None, turns: Iterable[Turn]) -> Params:
     """``:text`` and ``:terms`` (statements.SEARCH_ADD) for what ``turns`` add."""
     turns = list(turns)
@@ -53,46 +58,37 @@ def pair_terms(key: DataKey | None, pairs: Iterable[tuple[str, str]]) -> list[st
     return [term(PAIR, pair_value(k, v)) for k, v in pairs]
 
 
-async def add(
-    db: Adapter,
-    conn: asyncpg.Connection,
-    cid: UUID,
-    key: DataKey | None,
-    turns: Iterable[Turn] = (),
-    metadata: Mapping[str, str] | None = None,
-) -> None:
-    """In a write's transaction: the terms of ``turns`` (and of ``metadata``) added."""
-    params = turn_terms(key, turns)
-    params["terms"] += pair_terms(key, (metadata or {}).items())
-    await db.sql.search_add.execute(conn, {**params, "cid": cid})
+@dataclass(frozen=True)
+class Terms:
+    """A conversation's search terms, changed in a write's transaction (``conn``); ``key``: the
+    owner's data key (None: in clear)."""
 
+    db: Adapter
+    conn: asyncpg.Connection
+    cid: UUID
+    key: DataKey | None
 
-async def pairs(
-    db: Adapter,
-    conn: asyncpg.Connection,
-    cid: UUID,
-    key: DataKey | None,
-    metadata: Mapping[str, str],
-) -> None:
-    """In a metadata update's transaction: the pairs' terms replaced."""
-    terms = pair_terms(key, metadata.items())
-    await db.sql.search_pairs.execute(conn, {"cid": cid, "terms": terms})
+    async def add(self, turns: Iterable[Turn] = (), metadata: Mapping[str, str] = _NONE) -> None:
+        """The terms of ``turns`` (and of ``metadata``) added."""
+        params = turn_terms(self.key, turns)
+        params["terms"] += pair_terms(self.key, metadata.items())
+        await self.db.sql.search_add.execute(self.conn, {**params, "cid": self.cid})
 
+    async def pairs(self, metadata: Mapping[str, str]) -> None:
+        """In a metadata update's transaction: the pairs' terms replaced."""
+        terms = pair_terms(self.key, metadata.items())
+        await self.db.sql.search_pairs.execute(self.conn, {"cid": self.cid, "terms": terms})
 
-async def rebuild(
-    db: Adapter,
-    conn: asyncpg.Connection,
-    cid: UUID,
-    key: DataKey | None,
-    sealed_turns: Iterable[Turn] = (),
-    metadata: Mapping[str, str] | None = None,
-) -> None:
-    """The terms made again from the turns the conversation holds (a fork's): those of turns in
-    clear by the database, those of ``sealed_turns`` and of sealed ``metadata`` here."""
-    terms = turn_terms(key, sealed_turns)["terms"] if key is not None else []
-    await db.sql.search_rebuild.execute(
-        conn, {"cid": cid, "terms": terms + pair_terms(key, (metadata or {}).items())}
-    )
+    async def rebuild(
+        self, sealed_turns: Iterable[Turn] = (), metadata: Mapping[str, str] = _NONE
+    ) -> None:
+        """The terms made again from the turns the conversation holds (a fork's, or after an
+        item's removal): those of turns in clear by the database, those of ``sealed_turns``
+        and of sealed ``metadata`` here."""
+        key = self.key
+        terms = turn_terms(key, sealed_turns)["terms"] if key is not None else []
+        terms += pair_terms(key, metadata.items())
+        await self.db.sql.search_rebuild.execute(self.conn, {"cid": self.cid, "terms": terms})
 
 
 def quoted(term: str) -> str:

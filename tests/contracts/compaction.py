@@ -15,10 +15,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from agents import Agent, Runner, SQLiteSession
-from agents.memory import OpenAIResponsesCompactionSession
-from agents.models.openai_provider import OpenAIProvider
-from agents.run import RunConfig
 
 from tests.support.fakeapi import FakeResponsesAPI, openai_id
 from tests.support.helpers import CHAT, Target, assert_error, sdk
@@ -166,6 +162,13 @@ async def test_the_agents_compaction_session_runs_end_to_end(target: Target) -> 
     """OpenAIResponsesCompactionSession over a local session: after the first turn it compacts
     through turnstore's /v1/responses/compact (previous_response_id: the response is stored),
     and the next turn sends the compaction item."""
+    # Imported here: the Agents SDK takes a second to import, which every pytest worker paid
+    # to collect this module.
+    from agents import Agent, Runner, SQLiteSession
+    from agents.memory import OpenAIResponsesCompactionSession
+    from agents.models.openai_provider import OpenAIProvider
+    from agents.run import RunConfig
+
     api = FakeResponsesAPI()
     async with sdk(target, api.provider()) as (client, _, _plain):
         # Its compact call reads OpenAI's type, which refuses the user messages a compaction

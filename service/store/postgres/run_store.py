@@ -33,24 +33,21 @@ from service.store.postgres.tx import Compiled, driver, grouped, written
 KNOWN_RUNS = 10_000  # runs whose conversation a process remembers
 
 
+# The columns of a run's row (run_statements.VIEW) a RunView holds as read, by the same name.
+_AS_READ = (
+    "id", "conversation_id", "status", "revision", "error_code", "error_message",
+    "last_event", "background", "stalled", "base_revision", "message_id",
+)  # fmt: skip
+
+
 def view(row: Any, key: DataKey | None, message: str | None = None) -> RunView:
     where = run_response_place(row["id"])
     response = get(key, where, row["response"], row["sealed_response"])
     return RunView(
-        id=row["id"],
-        conversation_id=row["conversation_id"],
-        status=row["status"],
-        revision=row["revision"],
         message=message,
-        error_code=row["error_code"],
-        error_message=row["error_message"],
-        last_event=row["last_event"],
-        background=row["background"],
-        stalled=row["stalled"],
-        base_revision=row["base_revision"],
-        message_id=row["message_id"],
         response=msgspec.Raw(response.encode()) if response else None,
         created_at=row["run_created_at"],
+        **{name: row[name] for name in _AS_READ},
     )
 
 

@@ -9,8 +9,14 @@ from dataclasses import dataclass, fields
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store.ports import (
+    Edits,
+    History,
     IdempotencyStore,
     Operations,
+    Places,
+    Reads,
+    RunReads,
+    RunWrites,
     Stores,
 )
 from service.store.postgres.adapter import Adapter, StoreConfig
@@ -25,11 +31,15 @@ from service.store.postgres.reads import PostgresReads
 from service.store.postgres.run_store import KnownRuns, PostgresRunReads, PostgresRunWrites
 
 
-@dataclass(frozen=True, kw_only=True)
-class PostgresStore(Stores):
-    """The ports Stores names (an idempotency store always), and the database's others."""
-
+@dataclass(frozen=True)
+class PostgresStore:
     db: Adapter
+    reads: Reads
+    history: History
+    edits: Edits
+    places: Places
+    run_writes: RunWrites
+    run_reads: RunReads
     idempotency: IdempotencyStore
     ops: Operations
     owners: PostgresOwners  # the shred's (`turnstore owners shred`): no use case's

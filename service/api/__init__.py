@@ -8,6 +8,7 @@ headers.py                  the headers the API reads and writes (If-Match, ETag
 errors.py                   the one error mapping: each surface's envelope, documented
 auth.py                     who is asking (API keys)
 deps.py                     what a controller gets injected: the caller and the use cases
+                            (Api; Writer for a write, with its If-Match and Idempotency-Key)
 edge.py, limits.py          checks every request passes before any route, and send bounds
 sse.py                      Server-Sent Events: streams, keep-alives, one terminal event
 correlation.py, observe.py  X-Correlation-Id per request, and HTTP request metrics

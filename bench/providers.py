@@ -36,18 +36,16 @@ cost without (every input token at the base price); and the same over the whole 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from bench.database import sqlalchemy_url
 from bench.server import free_port, process_cpu_s, running, turnstore_command
+from bench.upstream import Served
 from tests.support import fake_gemini
 from tests.support.fake_anthropic import API_KEY, FakeMessagesAPI
 from tests.support.fakeapi import FakeResponsesAPI
@@ -121,52 +119,6 @@ class ProvidersResult:
     fake_api_ms: float = 0.0  # the fake Anthropic's own time per call (in this process)
 
 
-class _Served:
-    """The fake Anthropic API over HTTP, on a thread of its own (its own event loop)."""
-
-    def __init__(self, api: FakeMessagesAPI | fake_gemini.FakeGeminiAPI | FakeResponsesAPI) -> None:
-        self.api, self.port, self.handled_s = api, free_port(), 0.0
-        config = uvicorn.Config(
-            self._app, host="127.0.0.1", port=self.port, log_level="error", interface="asgi3"
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        query = f"?{scope['query_string'].decode()}" if scope.get("query_string") else ""
-        url = f"http://127.0.0.1:{self.port}{scope['path']}{query}"
-        headers = [(k.decode(), v.decode()) for k, v in scope["headers"]]
-        started = time.perf_counter()
-        answer = await self.api.handle(
-            httpx.Request(scope["method"], url, headers=headers, content=body)
-        )
-        content = await answer.aread()
-        self.handled_s += time.perf_counter() - started
-        raw_headers = [(k.encode(), v.encode()) for k, v in answer.headers.items()]
-        await send(
-            {"type": "http.response.start", "status": answer.status_code, "headers": raw_headers}
-        )
-        await send({"type": "http.response.body", "body": content})
-
-    def __enter__(self) -> _Served:
-        self._thread.start()
-        while not self._server.started:
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-
-
 def _providers_file(path: Path, port: int, gemini_port: int, openai_port: int) -> Path:
     path.write_text(
         f'default_model = "{FAKE}"\n\n'
@@ -204,7 +156,7 @@ def run(url: str, log_dir: Path) -> ProvidersResult:
     api = FakeMessagesAPI(min_cache_tokens=1024)
     google = fake_gemini.FakeGeminiAPI(min_cache_tokens=1024)
     result = ProvidersResult()
-    with _Served(api) as served, _Served(google) as gemini, _Served(FakeResponsesAPI()) as gpt:
+    with Served(api) as served, Served(google) as gemini, Served(FakeResponsesAPI()) as gpt:
         port = free_port()
         listed = _providers_file(log_dir / "providers.toml", served.port, gemini.port, gpt.port)
         env = {

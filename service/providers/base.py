@@ -10,7 +10,8 @@ UpstreamError, UpstreamTimeout); an adapter never retries on its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -154,11 +155,21 @@ class Provider(Protocol):
     async def close(self) -> None: ...
 
 
-async def replied(events: AsyncIterator[ProviderEvent]) -> AsyncGenerator[ProviderEvent, None]:
+async def replied(
+    events: AsyncGenerator[ProviderEvent, None],
+) -> AsyncGenerator[ProviderEvent, None]:
     """A provider's events, checked: its text deltas, then its Reply (UpstreamError when it
-    ends without one: the one place that rule lives)."""
-    async for event in events:
-        yield event
-        if isinstance(event, Reply):
-            return
-    raise UpstreamError("The provider ended without a reply.")
+    ends without one: the one place that rule lives). The adapter runs on after its Reply
+    until it ends, so that its last checks run and it finishes its answer (wire.py reads the
+    stream's rest: the connection serves the next request instead of being closed); what it
+    would yield after the Reply is not passed on. Closed early, the adapter is closed too (the
+    upstream request with it)."""
+    reply: Reply | None = None
+    async with aclosing(events):
+        async for event in events:
+            if reply is None:
+                yield event
+            if isinstance(event, Reply):
+                reply = event
+    if reply is None:
+        raise UpstreamError("The provider ended without a reply.")

@@ -14,6 +14,8 @@ httpx's hierarchy, mapped in one place (``translated``)::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,6 +39,10 @@ from service.providers.base import Compacted, Provider, ProviderRequest
 
 log = logging.getLogger("turnstore.provider")
 T = TypeVar("T")
+
+# A stream's last bytes after its final event (the chunked body's end, a `[DONE]`) are read
+# before the connection goes back to the pool; not there within this long, it is closed.
+REST_S = 0.25
 
 # Retry-After as delay-seconds or an IMF-fixdate; anything else is not passed on.
 _RETRY_AFTER = re.compile(
@@ -110,6 +116,16 @@ def replay_origin(name: str, url: str, model: str, kind: str, api_key: str | Non
 ErrorOf = Callable[[int, bytes], TurnstoreError]
 
 
+class Answer:
+    """A provider's answer as it is read: its bytes come from one iterator, so that a reading
+    that stopped (a stream at its final event) can be taken up again."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.bytes = response.aiter_bytes()
+        self.size = 0  # read so far
+
+
 class Wire:
     """One provider's HTTP: POSTs with its headers and the trace's, a non-2xx answer raised as
     the adapter's domain error (``error_of``), every answer read under its ``limits``."""
@@ -132,10 +148,12 @@ class Wire:
         self._client = httpx.AsyncClient(timeout=timeout, limits=pool, transport=transport)
 
     @asynccontextmanager
-    async def post(self, url: str, content: bytes) -> AsyncIterator[httpx.Response]:
-        """One POST, its answer open while the block runs (leaving it closes the stream)."""
+    async def post(self, url: str, content: bytes) -> AsyncIterator[Answer]:
+        """One POST, its answer open while the block runs (leaving it closes the stream, once
+        what is left of it is read when the block ran to its end: ``_rest``)."""
         headers = {**self._headers, **trace_headers()}
         async with self._client.stream("POST", url, content=content, headers=headers) as response:
+            answer = Answer(response)
             request_id = self._request_id(response.headers)
             span = trace.get_current_span()
             span.set_attribute("http.response.status_code", response.status_code)
@@ -143,7 +161,7 @@ class Wire:
                 span.set_attribute("provider.request_id", request_id)
             if not response.is_success:
                 try:
-                    body = await self.read(response)
+                    body = await self.read(answer)
                 except UpstreamError:
                     body = b""
                 error = self._error_of(response.status_code, body)
@@ -158,7 +176,21 @@ class Wire:
                 )
                 raise error
             log.debug("provider answering", extra={"provider_request_id": request_id})
-            yield response
+            yield answer
+            await self._rest(answer)
+
+    async def _rest(self, answer: Answer) -> None:
+        """What is left of an answer its adapter is done with (a stream stops reading at its
+        final event), read to its end so that httpx keeps the connection for the next request:
+        closed unread, it is closed, and every streamed turn would pay a new connection (a TLS
+        handshake to a real provider). Only when the adapter finished: a stream left by an
+        error or a cancelled turn is closed at once (the upstream request with it)."""
+        if answer.response.is_closed:
+            return
+        with contextlib.suppress(TimeoutError, httpx.HTTPError, UpstreamError):
+            async with asyncio.timeout(REST_S):
+                async for _ in self.chunks(answer):
+                    pass
 
     def _request_id(self, headers: httpx.Headers) -> str | None:
         found: str | None = None
@@ -168,17 +200,17 @@ class Wire:
                 break
         return found
 
-    async def chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
-        """The answer's bytes as they come; UpstreamError once past the wire cap."""
-        size = 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > self._max_wire_bytes:
+    async def chunks(self, answer: Answer) -> AsyncIterator[bytes]:
+        """The answer's bytes as they come, from where the last reading stopped; UpstreamError
+        once past the wire cap."""
+        async for chunk in answer.bytes:
+            answer.size += len(chunk)
+            if answer.size > self._max_wire_bytes:
                 raise UpstreamError("The provider's response was too large.")
             yield chunk
 
-    async def read(self, response: httpx.Response) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks(response)])
+    async def read(self, answer: Answer) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks(answer)])
 
     def check_reply(self, reply_bytes: int, text_bytes: int, sent: int = 0) -> None:
         """Refuse a reply whose items or streamed text outgrew the limit (and ``sent`` bytes

@@ -7,21 +7,26 @@ A `turnstore serve` process (LLM_PROVIDER=openai) calls the fake Responses API o
 streams each reply as ``DELTAS`` text deltas ``DRIP_S`` apart. One clock for every process
 (``time.monotonic``, the machine's):
 
-- before the provider: from just before the client sends its request to the fake receiving
-  turnstore's request (the lease, the window read, the plan; and the client's own send and
-  two loopback hops, so an upper bound);
+- before the provider: from the request's arrival at turnstore's application to the fake
+  receiving turnstore's request (the plan, the lease, the window read, the provider request's
+  encoding and its way over loopback). The server is `turnstore serve`'s application and
+  uvicorn options, wrapped to keep each request's arrival (bench/arrivals.py). Printed beside
+  it, from just before the client sends: that and the client's own send and one more loopback
+  hop, an upper bound;
 - per delta: from the fake sending a delta to the client having read it (two loopback hops
   and the client's SSE parsing included). A client event that carries several deltas counts
   each from its own sending.
 
 ``SAMPLES`` turns per surface and history; p50 and p99 of each. Targets: p50 at most 2 ms
-before the provider and at most 1 ms per delta.
+before the provider (from the arrival) and at most 1 ms per delta. Also counted: the
+connections turnstore opened to the provider (one for every turn, kept alive).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,8 +34,9 @@ from pathlib import Path
 
 import httpx
 
+from bench import arrivals
 from bench.database import sqlalchemy_url
-from bench.server import free_port, running, turnstore_command
+from bench.server import free_port, running
 from bench.upstream import Served
 from tests.support.fakeapi import FakeResponsesAPI, Script
 
@@ -49,8 +55,26 @@ class Added:
     surface: str
     history: int
     streamed: bool
-    before_s: list[float] = field(default_factory=list)
+    before_s: list[float] = field(default_factory=list)  # from the client's send
     delta_s: list[float] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)
+    provider_at: list[float] = field(default_factory=list)
+    arrival_s: list[float] = field(default_factory=list)  # from the arrival at turnstore
+
+    def arrived(self, times: list[float]) -> None:
+        """Each turn's time before the provider from its arrival at turnstore: the one
+        arrival between the client's send and the provider's receiving (the client sends
+        one request at a time)."""
+        for sent, provider_at in zip(self.sent, self.provider_at, strict=True):
+            (arrival,) = [t for t in times if sent <= t <= provider_at]
+            self.arrival_s.append(provider_at - arrival)
+
+
+@dataclass
+class Measured:
+    added: list[Added]
+    connections: int  # turnstore's to the provider
+    requests: int  # the provider's
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -120,6 +144,8 @@ async def _turn(
     if added.streamed and counted != DELTAS:
         raise RuntimeError(f"{added.surface}: {counted} of {DELTAS} deltas reached the client")
     added.before_s.append(served.arrivals[arrived] - sent)
+    added.sent.append(sent)
+    added.provider_at.append(served.arrivals[arrived])
 
 
 async def _measure(port: int, api: FakeResponsesAPI, served: Served) -> list[Added]:
@@ -134,10 +160,13 @@ async def _measure(port: int, api: FakeResponsesAPI, served: Served) -> list[Add
                     for _ in range(SAMPLES):
                         await _turn(client, api, served, added, cid)
                     results.append(added)
+        times = (await client.get(arrivals.PATH)).raise_for_status().json()
+    for added in results:
+        added.arrived(times)
     return results
 
 
-def run(url: str, log_dir: Path) -> list[Added]:
+def run(url: str, log_dir: Path) -> Measured:
     api = FakeResponsesAPI()
     with Served(api) as served:
         port = free_port()
@@ -148,27 +177,33 @@ def run(url: str, log_dir: Path) -> list[Added]:
             "OPENAI_API_KEY": "sk-bench",
             "OPENAI_MODEL": MODEL,
         }
-        command = [*turnstore_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
+        command = [sys.executable, "-m", "bench.arrivals", "--port", str(port)]
         with running(command, port, env, log_dir / "latency.log"):
-            return asyncio.run(_measure(port, api, served))
+            added = asyncio.run(_measure(port, api, served))
+        return Measured(added, len(served.connections), len(served.arrivals))
 
 
-def lines(results: list[Added]) -> Iterator[str]:
+def _ms(values: list[float]) -> str:
+    ms = [s * 1000 for s in values]
+    return f"p50 {_percentile(ms, 0.5):5.2f} ms, p99 {_percentile(ms, 0.99):5.2f} ms"
+
+
+def lines(measured: Measured) -> Iterator[str]:
+    results = measured.added
     for added in results:
-        before = [s * 1000 for s in added.before_s]
         line = (
             f"{added.surface:8} {'streamed' if added.streamed else 'plain':8} "
-            f"{added.history:3} turns of history: before the provider p50 "
-            f"{_percentile(before, 0.5):5.2f} ms, p99 {_percentile(before, 0.99):5.2f} ms"
+            f"{added.history:3} turns of history: before the provider {_ms(added.arrival_s)} "
+            f"(from the client's send {_ms(added.before_s)})"
         )
         if added.delta_s:
-            delta = [s * 1000 for s in added.delta_s]
-            line += (
-                f"; a delta p50 {_percentile(delta, 0.5):.2f} ms, "
-                f"p99 {_percentile(delta, 0.99):.2f} ms"
-            )
+            line += f"; a delta {_ms(added.delta_s)}"
         yield line
-    worst_before = max(_percentile(a.before_s, 0.5) for a in results) * 1000
+    yield (
+        f"turnstore's connections to the provider: {measured.connections} "
+        f"for {measured.requests} requests"
+    )
+    worst_before = max(_percentile(a.arrival_s, 0.5) for a in results) * 1000
     worst_delta = max(_percentile(a.delta_s, 0.5) for a in results if a.delta_s) * 1000
     yield (
         f"worst p50: {worst_before:.2f} ms before the provider (target <= {TARGET_BEFORE_MS} ms), "

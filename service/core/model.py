@@ -245,6 +245,9 @@ class Conversation:
 
 def since(turns: list[Turn], start: int) -> list[Turn]:
     """Those of ``turns`` (read back, in order) of revision ``start`` on."""
+    first = turns[0].number if turns else None
+    if first is not None and first >= start:  # all of them (most often): no turn looked at
+        return list(turns)
     return [turn for turn in turns if turn.number is None or turn.number >= start]
 
 

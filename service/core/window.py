@@ -141,23 +141,46 @@ def choose_window(
     it holds, or the lower bound it had to keep (the committed start, the compacting turn)
     when it holds every turn from there: a window start never names a turn that was not
     left out."""
-    # Each turn numbered, and whether this origin made its items (asked once per turn).
-    numbered = [(turn.number or n, turn, _own(turn, origin)) for n, turn in enumerate(turns, 1)]
-    compacting = max((n for n, turn, _ in numbered if turn.compacted), default=0)
+    # One pass over the turns (a window is read at every turn, over every turn held): each
+    # turn's number, whether this origin made its items (asked once per run of turns of one
+    # origin: a conversation's turns share a few), and its size as sent.
+    numbers: list[int] = []
+    owns: list[bool] = []
+    sizes: list[int] = []
+    compacting = 0  # the number of the latest compacting turn (0: none)
+    made: object = _UNSEEN
+    own = False
+    for n, turn in enumerate(turns, 1):
+        if turn.origin is not made:
+            made, own = turn.origin, _own(turn, origin)
+        number = turn.number or n
+        numbers.append(number)
+        owns.append(own)
+        sizes.append(_sendable_bytes(turn, own, False))
+        if turn.compacted:
+            compacting = number
+    if compacting:  # its compacted context comes first: its size with it
+        at = numbers.index(compacting)
+        sizes[at] = _sendable_bytes(turns[at], owns[at], True)
     lower = max(committed_start, compacting)
-    kept = next((i for i, (n, _, _) in enumerate(numbered, 1) if n >= lower), len(numbered) + 1)
-    sizes = [_sendable_bytes(turn, own, n == compacting) for n, turn, own in numbered]
+    kept = next((i for i, n in enumerate(numbers, 1) if n >= lower), len(numbers) + 1)
     place = window_start(sizes, kept, fixed_bytes, budget)
     if place == kept:
         start = lower
     else:
-        start = numbered[place - 1][0] if place <= len(numbered) else numbered[-1][0] + 1
-    sent = numbered[place - 1 :]
-    items = [item for n, turn, own in sent for item in _sendable(turn, own, n == compacting)]
+        start = numbers[place - 1] if place <= len(numbers) else numbers[-1] + 1
+    items: list[msgspec.Raw] = []
     # A turn of another origin is sent as its neutral items (looked at on the way), which are
     # not counted as known here.
-    plain = all(own and turn.responses_only for _, turn, own in sent)
+    plain = True
+    for at in range(place - 1, len(numbers)):
+        turn, own = turns[at], owns[at]
+        items.extend(_sendable(turn, own, numbers[at] == compacting))
+        plain = plain and own and turn.responses_only
     return Window(start, items, plain=plain)
+
+
+_UNSEEN = object()  # no turn's origin
 
 
 def _own(turn: Turn, origin: Origin) -> bool:

@@ -132,9 +132,9 @@ class CachedStore:
         if turns is None:
             self._evict(conversation_id)
             return False
-        size = sum(map(turn_size, turns))
         self._remember(
-            conversation_id, _Entry(fresh.revision, fresh.created_at, since, turns, size)
+            conversation_id,
+            _Entry(fresh.revision, fresh.created_at, since, turns, _size(entry, turns)),
         )
         # Every conversation-level field comes from the row just read; the copy of the list
         # keeps a caller from changing what is cached.
@@ -167,10 +167,9 @@ class CachedStore:
             # Kept from the new turn's window start on: later turns never start before it.
             first = max(entry.first, min(turn.context_from, commit.revision))
             turns = since([*entry.turns, turn], first)
-            size = sum(map(turn_size, turns))
             self._remember(
                 conversation_id,
-                _Entry(commit.revision, entry.created_at, first, turns, size),
+                _Entry(commit.revision, entry.created_at, first, turns, _size(entry, turns)),
             )
         return commit
 
@@ -208,6 +207,17 @@ class CachedStore:
         entry = self._entries.pop(conversation_id, None)
         if entry is not None:
             self._bytes -= entry.size
+
+
+def _size(entry: _Entry | None, turns: list[Turn]) -> int:
+    """What ``turns`` cost (``turn_size``): only those after the cached ones counted, when
+    they begin with all of ``entry``'s (turns read or committed after them, as at most
+    turns: a window's turns are counted once, not again at every turn)."""
+    if entry is not None and entry.turns and len(turns) >= len(entry.turns):
+        last = len(entry.turns) - 1
+        if turns[0] is entry.turns[0] and turns[last] is entry.turns[last]:
+            return entry.size + sum(map(turn_size, turns[last + 1 :]))
+    return sum(map(turn_size, turns))
 
 
 def _window_start(attempt: LeaseAttempt, after: int) -> int:

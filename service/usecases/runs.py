@@ -151,6 +151,9 @@ class TurnRuns:
         run.task = asyncio.get_running_loop().create_task(self._execute(run, committed))
         self._heartbeat.start()
         self._watch_shutdown()
+        # The run goes as far as its first statement (its lease) before the caller answers:
+        # the lease's round trip and the answer's start (a stream's headers) overlap.
+        await asyncio.sleep(0)
         return Started(new.id, plan.conversation_id, "queued", run)
 
     async def _execute(self, run: Run, committed: Committed | None) -> None:

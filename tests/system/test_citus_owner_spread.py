@@ -4,14 +4,21 @@ own rows (its running turns' places, its Idempotency-Keys) are the coordinator's
 its turns needs the stopped worker unless its conversation is there. With `AUTH_MODE=none`
 every client is that one owner. Each worker is stopped in turn (a cluster of this test's own,
 tests/support/citus.py): under the placement by owner (before issue 44) one of the two stops
-every turn of the owner, plain or with an Idempotency-Key."""
+every turn of the owner, plain or with an Idempotency-Key. Streamed turns on both surfaces
+too: each ends (a stream on a healthy worker once stayed open with no terminal event, kept
+alive by comments, until the stopped worker came back: issue 44), within a bound far below
+that."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 from contextlib import ExitStack
 from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse
 
 from service.platform import migrate
 from service.store.postgres.placement import distribute
@@ -39,6 +46,14 @@ def test_a_worker_down_stops_only_the_owners_conversations_placed_on_it() -> Non
                     assert set(got.values()) == {(500, "storage_error")}, (down.port, got)
                 else:
                     assert set(got.values()) == {(200, None)}, (down.port, got)
+                streamed = answers[f"{cid} streamed"]
+                if port == down.port:  # refused before its stream, or ended by its error
+                    assert set(streamed.values()) <= {(500, "storage_error")}, streamed
+                else:
+                    assert set(streamed.values()) == {(200, None)}, (down.port, streamed)
+
+
+STREAM_BOUND_S = 60  # a stream that has not ended by then hangs (a turn here takes well under 1 s)
 
 
 async def _turns(url: str, on: dict[str, int]) -> dict[str, dict[str, tuple[int, Any]]]:
@@ -58,4 +73,29 @@ async def _turns(url: str, on: dict[str, int]) -> dict[str, dict[str, tuple[int,
                 revisions.append(turn.json().get("revision"))
             if got["keyed"][0] == 200:  # the retry is the keyed turn's answer: no new turn
                 assert revisions[2] == revisions[1] == revisions[0] + 1, revisions
+            streamed = answers[f"{cid} streamed"] = {}
+            v1 = {"conversation": f"conv_{uuid.UUID(cid).hex}", "input": "again", "stream": True}
+            for n in range(2):
+                streamed[f"chat {n}"] = await _streamed(client, "/api/v1/chat/stream", body)
+                streamed[f"v1 {n}"] = await _streamed(client, "/v1/responses", v1)
     return answers
+
+
+async def _streamed(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """A streamed turn's end: (200, None) when it completed, else its status and error code
+    (an error event's, for a stream that started)."""
+    async with (
+        asyncio.timeout(STREAM_BOUND_S),
+        aconnect_sse(client, "POST", path, json=body) as source,
+    ):
+        if source.response.status_code != 200:
+            await source.response.aread()
+            return source.response.status_code, source.response.json()["error"]["code"]
+        async for event in source.aiter_sse():
+            if event.event in ("message.done", "response.completed"):
+                return 200, None
+            if event.event in ("error", "response.failed"):
+                data = event.json()
+                error = data.get("error") or data.get("response", {}).get("error") or {}
+                return 500, error.get("code")
+    return 200, "ended without a terminal event"

@@ -117,10 +117,11 @@ class KnownRuns:
         if len(self._conversations) > KNOWN_RUNS:
             del self._conversations[next(iter(self._conversations))]
 
-    async def at(self, run_id: UUID) -> dict[str, Any]:
-        """The run's id, and its conversation's: None on plain PostgreSQL when not known
-        (found by the id alone), on Citus read in its home (NOWHERE: no such run)."""
-        cid = self._conversations.get(run_id)
+    async def at(self, run_id: UUID, conversation_id: UUID | None = None) -> dict[str, Any]:
+        """The run's id, and its conversation's: ``conversation_id`` when the caller knows it
+        (then a run of another conversation is not found); else None on plain PostgreSQL when
+        not known (found by the id alone), on Citus read in its home (NOWHERE: no such run)."""
+        cid = conversation_id or self._conversations.get(run_id)
         if cid is not None or not await self._db.distributed():
             return {"id": run_id, "cid": cid}
         async with driver(self._db.engine, write=False) as conn:

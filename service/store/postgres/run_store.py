@@ -197,8 +197,10 @@ class PostgresRunReads:
         self._db = db
         self._known = known
 
-    async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
-        params = {**(await self._known.at(run_id)), "owner": owner}
+    async def read_run(
+        self, run_id: UUID, owner: str, conversation_id: UUID | None = None
+    ) -> RunView | None:
+        params = {**(await self._known.at(run_id, conversation_id)), "owner": owner}
         async with driver(self._db.engine, write=False) as conn:
             row = await sql.READ.fetchrow(conn, params)
         if row is None:

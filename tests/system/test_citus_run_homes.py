@@ -92,6 +92,7 @@ async def _from_elsewhere(
         stall = asyncio.Event()
         stalled = Script(text="never finished", deltas=4, stall=stall)
         a.api.then(stalled)
+        before = await _two_phase(db)  # the run made with its home, then read elsewhere
         turn = (await background(a.client, message="stop me", conversation_id=cid))["turn_id"]
         await stalled.started.wait()
         assert await db.fetchval("SELECT count(*) FROM run_homes") == 1
@@ -102,7 +103,6 @@ async def _from_elsewhere(
             port = await db.fetchval(WHERE, cid)
             stopped = next(worker for worker in cluster.workers if worker.port != port)
             stop(stopped)
-        before = await _two_phase(db)
         try:
             await _status_events_cancel(b, turn)
         finally:

@@ -56,7 +56,6 @@ pytestmark = pytest.mark.citus
 BACKENDS = ("citus", "citus-encrypted")
 
 
-
 # --- two replicas over HTTP ------------------------------------------------------------------
 
 

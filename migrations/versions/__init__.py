@@ -28,4 +28,6 @@ carries its own SQL).
   indexes of the listing's filters; turnstore_commit_v3()
 - 2026_12_07_0022_run_functions.py: a durable turn's writes of its run as functions, each on
   its conversation's worker on Citus
+- 2026_12_07_0023_run_homes.py: each durable turn's conversation, found by the turn's id alone
+  (on Citus a plain table on the coordinator)
 """

@@ -286,9 +286,12 @@ class RunReads(Protocol):
     """Durable turns, read: a run's status, its events, the run of a revision, which of this
     replica's runs were asked to stop."""
 
-    async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
-        """``owner``'s run, with its committed reply; None when unknown, another owner's, or
-        its events expired."""
+    async def read_run(
+        self, run_id: UUID, owner: str, conversation_id: UUID | None = None
+    ) -> RunView | None:
+        """``owner``'s run, with its committed reply; None when unknown, another owner's, of
+        another conversation than ``conversation_id`` (when the caller knows it: a stored
+        response's id carries it), or its events expired."""
 
     async def run_events(
         self, run_id: UUID, owner: str, after: int

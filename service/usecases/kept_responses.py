@@ -78,15 +78,19 @@ class KeptResponses:
             if turn is not None
             else await self._runs.find(ref.conversation_id, owner, ref.revision - 1)
         )
-        run = await self._runs.view(run_id, owner) if run_id is not None else None
+        run = (
+            await self._runs.view(run_id, owner, ref.conversation_id)
+            if run_id is not None
+            else None
+        )
         if (turn is None and run is None) or (turn is not None and turn.response_deleted):
             raise ResponseNotFound()
         return Found(raw_id, ref.conversation_id, ref.revision if turn else None, turn, run)
 
     async def _found_by_run(self, owner: str, raw_id: str, ref: ResponseRef) -> Found:
         assert ref.run_id is not None
-        run = await self._runs.view(ref.run_id, owner)
-        if run is None or run.conversation_id != ref.conversation_id:
+        run = await self._runs.view(ref.run_id, owner, ref.conversation_id)
+        if run is None:
             raise ResponseNotFound()
         turn = None
         if run.revision is not None:

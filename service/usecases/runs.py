@@ -199,10 +199,13 @@ class TurnRuns:
         run = self._live.get(turn_id)
         return run if run is not None and run.new.owner == owner else None
 
-    async def view(self, turn_id: uuid.UUID, owner: str) -> RunView | None:
-        """The run as it is now (None: unknown, another owner's, expired)."""
+    async def view(
+        self, turn_id: uuid.UUID, owner: str, conversation_id: uuid.UUID | None = None
+    ) -> RunView | None:
+        """The run as it is now (None: unknown, another owner's, of another conversation than
+        ``conversation_id`` when that is known, expired)."""
         try:
-            return await self.status(turn_id, owner)
+            return await self.status(turn_id, owner, conversation_id)
         except TurnNotFound:
             return None
 
@@ -216,12 +219,14 @@ class TurnRuns:
         """A finished run is forgotten now (its events too), not after TURN_EVENTS_TTL_S."""
         await self._writes.forget_run(turn_id, owner)
 
-    async def status(self, turn_id: uuid.UUID, owner: str) -> RunView:
-        view = await self._reads.read_run(turn_id, owner)
+    async def status(
+        self, turn_id: uuid.UUID, owner: str, conversation_id: uuid.UUID | None = None
+    ) -> RunView:
+        view = await self._reads.read_run(turn_id, owner, conversation_id)
         if view is None:
             raise TurnNotFound()
         if view.stalled and await self._interrupt(view.id, owner):
-            view = await self._reads.read_run(turn_id, owner) or view
+            view = await self._reads.read_run(turn_id, owner, conversation_id) or view
         return view
 
     def reader(self, owner: str) -> Callable[[], None]:

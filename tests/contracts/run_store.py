@@ -68,6 +68,16 @@ async def test_a_new_run_is_queued_and_only_its_owner_reads_it(stores: Stores) -
     assert await stores.run_reads.read_run(uuid.uuid4(), OWNER) is None
 
 
+async def test_a_run_named_with_its_conversation_is_found_in_it_only(stores: Stores) -> None:
+    """A caller that knows the run's conversation (a stored response's id carries it) names
+    it: the run is found there, not as another conversation's."""
+    run = await new_run(stores.run_writes)
+    found = await stores.run_reads.read_run(run.id, OWNER, run.conversation_id)
+    assert found is not None and found.conversation_id == run.conversation_id
+    assert await stores.run_reads.read_run(run.id, OWNER, uuid.uuid4()) is None
+    assert await stores.run_reads.read_run(run.id, OWNER) is not None
+
+
 async def test_begun_and_logged_events_come_back_in_order_once(stores: Stores) -> None:
     runs, reads = stores.run_writes, stores.run_reads
     run = await new_run(runs)

@@ -17,9 +17,11 @@ from tests.support.memory import MemoryStore
 # and on the Citus cluster (the lists each layer has always emptied).
 TABLES = (
     "conversations, idempotency_keys, turn_runs, owner_keys, owner_tombstones, owner_forks,"
-    " owner_turns"
+    " owner_turns, run_homes"
 )
-CITUS_TABLES = "conversations, idempotency_keys, turn_runs, owner_keys, api_keys, owner_tombstones"
+CITUS_TABLES = (
+    "conversations, idempotency_keys, turn_runs, owner_keys, api_keys, owner_tombstones, run_homes"
+)
 
 
 def keyring_for(engine: AsyncEngine, backend: str) -> Keyring | None:

@@ -566,9 +566,11 @@ class MemoryStore:
         run.revision = end.revision
         return True
 
-    async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
+    async def read_run(
+        self, run_id: UUID, owner: str, conversation_id: UUID | None = None
+    ) -> RunView | None:
         run = self._readable(run_id, owner)
-        if run is None:
+        if run is None or conversation_id not in (None, run.new.conversation_id):
             return None
         found = self._conversations.get(run.new.conversation_id)
         at = found.at(run.revision) if found and run.revision else None

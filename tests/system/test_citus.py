@@ -55,14 +55,6 @@ from tests.system.test_leases_replicas import *  # noqa: F403
 pytestmark = pytest.mark.citus
 BACKENDS = ("citus", "citus-encrypted")
 
-# Not run here: a time bound set for one server (a cancel reaches the running turn within a
-# second), which a cancel from a replica that never read the turn misses on Citus: it is found
-# by its id on every shard, a two-phase commit on both workers (1.2-1.8 s measured on this
-# 2-core machine under load).
-PLAIN_ONLY = ("test_cancel_from_another_replica_stops_the_turn_within_a_second",)
-for _name in PLAIN_ONLY:
-    globals().pop(_name, None)
-
 
 # --- two replicas over HTTP ------------------------------------------------------------------
 

@@ -43,7 +43,8 @@ from service.store.ports import Backend
 from service.store.postgres import ApiKeyStore, PostgresStore, StoreConfig
 from service.store.postgres.listener import PostgresNotifications
 from service.store.postgres.places import PostgresPlaces
-from service.store.postgres.run_store import KnownRuns, PostgresRunWrites
+from service.store.postgres.run_homes import KnownRuns
+from service.store.postgres.run_store import PostgresRunWrites
 from service.store.postgres.tx import driver
 from tests.support.cluster import TURNSTORE, free_port, process, turnstore_env, wait_until
 from tests.support.fakeapi import FakeResponsesAPI, Script
@@ -432,7 +433,7 @@ async def test_a_stream_whose_end_cannot_be_logged_still_ends_with_one_terminal_
     config = _config(server)
     engine = create_engine(server.url, pool_size=4)
     store = PostgresStore.over(engine, StoreConfig(events_ttl_s=config.turn_events_ttl_s))
-    runs = _EndFails(store.db, KnownRuns())
+    runs = _EndFails(store.db, KnownRuns(store.db))
     backend = postgres_backend(config, store=replace(store, run_writes=runs))
     async with _seamed(server, api, backend) as (here, elsewhere):
         cids = [await _new(here) for _ in range(2)]

@@ -7,7 +7,8 @@ reads.py      Reads: the conversation, the listing, transcript pages, turns and 
 history.py    History: load, a turn's lease and window read, the removals; commit.py its commit
 edits.py      Edits: new conversations, forks (forks.py, shared with the commit), metadata
 places.py     Places: leases, running turns' places (running_turns.py), forks' places
-run_store.py  RunWrites and RunReads: durable turns' runs and events
+run_store.py  RunWrites and RunReads: durable turns' runs and events; run_homes.py where
+              each run is (its conversation: on Citus read by the run's id alone)
 claims.py     IdempotencyStore; housekeeping.py Operations; owners.py the owners' shred
 listener.py   PostgresNotifications; keys.py ApiKeyStore (API keys)
 statements.py, run_statements.py, idempotency.py   the SQL, as named statements

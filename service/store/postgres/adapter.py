@@ -54,9 +54,10 @@ class Adapter:
         self.sql = Statements(self.config.retention_days)
         self.places = RunningTurns(engine, self.config.running_turns)
 
-    async def distributed(self) -> bool:
-        """Whether this is a Citus coordinator (the store asks the server once)."""
-        return not await self.places.folded()
+    async def distributed(self, conn: asyncpg.Connection | None = None) -> bool:
+        """Whether this is a Citus coordinator (the store asks the server once: on ``conn`` if
+        the caller holds one)."""
+        return not await self.places.folded(conn)
 
     async def each_group(
         self, statement: Compiled, batches: Sequence[Params]

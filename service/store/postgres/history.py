@@ -25,7 +25,7 @@ from service.core.model import (
     Turn,
 )
 from service.core.plans import check_precondition
-from service.store.postgres import commit, run_statements
+from service.store.postgres import commit, run_homes
 from service.store.postgres import idempotency as idem
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.places import release
@@ -137,8 +137,7 @@ class PostgresHistory:
             if revision is None:
                 raise ConversationNotFound()
             check_precondition(if_match, revision)  # else the delete is rolled back
-            cids = {"cids": [conversation_id]}
-            await run_statements.DELETE_OF.execute(conn, cids)  # and their events
+            await run_homes.delete_of(self._db, conn, [conversation_id])  # and their events
             await idem.DELETE_OF.execute(conn, params)
             await self._db.completed(conn, idempotency, None, None)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from service.store.ports import Readiness
 from service.store.postgres import idempotency as idem
-from service.store.postgres import run_statements
+from service.store.postgres import run_homes
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.tx import driver, in_use
 
@@ -21,7 +21,7 @@ class PostgresOperations:
         engine, sql = self._db.engine, self._db.sql
         async with driver(engine, write=False) as conn:
             await idem.EXPIRED.execute(conn, {})
-            await run_statements.EXPIRED.execute(conn, {})  # past TURN_EVENTS_TTL_S
+            await run_homes.delete_expired(self._db, conn)  # past TURN_EVENTS_TTL_S
         total = 0
         while True:
             async with driver(engine, write=False) as conn:
@@ -30,7 +30,7 @@ class PostgresOperations:
                 break
             async with driver(engine, write=True) as conn:
                 gone = [row["id"] for row in await sql.purge.fetch(conn, {"ids": picked})]
-                await run_statements.DELETE_OF.execute(conn, {"cids": gone})
+                await run_homes.delete_of(self._db, conn, gone)
             total += len(gone)
             if len(picked) < batch:
                 break

@@ -10,15 +10,17 @@ from datetime import datetime
 from migrations.commit_function import digest
 from service.core.errors import StorageError
 from service.store.postgres import idempotency as idem
-from service.store.postgres import run_statements
+from service.store.postgres import run_homes
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.tx import driver, sql
 
-# What is left of an owner: their conversations, runs and Idempotency-Key records, and the
-# rows that count their running turns and forks (OWNER_MAX_RUNNING_TURNS, ..._FORKS_...).
+# What is left of an owner: their conversations, runs (and their homes: run_homes.py) and
+# Idempotency-Key records, and the rows that count their running turns and forks
+# (OWNER_MAX_RUNNING_TURNS, ..._FORKS_...).
 _OWNER_LEFT = sql(
     "SELECT (SELECT count(*) FROM conversations WHERE owner = :owner)"
     " + (SELECT count(*) FROM turn_runs WHERE owner = :owner)"
+    " + (SELECT count(*) FROM run_homes WHERE owner = :owner)"
     " + (SELECT count(*) FROM idempotency_keys WHERE owner = :owner)"
     " + (SELECT count(*) FROM owner_turns WHERE owner = :owner)"
     " + (SELECT count(*) FROM owner_forks WHERE owner = :owner)"
@@ -99,12 +101,12 @@ class PostgresOwners:
         while True:
             async with driver(self._db.engine, write=True) as conn:
                 gone = [row["id"] for row in await self._db.sql.owned.fetch(conn, params)]
-                await run_statements.DELETE_OF.execute(conn, {"cids": gone})
+                await run_homes.delete_of(self._db, conn, gone)
             total += len(gone)
             if len(gone) < batch:
                 break
         async with driver(self._db.engine, write=True) as conn:
-            await run_statements.DELETE_OWNED.execute(conn, params)
+            await run_homes.delete_owned(self._db, conn, owner)
             await idem.DELETE_OWNED.execute(conn, params)
             for counts in _OWNER_COUNTS:
                 await counts.execute(conn, {"owner": owner})

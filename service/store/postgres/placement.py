@@ -92,7 +92,8 @@ PLACEMENT: dict[str, Placement] = {
             ),
         ),
     ),
-    # The public turn id must carry the conversation id for a reader to find its run.
+    # A run is found by its conversation's id too: the replica that made or read it remembers
+    # it, another reads it in run_homes (the public turn id does not carry it).
     "turn_runs": Distributed(
         "conversation_id", colocate_with="conversations", primary_key=("conversation_id", "id")
     ),
@@ -124,6 +125,10 @@ PLACEMENT: dict[str, Placement] = {
     ),
     "owner_forks": Coordinator("counted per owner in a fork's place"),
     "owner_turns": Coordinator("each owner's running turns, taken by statements of their own"),
+    # Each run's conversation, written with the run (one phase: this table and one worker) and
+    # read by a replica that never saw the run, so its statements go to that one worker
+    # instead of every shard (deploy/SCALE-OUT.md, "A run found by its id").
+    "run_homes": Coordinator("each run's conversation, found by the run's id alone"),
     # Read by a commit on the worker of its conversation (turnstore_commit), written rarely.
     "turnstore_secrets": Reference(),
     "owner_tombstones": Reference(),

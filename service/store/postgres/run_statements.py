@@ -36,7 +36,7 @@ RUN_VALUES = """
 """
 # Nothing is made for a shredded owner (SHREDDED_STATE). A function (migration 0022): on Citus
 # run whole on the conversation's worker (an INSERT ... SELECT that reads the tombstones goes
-# through the coordinator, in a two-phase commit).
+# through the coordinator, in a two-phase commit); there with the run's home: run_homes.CREATE.
 CREATE = sql(f"SELECT {CREATE_RUN.call()}")
 # The same, when the run's turn has its place among its owner's running turns (running_turns.py), in
 # the same statement; whether it had (nothing is made when not). Plain PostgreSQL only: on
@@ -177,9 +177,12 @@ INTERRUPT = sql(f"""
 # Readers elsewhere woken (from the server the client is connected to: on Citus a NOTIFY sent
 # on a worker reaches no one), after the statement that made the news.
 NOTIFY = sql(WAKE)
-FORGET = sql(f"""
+# (On Citus with the run's home: run_homes.py.)
+FORGET_TEXT = f"""
     DELETE FROM turn_runs WHERE id = :id AND {HERE} AND owner = :owner AND NOT {UNFINISHED}
-""")
+"""
+FORGET = sql(FORGET_TEXT)
 DELETE_OF = sql("DELETE FROM turn_runs WHERE conversation_id = ANY(CAST(:cids AS uuid[]))")
-EXPIRED = sql("DELETE FROM turn_runs WHERE expires_at < now()")
+EXPIRED_TEXT = "DELETE FROM turn_runs WHERE expires_at < now()"
+EXPIRED = sql(EXPIRED_TEXT)
 DELETE_OWNED = sql("DELETE FROM turn_runs WHERE owner = :owner")

@@ -1,6 +1,6 @@
 """Durable turns in PostgreSQL: runs and their events, the RunWrites and RunReads ports, each
-over one adapter value and what this process knows of its runs (``KnownRuns``); the
-statements are run_statements.py's, the commit's part is commit.py's."""
+over one adapter value and where its runs are (``KnownRuns``, run_homes.py); the statements
+are run_statements.py's, the commit's part is commit.py's."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from service.core.events import ERROR, RunEvent
 from service.core.model import NewRun, Renewed, RunEnd, RunView
 from service.core.plans import check_precondition
 from service.platform.crypto import DataKey
+from service.store.postgres import run_homes
 from service.store.postgres import run_statements as sql
 from service.store.postgres.adapter import Adapter, merged
 from service.store.postgres.rows import Events
+from service.store.postgres.run_homes import KnownRuns
 from service.store.postgres.sealed import (
     get,
     put,
@@ -28,10 +30,7 @@ from service.store.postgres.sealed import (
     turn_place,
     writing_key,
 )
-from service.store.postgres.tx import Compiled, driver, grouped, written
-
-KNOWN_RUNS = 10_000  # runs whose conversation a process remembers
-
+from service.store.postgres.tx import Compiled, driver, written
 
 # The columns of a run's row (run_statements.VIEW) a RunView holds as read, by the same name.
 _AS_READ = (
@@ -49,32 +48,6 @@ def view(row: Any, key: DataKey | None, message: str | None = None) -> RunView:
         created_at=row["run_created_at"],
         **{name: row[name] for name in _AS_READ},
     )
-
-
-class KnownRuns:
-    """The conversation of each run this process made or read, so that its statements name it
-    too (see run_statements.HERE); bounded, the oldest forgotten first."""
-
-    def __init__(self) -> None:
-        self._conversations: dict[UUID, UUID] = {}
-
-    def learn(self, run_id: UUID, conversation_id: UUID) -> None:
-        self._conversations[run_id] = conversation_id
-        if len(self._conversations) > KNOWN_RUNS:
-            del self._conversations[next(iter(self._conversations))]
-
-    def at(self, run_id: UUID) -> dict[str, Any]:
-        """The run's id, and its conversation's if known (None: found by the id alone)."""
-        return {"id": run_id, "cid": self._conversations.get(run_id)}
-
-    def among(self, run_ids: Sequence[UUID]) -> list[dict[str, Any]]:
-        """The runs' ids by conversation, each with its conversation's (``cids``, one; None
-        for those not known: found by their ids alone)."""
-        by_conversation = grouped((self._conversations.get(run_id), run_id) for run_id in run_ids)
-        return [
-            {"ids": ids, "cids": None if cid is None else [cid]}
-            for cid, ids in by_conversation.items()
-        ]
 
 
 class PostgresRunWrites:
@@ -114,7 +87,7 @@ class PostgresRunWrites:
             apart = counted and await places.apart()
             if apart and not await places.take(run.owner, run.id, heartbeat_s):
                 return False
-            if not await self._write(sql.CREATE, params):
+            if not await self._write(await run_homes.creating(self._db), params):
                 raise OwnerShredded()
         self._known.learn(run.id, run.conversation_id)
         return True
@@ -129,20 +102,20 @@ class PostgresRunWrites:
         check_precondition(run.if_match, row["revision"])
 
     async def begin_run(self, run_id: UUID, revision: int) -> None:
-        await self._write(sql.BEGIN, {**self._known.at(run_id), "base": revision})
+        await self._write(sql.BEGIN, {**(await self._known.at(run_id)), "base": revision})
 
     async def log_events(
         self, run_id: UUID, owner: str, events: Sequence[RunEvent], message_id: str | None = None
     ) -> None:
         batch = (await self._events(owner, run_id)).batch_columns(events)
-        at = self._known.at(run_id)
+        at = await self._known.at(run_id)
         params = {**at, "last": events[-1].seq, "message_id": message_id, **batch}
         await self._logged(run_id, await self._rows(sql.LOG, params))
 
     async def end_run(self, run_id: UUID, owner: str, end: RunEnd) -> bool:
         batch = (await self._events(owner, run_id)).batch_columns(end.events)
         params = {
-            **self._known.at(run_id),
+            **(await self._known.at(run_id)),
             "status": end.status,
             "code": end.error_code,
             "message": end.error_message,
@@ -154,7 +127,7 @@ class PostgresRunWrites:
         return await self._logged(run_id, await self._rows(sql.END, params))
 
     async def renew_runs(self, run_ids: Sequence[UUID], heartbeat_s: float) -> Renewed:
-        batches = [{**batch, "hb": heartbeat_s} for batch in self._known.among(run_ids)]
+        batches = [{**batch, "hb": heartbeat_s} for batch in await self._known.among(run_ids)]
         rows = await self._db.each_group(sql.RENEW, batches)
         return Renewed(
             frozenset(row["id"] for row in rows if row["cancel_requested"]),
@@ -162,32 +135,32 @@ class PostgresRunWrites:
         )
 
     async def cancel_run(self, run_id: UUID, owner: str) -> bool:
-        if not await self._rows(sql.CANCEL, {**self._known.at(run_id), "owner": owner}):
+        if not await self._rows(sql.CANCEL, {**(await self._known.at(run_id)), "owner": owner}):
             return False
         await self._notify(f"cancel:{run_id}")
         return True
 
     async def watch_run(self, run_id: UUID) -> None:
-        if await self._rows(sql.WATCH, self._known.at(run_id)):
+        if await self._rows(sql.WATCH, await self._known.at(run_id)):
             await self._notify(f"watch:{run_id}")
 
     async def interrupt_run(self, run_id: UUID, owner: str, message: str, event_data: str) -> bool:
-        events = await self._events(owner, run_id)
+        events, at = await self._events(owner, run_id), await self._known.at(run_id)
 
         async def interrupt() -> list[asyncpg.Record]:
             async with driver(self._db.engine, write=False) as conn:
-                last = await sql.STALLED.fetchval(conn, self._known.at(run_id))
+                last = await sql.STALLED.fetchval(conn, at)
                 if last is None:
                     return []  # alive, or ended meanwhile
                 batch = events.batch_columns([RunEvent(last, ERROR, event_data)])
                 ttl = self._db.config.events_ttl_s
-                params = {**self._known.at(run_id), "message": message, "ttl": ttl, "last": last}
+                params = {**at, "message": message, "ttl": ttl, "last": last}
                 return await sql.INTERRUPT.fetch(conn, {**params, **batch})
 
         return await self._logged(run_id, await written(interrupt))
 
     async def forget_run(self, run_id: UUID, owner: str) -> None:
-        await self._write(sql.FORGET, {**self._known.at(run_id), "owner": owner})
+        await run_homes.forget(self._db, {**(await self._known.at(run_id)), "owner": owner})
 
     async def _events(self, owner: str, run_id: UUID) -> Events:
         """The run's batches as ``owner``'s new values are written: sealed with a keyring."""
@@ -224,9 +197,12 @@ class PostgresRunReads:
         self._db = db
         self._known = known
 
-    async def read_run(self, run_id: UUID, owner: str) -> RunView | None:
+    async def read_run(
+        self, run_id: UUID, owner: str, conversation_id: UUID | None = None
+    ) -> RunView | None:
+        params = {**(await self._known.at(run_id, conversation_id)), "owner": owner}
         async with driver(self._db.engine, write=False) as conn:
-            row = await sql.READ.fetchrow(conn, {**self._known.at(run_id), "owner": owner})
+            row = await sql.READ.fetchrow(conn, params)
         if row is None:
             return None
         self._known.learn(run_id, row["conversation_id"])
@@ -238,7 +214,7 @@ class PostgresRunReads:
     async def run_events(
         self, run_id: UUID, owner: str, after: int
     ) -> tuple[RunView, list[RunEvent]] | None:
-        params = {**self._known.at(run_id), "owner": owner, "after": after}
+        params = {**(await self._known.at(run_id)), "owner": owner, "after": after}
         async with driver(self._db.engine, write=False) as conn:
             rows = await sql.READ_EVENTS.fetch(conn, params)
         if not rows:
@@ -258,7 +234,7 @@ class PostgresRunReads:
     async def cancel_requested(self, run_ids: Sequence[UUID]) -> set[UUID]:
         if not run_ids:
             return set()
+        params = merged(await self._known.among(run_ids))
         async with driver(self._db.engine, write=False) as conn:  # a read: one statement
-            params = merged(self._known.among(run_ids))
             rows = await sql.CANCEL_REQUESTED.fetch(conn, params)
         return {row["id"] for row in rows}

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store.postgres.statements import FREE_TURN, NO_SYNC_WAIT, TAKE_TURN_CALL
@@ -56,10 +57,13 @@ class RunningTurns:
         self.most = most
         self._citus: bool | None = None
 
-    async def folded(self) -> bool:
+    async def folded(self, conn: asyncpg.Connection | None = None) -> bool:
         """Whether the places are taken and given back inside the turn's own statements
-        (plain PostgreSQL), not by statements of their own (Citus)."""
-        if self._citus is None:
+        (plain PostgreSQL), not by statements of their own (Citus). Asked once, on ``conn``
+        if the caller holds one (in a transaction: no second connection taken meanwhile)."""
+        if self._citus is None and conn is not None:
+            self._citus = bool(await CITUS.fetchval(conn, {}))
+        elif self._citus is None:
             async with driver(self._engine, write=False) as conn:
                 self._citus = bool(await CITUS.fetchval(conn, {}))
         return not self._citus

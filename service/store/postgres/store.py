@@ -28,7 +28,8 @@ from service.store.postgres.keyring import Keyring
 from service.store.postgres.owners import PostgresOwners
 from service.store.postgres.places import PostgresPlaces
 from service.store.postgres.reads import PostgresReads
-from service.store.postgres.run_store import KnownRuns, PostgresRunReads, PostgresRunWrites
+from service.store.postgres.run_homes import KnownRuns
+from service.store.postgres.run_store import PostgresRunReads, PostgresRunWrites
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class PostgresStore:
     ) -> PostgresStore:
         """Every port over ``engine``, with the limits of ``config`` (None: StoreConfig()'s) and
         ``keyring`` (None: what users said is stored in clear)."""
-        db, runs = Adapter(engine, config, keyring), KnownRuns()
+        db = Adapter(engine, config, keyring)
+        runs = KnownRuns(db)
         return cls(
             db=db,
             reads=PostgresReads(db),

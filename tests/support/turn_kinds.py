@@ -126,8 +126,9 @@ async def _settled(conn: asyncpg.Connection, timeout_s: float = 30) -> None:
 @asynccontextmanager
 async def replica(url: str, held_s: float = HELD_S, **settings: Any) -> AsyncIterator[Replica]:
     """An app on the database at ``url`` as ``turnstore serve`` wires it (history cache
-    included), its pool's statements logged."""
-    config = Settings(database_url=url, turn_lease_s=LEASE_S, **settings)
+    included), its pool's statements logged. ``settings`` override the defaults here
+    (``turn_lease_s``: LEASE_S, so that what a turn holds is renewed while it runs)."""
+    config = Settings(**{"database_url": url, "turn_lease_s": LEASE_S, **settings})
     engine = create_engine(url, pool_size=8)
     log = _Log()
 

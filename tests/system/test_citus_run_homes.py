@@ -85,7 +85,10 @@ async def _from_elsewhere(
     url: str, cluster: CitusCluster | None, homeless: bool = False
 ) -> Node | None:
     """The worker stopped (with ``cluster``), once it is done."""
-    async with replica(url, held_s=0) as a, replica(url, held_s=0) as b, _coordinator(url) as db:
+    # Its runs renewed every second, not every third of one: the other replica must not find
+    # the run stalled (and end it as interrupted) because a loaded machine held a renewal.
+    slow = {"held_s": 0, "turn_lease_s": 3.0}
+    async with replica(url, **slow) as a, replica(url, **slow) as b, _coordinator(url) as db:
         made = await a.client.post(CHAT, json={"message": "first"})
         assert made.status_code == 200, made.text
         cid = made.json()["conversation_id"]

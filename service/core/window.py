@@ -158,10 +158,11 @@ def choose_window(
         owns.append(own)
         sizes.append(_sendable_bytes(turn, own, False))
         if turn.compacted:
-            compacting = number
+            compacting = max(compacting, number)
     if compacting:  # its compacted context comes first: its size with it
-        at = numbers.index(compacting)
-        sizes[at] = _sendable_bytes(turns[at], owns[at], True)
+        for at, number in enumerate(numbers):
+            if number == compacting:
+                sizes[at] = _sendable_bytes(turns[at], owns[at], True)
     lower = max(committed_start, compacting)
     kept = next((i for i, n in enumerate(numbers, 1) if n >= lower), len(numbers) + 1)
     place = window_start(sizes, kept, fixed_bytes, budget)

@@ -159,17 +159,18 @@ async def replied(
     events: AsyncGenerator[ProviderEvent, None],
 ) -> AsyncGenerator[ProviderEvent, None]:
     """A provider's events, checked: its text deltas, then its Reply (UpstreamError when it
-    ends without one: the one place that rule lives). The adapter runs on after its Reply
-    until it ends, so that its last checks run and it finishes its answer (wire.py reads the
-    stream's rest: the connection serves the next request instead of being closed); what it
-    would yield after the Reply is not passed on. Closed early, the adapter is closed too (the
-    upstream request with it)."""
+    ends without one: the one place that rule lives). The Reply is passed on once the adapter
+    has ended: its last checks have run, and its answer is done with (wire.py reads the
+    stream's rest off the turn's way, so that the connection serves the next request instead
+    of being closed); what it would yield after the Reply is not passed on. Closed early, the
+    adapter is closed too (the upstream request with it)."""
     reply: Reply | None = None
     async with aclosing(events):
         async for event in events:
-            if reply is None:
-                yield event
             if isinstance(event, Reply):
-                reply = event
+                reply = reply or event
+            elif reply is None:
+                yield event
     if reply is None:
         raise UpstreamError("The provider ended without a reply.")
+    yield reply

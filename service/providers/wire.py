@@ -42,7 +42,7 @@ T = TypeVar("T")
 
 # A stream's last bytes after its final event (the chunked body's end, a `[DONE]`) are read
 # before the connection goes back to the pool; not there within this long, it is closed.
-REST_S = 0.25
+REST_S = 0.1
 
 # Retry-After as delay-seconds or an IMF-fixdate; anything else is not passed on.
 _RETRY_AFTER = re.compile(

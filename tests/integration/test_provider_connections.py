@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
+import httpx
 import pytest
+from httpx_sse import aconnect_sse
 
 from service.core.items import user_input_item
 from service.providers import wire
@@ -23,7 +25,7 @@ from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.providers.wire import WireLimits
 from tests.support import fake_anthropic, fake_chat, fake_gemini
 from tests.support.fakeapi import FakeResponsesAPI, Script
-from tests.support.helpers import serve
+from tests.support.helpers import CHAT, Target, serve
 from tests.support.over_http import OverHttp
 
 LIMITS = WireLimits(connect_timeout_s=1.0, read_timeout_s=5.0, max_body_bytes=1 << 20)
@@ -87,9 +89,10 @@ async def test_streamed_and_whole_replies_take_turns_on_one_connection(name: str
 
 async def test_a_stream_left_before_its_end_closes_its_connection() -> None:
     """A turn cancelled (or whose client went away) closes the upstream request at once: its
-    connection is not read on, and the next request opens another."""
+    connection is not read on, and the next request opens another. (The rest of this stream
+    takes 0.04 s, well within wire.REST_S: read on, the connection would be kept.)"""
     async with served("responses") as (app, provider):
-        app.fake.then(Script(text="a long answer", deltas=8, drip_s=0.05))
+        app.fake.then(Script(text="a long answer", deltas=8, drip_s=0.005))
         request = ProviderRequest([user_input_item("tell me")])
         async with aclosing(replied(provider.respond(request, stream=True))) as events:
             async for event in events:
@@ -111,3 +114,37 @@ async def test_a_stream_kept_open_after_its_final_event_is_not_waited_for() -> N
         app.held.set()
         await reply(provider, 1, stream=True)
         assert len(app.connections) == 2, app.connections
+
+
+async def test_every_kind_of_turn_keeps_the_providers_connection(target: Target) -> None:
+    """Through the app: streamed and whole turns on both surfaces, stored or not (a /v1 stream
+    with store: false ends its response at the reply, before the provider's answer has ended),
+    all on one connection to the provider."""
+    fake = OverHttp(FakeResponsesAPI())
+    async with serve(fake) as upstream:
+        provider = _responses(upstream)
+        async with serve(target.app(provider)) as url, httpx.AsyncClient(base_url=url) as client:
+            made = await client.post(CHAT, json={"message": "first"})
+            cid = made.raise_for_status().json()["conversation_id"]
+            v1 = {"model": "gpt-test", "input": "again", "stream": True}
+            for _ in range(2):
+                names = await _sse(
+                    client, "/api/v1/chat/stream", {"message": "again", "conversation_id": cid}
+                )
+                assert names[-1] == "message.done", names
+                assert (await _sse(client, "/v1/responses", v1))[-1] == "response.completed"
+                relayed = await _sse(client, "/v1/responses", {**v1, "store": False})
+                assert relayed[-1] == "response.completed", relayed
+                whole = await client.post(
+                    "/v1/responses", json={**v1, "stream": False, "store": False}
+                )
+                assert whole.status_code == 200, whole.text
+        await provider.close()
+    assert len(fake.arrivals) == 9
+    assert len(fake.connections) == 1, fake.connections
+
+
+async def _sse(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[str]:
+    async with aconnect_sse(client, "POST", path, json=body) as source:
+        assert source.response.status_code == 200, await source.response.aread()
+        return [event.event async for event in source.aiter_sse()]

@@ -11,7 +11,6 @@ UpstreamError, UpstreamTimeout); an adapter never retries on its own.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
-from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -161,16 +160,17 @@ async def replied(
     """A provider's events, checked: its text deltas, then its Reply (UpstreamError when it
     ends without one: the one place that rule lives). The Reply is passed on once the adapter
     has ended: its last checks have run, and its answer is done with (wire.py reads the
-    stream's rest off the turn's way, so that the connection serves the next request instead
-    of being closed); what it would yield after the Reply is not passed on. Closed early, the
-    adapter is closed too (the upstream request with it)."""
+    stream's rest, so that the connection serves the next request instead of being closed);
+    what it would yield after the Reply is not passed on. Closed early, this leaves the adapter
+    to asyncio's finalizer, which closes it (the upstream request with it) in a task of its
+    own: closed here, in a cancelled turn's task, a second cancellation (a cancel seen twice)
+    could cut that close short and leave the upstream request open."""
     reply: Reply | None = None
-    async with aclosing(events):
-        async for event in events:
-            if isinstance(event, Reply):
-                reply = reply or event
-            elif reply is None:
-                yield event
+    async for event in events:
+        if isinstance(event, Reply):
+            reply = reply or event
+        elif reply is None:
+            yield event
     if reply is None:
         raise UpstreamError("The provider ended without a reply.")
     yield reply

@@ -302,10 +302,11 @@ class Responses:
     @staticmethod
     def id_of(ids: Ids, plan: TurnPlan, started: Started, revision: int | None) -> str:
         """The id a response of ``plan`` is shown by: the revision it makes, or (a background
-        response, shown before its turn holds the conversation) its run."""
+        response, shown before its turn holds the conversation) its run. In the conversation
+        the run holds: an Idempotency-Key retry's plan names a new one of its own."""
         if plan.background or revision is None:
-            return ids.run_response(plan.conversation_id, started.turn_id)
-        return ids.response(plan.conversation_id, revision)
+            return ids.run_response(started.conversation_id, started.turn_id)
+        return ids.response(started.conversation_id, revision)
 
 
 def _not_latest(exc: PreconditionFailed, chained: bool) -> Exception:

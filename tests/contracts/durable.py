@@ -49,6 +49,40 @@ async def test_a_reader_after_the_end_gets_the_whole_stream_until_its_events_exp
         assert_error(await client.get(f"{TURNS}/{turn_id}/events"), 404, "turn_not_found")
 
 
+async def test_an_idempotency_key_retry_of_a_background_v1_response_names_the_same_response(
+    make_client: ClientFactory,
+) -> None:
+    """On /v1 too: a retry (while it runs, and once it ran) answers the first response's id,
+    which retrieves it. The retry's id was made with the retry's own new conversation, so it
+    named no response (404)."""
+    api = FakeResponsesAPI()
+    gate = asyncio.Event()
+    held = Script(text="once", gate=gate)
+    api.then(held)
+    key = {"Idempotency-Key": "bg-v1-retry-1"}
+    body = {"input": "hi", "background": True}
+    async with make_client(provider=api.provider()) as client:
+        first = await client.post("/v1/responses", json=body, headers=key)
+        assert first.status_code == 200, first.text
+        rid = first.json()["id"]
+        await held.started.wait()
+        while_running = await client.post("/v1/responses", json=body, headers=key)
+        assert while_running.status_code == 200, while_running.text
+        assert while_running.json()["id"] == rid
+        gate.set()
+        for _ in range(200):
+            found = await client.get(f"/v1/responses/{rid}")
+            assert found.status_code == 200, found.text
+            if found.json()["status"] == "completed":
+                break
+            await asyncio.sleep(0.02)
+        assert found.json()["status"] == "completed", found.text
+        after = await client.post("/v1/responses", json=body, headers=key)
+        assert after.status_code == 200, after.text
+        assert after.json()["id"] == rid
+        assert len(api.requests) == 1  # neither retry called the provider
+
+
 async def test_an_idempotency_key_retry_of_a_background_turn_names_the_same_turn(
     make_client: ClientFactory,
 ) -> None:

@@ -55,11 +55,15 @@ class Added:
     surface: str
     history: int
     streamed: bool
-    before_s: list[float] = field(default_factory=list)  # from the client's send
     delta_s: list[float] = field(default_factory=list)
     sent: list[float] = field(default_factory=list)
     provider_at: list[float] = field(default_factory=list)
     arrival_s: list[float] = field(default_factory=list)  # from the arrival at turnstore
+
+    @property
+    def before_s(self) -> list[float]:
+        """Each turn's time before the provider from the client's send."""
+        return [at - sent for sent, at in zip(self.sent, self.provider_at, strict=True)]
 
     def arrived(self, times: list[float]) -> None:
         """Each turn's time before the provider from its arrival at turnstore: the one
@@ -143,7 +147,6 @@ async def _turn(
                     counted += 1
     if added.streamed and counted != DELTAS:
         raise RuntimeError(f"{added.surface}: {counted} of {DELTAS} deltas reached the client")
-    added.before_s.append(served.arrivals[arrived] - sent)
     added.sent.append(sent)
     added.provider_at.append(served.arrivals[arrived])
 

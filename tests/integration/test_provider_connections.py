@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from httpx_sse import aconnect_sse
 
 from service.core.items import user_input_item
 from service.providers import wire
@@ -24,6 +23,7 @@ from service.providers.gemini import GeminiEndpoint, GeminiProvider
 from service.providers.openai_responses import Endpoint, ResponsesProvider
 from service.providers.wire import WireLimits
 from tests.support import fake_anthropic, fake_chat, fake_gemini
+from tests.support.events import event_names
 from tests.support.fakeapi import FakeResponsesAPI, Script
 from tests.support.helpers import CHAT, Target, serve
 from tests.support.over_http import OverHttp
@@ -128,12 +128,18 @@ async def test_every_kind_of_turn_keeps_the_providers_connection(target: Target)
             cid = made.raise_for_status().json()["conversation_id"]
             v1 = {"model": "gpt-test", "input": "again", "stream": True}
             for _ in range(2):
-                names = await _sse(
-                    client, "/api/v1/chat/stream", {"message": "again", "conversation_id": cid}
+                names = await event_names(
+                    client,
+                    "POST",
+                    "/api/v1/chat/stream",
+                    json={"message": "again", "conversation_id": cid},
                 )
                 assert names[-1] == "message.done", names
-                assert (await _sse(client, "/v1/responses", v1))[-1] == "response.completed"
-                relayed = await _sse(client, "/v1/responses", {**v1, "store": False})
+                stored = await event_names(client, "POST", "/v1/responses", json=v1)
+                assert stored[-1] == "response.completed", stored
+                relayed = await event_names(
+                    client, "POST", "/v1/responses", json={**v1, "store": False}
+                )
                 assert relayed[-1] == "response.completed", relayed
                 whole = await client.post(
                     "/v1/responses", json={**v1, "stream": False, "store": False}
@@ -142,9 +148,3 @@ async def test_every_kind_of_turn_keeps_the_providers_connection(target: Target)
         await provider.close()
     assert len(fake.arrivals) == 9
     assert len(fake.connections) == 1, fake.connections
-
-
-async def _sse(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[str]:
-    async with aconnect_sse(client, "POST", path, json=body) as source:
-        assert source.response.status_code == 200, await source.response.aread()
-        return [event.event async for event in source.aiter_sse()]

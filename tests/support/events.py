@@ -29,6 +29,13 @@ class Event:
     data: dict[str, Any]
 
 
+async def event_names(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> list[str]:
+    """A stream's events' names, to its end (it must answer 200)."""
+    async with aconnect_sse(client, method, url, **kwargs) as source:
+        assert source.response.status_code == 200, await source.response.aread()
+        return [sse.event async for sse in source.aiter_sse()]
+
+
 def event_of(sse: Any) -> Event | None:
     return (
         None

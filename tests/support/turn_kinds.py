@@ -21,7 +21,6 @@ from typing import Any
 
 import asyncpg
 import httpx
-from httpx_sse import aconnect_sse
 from sqlalchemy import event
 
 from service.app import create_app, postgres_backend, postgres_store
@@ -29,7 +28,7 @@ from service.platform.db import create_engine
 from service.platform.settings import Settings
 from service.store.cache import CachedStore
 from tests.support.database import asyncpg_dsn
-from tests.support.events import STREAM, TURNS, background, follow
+from tests.support.events import STREAM, TURNS, background, event_names, follow
 from tests.support.fakeapi import FakeResponsesAPI, Script
 from tests.support.helpers import CHAT, TLS, serve
 
@@ -155,13 +154,6 @@ async def _ok(response: httpx.Response, status: int = 200) -> dict[str, Any]:
     return dict(response.json())
 
 
-async def _sse(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> list[str]:
-    """The events' names, to the end of the stream."""
-    async with aconnect_sse(client, method, url, **kwargs) as source:
-        assert source.response.status_code == 200, await source.response.aread()
-        return [sse.event async for sse in source.aiter_sse()]
-
-
 @dataclass
 class Conversations:
     """The conversations the kinds go on (made before: their turns are warm ones)."""
@@ -202,7 +194,7 @@ def kinds(made: Conversations) -> dict[str, Callable[[Replica], Awaitable[None]]
     async def streamed(r: Replica) -> None:
         r.held()
         body = {"message": "hi", "conversation_id": made.chat}
-        assert (await _sse(r.client, "POST", STREAM, json=body))[-1] == "message.done"
+        assert (await event_names(r.client, "POST", STREAM, json=body))[-1] == "message.done"
 
     async def idempotent(r: Replica) -> None:
         r.held()
@@ -216,7 +208,7 @@ def kinds(made: Conversations) -> dict[str, Callable[[Replica], Awaitable[None]]
     async def idempotent_streamed(r: Replica) -> None:
         r.held()
         body = {"message": "hi", "conversation_id": made.chat}
-        names = await _sse(r.client, "POST", STREAM, json=body, headers=_key())
+        names = await event_names(r.client, "POST", STREAM, json=body, headers=_key())
         assert names[-1] == "message.done", names
 
     async def in_background(r: Replica) -> None:
@@ -261,7 +253,7 @@ def kinds(made: Conversations) -> dict[str, Callable[[Replica], Awaitable[None]]
     async def v1_streamed(r: Replica) -> None:
         r.held()
         body = {"conversation": made.v1, "input": "hi", "stream": True}
-        names = await _sse(r.client, "POST", "/v1/responses", json=body)
+        names = await event_names(r.client, "POST", "/v1/responses", json=body)
         assert "response.completed" in names, names
 
     async def v1_chained(r: Replica) -> None:

@@ -37,7 +37,8 @@ class TurnStatements:
     create_empty: Statement  # POST /v1/conversations (not measured: before the turns)
     wake: Statement  # after a commit that released a lease others wait for
     run_create: Statement  # a streamed turn runs as a durable run: its row and place,
-    run_begin: Statement  # its start once the lease is held,
+    run_lease: Statement  # its lease, which begins it (as lease),
+    run_begin: Statement  # or its start on a new conversation (no lease),
     run_log: Statement  # its events so far, logged before the commit,
     run_commit: Statement  # and its end, in the commit's transaction
 
@@ -45,7 +46,8 @@ class TurnStatements:
 def turn_statements() -> TurnStatements:
     sql = Statements(retention_days=None)  # RETENTION_DAYS unset, as the bench serves
     return TurnStatements(
-        lease=sql.lease[True],  # plain PostgreSQL: the places taken in the turn's statements
+        lease=sql.lease[True, False],  # plain PostgreSQL: the places in the turn's statements
+        run_lease=sql.lease[True, True],
         take=running_turns.TAKE,
         commit=sql.commit[True],
         check=sql.describe,

@@ -186,9 +186,10 @@ class Floor:
             rows: list[Any] = await conn.fetch(statement.sql, *statement.args(Nulls(values)))
             return rows
 
-    async def _lease(self, cid: uuid.UUID, holder: uuid.UUID) -> int:
-        """Take the conversation's lease; its revision."""
-        rows = await self._fetch(self.sql.lease, {
+    async def _lease(self, cid: uuid.UUID, holder: uuid.UUID, run: bool = False) -> int:
+        """Take the conversation's lease (``run``: as the run ``holder``, which it begins);
+        its revision."""
+        rows = await self._fetch(self.sql.run_lease if run else self.sql.lease, {
             "cid": cid, "caller": OWNER, "holder": holder, "replaces": None,
             "queue": True, "after": self.seen.get(cid, 0), "most": MOST, **clock(LEASE_S),
         })  # fmt: skip
@@ -301,8 +302,11 @@ class Streamed:
         """(seq, name, data) of each event: the deltas, then message.done once committed."""
         floor, sql, cid, run = self.floor, self.floor.sql, self.conversation_id, self.run_id
         holder = run  # a run holds its lease and its place as the run
-        expected = 0 if self.new else await floor._lease(cid, holder)
-        await floor._fetch(sql.run_begin, {"id": run, "cid": cid})
+        if self.new:
+            expected = 0
+            await floor._fetch(sql.run_begin, {"id": run, "cid": cid})
+        else:
+            expected = await floor._lease(cid, holder, run=True)
         reply = Reply.of(self.message, 2 * expected, floor.history_bytes.get(cid, 0))
         logged = []
         for seq, delta in enumerate(reply.deltas(), start=1):

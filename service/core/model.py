@@ -474,7 +474,9 @@ class LeaseRequest:
     further back than ``window_bytes`` of replay items reach from its latest turn (the turn
     that crosses that is read too; None: no bound), so that what one turn reads stays within
     what it could send (CONTEXT_MAX_REQUEST_BYTES) to ``window_origin``, whatever was
-    appended since the last turn moved the window start."""
+    appended since the last turn moved the window start. ``run``: ``holder`` is a queued
+    run's id, and the lease, when taken, begins it at the revision it holds (RunWrites.
+    begin_run's write, without a round trip of its own)."""
 
     conversation_id: UUID
     owner: str
@@ -485,6 +487,7 @@ class LeaseRequest:
     replaces: UUID | None = None
     window_bytes: int | None = None
     window_origin: Origin | None = None  # what the turn's request is for (None: not known)
+    run: bool = False
 
 
 @dataclass(frozen=True)

@@ -71,11 +71,14 @@ class LeasePolicy:
 @dataclass
 class Held:
     """What a turn holds: the conversation as it is now (None: a new one, with no row to
-    lease yet) and the lease's holder id. ``committed``: the commit released the lease."""
+    lease yet) and the lease's holder id. ``committed``: the commit released the lease.
+    ``begun``: the holder is a run, begun at the conversation's revision by the lease's
+    statement (LeaseRequest.run)."""
 
     conversation: Conversation | None
     holder: uuid.UUID
     committed: bool = False
+    begun: bool = False
 
 
 class Leases:
@@ -187,7 +190,7 @@ class Leases:
                     await self.take(plan.owner, holder)
                 yield held
                 return
-            async with self._leased(plan, held, started, deadline, origin):
+            async with self._leased(plan, held, started, deadline, origin, run=run_id is not None):
                 yield held
         finally:
             # The in-process lock goes whatever giving the place back raised (or a
@@ -201,13 +204,22 @@ class Leases:
 
     @asynccontextmanager
     async def _leased(
-        self, plan: TurnPlan, held: Held, started: float, deadline: float, origin: Origin | None
+        self,
+        plan: TurnPlan,
+        held: Held,
+        started: float,
+        deadline: float,
+        origin: Origin | None,
+        *,
+        run: bool,
     ) -> AsyncIterator[None]:
         """The conversation's lease taken for ``held`` (the conversation as loaded then),
-        renewed while inside and given back on the way out unless the commit did."""
+        renewed while inside and given back on the way out unless the commit did. ``run``:
+        the holder is a run's, which the lease's statement begins (``held.begun``)."""
         cid, holder = plan.conversation_id, held.holder
         with tracing.span("turn.lease") as span:
-            held.conversation = await self._acquire(plan, holder, deadline, origin)
+            held.conversation = await self._acquire(plan, holder, deadline, origin, run)
+            held.begun = run
             span.set_attribute("turnstore.waited_s", time.monotonic() - started)
             span.set_attribute("turnstore.revision", held.conversation.revision)
         waited = time.monotonic() - started
@@ -238,12 +250,12 @@ class Leases:
         await self._keeper.close()
 
     async def _acquire(
-        self, plan: TurnPlan, holder: uuid.UUID, deadline: float, origin: Origin | None
+        self, plan: TurnPlan, holder: uuid.UUID, deadline: float, origin: Origin | None, run: bool
     ) -> Conversation:
         """Take the lease, waiting for it per the policy; the conversation as loaded then.
         Most turns find it free: only a refused turn subscribes to its release, and then asks
         again at once (a release between the refusal and the subscription is not missed)."""
-        attempt = await self._attempt(plan, holder, origin)
+        attempt = await self._attempt(plan, holder, origin, run)
         if attempt.acquired:
             return self._running(plan, holder, attempt)
         if deadline <= time.monotonic():
@@ -256,7 +268,7 @@ class Leases:
             async with self._notifications.subscribe(topic) as released:
                 while True:
                     released.clear()
-                    attempt = await self._attempt(plan, holder, origin)
+                    attempt = await self._attempt(plan, holder, origin, run)
                     if attempt.acquired:
                         return self._running(plan, holder, attempt)
                     left = deadline - time.monotonic()
@@ -293,7 +305,7 @@ class Leases:
         return _found(attempt)
 
     async def _attempt(
-        self, plan: TurnPlan, holder: uuid.UUID, origin: Origin | None
+        self, plan: TurnPlan, holder: uuid.UUID, origin: Origin | None, run: bool
     ) -> LeaseAttempt:
         """One try; ConversationNotFound when there is no such conversation (of this owner)."""
         try:
@@ -307,6 +319,7 @@ class Leases:
                     replaces=self._keeper.abandoned_in(plan.conversation_id),
                     window_bytes=self.policy.window_bytes,
                     window_origin=origin,
+                    run=run,
                 )
             )
         except Exception:

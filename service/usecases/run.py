@@ -57,10 +57,14 @@ class Run:
         self._watched = False
         self._begun: asyncio.Task[None] | None = None  # its begin written (begin)
 
-    async def begin(self, revision: int) -> None:
-        """The turn holds its conversation at ``revision``: written while its provider call
-        starts (one round trip less before it), and waited for before its first event, its
-        commit or its end is."""
+    async def begin(self, revision: int, *, written: bool = False) -> None:
+        """The turn holds its conversation at ``revision``: written by its lease's statement
+        (``written``), or else while its provider call starts (one round trip less before
+        it), and waited for before its first event, its commit or its end is."""
+        if written:
+            if not self.held.done():
+                self.held.set_result(revision)
+            return
         self._begun = asyncio.get_running_loop().create_task(self._begin(revision))
         self._begun.add_done_callback(_retrieved)
 

@@ -103,10 +103,11 @@ class DurableRun(Protocol):
 
     id: uuid.UUID
 
-    async def begin(self, revision: int) -> None:
+    async def begin(self, revision: int, *, written: bool = False) -> None:
         """The turn holds its conversation at ``revision`` (0: a new one; it queued until
         now): if it commits, it makes ``revision + 1``. (A run writes it while the provider
-        call starts, and waits for it before the turn's first event or its commit.)"""
+        call starts, and waits for it before the turn's first event or its commit;
+        ``written``: the lease's statement wrote it, Held.begun.)"""
 
     async def prepare_commit(self, turn: Turn) -> RunCommit: ...
 
@@ -253,7 +254,8 @@ class TurnService:
                         "is disabled."
                     )
                 if run is not None:
-                    await run.begin(conversation.revision if conversation else 0)
+                    at = conversation.revision if conversation else 0
+                    await run.begin(at, written=held.begun)
                 window, spent = await self._compacted(plan, conversation, window, new_items, asked)
                 if stream and (made := compaction_item(window.compacted)) is not None:
                     yield ItemDone(made)  # its Response's first output item, announced first

@@ -242,6 +242,8 @@ class MemoryStore:
                 return LeaseAttempt(conversation=None, acquired=False, crowded=True)
             found.holder, found.lease_expires_at = holder, now + timedelta(seconds=ask.lease_s)
             found.lease_wanted = False
+            if ask.run:
+                await self.begin_run(holder, found.row.revision)
             return LeaseAttempt(conversation, acquired=True)
         found.lease_wanted = found.lease_wanted or ask.queue
         return LeaseAttempt(conversation, acquired=False, busy_until=found.lease_expires_at)

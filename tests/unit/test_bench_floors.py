@@ -26,8 +26,9 @@ def test_the_floors_run_the_stores_own_statements() -> None:
     store = Statements(retention_days=None)
     floor = turn_statements()
     # A turn on plain PostgreSQL: its place among the owner's running turns counted in them.
-    assert [floor.lease.sql, floor.commit.sql, floor.check.sql] == [
-        store.lease[True].sql,
+    assert [floor.lease.sql, floor.run_lease.sql, floor.commit.sql, floor.check.sql] == [
+        store.lease[True, False].sql,
+        store.lease[True, True].sql,
         store.commit[True].sql,
         store.describe.sql,
     ]

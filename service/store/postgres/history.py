@@ -64,7 +64,7 @@ class PostgresHistory:
 
         async def take() -> list[asyncpg.Record]:
             async with driver(self._db.engine, write=False) as conn:  # one statement: autocommit
-                return await self._db.sql.lease[folded].fetch(conn, params)
+                return await self._db.sql.lease[folded, ask.run].fetch(conn, params)
 
         rows = await written(take)
         if rows and folded and rows[0]["acquired"] is None and rows[0]["counted"] is None:

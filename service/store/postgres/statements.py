@@ -221,7 +221,17 @@ TAKEABLE = """(
 )"""
 
 
-def leased(counted: bool) -> str:
+# A run's begin with its lease (leased's ``run``): a CTE after ``attempt``.
+BEGUN = """, begun AS (
+        UPDATE turn_runs SET status = 'in_progress', base_revision = attempt.revision
+        FROM attempt
+        WHERE turn_runs.id = :holder AND turn_runs.conversation_id = :cid
+            AND turn_runs.status = 'queued' AND attempt.acquired
+        RETURNING turn_runs.id
+    )"""
+
+
+def leased(counted: bool, run: bool) -> str:
     """The lease and the turns a turn reads in one statement (one round trip): its window,
     from the committed window start on (context_start, never before the latest compacting
     turn), after :after (the revision a cache holds). The turns are read in the statement's
@@ -233,7 +243,11 @@ def leased(counted: bool) -> str:
     statement, when the lease is free to take (``counted`` NULL: it was not, ``false``: the
     owner runs too many turns, and the lease stays as it was). On Citus the place lives on
     the coordinator, not the conversation's worker, so it is taken by a statement of its own
-    (TAKE_TURN) and this one is not ``counted``."""
+    (TAKE_TURN) and this one is not ``counted``.
+
+    ``run``: the holder is a run's id (LeaseRequest.run): a lease taken begins the run at the
+    revision it holds (queued -> in_progress, as BEGIN), in the same statement. Its row is on
+    the conversation's worker on Citus, like the conversation's."""
     slot = f"""slot AS (
         SELECT taken.taken FROM conversations, LATERAL {TAKE_TURN_CALL} AS taken
         WHERE {THE_CONVERSATION} AND {TAKEABLE}
@@ -253,7 +267,7 @@ def leased(counted: bool) -> str:
         WHERE {THE_CONVERSATION}
         RETURNING {HEAD}, conversations.rewritten_at,
             conversations.lease_holder = :holder AS acquired, conversations.lease_expires_at
-    )
+    ){BEGUN if run else ""}
     SELECT attempt.revision, attempt.created_at, attempt.updated_at, attempt.context_start,
         attempt.owner, attempt.stored_bytes, attempt.stored_revision, attempt.rewritten_at,
         attempt.acquired, attempt.lease_expires_at,
@@ -655,7 +669,11 @@ class Statements:
             True: compiled(TURNS_OF.replace("{order}", "DESC")),
         }
         self.turn_sizes = compiled(TURN_SIZES)
-        self.lease = {counted: compiled(leased(counted)) for counted in (False, True)}
+        self.lease = {
+            (counted, run): compiled(leased(counted, run))
+            for counted in (False, True)
+            for run in (False, True)
+        }
         self.commit = {counted: compiled(COMMIT_COUNTED if counted else COMMIT)
                        for counted in (False, True)}  # fmt: skip
         self.commit_run = {counted: compiled(COMMIT_RUN_COUNTED if counted else COMMIT_RUN_CALL)

@@ -63,7 +63,7 @@ class Replica:
     def __init__(
         self, url: str, client: httpx.AsyncClient, api: FakeResponsesAPI, log: _Log, held_s: float
     ) -> None:
-        self.url, self.client, self.api, self._log = url, client, api, log
+        self.url, self.client, self.api, self.log = url, client, api, log
         self.held_s = held_s
 
     def held(self, **script: Any) -> Script:
@@ -75,7 +75,7 @@ class Replica:
         return answer
 
     def renewals(self) -> int:
-        return sum(1 for q in self._log.queries if any(mark in q for mark in RENEWALS))
+        return sum(1 for q in self.log.queries if any(mark in q for mark in RENEWALS))
 
     async def renewed(self, since: int, timeout_s: float = 10) -> None:
         """Until something held was renewed after ``since`` renewals (when turns are held)."""
@@ -88,13 +88,13 @@ class Replica:
         conn = await asyncpg.connect(asyncpg_dsn(self.url))
         try:
             await _settled(conn)
-            before_2pc, before = await _two_phase(conn), len(self._log.queries)
+            before_2pc, before = await _two_phase(conn), len(self.log.queries)
             await kind(self)
             await _settled(conn)
             after_2pc = await _two_phase(conn)
         finally:
             await conn.close()
-        sent = self._log.queries[before:]
+        sent = self.log.queries[before:]
         renewals = sum(1 for q in sent if any(mark in q for mark in RENEWALS))
         two_phase = None if before_2pc is None else (after_2pc or 0) - before_2pc
         return Cost(len(sent), two_phase, renewals)

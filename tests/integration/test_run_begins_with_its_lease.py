@@ -5,9 +5,12 @@ before its provider is called. Counted over the statements an app's pool sends
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from tests.support.events import background
+from tests.support.events import TURNS, background
+from tests.support.fakeapi import Script
 from tests.support.turn_kinds import Replica, kinds, prepare, replica
 
 BEGINS = "SET status = 'in_progress'"
@@ -34,3 +37,19 @@ async def test_a_new_conversations_run_begins_by_itself(database: str) -> None:
         await r.measure(new_in_background)
         begins = [q for q in r.log.queries[before:] if BEGINS in q]
         assert len(begins) == 1 and "lease_holder" not in begins[0], begins
+
+
+async def test_a_run_begun_by_its_lease_is_in_progress_while_its_provider_answers(
+    database: str,
+) -> None:
+    """The statement's CTE did update the run (a status read says so, as with BEGIN)."""
+    async with replica(database, 0.0) as r:
+        made = await prepare(r)
+        answer = Script(gate=asyncio.Event())
+        r.api.then(answer)
+        started = await background(r.client, message="hi", conversation_id=made.chat)
+        await answer.started.wait()
+        status = await r.client.get(f"{TURNS}/{started['turn_id']}")
+        assert status.json()["status"] == "in_progress", status.text
+        assert answer.gate is not None
+        answer.gate.set()

@@ -31,6 +31,7 @@ from service.store.postgres.encrypting import ClearRows
 from tests.integration.test_durable import *  # noqa: F403
 from tests.integration.test_leases import *  # noqa: F403
 from tests.integration.test_owners_idempotency_retention import *  # noqa: F403
+from tests.integration.test_run_begins_with_its_lease import *  # noqa: F403
 from tests.integration.test_run_store import *  # noqa: F403
 from tests.integration.test_store import *  # noqa: F403
 from tests.support.backends import keyring_for

@@ -34,7 +34,8 @@ HOT_PATH = {
     "load (a cold turn, or a cache revalidation)": STATEMENTS.load,
     # On Citus the lease and the commit leave the running turns' places to their own
     # statements (the places live on the coordinator: OWNERS_ROWS): the variants that do.
-    "lease (lease + revalidate: a turn's first round trip)": STATEMENTS.lease[False],
+    "lease (lease + revalidate: a turn's first round trip)": STATEMENTS.lease[False, False],
+    "a run's lease, which begins it": STATEMENTS.lease[False, True],
     "commit of a turn, or of a conversation's first (turnstore_commit)": STATEMENTS.commit[False],
     "why a commit found no row": STATEMENTS.exists,
     "lease release": STATEMENTS.release_lease,

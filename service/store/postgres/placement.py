@@ -114,6 +114,14 @@ PLACEMENT: dict[str, Placement] = {
             " WHERE r.id = e.turn_id AND e.conversation_id IS NULL"
         ),
     ),
+    # A keyed write's receipt, written in its transaction on its conversation's worker: a
+    # retry that finds the claim's outcome in doubt reads it there (deploy/SCALE-OUT.md,
+    # "Each owner's rows"; service/store/postgres/receipts.py).
+    "idempotency_receipts": Distributed(
+        "conversation_id",
+        colocate_with="conversations",
+        primary_key=("conversation_id", "claim_id"),
+    ),
     # Each owner's rows (its Idempotency-Keys, its forks of the minute, its running turns'
     # places) on the coordinator, which every statement passes through anyway: a statement on
     # them needs no worker, so a worker down stops only the conversations placed on it, and an

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from migrations.commit_function import COMMIT_RUN, COMMIT_V3, shredded
 from service.platform.crypto import OVERHEAD
+from service.store.postgres import receipts
 from service.store.postgres.tx import Compiled, sql
 
 LIVE = "{live}"  # the retention filter (see Statements)
@@ -206,7 +207,12 @@ COMMIT_RUN_COUNTED = f"WITH freed AS ({FREE_TURN}) {COMMIT_RUN_CALL}"
 # own, planned apart: the function runs on the coordinator and routes its statements on the
 # conversation to its worker. The transaction writes that one worker and the coordinator's own
 # table: no two-phase commit (deploy/SCALE-OUT.md, "Each owner's rows").
-ON_COORDINATOR = "WITH here AS MATERIALIZED ({}) SELECT * FROM here"
+# The same statement writes the key's receipt on the conversation's worker (receipts.py): the
+# turn and its receipt commit there together, so a retry that finds the key in doubt (the
+# coordinator's part lost) reads whether the turn committed.
+ON_COORDINATOR = f"""WITH here AS MATERIALIZED ({{}}), receipt AS (
+    {receipts.COMMITTED}
+) SELECT * FROM here"""
 # Why a commit found no row: the conversation is gone, or it moved on.
 EXISTS = f"SELECT 1 FROM conversations WHERE {THE_CONVERSATION}"
 

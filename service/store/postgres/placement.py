@@ -19,7 +19,9 @@ import asyncpg
 
 from migrations.commit_function import (
     COMMIT,
+    COMMIT_RECEIPT,
     COMMIT_RUN,
+    COMMIT_RUN_RECEIPT,
     COMMIT_V2,
     COMMIT_V3,
     CREATE_RUN,
@@ -187,6 +189,12 @@ FUNCTIONS: dict[str, FunctionPlacement] = {
     },
     # A turn's place among its owner's running turns: where its table is, on the coordinator
     # (distributed by p_owner before issue 44: `db distribute` takes that back).
+    # A keyed turn's commit with its receipt (receipts.py): called on the coordinator, where
+    # the key is, its statements routed to the conversation's worker.
+    **{
+        function.name: CoordinatorFunction(function.signature)
+        for function in (COMMIT_RECEIPT, COMMIT_RUN_RECEIPT)
+    },
     "turnstore_take_turn": CoordinatorFunction(
         "turnstore_take_turn(text, uuid, timestamptz, timestamptz, integer)"
     ),

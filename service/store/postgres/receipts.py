@@ -13,8 +13,9 @@ releases its key: either way the key's outcome is in doubt. So:
 - the write's transaction writes its receipt on that conversation's worker
   (``idempotency_receipts``, migration 0024, distributed with the conversations): its claim,
   its owner and key, the revision it left (NULL: a deletion), expiring with the key's TTL. A
-  turn's commit writes it in its one statement (``COMMITTED``, in statements.ON_COORDINATOR);
-  every other write in its transaction (``write``);
+  turn's commit writes it in its one statement (``turnstore_commit_receipt()``, or
+  ``turnstore_commit_run_receipt()``, statements.COMMIT_RECEIPT_CALL); every other write in its
+  transaction (``write``);
 - an attempt that did not commit does not free its key but lets its claim lapse (``RELEASE``):
   it cannot know whether the worker committed;
 - a claim that finds a key still running, its lease run out, with a conversation recorded,
@@ -51,12 +52,6 @@ if TYPE_CHECKING:
 
 EXPIRES = "now() + make_interval(secs => CAST(:ttl_s AS double precision))"
 COLUMNS = "conversation_id, claim_id, owner, key, revision, expires_at"
-# A turn's receipt, in its commit's statement (statements.ON_COORDINATOR: ``here`` is the commit
-# function's row, none if it did not commit).
-COMMITTED = f"""INSERT INTO idempotency_receipts ({COLUMNS})
-    SELECT CAST(:cid AS uuid), CAST(:claim AS uuid), CAST(:caller AS text),
-        CAST(:idem_key AS text), here.revision, {EXPIRES}
-    FROM here"""
 # Any other write's, in its transaction (``done_revision`` NULL: a deletion).
 WRITE = sql(f"""
     INSERT INTO idempotency_receipts ({COLUMNS})

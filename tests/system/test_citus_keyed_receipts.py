@@ -1,0 +1,205 @@
+"""An Idempotency-Key commits once on Citus although its write and its key commit in one phase
+over two servers (deploy/SCALE-OUT.md, "Each owner's rows"; service/store/postgres/receipts.py).
+
+The crash this guards against cannot be made on demand (the coordinator dying between its
+worker's COMMIT and its own, or the worker's acknowledgement lost), so the tests make the
+state it leaves: the write and its receipt committed on the worker, the key on the coordinator
+still running with its lease run out (the coordinator crashed) or lapsed at once (the attempt
+got storage_error and let its claim go). A retry with the key then answers what the first
+attempt did and calls no provider (before receipts it ran the turn again: a second turn). A
+claim in doubt with no receipt (its attempt never committed) is claimed afresh: the retry runs
+once. With the receipt's worker down a retry answers storage_error, never a second write."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import ExitStack, asynccontextmanager
+from typing import Any
+
+import asyncpg
+import pytest
+
+from service.platform import migrate
+from service.store.postgres.placement import distribute
+from tests.support.citus import citus_cluster, citus_database, require_citus, restarted, stop
+from tests.support.database import asyncpg_dsn
+from tests.support.fakeapi import Script
+from tests.support.helpers import CHAT
+from tests.support.turn_kinds import replica
+
+pytestmark = pytest.mark.citus
+CONVERSATIONS = "/api/v1/conversations"
+
+WHERE = (
+    "SELECT nodeport FROM citus_shards"
+    " WHERE shardid = get_shard_id_for_distribution_column('conversations', $1::text)"
+)
+# The coordinator crashed after its worker committed: the key still running, its lease run out.
+CRASHED = """
+    UPDATE idempotency_keys SET state = 'running', conversation_id = NULL, revision = NULL,
+        expires_at = now() - interval '1 second'
+    WHERE key = $1
+"""
+# The worker's acknowledgement was lost: the key's completion rolled back, and the attempt,
+# answered storage_error, let its claim go.
+LOST_ACK = """
+    UPDATE idempotency_keys SET state = 'running', conversation_id = NULL, revision = NULL,
+        expires_at = '-infinity'
+    WHERE key = $1
+"""
+
+
+async def test_a_retry_of_a_write_in_doubt_answers_what_it_committed(database: str) -> None:
+    async with replica(database, 0.0) as r, _coordinator(database) as db:
+        # A new conversation's first turn, its coordinator crashed after the worker committed.
+        r.api.then(Script(text="first answer"))
+        key = {"Idempotency-Key": "made-in-doubt"}
+        first = await r.client.post(CHAT, json={"message": "hello"}, headers=key)
+        assert first.status_code == 200, first.text
+        cid = first.json()["conversation_id"]
+        await db.execute(CRASHED, "made-in-doubt")
+        r.api.then(Script(text="second answer"))  # what a second run would get
+        again = await r.client.post(CHAT, json={"message": "hello"}, headers=key)
+        assert again.status_code == 200, again.text
+        assert _answer(again.json()) == _answer(first.json())
+        assert len(r.api.requests) == 1  # the provider was not called again
+        assert await _revision(db, cid) == 1  # one turn
+        assert await _state(db, "made-in-doubt") == ("done", 1)
+
+        # A turn on it, its worker's acknowledgement lost.
+        r.api.anew(Script(text="third answer"))
+        key = {"Idempotency-Key": "turn-in-doubt"}
+        body = {"message": "again", "conversation_id": cid}
+        first = await r.client.post(CHAT, json=body, headers=key)
+        assert first.status_code == 200, first.text
+        await db.execute(LOST_ACK, "turn-in-doubt")
+        r.api.then(Script(text="fourth answer"))
+        again = await r.client.post(CHAT, json=body, headers=key)
+        assert again.status_code == 200, again.text
+        assert _answer(again.json()) == _answer(first.json())
+        assert len(r.api.requests) == 1
+        assert await _revision(db, cid) == 2
+        # Another request with that key is still refused as one (the receipt settled it).
+        other = await r.client.post(CHAT, json={**body, "message": "other"}, headers=key)
+        assert other.status_code == 422, other.text
+
+        # A fork (a new conversation, its id fixed with the claim) and a deletion, each in
+        # doubt: replayed, not done twice.
+        key = {"Idempotency-Key": "fork-in-doubt"}
+        first = await r.client.post(
+            f"{CONVERSATIONS}/{cid}/fork", json={"at_revision": 1}, headers=key
+        )
+        assert first.status_code == 201, first.text
+        await db.execute(CRASHED, "fork-in-doubt")
+        again = await r.client.post(
+            f"{CONVERSATIONS}/{cid}/fork", json={"at_revision": 1}, headers=key
+        )
+        assert again.status_code == 201, again.text
+        assert _answer(again.json()) == _answer(first.json())
+        forks = "SELECT count(*) FROM conversations WHERE forked_from = $1::uuid"
+        assert await db.fetchval(forks, cid) == 1
+        key = {"Idempotency-Key": "delete-in-doubt"}
+        gone = await r.client.delete(f"{CONVERSATIONS}/{cid}", headers=key)
+        assert gone.status_code == 204, gone.text
+        await db.execute(LOST_ACK, "delete-in-doubt")
+        again = await r.client.delete(f"{CONVERSATIONS}/{cid}", headers=key)
+        assert again.status_code == 204, again.text  # not 404: its receipt says it deleted
+        assert len(r.api.requests) == 1
+
+        # The receipts were written on the conversation's worker with each key's claim; those of
+        # the deleted conversation went with it, but for the deletion's own (until its TTL).
+        left = "SELECT revision FROM idempotency_receipts WHERE conversation_id = $1::uuid"
+        assert [row["revision"] for row in await db.fetch(left, cid)] == [None]
+
+
+async def test_a_claim_in_doubt_without_a_receipt_runs_once(database: str) -> None:
+    async with replica(database, 0.0) as r, _coordinator(database) as db:
+        made = await r.client.post(CHAT, json={"message": "hello"})
+        assert made.status_code == 200, made.text
+        cid = made.json()["conversation_id"]
+        # The first attempt fails before its commit: its claim lapses (it cannot tell).
+        r.api.anew(Script(http_status=400, error_code="invalid_request_error"))
+        key = {"Idempotency-Key": "never-committed"}
+        body = {"message": "again", "conversation_id": cid}
+        failed = await r.client.post(CHAT, json=body, headers=key)
+        assert failed.status_code >= 400, failed.text
+        assert await _state(db, "never-committed") == ("running", None)
+        r.api.then(Script(text="ran once"))
+        ran = await r.client.post(CHAT, json=body, headers=key)
+        assert ran.status_code == 200, ran.text
+        assert len(r.api.requests) == 2
+        assert await _revision(db, cid) == 2
+        again = await r.client.post(CHAT, json=body, headers=key)  # now done: replayed
+        assert _answer(again.json()) == _answer(ran.json())
+        assert len(r.api.requests) == 2
+        # In doubt after its lease ran out, with no receipt: claimed afresh, runs once.
+        await db.execute(CRASHED, "never-committed")
+        await db.execute("DELETE FROM idempotency_receipts")
+        r.api.then(Script(text="ran again"))
+        rerun = await r.client.post(CHAT, json=body, headers=key)
+        assert rerun.status_code == 200, rerun.text
+        assert len(r.api.requests) == 3
+        assert await _revision(db, cid) == 3
+
+
+def test_a_claim_in_doubt_with_its_worker_down_is_a_storage_error() -> None:
+    """The receipt cannot be read: the retry answers storage_error and calls no provider;
+    once the worker is back it replays."""
+    require_citus()
+    with citus_cluster() as cluster, ExitStack() as later, citus_database(cluster) as url:
+        migrate.upgrade(url)
+        asyncio.run(distribute(url, shard_count=8))
+        key = {"Idempotency-Key": "worker-down"}
+
+        async def down() -> tuple[int, dict[str, Any]]:
+            async with replica(url, 0.0) as r, _coordinator(url) as db:
+                r.api.then(Script(text="first"))
+                first = await r.client.post(CHAT, json={"message": "hello"}, headers=key)
+                assert first.status_code == 200, first.text
+                port = await db.fetchval(WHERE, first.json()["conversation_id"])
+                await db.execute(CRASHED, "worker-down")
+                stop(next(w for w in cluster.workers if w.port == port))
+                r.api.then(Script(text="second"))
+                retry = await r.client.post(CHAT, json={"message": "hello"}, headers=key)
+                assert retry.status_code == 500, retry.text
+                assert retry.json()["error"]["code"] == "storage_error", retry.text
+                assert len(r.api.requests) == 1
+                return int(port), dict(first.json())
+
+        port, first = asyncio.run(down())
+        later.enter_context(restarted(next(w for w in cluster.workers if w.port == port)))
+
+        async def back() -> None:
+            async with replica(url, 0.0) as r:
+                r.api.then(Script(text="third"))
+                again = await r.client.post(CHAT, json={"message": "hello"}, headers=key)
+                assert again.status_code == 200, again.text
+                assert _answer(again.json()) == _answer(first)
+                assert not r.api.requests
+
+        asyncio.run(back())
+
+
+@asynccontextmanager
+async def _coordinator(url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def _revision(db: asyncpg.Connection, cid: str) -> Any:
+    return await db.fetchval("SELECT revision FROM conversations WHERE id = $1::uuid", cid)
+
+
+async def _state(db: asyncpg.Connection, key: str) -> tuple[Any, Any]:
+    row = await db.fetchrow("SELECT state, revision FROM idempotency_keys WHERE key = $1", key)
+    assert row is not None
+    return row["state"], row["revision"]
+
+
+def _answer(body: dict[str, Any]) -> dict[str, Any]:
+    """A turn's answer, but for the request's own correlation id."""
+    return {name: value for name, value in body.items() if name != "correlation_id"}

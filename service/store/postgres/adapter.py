@@ -91,7 +91,7 @@ class Adapter:
         did (the conversation it made or changed, the revision it left; a deletion: none)."""
         await idem.complete(conn, key, cid, revision, self.config.idempotency_ttl_s)
         if key is not None:  # on Citus its receipt, on its conversation's worker
-            await receipts.write(self, conn, key, revision)
+            await receipts.write(self, conn, key, revision, self.config.idempotency_ttl_s)
 
     async def info_of(self, row: asyncpg.Record, owner: str) -> ConversationInfo:
         """A conversation read back (statements.INFO), its metadata opened if sealed."""

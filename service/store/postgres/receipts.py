@@ -36,10 +36,11 @@ round trips are as they were. Every choice between the two is made here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from uuid import UUID
 
 import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.errors import OwnerShredded, RequestInProgress
 from service.core.model import Committed, IdempotencyKey
@@ -47,8 +48,14 @@ from service.platform.crypto import DataKey
 from service.store.postgres import idempotency as idem
 from service.store.postgres.tx import Compiled, driver, sql
 
-if TYPE_CHECKING:
-    from service.store.postgres.adapter import Adapter
+
+class Adapter(Protocol):
+    """What receipts need of the store's Adapter (adapter.py, which writes them: not imported)."""
+
+    engine: AsyncEngine
+
+    async def distributed(self, conn: asyncpg.Connection | None = None) -> bool: ...
+
 
 EXPIRES = "now() + make_interval(secs => CAST(:ttl_s AS double precision))"
 COLUMNS = "conversation_id, claim_id, owner, key, revision, expires_at"
@@ -154,7 +161,7 @@ async def releasing(db: Adapter) -> Compiled:
 
 
 async def write(
-    db: Adapter, conn: asyncpg.Connection, key: IdempotencyKey, revision: int | None
+    db: Adapter, conn: asyncpg.Connection, key: IdempotencyKey, revision: int | None, ttl_s: float
 ) -> None:
     """On Citus, in a write's transaction that completes ``key``: its receipt, on the
     conversation its claim recorded (none recorded: none written, and a retry of it in doubt
@@ -169,7 +176,7 @@ async def write(
             "caller": key.owner,
             "idem_key": key.key,
             "done_revision": revision,
-            "ttl_s": db.config.idempotency_ttl_s,
+            "ttl_s": ttl_s,
         },
     )
 

@@ -6,8 +6,9 @@ crash of the coordinator after the worker's commit, or a lost acknowledgement of
 key running (or freed) with the write kept, and a retry wrote again.
 
 - ``idempotency_receipts``: one row per keyed write, written in the write's own transaction on
-  its conversation's worker (distributed by ``conversation_id`` with ``conversations`` by
-  ``turnstore db distribute``): the attempt's claim, its owner and key, the revision it left
+  its conversation's worker (distributed by ``conversation_id`` with ``conversations``: by
+  ``turnstore db distribute``, or here on a coordinator whose conversations are distributed
+  already, while the table is empty): the attempt's claim, its owner and key, the revision it left
   (NULL: a deletion) and when it expires (with its key's TTL). A retry that finds a claim's
   outcome in doubt reads it there (service/store/postgres/receipts.py). Plain PostgreSQL never
   writes nor reads it (its write and its key commit in one transaction).
@@ -137,6 +138,12 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("conversation_id", "claim_id"),
     )
     op.create_index("idempotency_receipts_expires", "idempotency_receipts", ["expires_at"])
+    if _distributed(op.get_bind()):  # placed now, empty: no `db distribute` needed for it
+        op.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
+        op.execute(
+            "SELECT create_distributed_table('idempotency_receipts', 'conversation_id',"
+            " colocate_with => 'conversations')"
+        )
     live.add_column_alone(op, "idempotency_keys", "writing", "uuid")
     op.execute(COMMIT_RECEIPT)
     op.execute(COMMIT_RUN_RECEIPT)
@@ -147,6 +154,20 @@ def downgrade() -> None:
         op.execute(f"DROP FUNCTION {name}({signature})")
     op.drop_column("idempotency_keys", "writing")
     op.drop_table("idempotency_receipts")
+
+
+def _distributed(bind: Connection) -> bool:
+    """Whether this is a Citus coordinator whose conversations are distributed already."""
+    if not bind.scalar(sa.text("SELECT to_regclass('pg_dist_partition') IS NOT NULL")):
+        return False
+    return bool(
+        bind.scalar(
+            sa.text(
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition"
+                " WHERE logicalrelid = to_regclass('conversations'))"
+            )
+        )
+    )
 
 
 def losses(connection: Connection) -> dict[str, int]:

@@ -20,10 +20,10 @@ releases its key: either way the key's outcome is in doubt. So:
   it cannot know whether the worker committed;
 - a claim that finds a key still running, its lease run out, with a conversation recorded,
   reads that claim's receipt on the conversation's worker (one routed read): found, the key is
-  completed from it and its answer replayed; not found, the write did not commit (a
-  transaction still running would have the key's row locked, and a later commit of it finds
-  its claim gone) and the key is claimed afresh. With the worker down that read fails:
-  ``storage_error``, never a second write.
+  completed from it and its answer replayed; not found, the write did not commit (the claim
+  waited for any transaction that held the key's row, its commit included, and a later commit
+  of that attempt finds its claim gone) and the key is claimed afresh. With the worker down
+  that read fails: ``storage_error``, never a second write.
 
 Receipts go with their key's TTL (``EXPIRED``, ``turnstore purge``) or with their conversation
 (deleted, purged, its owner's rows deleted: ``delete_of``, ``delete_owned``). A deletion's own
@@ -42,7 +42,7 @@ from uuid import UUID
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.errors import OwnerShredded, RequestInProgress
+from service.core.errors import OwnerShredded
 from service.core.model import Committed, IdempotencyKey
 from service.platform.crypto import DataKey
 from service.store.postgres import idempotency as idem
@@ -77,7 +77,7 @@ RECEIPT = sql("""
     SELECT revision, expires_at FROM idempotency_receipts
     WHERE conversation_id = :writing AND claim_id = :held AND owner = :caller AND key = :idem_key
 """)
-# The key completed from its receipt, while the claim in doubt still holds it.
+# The key completed from its receipt (its row locked by the claim that found it in doubt).
 SETTLE = sql(f"""
     UPDATE idempotency_keys SET
         state = 'done',
@@ -107,7 +107,6 @@ RELEASE = sql("""
 EXPIRED = sql("DELETE FROM idempotency_receipts WHERE expires_at < now()")
 OF = sql("DELETE FROM idempotency_receipts WHERE conversation_id = ANY(CAST(:cids AS uuid[]))")
 OWNED = sql("DELETE FROM idempotency_receipts WHERE owner = :owner")
-SETTLING = 3  # claims in doubt looked at, when others settle or take them over meanwhile
 
 
 async def claim(
@@ -119,39 +118,37 @@ async def claim(
 ) -> Committed | None:
     """On Citus, ``key`` claimed for this attempt (None), or where an earlier one committed;
     a claim in doubt settled by its receipt first. ``clock``: the claim's ``now`` and
-    ``until``."""
+    ``until``.
+
+    One transaction: the claim's INSERT locks the key's row when it finds one (and waits for a
+    transaction that holds it, such as a commit of the attempt in doubt still under way), so
+    what is read of it, and of its receipt, stays so until this one has settled it or taken it
+    over."""
     params = {
         **idem.key_params(key, data_key),
         **clock,
         "claimed_turn": turn_id,
         "writing": key.conversation,
     }
-    for _ in range(SETTLING):
-        async with driver(db.engine, write=True) as conn:
-            if await CLAIM.fetchval(conn, params) is not None:
-                return None
-            row = await EXISTING.fetchrow(conn, params)  # locked by the claim: there
+    async with driver(db.engine, write=True) as conn:
+        if await CLAIM.fetchval(conn, params) is not None:
+            return None
+        row = await EXISTING.fetchrow(conn, params)  # locked by the claim: there
         if row is None:  # none made, none there: the owner was shredded
             raise OwnerShredded()
-        if row["state"] != "running" or not row["lapsed"] or row["writing"] is None:
-            return idem.answer(row, key, data_key)
-        held = {**params, "held": row["claim_id"], "writing": row["writing"]}
-        async with driver(db.engine, write=False) as conn:  # each statement on its own
+        if row["state"] == "running" and row["lapsed"] and row["writing"] is not None:
+            held = {**params, "held": row["claim_id"], "writing": row["writing"]}
             receipt = await RECEIPT.fetchrow(conn, held)  # on the conversation's worker
-            if receipt is not None:
-                settled = await SETTLE.fetchrow(
-                    conn,
-                    {
-                        **held,
-                        "done_revision": receipt["revision"],
-                        "done_expires": receipt["expires_at"],
-                    },
-                )
-                if settled is not None:
-                    return idem.answer(settled, key, data_key)
-            elif await TAKEOVER.fetchval(conn, {**held, "writing": key.conversation}):
+            if receipt is None:  # it did not commit: this attempt's now
+                await TAKEOVER.execute(conn, {**held, "writing": key.conversation})
                 return None
-    raise RequestInProgress()  # settled or taken over by others each time: one runs
+            settle = {
+                **held,
+                "done_revision": receipt["revision"],
+                "done_expires": receipt["expires_at"],
+            }
+            row = await SETTLE.fetchrow(conn, settle)
+    return idem.answer(row, key, data_key)  # (an error raised once the key is settled)
 
 
 async def releasing(db: Adapter) -> Compiled:

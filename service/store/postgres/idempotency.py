@@ -3,9 +3,11 @@
 A key is claimed as 'running' with a lease (TURN_LEASE_S, renewed while its write runs:
 service/usecases/write_gate.py), by one attempt (its ``claim_id``); the turn's commit statement
 marks it 'done' (statements.COMMIT), naming the commit (conversation and revision), as every
-other write does in its own transaction (``complete``), and a failed attempt releases it:
-each only while the attempt still holds its claim. A claim whose lease or TTL ran
-out is taken over, so a crashed replica blocks a key for a lease at most. A done key goes
+other write does in its own transaction (``complete``), and a failed attempt releases it: each
+only while the attempt still holds its claim. A claim whose lease or TTL ran out is taken
+over, so a crashed replica blocks a key for a lease at most (on Citus, where a key's outcome
+can be in doubt, a released claim lapses instead and one that ran out is settled by its
+write's receipt first: receipts.py). A done key goes
 with its conversation (foreign key, ON DELETE CASCADE)
 and with its TTL (``turnstore purge``). These are the statements and what a record means;
 claims.py (PostgresIdempotency) runs them.

@@ -13,6 +13,7 @@ once. With the receipt's worker down a retry answers storage_error, never a seco
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import ExitStack, asynccontextmanager
 from typing import Any
@@ -20,7 +21,10 @@ from typing import Any
 import asyncpg
 import pytest
 
+from service.core.model import IdempotencyKey, Removal
 from service.platform import migrate
+from service.platform.db import create_engine
+from service.store.postgres import PostgresStore
 from service.store.postgres.placement import distribute
 from tests.support.citus import citus_cluster, citus_database, require_citus, restarted, stop
 from tests.support.database import asyncpg_dsn
@@ -179,6 +183,51 @@ def test_a_claim_in_doubt_with_its_worker_down_is_a_storage_error() -> None:
                 assert not r.api.requests
 
         asyncio.run(back())
+
+
+async def test_receipts_go_with_their_conversation_or_their_ttl(database: str) -> None:
+    """Deleted with their conversation (deleted, purged, its owner's rows deleted as a shred
+    does), or past their key's TTL (``turnstore purge``); a deletion's own receipt until then."""
+    engine = create_engine(database, pool_size=2)
+    store = PostgresStore.over(engine)
+    try:
+        async with _coordinator(database) as db:
+
+            async def made(owner: str = "alice") -> uuid.UUID:
+                key = IdempotencyKey.of(owner, f"k-{uuid.uuid4()}", "create").making()
+                assert await store.idempotency.claim(key) is None
+                info = await store.edits.create_conversation(owner, {}, None, key)
+                assert info.id == key.conversation  # made where its claim said
+                return info.id
+
+            async def receipts(cid: uuid.UUID | None = None) -> int:
+                where = "true" if cid is None else "conversation_id = $1"
+                query = f"SELECT count(*) FROM idempotency_receipts WHERE {where}"
+                return int(await db.fetchval(query, *([] if cid is None else [cid])))
+
+            cid = await made()
+            assert await receipts(cid) == 1
+            deletion = IdempotencyKey.of("alice", "delete", "delete").writing(cid)
+            assert await store.idempotency.claim(deletion) is None
+            await store.history.delete(Removal(cid, "alice", deletion))
+            assert await receipts(cid) == 1  # the deletion's own, not the making's
+            await db.execute("UPDATE idempotency_receipts SET expires_at = now() - interval '1s'")
+            await store.ops.purge()
+            assert await receipts() == 0
+            cid = await made()
+            await db.execute(
+                "UPDATE conversations SET expires_at = now() - interval '1s' WHERE id = $1", cid
+            )
+            await store.ops.purge()
+            assert await receipts() == 0
+            await made("bob")
+            await made("bob")
+            assert await receipts() == 2
+            await store.owners.delete_owner("bob")
+            assert await receipts() == 0
+            assert await store.owners.owner_rows("bob") == 0
+    finally:
+        await engine.dispose()
 
 
 @asynccontextmanager

@@ -56,6 +56,7 @@ LOST_ACK = """
 
 async def test_a_retry_of_a_write_in_doubt_answers_what_it_committed(database: str) -> None:
     async with replica(database, 0.0) as r, _coordinator(database) as db:
+        prepared = await _two_phase(db)
         # A new conversation's first turn, its coordinator crashed after the worker committed.
         r.api.then(Script(text="first answer"))
         key = {"Idempotency-Key": "made-in-doubt"}
@@ -88,8 +89,11 @@ async def test_a_retry_of_a_write_in_doubt_answers_what_it_committed(database: s
         other = await r.client.post(CHAT, json={**body, "message": "other"}, headers=key)
         assert other.status_code == 422, other.text
 
+        assert await _two_phase(db) == prepared  # each write and each retry on one worker
+
         # A fork (a new conversation, its id fixed with the claim) and a deletion, each in
-        # doubt: replayed, not done twice.
+        # doubt: replayed, not done twice. (A fork copies from its source's worker to its own:
+        # its two-phase commits are its own, with or without a key.)
         key = {"Idempotency-Key": "fork-in-doubt"}
         first = await r.client.post(
             f"{CONVERSATIONS}/{cid}/fork", json={"at_revision": 1}, headers=key
@@ -103,6 +107,7 @@ async def test_a_retry_of_a_write_in_doubt_answers_what_it_committed(database: s
         assert _answer(again.json()) == _answer(first.json())
         forks = "SELECT count(*) FROM conversations WHERE forked_from = $1::uuid"
         assert await db.fetchval(forks, cid) == 1
+        prepared = await _two_phase(db)
         key = {"Idempotency-Key": "delete-in-doubt"}
         gone = await r.client.delete(f"{CONVERSATIONS}/{cid}", headers=key)
         assert gone.status_code == 204, gone.text
@@ -115,6 +120,7 @@ async def test_a_retry_of_a_write_in_doubt_answers_what_it_committed(database: s
         # the deleted conversation went with it, but for the deletion's own (until its TTL).
         left = "SELECT revision FROM idempotency_receipts WHERE conversation_id = $1::uuid"
         assert [row["revision"] for row in await db.fetch(left, cid)] == [None]
+        assert await _two_phase(db) == prepared
 
 
 async def test_a_claim_in_doubt_without_a_receipt_runs_once(database: str) -> None:
@@ -252,3 +258,8 @@ async def _state(db: asyncpg.Connection, key: str) -> tuple[Any, Any]:
 def _answer(body: dict[str, Any]) -> dict[str, Any]:
     """A turn's answer, but for the request's own correlation id."""
     return {name: value for name, value in body.items() if name != "correlation_id"}
+
+
+async def _two_phase(db: asyncpg.Connection) -> int:
+    """Two-phase commits the coordinator made (the test cluster never recovers them)."""
+    return int(await db.fetchval("SELECT count(*) FROM pg_dist_transaction"))

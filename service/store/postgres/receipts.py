@@ -42,7 +42,7 @@ from uuid import UUID
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.core.errors import OwnerShredded
+from service.core.errors import OwnerShredded, RequestInProgress
 from service.core.model import Committed, IdempotencyKey
 from service.platform.crypto import DataKey
 from service.store.postgres import idempotency as idem
@@ -59,7 +59,8 @@ class Adapter(Protocol):
 
 EXPIRES = "now() + make_interval(secs => CAST(:ttl_s AS double precision))"
 COLUMNS = "conversation_id, claim_id, owner, key, revision, expires_at"
-# Any other write's, in its transaction (``done_revision`` NULL: a deletion).
+# A keyed write's receipt, in its transaction (``done_revision`` NULL: a deletion); a turn's
+# commit writes its own in its function (turnstore_commit_receipt()).
 WRITE = sql(f"""
     INSERT INTO idempotency_receipts ({COLUMNS})
     VALUES (CAST(:writing AS uuid), CAST(:claim AS uuid), CAST(:caller AS text),
@@ -96,7 +97,6 @@ TAKEOVER = sql("""
         created_at = CAST(:now AS timestamptz), expires_at = CAST(:until AS timestamptz),
         claim_id = CAST(:claim AS uuid), writing = CAST(:writing AS uuid)
     WHERE owner = :caller AND key = :idem_key AND state = 'running' AND claim_id = :held
-        AND expires_at < CAST(:now AS timestamptz)
     RETURNING 1
 """)
 # An attempt that did not commit: its claim lapses at once (a retry then settles it).
@@ -140,14 +140,17 @@ async def claim(
             held = {**params, "held": row["claim_id"], "writing": row["writing"]}
             receipt = await RECEIPT.fetchrow(conn, held)  # on the conversation's worker
             if receipt is None:  # it did not commit: this attempt's now
-                await TAKEOVER.execute(conn, {**held, "writing": key.conversation})
-                return None
+                if await TAKEOVER.fetchval(conn, {**held, "writing": key.conversation}):
+                    return None
+                raise RequestInProgress()  # (the row is locked: not expected)
             settle = {
                 **held,
                 "done_revision": receipt["revision"],
                 "done_expires": receipt["expires_at"],
             }
             row = await SETTLE.fetchrow(conn, settle)
+            if row is None:
+                raise RequestInProgress()  # (the row is locked: not expected)
     return idem.answer(row, key, data_key)  # (an error raised once the key is settled)
 
 

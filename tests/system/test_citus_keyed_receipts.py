@@ -1,9 +1,10 @@
 """An Idempotency-Key commits once on Citus although its write and its key commit in one phase
 over two servers (deploy/SCALE-OUT.md, "Each owner's rows"; service/store/postgres/receipts.py).
 
-The crash this guards against cannot be made on demand (the coordinator dying between its
-worker's COMMIT and its own, or the worker's acknowledgement lost), so the tests make the
-state it leaves: the write and its receipt committed on the worker, the key on the coordinator
+The coordinator's crash between its worker's COMMIT and its own is made once for real (the
+worker's COMMIT held by a trigger while the coordinator's backend is killed); the lost
+acknowledgement of the worker's COMMIT cannot be, so the other tests make the state either
+leaves: the write and its receipt committed on the worker, the key on the coordinator
 still running with its lease run out (the coordinator crashed) or lapsed at once (the attempt
 got storage_error and let its claim go). A retry with the key then answers what the first
 attempt did and calls no provider (before receipts it ran the turn again: a second turn). A
@@ -13,6 +14,8 @@ once. With the receipt's worker down a retry answers storage_error, never a seco
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import ExitStack, asynccontextmanager
@@ -26,7 +29,14 @@ from service.platform import migrate
 from service.platform.db import create_engine
 from service.store.postgres import PostgresStore
 from service.store.postgres.placement import distribute
-from tests.support.citus import citus_cluster, citus_database, require_citus, restarted, stop
+from tests.support.citus import (
+    CitusCluster,
+    citus_cluster,
+    citus_database,
+    require_citus,
+    restarted,
+    stop,
+)
 from tests.support.database import asyncpg_dsn
 from tests.support.fakeapi import Script
 from tests.support.helpers import CHAT
@@ -39,6 +49,27 @@ WHERE = (
     "SELECT nodeport FROM citus_shards"
     " WHERE shardid = get_shard_id_for_distribution_column('conversations', $1::text)"
 )
+# The shard of the turns that holds a conversation's, and its worker.
+SHARD = """
+    SELECT shard_name('turns', shardid) AS shard_name, nodeport
+    FROM citus_shards
+    WHERE shardid = get_shard_id_for_distribution_column('turns', $1::text)
+"""
+# On that worker: its COMMIT of a turn held for a while (a deferred trigger runs in it).
+HELD_COMMIT = """
+    SET citus.enable_manual_changes_to_shards = on;
+    SET citus.enable_ddl_propagation = off;
+    CREATE OR REPLACE FUNCTION held_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$;
+    CREATE CONSTRAINT TRIGGER held AFTER INSERT ON {shard} DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW EXECUTE FUNCTION held_commit();
+"""
+IN_COMMIT = "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep')"
+# On the coordinator: the backend of the keyed commit, waiting for that worker.
+COMMITTING = """
+    SELECT pid FROM pg_stat_activity
+    WHERE query LIKE '%turnstore_commit%' AND pid <> pg_backend_pid()
+"""
 # The coordinator crashed after its worker committed: the key still running, its lease run out.
 CRASHED = """
     UPDATE idempotency_keys SET state = 'running', conversation_id = NULL, revision = NULL,
@@ -189,6 +220,94 @@ def test_a_claim_in_doubt_with_its_worker_down_is_a_storage_error() -> None:
                 assert not r.api.requests
 
         asyncio.run(back())
+
+
+def test_the_coordinator_crashed_after_its_worker_committed() -> None:
+    """The crash itself, not its state: the worker's COMMIT of a keyed turn held (a deferred
+    trigger on the turns' shard sleeps in it), and meanwhile the coordinator's backend that
+    waits for it killed (the postmaster then restarts the coordinator's sessions, as after any
+    crash). The worker commits the turn and its receipt; the coordinator's part, the key's
+    completion, never commits: the client gets storage_error, the key stays running. Once its
+    lease has run out a retry replays the turn the worker kept: one turn, one provider call.
+    (Before receipts the retry ran the turn again.)"""
+    require_citus()
+    with citus_cluster() as cluster, citus_database(cluster) as url:
+        migrate.upgrade(url)
+        asyncio.run(distribute(url, shard_count=8))
+        asyncio.run(_crashed(url, cluster))
+
+
+async def _crashed(url: str, cluster: CitusCluster) -> None:
+    key = {"Idempotency-Key": "coordinator-crashed"}
+    async with replica(url, 0.0) as r:
+        async with _coordinator(url) as db:
+            made = await r.client.post(CHAT, json={"message": "hello"})
+            assert made.status_code == 200, made.text
+            cid = made.json()["conversation_id"]
+            shard = await db.fetchrow(SHARD, cid)
+            worker = next(w for w in cluster.workers if w.port == shard["nodeport"])
+            on_worker = await asyncpg.connect(worker.dsn(url.rsplit("/", 1)[1]))
+            try:
+                await on_worker.execute(HELD_COMMIT.format(shard=shard["shard_name"]))
+                r.api.then(Script(text="kept by the worker"))
+                body = {"message": "again", "conversation_id": cid}
+                turn = asyncio.create_task(r.client.post(CHAT, json=body, headers=key))
+                await _until(on_worker, IN_COMMIT)  # the worker in its COMMIT
+                os.kill(await db.fetchval(COMMITTING), signal.SIGKILL)
+                failed = await turn
+                assert failed.status_code == 500, failed.text
+                assert failed.json()["error"]["code"] == "storage_error", failed.text
+                await _until(on_worker, f"SELECT NOT ({IN_COMMIT})")
+                await on_worker.execute(f"DROP TRIGGER held ON {shard['shard_name']}")
+                kept = f"SELECT max(seq) FROM {shard['shard_name']} WHERE conversation_id = $1"
+                assert await on_worker.fetchval(kept, uuid.UUID(cid)) == 2  # the worker's
+            finally:
+                await on_worker.close()
+        async with _back(url) as db:  # the coordinator's part was lost: the key still running
+            assert await _state(db, "coordinator-crashed") == ("running", None)
+        assert len(r.api.requests) == 2
+        r.api.then(Script(text="a second turn"))
+        deadline = asyncio.get_running_loop().time() + 30
+        # Retried as a client does: a 409 until the claim's lease (TURN_LEASE_S, 1 s) has run
+        # out, a 500 storage_error on a session of the pool the crash closed.
+        while True:
+            again = await r.client.post(CHAT, json=body, headers=key)
+            if again.status_code not in (409, 500):
+                break
+            assert asyncio.get_running_loop().time() < deadline, again.text
+            await asyncio.sleep(0.2)
+        assert again.status_code == 200, again.text
+        assert again.json()["revision"] == 2
+        assert again.json()["message"] == "kept by the worker"
+        assert len(r.api.requests) == 2  # the provider was not called again
+        async with _coordinator(url) as db:
+            assert await _revision(db, cid) == 2  # one turn
+            assert await _state(db, "coordinator-crashed") == ("done", 2)
+
+
+@asynccontextmanager
+async def _back(url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the coordinator once it accepts them again (at most 20 s)."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        try:
+            conn = await asyncpg.connect(asyncpg_dsn(url))
+            break
+        except (OSError, asyncpg.PostgresError):
+            assert asyncio.get_running_loop().time() < deadline, "the coordinator is not back"
+            await asyncio.sleep(0.1)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def _until(conn: asyncpg.Connection, query: str) -> None:
+    """Until ``query`` is true (at most 20 s)."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while not await conn.fetchval(query):
+        assert asyncio.get_running_loop().time() < deadline, query
+        await asyncio.sleep(0.05)
 
 
 async def test_receipts_go_with_their_conversation_or_their_ttl(database: str) -> None:

@@ -162,3 +162,6 @@ RUN_ENDED_STATE = "TSRUN"
 COMMIT = Function("turnstore_commit", ARGUMENTS)  # the previous release's (0017, 0018, 0019)
 COMMIT_V2 = Function("turnstore_commit_v2", ARGUMENTS_V2)  # images between 0019 and 0020
 COMMIT_V3 = Function("turnstore_commit_v3", ARGUMENTS_V3)  # this release's (0021)
+# A keyed commit's with its receipt (0024: on Citus, run on the coordinator; receipts.py).
+COMMIT_RECEIPT = Function("turnstore_commit_receipt", ARGUMENTS_V3)
+COMMIT_RUN_RECEIPT = Function("turnstore_commit_run_receipt", COMMIT_RUN.arguments)

@@ -30,4 +30,6 @@ carries its own SQL).
   its conversation's worker on Citus
 - 2026_12_07_0023_run_homes.py: each durable turn's conversation, found by the turn's id alone
   (on Citus a plain table on the coordinator)
+- 2026_12_08_0024_idempotency_receipts.py: a keyed write's receipt beside its conversation
+  (written and read on Citus only), and the conversation each claim writes
 """

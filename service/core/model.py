@@ -334,6 +334,19 @@ class IdempotencyKey:
     # This attempt's claim of the key: a write completes the key only while it holds it (one
     # that lost it, its lease run out and taken over by another attempt, writes nothing).
     claim: UUID = field(default_factory=uuid4, compare=False)
+    # The conversation this attempt writes (None: not known when it claims the key), recorded
+    # with its claim: on Citus a retry that finds the claim's outcome in doubt reads the
+    # attempt's receipt on that conversation's worker (store/postgres/receipts.py).
+    conversation: UUID | None = field(default=None, compare=False)
+
+    def writing(self, conversation: UUID) -> IdempotencyKey:
+        """This attempt, writing ``conversation``."""
+        return replace(self, conversation=conversation)
+
+    def making(self) -> IdempotencyKey:
+        """This attempt, writing a conversation it makes: its id fixed now (``conversation``),
+        so that a retry knows where it would be."""
+        return self.writing(uuid4())
 
     @classmethod
     def of(cls, owner: str, key: str, *subject: str | bytes) -> IdempotencyKey:

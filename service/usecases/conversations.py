@@ -123,6 +123,8 @@ class Conversations:
         items: Sequence[object] | None,
         key: IdempotencyKey | None = None,
     ) -> ConversationInfo:
+        key = key and key.making()  # its id fixed with the claim
+
         async def write() -> ConversationInfo:
             turn = await self._restored(owner, items)
             size = self._size.check(0, turn_bytes(turn)) if turn is not None else 0
@@ -137,6 +139,7 @@ class Conversations:
     ) -> ConversationInfo:
         """A new conversation of ``owner``'s made of an export, in one commit: counted against
         MAX_CONVERSATION_BYTES and the owner's write budget first, through the write gate."""
+        key = key and key.making()  # its id fixed with the claim
 
         async def write() -> ConversationInfo:
             size = self._size.check(0, imported.size)
@@ -154,6 +157,8 @@ class Conversations:
         if_match: Precondition,
         key: IdempotencyKey | None = None,
     ) -> ConversationInfo:
+        key = key and key.writing(cid)
+
         async def write() -> ConversationInfo:
             adding = sum(len(k) + len(v) for k, v in metadata.items())
             return await self._charged(
@@ -187,6 +192,7 @@ class Conversations:
         async def deleted(_: Committed) -> None:
             return None
 
+        key = key and key.writing(cid)
         await self._gate.once(key, lambda: self.remove(cid, owner, if_match, key), deleted)
 
     async def remove(
@@ -201,6 +207,7 @@ class Conversations:
     ) -> ConversationInfo:
         """A new conversation holding turns 1..``at_revision`` of this one: what it copies is
         counted against MAX_CONVERSATION_BYTES and the owner's write budget first."""
+        key = key and key.making()  # the fork's id fixed with the claim
 
         async def write() -> ConversationInfo:
             source = await self.describe(cid, owner)
@@ -225,6 +232,7 @@ class Conversations:
         """Commit ``items`` (appended without the model) on top of the conversation's current
         revision: 409 conversation_conflict if another turn commits or runs meanwhile. The
         turn, and the revision it made."""
+        key = key and key.writing(cid)
 
         async def write() -> tuple[Turn, int]:
             turn = await self._restored(owner, items)
@@ -288,6 +296,7 @@ class Conversations:
         """Remove ``item_id`` if it is the conversation's latest item (the Agents SDK's
         pop_item); any other item is 400, an unknown one 404. A commit between the look and
         the removal makes it 409, with nothing removed."""
+        key = key and key.writing(cid)
 
         async def write() -> ConversationInfo:
             revision = (await self.describe(cid, owner)).revision

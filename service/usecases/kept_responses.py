@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -137,6 +137,9 @@ class KeptResponses:
         async def deleted(_: Committed) -> None:
             return None
 
+        if key is not None:  # the conversation it writes, recorded with its claim
+            with suppress(ResponseNotFound):  # (named by no id: it writes none)
+                key = key.writing((await self.ids()).parse_response(raw_id).conversation_id)
         await self._turns.gate.once(key, write, deleted)
 
     async def _alone(self, owner: str, found: Found) -> bool:

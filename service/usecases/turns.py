@@ -166,7 +166,8 @@ class TurnService:
         """Claim the plan's Idempotency-Key for this attempt (``turn_id``: its run); where an
         earlier attempt committed, if one did. Raises RequestInProgress while an earlier
         attempt runs, IdempotencyKeyReused when the key came with another request."""
-        return await self.gate.claim(plan.idempotency, turn_id)
+        key = plan.idempotency and plan.idempotency.writing(plan.conversation_id)
+        return await self.gate.claim(key, turn_id)
 
     async def run(self, plan: TurnPlan) -> TurnDone:
         """A non-streaming turn: the committed result, or a domain error."""
@@ -320,7 +321,8 @@ class TurnService:
                 raise ConversationNotFound()  # deleted or expired since
             return revision, turn.usage
 
-        return await self.gate.once(plan.idempotency, lambda: self._compact(plan), compacted)
+        key = plan.idempotency and plan.idempotency.writing(plan.conversation_id)
+        return await self.gate.once(key, lambda: self._compact(plan), compacted)
 
     async def _compact(self, plan: TurnPlan) -> tuple[int, Usage | None]:
         asked = self._request(plan, stream=False)

@@ -17,10 +17,11 @@ from tests.support.memory import MemoryStore
 # and on the Citus cluster (the lists each layer has always emptied).
 TABLES = (
     "conversations, idempotency_keys, turn_runs, owner_keys, owner_tombstones, owner_forks,"
-    " owner_turns, run_homes"
+    " owner_turns, run_homes, idempotency_receipts"
 )
 CITUS_TABLES = (
-    "conversations, idempotency_keys, turn_runs, owner_keys, api_keys, owner_tombstones, run_homes"
+    "conversations, idempotency_keys, turn_runs, owner_keys, api_keys, owner_tombstones, run_homes,"
+    " idempotency_receipts"
 )
 
 

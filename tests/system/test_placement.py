@@ -14,7 +14,9 @@ import pytest
 
 from migrations.commit_function import (
     COMMIT,
+    COMMIT_RECEIPT,
     COMMIT_RUN,
+    COMMIT_RUN_RECEIPT,
     COMMIT_V2,
     COMMIT_V3,
     CREATE_RUN,
@@ -314,7 +316,7 @@ def test_0021_and_0022_on_a_distributed_coordinator_distribute_their_functions_t
     with citus_database(citus) as url:
         migrate.upgrade(url, "0019")
         later = {COMMIT_V3.name, *RUN_FUNCTIONS}
-        functions = {f: p for f, p in FUNCTIONS.items() if f not in later}
+        functions = {f: p for f, p in FUNCTIONS.items() if f not in later | RECEIPT_FUNCTIONS}
         with monkeypatch.context() as patched:
             patched.setattr(migrate, "head_revision", lambda: "0019")
             asyncio.run(distribute(url, shard_count=CITUS_SHARD_COUNT, functions=functions))
@@ -333,7 +335,8 @@ def test_0021_and_0022_on_a_distributed_coordinator_distribute_their_functions_t
 
 NEW_IN_0019 = {"turnstore_secrets", "owner_tombstones"}
 RUN_FUNCTIONS = {f.name for f in (CREATE_RUN, LOG_RUN, END_RUN, COMMIT_RUN)}  # 0022's
-NEW_FUNCTIONS = {COMMIT_V2.name, COMMIT_V3.name, *RUN_FUNCTIONS}  # 0019's to 0022's
+RECEIPT_FUNCTIONS = {COMMIT_RECEIPT.name, COMMIT_RUN_RECEIPT.name}  # 0024's
+NEW_FUNCTIONS = {COMMIT_V2.name, COMMIT_V3.name, *RUN_FUNCTIONS, *RECEIPT_FUNCTIONS}
 # The previous release's commit of a first turn, as it calls the function.
 OLD_COMMIT = (
     "SELECT revision FROM turnstore_commit($1, 0, $2, NULL, 1, NULL, NULL, NULL, 'u', 'a',"

@@ -19,7 +19,7 @@ import pytest
 
 from service.core.model import Append, LeaseRequest, Turn
 from service.platform.db import create_engine
-from service.store.postgres import PostgresStore, StoreConfig, running_turns
+from service.store.postgres import PostgresStore, StoreConfig, receipts, running_turns
 from service.store.postgres import idempotency as idem
 from service.store.postgres import run_statements as runs
 from service.store.postgres.placement import PLACEMENT, Reference
@@ -42,6 +42,10 @@ HOT_PATH = {
     "the check before a streamed turn's stream": STATEMENTS.describe,
     "a transcript page's sizes": STATEMENTS.page_sizes[False],
     "a transcript page's rows": STATEMENTS.page_rows,
+    # An Idempotency-Key's receipt (receipts.py): written in a keyed write's transaction, read
+    # by a retry that finds its claim in doubt, on the conversation's worker.
+    "a keyed write's receipt": receipts.WRITE,
+    "a claim in doubt's receipt read": receipts.RECEIPT,
 }
 # Each owner's rows are the coordinator's own (placement.py, issue 44): their statements
 # need no worker, so a worker down stops none of them.
@@ -51,6 +55,11 @@ OWNERS_ROWS = {
     "running turns' places renewed": running_turns.RENEW,
     "an Idempotency-Key claimed": idem.CLAIM,
     "an Idempotency-Key's record read": idem.EXISTING,
+    "an Idempotency-Key claimed with the conversation it writes": receipts.CLAIM,
+    "its record read, the claim's conversation with it": receipts.EXISTING,
+    "a claim in doubt completed from its receipt": receipts.SETTLE,
+    "a claim in doubt without a receipt taken over": receipts.TAKEOVER,
+    "a claim that did not commit lapsed": receipts.RELEASE,
 }
 TASKS = re.compile(r"Task Count: (\d+)")
 SHARD = re.compile(r" on ([a-z_]+)_\d{6}\b")  # a shard scanned: its table's name, its number
@@ -72,7 +81,7 @@ def values(cid: uuid.UUID) -> Values:
         Rows(None, cid).turn_columns(2, turn, None),
         cid=cid, caller="owner", after=0, holder=uuid.uuid4(), queue=True, now=now,
         until=now + timedelta(seconds=30), seq=1, expected=1, context_start=1, ttl_s=60.0,
-        before=2**31 - 1, fetch=11, seqs=[1, 2],
+        before=2**31 - 1, fetch=11, seqs=[1, 2], writing=cid,
     )  # fmt: skip
 
 

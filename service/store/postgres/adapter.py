@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.core.errors import StorageError
 from service.core.model import ConversationInfo, IdempotencyKey
 from service.store.postgres import idempotency as idem
+from service.store.postgres import receipts
 from service.store.postgres.keyring import Keyring
 from service.store.postgres.rows import reading
 from service.store.postgres.running_turns import RunningTurns
@@ -89,6 +90,8 @@ class Adapter:
         """In a write's transaction: its Idempotency-Key, if it came with one, names what it
         did (the conversation it made or changed, the revision it left; a deletion: none)."""
         await idem.complete(conn, key, cid, revision, self.config.idempotency_ttl_s)
+        if key is not None:  # on Citus its receipt, on its conversation's worker
+            await receipts.write(self, conn, key, revision, self.config.idempotency_ttl_s)
 
     async def info_of(self, row: asyncpg.Record, owner: str) -> ConversationInfo:
         """A conversation read back (statements.INFO), its metadata opened if sealed."""

@@ -1,6 +1,8 @@
 """The IdempotencyStore port in PostgreSQL: Idempotency-Key claims, held by a lease while their
 write runs, released when it does not commit (the statements and what a record means:
-idempotency.py; each write completes its own, Adapter.completed and statements.COMMIT)."""
+idempotency.py; each write completes its own, Adapter.completed and statements.COMMIT). On
+Citus a claim records the conversation its attempt writes, and one whose outcome is in doubt is
+settled by its receipt there (receipts.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from service.core.errors import OwnerShredded
 from service.core.model import Committed, IdempotencyKey
 from service.platform.crypto import DataKey
 from service.store.postgres import idempotency as idem
+from service.store.postgres import receipts
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.sealed import writing_key
 from service.store.postgres.tx import driver, grouped, written
@@ -31,6 +34,10 @@ class PostgresIdempotency:
         params = idem.key_params(key, data_key)
         now = datetime.now(UTC)
         until = now + timedelta(seconds=self._db.config.idempotency_lease_s)
+        if await self._db.distributed():  # a claim in doubt is settled by its receipt
+            return await receipts.claim(
+                self._db, key, turn_id, data_key, {"now": now, "until": until}
+            )
         claim = {**params, "now": now, "until": until, "claimed_turn": turn_id}
         async with driver(self._db.engine, write=True) as conn:
             if await idem.CLAIM.fetchval(conn, claim) is not None:
@@ -64,8 +71,9 @@ class PostgresIdempotency:
 
     async def release(self, key: IdempotencyKey) -> None:
         async def release() -> None:
+            statement = await receipts.releasing(self._db)
             async with driver(self._db.engine, write=False) as conn:  # one statement: autocommit
-                await idem.RELEASE.execute(conn, idem.key_params(key))
+                await statement.execute(conn, idem.key_params(key))
 
         await written(release)
 

@@ -44,7 +44,7 @@ class PostgresEdits:
         key: DataKey | None,
         idempotency: IdempotencyKey | None,
     ) -> ConversationInfo:
-        codec = Rows(key, uuid.uuid4())
+        codec = Rows(key, made(idempotency))
         revision = 0 if turn is None else 1
         params = {
             "cid": codec.conversation_id,
@@ -73,7 +73,7 @@ class PostgresEdits:
         key = await writing_key(self._db.keyring, owner)
 
         async def write() -> ConversationInfo:
-            codec = Rows(key, uuid.uuid4())
+            codec = Rows(key, made(idempotency))
             params = {
                 "cid": codec.conversation_id,
                 "caller": owner,
@@ -111,7 +111,7 @@ class PostgresEdits:
             "src": conversation_id,
             "caller": owner,
             "at": at_revision,
-            "new": uuid.uuid4(),
+            "new": made(idempotency),
         }
         key = await writing_key(self._db.keyring, owner)
 
@@ -148,3 +148,11 @@ class PostgresEdits:
                 return codec.info(row)
 
         return await written(update)
+
+
+def made(idempotency: IdempotencyKey | None) -> UUID:
+    """The id of a conversation a write makes: the one its Idempotency-Key's claim recorded
+    (IdempotencyKey.making), else a new one."""
+    if idempotency is not None and idempotency.conversation is not None:
+        return idempotency.conversation
+    return uuid.uuid4()

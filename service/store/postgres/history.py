@@ -25,7 +25,7 @@ from service.core.model import (
     Turn,
 )
 from service.core.plans import check_precondition
-from service.store.postgres import commit, run_homes
+from service.store.postgres import commit, receipts, run_homes
 from service.store.postgres import idempotency as idem
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.places import release
@@ -138,6 +138,7 @@ class PostgresHistory:
                 raise ConversationNotFound()
             check_precondition(if_match, revision)  # else the delete is rolled back
             await run_homes.delete_of(self._db, conn, [conversation_id])  # and their events
+            await receipts.delete_of(self._db, conn, [conversation_id])  # before this one's
             await idem.DELETE_OF.execute(conn, params)
             await self._db.completed(conn, idempotency, None, None)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from service.store.ports import Readiness
 from service.store.postgres import idempotency as idem
-from service.store.postgres import run_homes
+from service.store.postgres import receipts, run_homes
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.tx import driver, in_use
 
@@ -20,7 +20,8 @@ class PostgresOperations:
         lock is held long: a batch is picked, then deleted if still gone."""
         engine, sql = self._db.engine, self._db.sql
         async with driver(engine, write=False) as conn:
-            await idem.EXPIRED.execute(conn, {})
+            await idem.EXPIRED.execute(conn, {"ttl_s": self._db.config.idempotency_ttl_s})
+            await receipts.delete_expired(self._db, conn)  # with their keys' TTL
             await run_homes.delete_expired(self._db, conn)  # past TURN_EVENTS_TTL_S
         total = 0
         while True:
@@ -31,6 +32,7 @@ class PostgresOperations:
             async with driver(engine, write=True) as conn:
                 gone = [row["id"] for row in await sql.purge.fetch(conn, {"ids": picked})]
                 await run_homes.delete_of(self._db, conn, gone)
+                await receipts.delete_of(self._db, conn, gone)
             total += len(gone)
             if len(picked) < batch:
                 break

@@ -3,9 +3,11 @@
 A key is claimed as 'running' with a lease (TURN_LEASE_S, renewed while its write runs:
 service/usecases/write_gate.py), by one attempt (its ``claim_id``); the turn's commit statement
 marks it 'done' (statements.COMMIT), naming the commit (conversation and revision), as every
-other write does in its own transaction (``complete``), and a failed attempt releases it:
-each only while the attempt still holds its claim. A claim whose lease or TTL ran
-out is taken over, so a crashed replica blocks a key for a lease at most. A done key goes
+other write does in its own transaction (``complete``), and a failed attempt releases it: each
+only while the attempt still holds its claim. A claim whose lease or TTL ran out is taken
+over, so a crashed replica blocks a key for a lease at most (on Citus, where a key's outcome
+can be in doubt, a released claim lapses instead and one that ran out is settled by its
+write's receipt first: receipts.py). A done key goes
 with its conversation (foreign key, ON DELETE CASCADE)
 and with its TTL (``turnstore purge``). These are the statements and what a record means;
 claims.py (PostgresIdempotency) runs them.
@@ -23,18 +25,30 @@ from service.store.postgres.tx import sql
 
 SHREDDED = shredded(":caller")
 
+
 # A claim, or the takeover of an expired one (only an expired key is taken over). :now and
 # :until (when the claim's lease runs out) come from the caller's clock: Citus refuses now()
 # (not immutable) in an ON CONFLICT DO UPDATE.
 # Each attempt's claim is its own (:claim, migration 0019): only the attempt that holds it
 # completes, renews or releases the key. A shredded owner claims nothing. (Its values typed and
 # named once, as ``excluded``: Citus plans an INSERT ... SELECT without the target's types.)
-CLAIM = sql(f"""
+def claim_text(writing: bool = False) -> str:
+    """CLAIM's text; ``writing``: on Citus, also recording the conversation the attempt writes,
+    and taking over a running claim that recorded one never by its lease alone (its outcome
+    may be in doubt: receipts.py settles it)."""
+    column, value, update, lapsed = "", "", "", ""
+    if writing:
+        column, value = ", writing", ", CAST(:writing AS uuid)"
+        update = ",\n        writing = excluded.writing"
+        lapsed = (
+            "\n        AND (idempotency_keys.state = 'done' OR idempotency_keys.writing IS NULL)"
+        )
+    return f"""
     INSERT INTO idempotency_keys
-        (owner, key, request_hash, state, turn_id, created_at, expires_at, claim_id)
+        (owner, key, request_hash, state, turn_id, created_at, expires_at, claim_id{column})
     SELECT CAST(:caller AS text), CAST(:idem_key AS text), CAST(:request_hash AS text),
         'running', CAST(:claimed_turn AS uuid), CAST(:now AS timestamptz),
-        CAST(:until AS timestamptz), CAST(:claim AS uuid)
+        CAST(:until AS timestamptz), CAST(:claim AS uuid){value}
     WHERE NOT {SHREDDED}
     ON CONFLICT (owner, key) DO UPDATE SET
         request_hash = excluded.request_hash,
@@ -44,13 +58,18 @@ CLAIM = sql(f"""
         turn_id = excluded.turn_id,
         created_at = excluded.created_at,
         expires_at = excluded.expires_at,
-        claim_id = excluded.claim_id
-    WHERE idempotency_keys.expires_at < excluded.created_at
+        claim_id = excluded.claim_id{update}
+    WHERE idempotency_keys.expires_at < excluded.created_at{lapsed}
     RETURNING idempotency_keys.state
-""")
-RECORD = """
-    SELECT request_hash, state, conversation_id, revision, turn_id FROM idempotency_keys
-    WHERE owner = :caller AND key = :idem_key
+"""
+
+
+CLAIM = sql(claim_text())
+RECORD_FIELDS = "request_hash, state, conversation_id, revision, turn_id"
+RECORD_COLUMNS = f"SELECT {RECORD_FIELDS}"
+OF_KEY = "FROM idempotency_keys WHERE owner = :caller AND key = :idem_key"
+RECORD = f"""
+    {RECORD_COLUMNS} {OF_KEY}
 """
 EXISTING = sql(RECORD)
 LIVE = sql(RECORD + " AND expires_at >= now()")
@@ -82,7 +101,14 @@ RELEASE_RUN = sql("""
 # this first; on Citus, where the keys are the coordinator's and the conversations the
 # workers', there is none: deleting does it).
 DELETE_OF = sql("DELETE FROM idempotency_keys WHERE owner = :caller AND conversation_id = :cid")
-EXPIRED = sql("DELETE FROM idempotency_keys WHERE expires_at < now()")
+# Past their TTL (a claim's lease that ran out too), but not a claim in doubt (receipts.py:
+# on Citus, recorded with the conversation it writes) before its TTL: a retry settles it.
+EXPIRED = sql("""
+    DELETE FROM idempotency_keys WHERE expires_at < now() AND (
+        state = 'done' OR writing IS NULL
+        OR created_at < now() - make_interval(secs => CAST(:ttl_s AS double precision))
+    )
+""")
 DELETE_OWNED = sql("DELETE FROM idempotency_keys WHERE owner = :owner")
 
 

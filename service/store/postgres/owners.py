@@ -10,7 +10,7 @@ from datetime import datetime
 from migrations.commit_function import digest
 from service.core.errors import StorageError
 from service.store.postgres import idempotency as idem
-from service.store.postgres import run_homes
+from service.store.postgres import receipts, run_homes
 from service.store.postgres.adapter import Adapter
 from service.store.postgres.tx import driver, sql
 
@@ -22,6 +22,7 @@ _OWNER_LEFT = sql(
     " + (SELECT count(*) FROM turn_runs WHERE owner = :owner)"
     " + (SELECT count(*) FROM run_homes WHERE owner = :owner)"
     " + (SELECT count(*) FROM idempotency_keys WHERE owner = :owner)"
+    " + (SELECT count(*) FROM idempotency_receipts WHERE owner = :owner)"
     " + (SELECT count(*) FROM owner_turns WHERE owner = :owner)"
     " + (SELECT count(*) FROM owner_forks WHERE owner = :owner)"
     " + (SELECT count(*) FROM api_keys WHERE owner = :owner)"
@@ -102,11 +103,13 @@ class PostgresOwners:
             async with driver(self._db.engine, write=True) as conn:
                 gone = [row["id"] for row in await self._db.sql.owned.fetch(conn, params)]
                 await run_homes.delete_of(self._db, conn, gone)
+                await receipts.delete_of(self._db, conn, gone)
             total += len(gone)
             if len(gone) < batch:
                 break
         async with driver(self._db.engine, write=True) as conn:
             await run_homes.delete_owned(self._db, conn, owner)
+            await receipts.delete_owned(self._db, conn, owner)
             await idem.DELETE_OWNED.execute(conn, params)
             for counts in _OWNER_COUNTS:
                 await counts.execute(conn, {"owner": owner})

@@ -19,7 +19,9 @@ import asyncpg
 
 from migrations.commit_function import (
     COMMIT,
+    COMMIT_RECEIPT,
     COMMIT_RUN,
+    COMMIT_RUN_RECEIPT,
     COMMIT_V2,
     COMMIT_V3,
     CREATE_RUN,
@@ -114,6 +116,14 @@ PLACEMENT: dict[str, Placement] = {
             " WHERE r.id = e.turn_id AND e.conversation_id IS NULL"
         ),
     ),
+    # A keyed write's receipt, written in its transaction on its conversation's worker: a
+    # retry that finds the claim's outcome in doubt reads it there (deploy/SCALE-OUT.md,
+    # "Each owner's rows"; service/store/postgres/receipts.py).
+    "idempotency_receipts": Distributed(
+        "conversation_id",
+        colocate_with="conversations",
+        primary_key=("conversation_id", "claim_id"),
+    ),
     # Each owner's rows (its Idempotency-Keys, its forks of the minute, its running turns'
     # places) on the coordinator, which every statement passes through anyway: a statement on
     # them needs no worker, so a worker down stops only the conversations placed on it, and an
@@ -179,6 +189,12 @@ FUNCTIONS: dict[str, FunctionPlacement] = {
     },
     # A turn's place among its owner's running turns: where its table is, on the coordinator
     # (distributed by p_owner before issue 44: `db distribute` takes that back).
+    # A keyed turn's commit with its receipt (receipts.py): called on the coordinator, where
+    # the key is, its statements routed to the conversation's worker.
+    **{
+        function.name: CoordinatorFunction(function.signature)
+        for function in (COMMIT_RECEIPT, COMMIT_RUN_RECEIPT)
+    },
     "turnstore_take_turn": CoordinatorFunction(
         "turnstore_take_turn(text, uuid, timestamptz, timestamptz, integer)"
     ),

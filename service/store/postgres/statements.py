@@ -13,7 +13,13 @@ setting and are compiled where they are written.
 
 from __future__ import annotations
 
-from migrations.commit_function import COMMIT_RUN, COMMIT_V3, shredded
+from migrations.commit_function import (
+    COMMIT_RECEIPT,
+    COMMIT_RUN,
+    COMMIT_RUN_RECEIPT,
+    COMMIT_V3,
+    shredded,
+)
 from service.platform.crypto import OVERHEAD
 from service.store.postgres.tx import Compiled, sql
 
@@ -207,6 +213,17 @@ COMMIT_RUN_COUNTED = f"WITH freed AS ({FREE_TURN}) {COMMIT_RUN_CALL}"
 # conversation to its worker. The transaction writes that one worker and the coordinator's own
 # table: no two-phase commit (deploy/SCALE-OUT.md, "Each owner's rows").
 ON_COORDINATOR = "WITH here AS MATERIALIZED ({}) SELECT * FROM here"
+# There the commit writes the key's receipt too, on the conversation's worker with the turn
+# (receipts.py): a retry that finds the key in doubt (the coordinator's part lost) reads
+# whether the turn committed.
+COMMIT_RECEIPT_CALL = f"""
+    SELECT revision, created_at, updated_at, lease_wanted
+    FROM {COMMIT_RECEIPT.call()}
+"""
+COMMIT_RUN_RECEIPT_CALL = f"""
+    SELECT revision, created_at, updated_at, lease_wanted, watched
+    FROM {COMMIT_RUN_RECEIPT.call()}
+"""
 # Why a commit found no row: the conversation is gone, or it moved on.
 EXISTS = f"SELECT 1 FROM conversations WHERE {THE_CONVERSATION}"
 
@@ -679,8 +696,8 @@ class Statements:
         self.commit_run = {counted: compiled(COMMIT_RUN_COUNTED if counted else COMMIT_RUN_CALL)
                            for counted in (False, True)}  # fmt: skip
         # Keyed, on Citus (not counted there): on the coordinator.
-        self.commit_keyed = compiled(ON_COORDINATOR.format(COMMIT))
-        self.commit_run_keyed = compiled(ON_COORDINATOR.format(COMMIT_RUN_CALL))
+        self.commit_keyed = compiled(ON_COORDINATOR.format(COMMIT_RECEIPT_CALL))
+        self.commit_run_keyed = compiled(ON_COORDINATOR.format(COMMIT_RUN_RECEIPT_CALL))
         self.idle_s = retention_days * 86_400 if retention_days else None  # for the commit
         self.exists = compiled(EXISTS)
         self.release_lease = compiled(RELEASE_LEASE)

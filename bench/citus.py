@@ -159,12 +159,36 @@ def citus_url() -> Iterator[str]:
 @dataclass
 class Kinds:
     """Every kind of turn once through one replica over HTTP (tests/support/turn_kinds.py),
-    at once and held by its provider for HELD_S (everything it holds renewed meanwhile)."""
+    at once and held by its provider for HELD_S (everything it holds renewed meanwhile); and
+    where the one owner's conversations of the part are (``spread``: worker port -> count)."""
 
     plain: dict[str, Cost]
     citus: dict[str, Cost]
     plain_held: dict[str, Cost]
     citus_held: dict[str, Cost]
+    spread: dict[int, int] = field(default_factory=dict)
+
+
+# The worker of each of an owner's conversations, counted (the coordinator's metadata only).
+SPREAD = """
+    SELECT s.nodeport, count(*) AS conversations
+    FROM unnest(CAST($1 AS uuid[])) AS c(id)
+    JOIN citus_shards s ON s.table_name = 'conversations'::regclass
+        AND s.shardid = get_shard_id_for_distribution_column('conversations', c.id)
+    GROUP BY s.nodeport ORDER BY s.nodeport
+"""
+
+
+async def _spread(url: str, owner: str) -> dict[int, int]:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        cids = [
+            r["id"]
+            for r in await conn.fetch("SELECT id FROM conversations WHERE owner = $1", owner)
+        ]
+        return {r["nodeport"]: r["conversations"] for r in await conn.fetch(SPREAD, cids)}
+    finally:
+        await conn.close()
 
 
 def run(plain_url: str, config: CitusConfig) -> tuple[list[CitusResult], Kinds] | str:
@@ -178,6 +202,7 @@ def run(plain_url: str, config: CitusConfig) -> tuple[list[CitusResult], Kinds] 
         citus = asyncio.run(measure("Citus (coordinator + 2 workers)", url, config))
         kinds = Kinds(plain_kinds, asyncio.run(measure_all(url, 0.0)), plain_held, {})
         kinds.citus_held = asyncio.run(measure_all(url))
+        kinds.spread = asyncio.run(_spread(url, OWNER))
     return [plain, citus], kinds
 
 
@@ -205,4 +230,9 @@ def lines(measured: tuple[list[CitusResult], Kinds] | str) -> list[str]:
             f" {cost.two_phase:4} | {kinds.plain_held[name].round_trips:4}"
             f" {held.round_trips:6} {held.two_phase:4}"
         )
+    where = ", ".join(f"{count} on the worker at :{port}" for port, count in kinds.spread.items())
+    out.append(
+        f"   one owner's {sum(kinds.spread.values())} conversations (the store's above, all"
+        f" '{OWNER}'s): {where}"
+    )
     return out

@@ -14,6 +14,8 @@ Inside a migration (``op`` is Alembic's):
 - ``backfill(op, "UPDATE turns SET x = ... WHERE ctid = ANY(...)")``: in batches, each its own
   transaction, outside the schema change.
 - ``count(connection, "turns", "x IS NOT NULL")``: for a migration's ``losses``.
+- ``distributed(op.get_bind())``: whether this is a Citus coordinator whose conversations are
+  distributed already (a migration then places what it adds itself, as `db distribute` would).
 
 Every migration declares ``losses(connection) -> dict[str, int]``: what its downgrade
 would destroy on the database as it is now, counted per table (rows deleted) or per
@@ -28,6 +30,20 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 BATCH = 5000
+
+
+def distributed(bind: Connection) -> bool:
+    """Whether this is a Citus coordinator whose conversations are distributed already."""
+    if not bind.scalar(sa.text("SELECT to_regclass('pg_dist_partition') IS NOT NULL")):
+        return False
+    return bool(
+        bind.scalar(
+            sa.text(
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition"
+                " WHERE logicalrelid = to_regclass('conversations'))"
+            )
+        )
+    )
 
 
 def count(connection: Connection, table: str, where: str = "TRUE") -> int:

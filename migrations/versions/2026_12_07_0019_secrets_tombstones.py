@@ -319,7 +319,7 @@ def upgrade() -> None:
         sa.Column("digest", sa.LargeBinary, primary_key=True),
         sa.Column("shredded_at", sa.DateTime(timezone=True), nullable=False),
     )
-    if _distributed(op.get_bind()):
+    if live.distributed(op.get_bind()):
         op.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
         for table in REFERENCES:
             op.execute(f"SELECT create_reference_table('{table}')")
@@ -338,20 +338,6 @@ def downgrade() -> None:
         op.drop_column(table, column)
     op.drop_table("owner_tombstones")
     op.drop_table("turnstore_secrets")
-
-
-def _distributed(bind: Connection) -> bool:
-    """Whether this is a Citus coordinator whose conversations are distributed already."""
-    if not bind.scalar(sa.text("SELECT to_regclass('pg_dist_partition') IS NOT NULL")):
-        return False
-    return bool(
-        bind.scalar(
-            sa.text(
-                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition"
-                " WHERE logicalrelid = to_regclass('conversations'))"
-            )
-        )
-    )
 
 
 def losses(connection: Connection) -> dict[str, int]:

@@ -37,7 +37,6 @@ Create Date: 2026-12-07
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.engine import Connection
 
@@ -211,7 +210,7 @@ def upgrade() -> None:
     for signature in reversed(HELPERS):
         op.execute(f"DROP FUNCTION {signature}")
     op.execute(COMMIT_V3.replace("{refusal}", REFUSAL.replace("{owner}", "p_caller")))
-    if _distributed(op.get_bind()):
+    if live.distributed(op.get_bind()):
         op.execute(
             "SELECT create_distributed_function("
             f"'turnstore_commit_v3({SIGNATURE_V3})', 'p_cid', colocate_with := 'conversations')"
@@ -224,20 +223,6 @@ def downgrade() -> None:
     live.drop_index_concurrently(op, "conversations_search")
     op.drop_column("conversations", "forked_from")
     op.drop_column("conversations", "search")
-
-
-def _distributed(bind: Connection) -> bool:
-    """Whether this is a Citus coordinator whose conversations are distributed already."""
-    if not bind.scalar(sa.text("SELECT to_regclass('pg_dist_partition') IS NOT NULL")):
-        return False
-    return bool(
-        bind.scalar(
-            sa.text(
-                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition"
-                " WHERE logicalrelid = to_regclass('conversations'))"
-            )
-        )
-    )
 
 
 def losses(connection: Connection) -> dict[str, int]:

@@ -47,7 +47,6 @@ Create Date: 2026-12-07
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.engine import Connection
 
@@ -205,7 +204,7 @@ SIGNATURES = {
 def upgrade() -> None:
     for function in (CREATE_RUN, LOG_RUN, END_RUN, COMMIT_RUN):
         op.execute(function)
-    if _distributed(op.get_bind()):
+    if live.distributed(op.get_bind()):
         for name, signature in SIGNATURES.items():
             op.execute(
                 "SELECT create_distributed_function("
@@ -216,20 +215,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     for name, signature in SIGNATURES.items():
         op.execute(f"DROP FUNCTION {name}({signature})")
-
-
-def _distributed(bind: Connection) -> bool:
-    """Whether this is a Citus coordinator whose conversations are distributed already."""
-    if not bind.scalar(sa.text("SELECT to_regclass('pg_dist_partition') IS NOT NULL")):
-        return False
-    return bool(
-        bind.scalar(
-            sa.text(
-                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition"
-                " WHERE logicalrelid = to_regclass('conversations'))"
-            )
-        )
-    )
 
 
 def losses(connection: Connection) -> dict[str, int]:

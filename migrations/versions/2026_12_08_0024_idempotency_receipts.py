@@ -138,7 +138,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("conversation_id", "claim_id"),
     )
     op.create_index("idempotency_receipts_expires", "idempotency_receipts", ["expires_at"])
-    if _distributed(op.get_bind()):  # placed now, empty: no `db distribute` needed for it
+    if live.distributed(op.get_bind()):  # placed now, empty: no `db distribute` needed for it
         op.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
         op.execute(
             "SELECT create_distributed_table('idempotency_receipts', 'conversation_id',"
@@ -154,20 +154,6 @@ def downgrade() -> None:
         op.execute(f"DROP FUNCTION {name}({signature})")
     op.drop_column("idempotency_keys", "writing")
     op.drop_table("idempotency_receipts")
-
-
-def _distributed(bind: Connection) -> bool:
-    """Whether this is a Citus coordinator whose conversations are distributed already."""
-    if not bind.scalar(sa.text("SELECT to_regclass('pg_dist_partition') IS NOT NULL")):
-        return False
-    return bool(
-        bind.scalar(
-            sa.text(
-                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition"
-                " WHERE logicalrelid = to_regclass('conversations'))"
-            )
-        )
-    )
 
 
 def losses(connection: Connection) -> dict[str, int]:

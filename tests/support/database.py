@@ -43,6 +43,16 @@ def asyncpg_dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+@asynccontextmanager
+async def connected(url: str) -> AsyncIterator[asyncpg.Connection]:
+    """One asyncpg connection to the database at ``url`` (a SQLAlchemy URL too), closed after."""
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
 def with_database(url: str, name: str) -> str:
     return make_url(url).set(database=name).render_as_string(hide_password=False)
 

@@ -37,7 +37,7 @@ from tests.support.citus import (
     restarted,
     stop,
 )
-from tests.support.database import asyncpg_dsn
+from tests.support.database import asyncpg_dsn, connected
 from tests.support.fakeapi import Script
 from tests.support.helpers import CHAT
 from tests.support.turn_kinds import replica
@@ -86,7 +86,7 @@ LOST_ACK = """
 
 
 async def test_a_retry_of_a_write_in_doubt_answers_what_it_committed(database: str) -> None:
-    async with replica(database, 0.0) as r, _coordinator(database) as db:
+    async with replica(database, 0.0) as r, connected(database) as db:
         prepared = await _two_phase(db)
         # A new conversation's first turn, its coordinator crashed after the worker committed.
         r.api.then(Script(text="first answer"))
@@ -155,7 +155,7 @@ async def test_a_retry_of_a_write_in_doubt_answers_what_it_committed(database: s
 
 
 async def test_a_claim_in_doubt_without_a_receipt_runs_once(database: str) -> None:
-    async with replica(database, 0.0) as r, _coordinator(database) as db:
+    async with replica(database, 0.0) as r, connected(database) as db:
         made = await r.client.post(CHAT, json={"message": "hello"})
         assert made.status_code == 200, made.text
         cid = made.json()["conversation_id"]
@@ -194,7 +194,7 @@ def test_a_claim_in_doubt_with_its_worker_down_is_a_storage_error() -> None:
         key = {"Idempotency-Key": "worker-down"}
 
         async def down() -> tuple[int, dict[str, Any]]:
-            async with replica(url, 0.0) as r, _coordinator(url) as db:
+            async with replica(url, 0.0) as r, connected(url) as db:
                 r.api.then(Script(text="first"))
                 first = await r.client.post(CHAT, json={"message": "hello"}, headers=key)
                 assert first.status_code == 200, first.text
@@ -240,7 +240,7 @@ def test_the_coordinator_crashed_after_its_worker_committed() -> None:
 async def _crashed(url: str, cluster: CitusCluster) -> None:
     key = {"Idempotency-Key": "coordinator-crashed"}
     async with replica(url, 0.0) as r:
-        async with _coordinator(url) as db:
+        async with connected(url) as db:
             made = await r.client.post(CHAT, json={"message": "hello"})
             assert made.status_code == 200, made.text
             cid = made.json()["conversation_id"]
@@ -280,7 +280,7 @@ async def _crashed(url: str, cluster: CitusCluster) -> None:
         assert again.json()["revision"] == 2
         assert again.json()["message"] == "kept by the worker"
         assert len(r.api.requests) == 2  # the provider was not called again
-        async with _coordinator(url) as db:
+        async with connected(url) as db:
             assert await _revision(db, cid) == 2  # one turn
             assert await _state(db, "coordinator-crashed") == ("done", 2)
 
@@ -316,7 +316,7 @@ async def test_receipts_go_with_their_conversation_or_their_ttl(database: str) -
     engine = create_engine(database, pool_size=2)
     store = PostgresStore.over(engine)
     try:
-        async with _coordinator(database) as db:
+        async with connected(database) as db:
 
             async def made(owner: str = "alice") -> uuid.UUID:
                 key = IdempotencyKey.of(owner, f"k-{uuid.uuid4()}", "create").making()
@@ -353,15 +353,6 @@ async def test_receipts_go_with_their_conversation_or_their_ttl(database: str) -
             assert await store.owners.owner_rows("bob") == 0
     finally:
         await engine.dispose()
-
-
-@asynccontextmanager
-async def _coordinator(url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def _revision(db: asyncpg.Connection, cid: str) -> Any:

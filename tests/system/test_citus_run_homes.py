@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import ExitStack
 
 import asyncpg
 import pytest
@@ -32,7 +31,7 @@ from tests.support.citus import (
     restarted,
     stop,
 )
-from tests.support.database import asyncpg_dsn
+from tests.support.database import connected
 from tests.support.events import TURNS, background, follow
 from tests.support.fakeapi import Script
 from tests.support.helpers import CHAT
@@ -88,7 +87,7 @@ async def _from_elsewhere(
     # Its runs renewed every second, not every third of one: the other replica must not find
     # the run stalled (and end it as interrupted) because a loaded machine held a renewal.
     slow = {"held_s": 0, "turn_lease_s": 3.0}
-    async with replica(url, **slow) as a, replica(url, **slow) as b, _coordinator(url) as db:
+    async with replica(url, **slow) as a, replica(url, **slow) as b, connected(url) as db:
         made = await a.client.post(CHAT, json={"message": "first"})
         assert made.status_code == 200, made.text
         cid = made.json()["conversation_id"]
@@ -137,7 +136,7 @@ async def _homes_go(url: str) -> None:
     engine = create_engine(url, pool_size=2)
     try:
         store = PostgresStore.over(engine)
-        async with _coordinator(url) as db:
+        async with connected(url) as db:
 
             async def made(owner: str = "alice") -> tuple[uuid.UUID, uuid.UUID]:
                 cid = uuid.uuid4()
@@ -173,15 +172,6 @@ async def _homes_go(url: str) -> None:
             assert await store.owners.owner_rows("bob") == 0
     finally:
         await engine.dispose()
-
-
-@asynccontextmanager
-async def _coordinator(url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def _two_phase(conn: asyncpg.Connection) -> int:

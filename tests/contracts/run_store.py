@@ -246,3 +246,20 @@ async def test_a_run_records_where_it_began_its_message_and_its_response(
     assert await reads.find_run(run.conversation_id, OWNER, 4) == run.id
     assert await reads.find_run(run.conversation_id, OWNER, 3) is None
     assert await reads.find_run(run.conversation_id, "mallory", 4) is None
+
+
+async def test_the_run_at_a_revision_is_one_that_did_not_fail_first(stores: Stores) -> None:
+    """Two runs held the conversation at one revision: the later was refused after its lease
+    began it (before its provider call), while the earlier runs on. The earlier one is the
+    run at that revision (a /v1 stream's response id names it)."""
+    runs, reads = stores.run_writes, stores.run_reads
+    cid = uuid.uuid4()
+    running = NewRun(uuid.uuid4(), cid, OWNER, False, None)
+    await runs.create_run(running, 30)
+    refused = NewRun(uuid.uuid4(), cid, OWNER, False, None)
+    await runs.create_run(refused, 30)
+    await runs.begin_run(refused.id, 4)
+    end = RunEnd("failed", "conversation_full", "full", [events.error(1, "x", "full", "c")])
+    assert await runs.end_run(refused.id, OWNER, end) is True
+    await runs.begin_run(running.id, 4)
+    assert await reads.find_run(cid, OWNER, 4) == running.id

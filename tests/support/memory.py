@@ -547,7 +547,12 @@ class MemoryStore:
             if run.new.conversation_id == conversation_id and run.base_revision == base_revision
             and self._readable(run.new.id, owner) is not None
         ]  # fmt: skip
-        return max(found, key=lambda run: run.created_at).new.id if found else None
+        ended = ("failed", "cancelled")  # as RUN_AT: a run that did not end so first
+        return (
+            max(found, key=lambda run: (run.status not in ended, run.created_at)).new.id
+            if found
+            else None
+        )
 
     async def log_events(
         self, run_id: UUID, owner: str, events: Sequence[RunEvent], message_id: str | None = None

@@ -123,11 +123,13 @@ BEGIN = sql(f"""
     SELECT r.id, {NO_SYNC_WAIT} FROM r
 """)
 # The run that makes a conversation's revision :base + 1 (a streamed response, named by that
-# revision), the latest if several tried.
+# revision): of those that held the conversation there, one that did not fail nor was
+# cancelled first (a run refused after its lease began it, before its provider call: its
+# If-Match, its size, ...), then the latest.
 RUN_AT = sql(f"""
     SELECT r.id FROM turn_runs r
     WHERE r.conversation_id = :cid AND r.owner = :owner AND r.base_revision = :base AND {LIVE}
-    ORDER BY r.created_at DESC
+    ORDER BY r.status IN ('failed', 'cancelled'), r.created_at DESC
     LIMIT 1
 """)
 CANCEL = sql(f"""

@@ -10,7 +10,9 @@ key running (or freed) with the write kept, and a retry wrote again.
   ``turnstore db distribute``, or here on a coordinator whose conversations are distributed
   already, while the table is empty): the attempt's claim, its owner and key, the revision it left
   (NULL: a deletion) and when it expires (with its key's TTL). A retry that finds a claim's
-  outcome in doubt reads it there (service/store/postgres/receipts.py). Plain PostgreSQL never
+  outcome in doubt reads it there (service/store/postgres/receipts.py), after writing a
+  ``fence`` of its own under the same key, which waits for a write of the receipt still
+  committing and makes a later one fail. Plain PostgreSQL never
   writes nor reads it (its write and its key commit in one transaction).
 - ``turnstore_commit_receipt(<turnstore_commit_v3's arguments>)`` and
   ``turnstore_commit_run_receipt(<turnstore_commit_run's>)``: the commit, then its receipt (a
@@ -135,6 +137,9 @@ def upgrade() -> None:
         sa.Column("key", sa.Text, nullable=False),
         sa.Column("revision", sa.Integer, nullable=True),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        # A retry's, where it found no receipt of the claim in doubt: the attempt's write, if
+        # still committing on the worker, waits for it and fails on the same key.
+        sa.Column("fence", sa.Boolean, nullable=False, server_default=sa.false()),
         sa.PrimaryKeyConstraint("conversation_id", "claim_id"),
     )
     op.create_index("idempotency_receipts_expires", "idempotency_receipts", ["expires_at"])

@@ -60,7 +60,7 @@ HELD_COMMIT = """
     SET citus.enable_manual_changes_to_shards = on;
     SET citus.enable_ddl_propagation = off;
     CREATE OR REPLACE FUNCTION held_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$;
+    BEGIN PERFORM pg_sleep(6); RETURN NULL; END $$;
     CREATE CONSTRAINT TRIGGER held AFTER INSERT ON {shard} DEFERRABLE INITIALLY DEFERRED
         FOR EACH ROW EXECUTE FUNCTION held_commit();
 """
@@ -229,7 +229,9 @@ def test_the_coordinator_crashed_after_its_worker_committed() -> None:
     crash). The worker commits the turn and its receipt; the coordinator's part, the key's
     completion, never commits: the client gets storage_error, the key stays running. Once its
     lease has run out a retry replays the turn the worker kept: one turn, one provider call.
-    (Before receipts the retry ran the turn again.)"""
+    The retry comes while the worker still commits (its receipt not visible yet): its fence
+    waits for that commit. (Before receipts the retry ran the turn again; before the fence,
+    with no receipt to read yet, too.)"""
     require_citus()
     with citus_cluster() as cluster, citus_database(cluster) as url:
         migrate.upgrade(url)
@@ -257,25 +259,27 @@ async def _crashed(url: str, cluster: CitusCluster) -> None:
                 failed = await turn
                 assert failed.status_code == 500, failed.text
                 assert failed.json()["error"]["code"] == "storage_error", failed.text
+                async with _back(url) as db:  # the coordinator's part lost: the key running
+                    assert await _state(db, "coordinator-crashed") == ("running", None)
+                assert len(r.api.requests) == 2
+                r.api.then(Script(text="a second turn"))
+                deadline = asyncio.get_running_loop().time() + 30
+                # Retried as a client does: a 409 until the claim's lease (TURN_LEASE_S, 1 s)
+                # has run out, a 500 storage_error on a session of the pool the crash closed.
+                while True:
+                    committing = await on_worker.fetchval(IN_COMMIT)
+                    again = await r.client.post(CHAT, json=body, headers=key)
+                    if again.status_code not in (409, 500):
+                        break
+                    assert asyncio.get_running_loop().time() < deadline, again.text
+                    await asyncio.sleep(0.2)
+                assert committing  # the retry that went through began while it committed
                 await _until(on_worker, f"SELECT NOT ({IN_COMMIT})")
                 await on_worker.execute(f"DROP TRIGGER held ON {shard['shard_name']}")
                 kept = f"SELECT max(seq) FROM {shard['shard_name']} WHERE conversation_id = $1"
                 assert await on_worker.fetchval(kept, uuid.UUID(cid)) == 2  # the worker's
             finally:
                 await on_worker.close()
-        async with _back(url) as db:  # the coordinator's part was lost: the key still running
-            assert await _state(db, "coordinator-crashed") == ("running", None)
-        assert len(r.api.requests) == 2
-        r.api.then(Script(text="a second turn"))
-        deadline = asyncio.get_running_loop().time() + 30
-        # Retried as a client does: a 409 until the claim's lease (TURN_LEASE_S, 1 s) has run
-        # out, a 500 storage_error on a session of the pool the crash closed.
-        while True:
-            again = await r.client.post(CHAT, json=body, headers=key)
-            if again.status_code not in (409, 500):
-                break
-            assert asyncio.get_running_loop().time() < deadline, again.text
-            await asyncio.sleep(0.2)
         assert again.status_code == 200, again.text
         assert again.json()["revision"] == 2
         assert again.json()["message"] == "kept by the worker"

@@ -46,6 +46,7 @@ HOT_PATH = {
     # by a retry that finds its claim in doubt, on the conversation's worker.
     "a keyed write's receipt": receipts.WRITE,
     "a claim in doubt's receipt read": receipts.RECEIPT,
+    "a fence in the place of a claim in doubt's receipt": receipts.FENCE,
 }
 # Each owner's rows are the coordinator's own (placement.py, issue 44): their statements
 # need no worker, so a worker down stops none of them.

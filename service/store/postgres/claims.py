@@ -35,9 +35,8 @@ class PostgresIdempotency:
         now = datetime.now(UTC)
         until = now + timedelta(seconds=self._db.config.idempotency_lease_s)
         if await self._db.distributed():  # a claim in doubt is settled by its receipt
-            return await receipts.claim(
-                self._db, key, turn_id, data_key, {"now": now, "until": until}
-            )
+            clock = {"now": now, "until": until, "ttl_s": self._db.config.idempotency_ttl_s}
+            return await receipts.claim(self._db, key, turn_id, data_key, clock)
         claim = {**params, "now": now, "until": until, "claimed_turn": turn_id}
         async with driver(self._db.engine, write=True) as conn:
             if await idem.CLAIM.fetchval(conn, claim) is not None:

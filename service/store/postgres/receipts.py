@@ -22,8 +22,12 @@ releases its key: either way the key's outcome is in doubt. So:
   reads that claim's receipt on the conversation's worker (one routed read): found, the key is
   completed from it and its answer replayed; not found, the write did not commit (the claim
   waited for any transaction that held the key's row, its commit included, and a later commit
-  of that attempt finds its claim gone) and the key is claimed afresh. With the worker down
-  that read fails: ``storage_error``, never a second write.
+  of that attempt finds its claim gone) and the key is claimed afresh. The coordinator's part
+  of a commit can end before the worker's (its backend killed while the worker commits, the
+  worker waiting for a synchronous standby), so before it reads, the claim writes a ``fence``
+  in the receipt's place (``FENCE``: same key): that waits for a receipt still being
+  committed, and a receipt not written yet can no longer be. With the worker down that fails:
+  ``storage_error``, never a second write.
 
 Receipts go with their key's TTL (``EXPIRED``, ``turnstore purge``) or with their conversation
 (deleted, purged, its owner's rows deleted: ``delete_of``, ``delete_owned``). A deletion's own
@@ -70,12 +74,25 @@ WRITE = sql(f"""
 # it is done (its TTL ran out) or recorded none (then nothing of it can be in doubt: a claim of
 # the release before, or a write that does not know its conversation when it claims).
 CLAIM = sql(idem.claim_text(writing=True))
+# (Lapsed by the claims' own clock, :now, as CLAIM takes a claim over.)
 EXISTING = sql(
-    f"{idem.RECORD_COLUMNS}, claim_id, writing, expires_at < now() AS lapsed {idem.OF_KEY}"
+    f"{idem.RECORD_COLUMNS}, claim_id, writing,"
+    f" expires_at < CAST(:now AS timestamptz) AS lapsed {idem.OF_KEY}"
 )
-# The claim's receipt, on its conversation's worker.
+# Before the claim in doubt's receipt is read: a fence in its place, under its key (on the
+# conversation's worker). Its INSERT waits for a transaction still writing that receipt (the
+# attempt's commit, still under way on the worker when the coordinator's part ended) and
+# conflicts once it committed; once the fence is in, that write can no longer commit.
+FENCE = sql(f"""
+    INSERT INTO idempotency_receipts ({COLUMNS}, fence)
+    VALUES (CAST(:writing AS uuid), CAST(:held AS uuid), CAST(:caller AS text),
+        CAST(:idem_key AS text), NULL, {EXPIRES}, true)
+    ON CONFLICT (conversation_id, claim_id) DO NOTHING
+    RETURNING 1
+""")
+# The claim's receipt, on its conversation's worker (a fence: a retry's, it did not commit).
 RECEIPT = sql("""
-    SELECT revision, expires_at FROM idempotency_receipts
+    SELECT revision, expires_at, fence FROM idempotency_receipts
     WHERE conversation_id = :writing AND claim_id = :held AND owner = :caller AND key = :idem_key
 """)
 # The key completed from its receipt (its row locked by the claim that found it in doubt).
@@ -118,7 +135,7 @@ async def claim(
 ) -> Committed | None:
     """On Citus, ``key`` claimed for this attempt (None), or where an earlier one committed;
     a claim in doubt settled by its receipt first. ``clock``: the claim's ``now`` and
-    ``until``.
+    ``until``, and ``ttl_s`` (IDEMPOTENCY_TTL_S: a fence's).
 
     One transaction: the claim's INSERT locks the key's row when it finds one (and waits for a
     transaction that holds it, such as a commit of the attempt in doubt still under way), so
@@ -138,8 +155,9 @@ async def claim(
             raise OwnerShredded()
         if row["state"] == "running" and row["lapsed"] and row["writing"] is not None:
             held = {**params, "held": row["claim_id"], "writing": row["writing"]}
-            receipt = await RECEIPT.fetchrow(conn, held)  # on the conversation's worker
-            if receipt is None:  # it did not commit: this attempt's now
+            fenced = await FENCE.fetchval(conn, held) is not None  # on the conversation's worker
+            receipt = None if fenced else await RECEIPT.fetchrow(conn, held)
+            if receipt is None or receipt["fence"]:  # it did not commit: this attempt's now
                 if await TAKEOVER.fetchval(conn, {**held, "writing": key.conversation}):
                     return None
                 raise RequestInProgress()  # (the row is locked: not expected)

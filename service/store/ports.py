@@ -321,8 +321,11 @@ class IdempotencyStore(Protocol):
         """Raise now what ``claim`` would raise, without claiming (a stream reports these as
         JSON errors before it starts; ``claim`` still decides races)."""
 
-    async def release(self, key: IdempotencyKey) -> None:
-        """A failed attempt does not use the key up."""
+    async def release(self, key: IdempotencyKey, *, in_doubt: bool = True) -> None:
+        """A failed attempt does not use the key up. ``in_doubt``: it failed where its write
+        may have committed all the same (a storage failure, a cancellation); a store whose
+        write and key commit apart (Citus: receipts.py) then settles the key at its next claim
+        instead of freeing it now."""
 
     async def release_run(self, turn_id: UUID, owner: str) -> None:
         """The key a run claimed, if it still says 'running': the run ended without a commit

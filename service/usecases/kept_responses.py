@@ -130,7 +130,7 @@ class KeptResponses:
                 )
                 await self._conversations.delete_response(cid, owner, revision, key, erase=erase)
             elif key is not None:  # nothing committed to forget: the key names nothing
-                await self._turns.gate.release(key)
+                await self._turns.gate.release(key, in_doubt=False)
             if found.run is not None:
                 await self._runs.forget(found.run.id, owner)
 

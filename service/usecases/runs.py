@@ -141,8 +141,8 @@ class TurnRuns:
         try:
             if not await self._writes.create_run(new, self._heartbeat_s, counted=not replay):
                 raise TooManyRequests.running_turns()  # a JSON answer, before any stream
-        except BaseException:
-            await self._turns.release(plan)
+        except BaseException:  # before its turn: nothing of it can commit
+            await self._turns.release(plan, in_doubt=False)
             raise
         if not replay:
             self._turns.leases.keep(plan.owner, new.id)

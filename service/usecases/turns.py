@@ -76,7 +76,7 @@ from service.usecases.exchange import (
 from service.usecases.leases import Held, Leases
 from service.usecases.locks import settle
 from service.usecases.paging import held_bytes
-from service.usecases.write_gate import WriteGate
+from service.usecases.write_gate import WriteGate, doubtful
 
 
 @dataclass(frozen=True)
@@ -201,17 +201,20 @@ class TurnService:
                 async for event in replayed:
                     yield event
             return
-        committing = False
+        committing, in_doubt = False, False  # (ended without a commit: none was tried)
         try:
             async with aclosing(self._turn(plan, stream, run)) as events:
                 async for event in events:
                     committing = isinstance(event, TurnDone) and event.revision is not None
                     yield event
+        except BaseException as failure:
+            in_doubt = doubtful(failure)
+            raise
         finally:
             if committing:
                 self.gate.settled(plan.idempotency)
             else:
-                await self.release(plan)
+                await self.release(plan, in_doubt=in_doubt)
                 if plan.fork_of is not None:  # it made no fork: its place is given back
                     with contextlib.suppress(StorageError):  # it leaves the minute anyway
                         await settle(self.leases.free_fork(plan.owner, plan.conversation_id))
@@ -220,9 +223,10 @@ class TurnService:
         """A run that ended without its commit (its replica vanished) frees its key."""
         await self.gate.release_run(turn_id, owner)
 
-    async def release(self, plan: TurnPlan) -> None:
-        """A turn that did not commit does not use its Idempotency-Key up."""
-        await self.gate.release(plan.idempotency)
+    async def release(self, plan: TurnPlan, *, in_doubt: bool = True) -> None:
+        """A turn that did not commit does not use its Idempotency-Key up (``in_doubt``:
+        WriteGate.release)."""
+        await self.gate.release(plan.idempotency, in_doubt=in_doubt)
 
     async def _turn(
         self, plan: TurnPlan, stream: bool, run: DurableRun | None

@@ -24,6 +24,7 @@ the OpenAPI document to all of them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -102,13 +103,14 @@ class WriteGate:
         if key is not None:
             self._held.pop(key.claim, None)
 
-    async def release(self, key: IdempotencyKey | None) -> None:
-        """A write that did not commit does not use its key up."""
+    async def release(self, key: IdempotencyKey | None, *, in_doubt: bool = True) -> None:
+        """A write that did not commit does not use its key up. ``in_doubt``: it may have
+        committed all the same (``doubtful``; IdempotencyStore.release)."""
         if key is None or self._keys is None:
             return
         self._held.pop(key.claim, None)
         with contextlib.suppress(StorageError):  # the claim runs out by itself anyway
-            await settle(self._keys.release(key))
+            await settle(self._keys.release(key, in_doubt=in_doubt))
 
     async def release_run(self, turn_id: uuid.UUID, owner: str) -> None:
         """A run that ended without its commit (its replica vanished) frees its key."""
@@ -129,8 +131,8 @@ class WriteGate:
             return await replay(committed)
         try:
             done = await write()
-        except BaseException:
-            await self.release(key)
+        except BaseException as failure:
+            await self.release(key, in_doubt=doubtful(failure))
             raise
         self.settled(key)
         return done
@@ -146,3 +148,11 @@ class WriteGate:
             await self._keys.renew(held, self._lease_s)
         except StorageError:
             log.warning("could not renew %d Idempotency-Key claims", len(held))
+
+
+def doubtful(failure: BaseException) -> bool:
+    """Whether a write that ended with ``failure`` may have committed all the same: a storage
+    failure (its commit may have been cut off after the database took it) or a cancellation
+    (a reader gone: GeneratorExit) may come while it commits; anything else (the provider's
+    answer, a refusal, a conflict) ends it before or without its commit."""
+    return isinstance(failure, StorageError | asyncio.CancelledError | GeneratorExit)

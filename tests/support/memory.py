@@ -723,7 +723,7 @@ class MemoryStore:
         if found is not None and found.expires_at >= _now():
             _answer(found, key)
 
-    async def release(self, key: IdempotencyKey) -> None:
+    async def release(self, key: IdempotencyKey, *, in_doubt: bool = True) -> None:
         found = self._keys.get((key.owner, key.key))
         if found is not None and found.committed is None and found.claim == key.claim:
             del self._keys[key.owner, key.key]

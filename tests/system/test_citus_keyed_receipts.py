@@ -64,6 +64,7 @@ HELD_COMMIT = """
     CREATE CONSTRAINT TRIGGER held AFTER INSERT ON {shard} DEFERRABLE INITIALLY DEFERRED
         FOR EACH ROW EXECUTE FUNCTION held_commit();
 """
+KEPT = "SELECT count(*) FROM idempotency_keys WHERE key = $1"
 IN_COMMIT = "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep')"
 # On the coordinator: the backend of the keyed commit, waiting for that worker.
 COMMITTING = """
@@ -154,18 +155,35 @@ async def test_a_retry_of_a_write_in_doubt_answers_what_it_committed(database: s
         assert await _two_phase(db) == prepared
 
 
+async def test_a_key_whose_write_failed_before_its_commit_is_freed(database: str) -> None:
+    """Not in doubt (the provider failed: nothing was committed anywhere): the key is freed
+    at once, as on plain PostgreSQL, and its retry needs no receipt (so no worker of the
+    conversation the first attempt would have made)."""
+    async with replica(database, 0.0) as r, connected(database) as db:
+        key = {"Idempotency-Key": "failed-early"}
+        r.api.then(Script(http_status=500))
+        first = await r.client.post(CHAT, json={"message": "hello"}, headers=key)
+        assert first.status_code == 502, first.text
+        assert await db.fetchval(KEPT, "failed-early") == 0
+        r.api.then(Script(text="now"))
+        again = await r.client.post(CHAT, json={"message": "hello"}, headers=key)
+        assert again.status_code == 200, again.text
+        assert await db.fetchval("SELECT count(*) FROM idempotency_receipts WHERE fence") == 0
+
+
 async def test_a_claim_in_doubt_without_a_receipt_runs_once(database: str) -> None:
     async with replica(database, 0.0) as r, connected(database) as db:
         made = await r.client.post(CHAT, json={"message": "hello"})
         assert made.status_code == 200, made.text
         cid = made.json()["conversation_id"]
-        # The first attempt fails before its commit: its claim lapses (it cannot tell).
+        # The first attempt fails before its commit (its provider refused it): not in doubt,
+        # its key is freed at once.
         r.api.anew(Script(http_status=400, error_code="invalid_request_error"))
         key = {"Idempotency-Key": "never-committed"}
         body = {"message": "again", "conversation_id": cid}
         failed = await r.client.post(CHAT, json=body, headers=key)
         assert failed.status_code >= 400, failed.text
-        assert await _state(db, "never-committed") == ("running", None)
+        assert await db.fetchval(KEPT, "never-committed") == 0
         r.api.then(Script(text="ran once"))
         ran = await r.client.post(CHAT, json=body, headers=key)
         assert ran.status_code == 200, ran.text

@@ -68,9 +68,9 @@ class PostgresIdempotency:
             )
             idem.answer(row, key, data_key)
 
-    async def release(self, key: IdempotencyKey) -> None:
+    async def release(self, key: IdempotencyKey, *, in_doubt: bool = True) -> None:
         async def release() -> None:
-            statement = await receipts.releasing(self._db)
+            statement = await receipts.releasing(self._db, in_doubt)
             async with driver(self._db.engine, write=False) as conn:  # one statement: autocommit
                 await statement.execute(conn, idem.key_params(key))
 

@@ -172,10 +172,11 @@ async def claim(
     return idem.answer(row, key, data_key)  # (an error raised once the key is settled)
 
 
-async def releasing(db: Adapter) -> Compiled:
-    """What frees the key of an attempt that did not commit: on Citus its claim lapses (its
-    write may have committed on the worker all the same)."""
-    return RELEASE if await db.distributed() else idem.RELEASE
+async def releasing(db: Adapter, in_doubt: bool) -> Compiled:
+    """What frees the key of an attempt that did not commit: on Citus, where it failed ``in
+    doubt`` (its write may have committed on the worker all the same), its claim lapses, to be
+    settled by the next claim; else, and on plain PostgreSQL, the key is freed."""
+    return RELEASE if in_doubt and await db.distributed() else idem.RELEASE
 
 
 async def write(

@@ -44,6 +44,16 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+def _names(arguments: str) -> str:
+    """A function's call of its own arguments, from their declaration."""
+    return ", ".join(argument.split()[0] for argument in arguments.split(", "))
+
+
+def _types(arguments: str) -> str:
+    """Its signature (the arguments' types), from the same."""
+    return ", ".join(argument.split(maxsplit=1)[1] for argument in arguments.split(", "))
+
+
 V3_ARGUMENTS = """p_cid uuid, p_expected integer, p_caller text, p_holder uuid, \
 p_context_start integer, p_expires_at timestamptz, p_idle_s double precision, p_stored_bytes \
 bigint, p_user_message text, p_assistant_message text, p_replay_items json, p_provider text, \
@@ -54,16 +64,8 @@ json, p_transcript json, p_sealed_transcript bytea, p_response json, p_sealed_re
 p_compacted json, p_sealed_compacted bytea, p_items_bytes integer, p_opaque_bytes integer, \
 p_turn_bytes bigint, p_idem_key text, p_ttl_s double precision, p_claim uuid, p_kind text, \
 p_key_fingerprint text, p_search_text text, p_search_terms text[]"""
-V3_CALL = """p_cid, p_expected, p_caller, p_holder, p_context_start, p_expires_at, p_idle_s, \
-p_stored_bytes, p_user_message, p_assistant_message, p_replay_items, p_provider, p_endpoint, \
-p_model, p_context_from, p_prompt_version, p_tool_calls, p_status, p_incomplete_reason, \
-p_turn_id, p_sealed_user_message, p_sealed_assistant_message, p_sealed_replay_items, \
-p_sealed_tool_calls, p_usage, p_transcript, p_sealed_transcript, p_response, p_sealed_response, \
-p_compacted, p_sealed_compacted, p_items_bytes, p_opaque_bytes, p_turn_bytes, p_idem_key, \
-p_ttl_s, p_claim, p_kind, p_key_fingerprint, p_search_text, p_search_terms"""
 RUN_ARGUMENTS = f"""{V3_ARGUMENTS}, p_run uuid, p_run_status text, p_done_seq integer, \
 p_events_ttl_s double precision, p_events json, p_sealed_events bytea"""
-RUN_CALL = f"{V3_CALL}, p_run, p_run_status, p_done_seq, p_events_ttl_s, p_events, p_sealed_events"
 # The receipt of a commit that made a row (none: nothing committed, none written), on the
 # conversation's worker: the function runs where it is called (on Citus the coordinator, in
 # the keyed commit's CTE), and its INSERT goes to the worker its commit wrote, in the same
@@ -81,48 +83,41 @@ RECEIPT = """
     updated_at := v_head.updated_at;
     lease_wanted := v_head.lease_wanted;
 """
-COMMIT_RECEIPT = f"""
-CREATE FUNCTION turnstore_commit_receipt({V3_ARGUMENTS},
+
+
+def _with_receipt(name: str, arguments: str, commit: str, watched: bool) -> str:
+    """A function ``name`` that runs ``commit`` (a function of ``arguments``), then RECEIPT;
+    ``watched``: the commit answers whether its run is watched (a durable turn's)."""
+    out, set_watched = (
+        (", OUT watched boolean", "    watched := v_head.watched;\n") if watched else ("", "")
+    )
+    return f"""
+CREATE FUNCTION {name}({arguments},
     OUT revision integer, OUT created_at timestamptz, OUT updated_at timestamptz,
-    OUT lease_wanted boolean)
+    OUT lease_wanted boolean{out})
 RETURNS SETOF record LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_head record;
 BEGIN
-    SELECT * INTO v_head FROM turnstore_commit_v3({V3_CALL});
+    SELECT * INTO v_head FROM {commit}({_names(arguments)});
 {RECEIPT}
-    RETURN NEXT;
+{set_watched}    RETURN NEXT;
 END
 $$
 """
-COMMIT_RUN_RECEIPT = f"""
-CREATE FUNCTION turnstore_commit_run_receipt({RUN_ARGUMENTS},
-    OUT revision integer, OUT created_at timestamptz, OUT updated_at timestamptz,
-    OUT lease_wanted boolean, OUT watched boolean)
-RETURNS SETOF record LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_head record;
-BEGIN
-    SELECT * INTO v_head FROM turnstore_commit_run({RUN_CALL});
-{RECEIPT}
-    watched := v_head.watched;
-    RETURN NEXT;
-END
-$$
-"""
-V3_SIGNATURE = (
-    "uuid, integer, text, uuid, integer, timestamptz, double precision, bigint, text, text, "
-    "json, text, text, text, integer, text, json, text, text, uuid, bytea, bytea, bytea, bytea, "
-    "json, json, bytea, json, bytea, json, bytea, integer, integer, bigint, text, "
-    "double precision, uuid, text, text, text, text[]"
+
+
+COMMIT_RECEIPT = _with_receipt(
+    "turnstore_commit_receipt", V3_ARGUMENTS, "turnstore_commit_v3", watched=False
 )
+COMMIT_RUN_RECEIPT = _with_receipt(
+    "turnstore_commit_run_receipt", RUN_ARGUMENTS, "turnstore_commit_run", watched=True
+)
+V3_SIGNATURE = _types(V3_ARGUMENTS)
 SIGNATURES = {
     "turnstore_commit_receipt": V3_SIGNATURE,
-    "turnstore_commit_run_receipt": (
-        f"{V3_SIGNATURE}, uuid, text, integer, double precision, json, bytea"
-    ),
+    "turnstore_commit_run_receipt": _types(RUN_ARGUMENTS),
 }
 
 

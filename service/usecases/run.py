@@ -62,14 +62,16 @@ class Run:
         (``written``), or else while its provider call starts (one round trip less before
         it), and waited for before its first event, its commit or its end is."""
         if written:
-            if not self.held.done():
-                self.held.set_result(revision)
+            self._held_at(revision)
             return
         self._begun = asyncio.get_running_loop().create_task(self._begin(revision))
         self._begun.add_done_callback(_retrieved)
 
     async def _begin(self, revision: int) -> None:
         await self._writes.begin_run(self.id, revision)
+        self._held_at(revision)
+
+    def _held_at(self, revision: int) -> None:
         if not self.held.done():
             self.held.set_result(revision)
 

@@ -66,11 +66,8 @@ def claim_text(writing: bool = False) -> str:
 
 CLAIM = sql(claim_text())
 RECORD_FIELDS = "request_hash, state, conversation_id, revision, turn_id"
-RECORD_COLUMNS = f"SELECT {RECORD_FIELDS}"
 OF_KEY = "FROM idempotency_keys WHERE owner = :caller AND key = :idem_key"
-RECORD = f"""
-    {RECORD_COLUMNS} {OF_KEY}
-"""
+RECORD = f"SELECT {RECORD_FIELDS} {OF_KEY}"
 EXISTING = sql(RECORD)
 LIVE = sql(RECORD + " AND expires_at >= now()")
 RELEASE = sql("""

@@ -76,7 +76,7 @@ WRITE = sql(f"""
 CLAIM = sql(idem.claim_text(writing=True))
 # (Lapsed by the claims' own clock, :now, as CLAIM takes a claim over.)
 EXISTING = sql(
-    f"{idem.RECORD_COLUMNS}, claim_id, writing,"
+    f"SELECT {idem.RECORD_FIELDS}, claim_id, writing,"
     f" expires_at < CAST(:now AS timestamptz) AS lapsed {idem.OF_KEY}"
 )
 # Before the claim in doubt's receipt is read: a fence in its place, under its key (on the
